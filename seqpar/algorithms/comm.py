@@ -1,0 +1,202 @@
+"""Instrumented communication: every byte an algorithm moves goes through a `Comm`.
+
+Each call books its bytes in the active ledgers (see `ledger.py`) by op, group label, link class and
+phase, and, when link emulation is on, completes no earlier than `latency + bytes / bandwidth` after
+it started. Asynchronous exchanges stay asynchronous: `Handle.wait()` returns at the later of the real
+and the emulated completion, so overlap of communication with compute shows on one machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from seqpar.algorithms import ledger as _ledger
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """An emulated link: a transfer of b bytes takes at least latency_s + b / bandwidth_bytes_per_s."""
+
+    latency_s: float = 0.0
+    bandwidth_bytes_per_s: float = float("inf")
+
+    def seconds(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+_emulated: dict[str, LinkModel] = {}
+
+
+def set_link_emulation(links: dict[str, LinkModel] | None) -> None:
+    """Emulate the given link classes ('intra', 'inter') in this process; None turns it off."""
+    _emulated.clear()
+    _emulated.update(links or {})
+
+
+def link_emulation() -> dict[str, LinkModel]:
+    return dict(_emulated)
+
+
+def _elem_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Handle:
+    """Pending communication; `wait()` returns the received tensors."""
+
+    def __init__(self, works: list, results: list[torch.Tensor], emulated_s: float, start: float):
+        self._works, self._results = works, results
+        self._emulated_s, self._start = emulated_s, start
+
+    def wait(self) -> list[torch.Tensor]:
+        for work in self._works:
+            work.wait()
+        self._works = []
+        remaining = self._start + self._emulated_s - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+        return self._results
+
+
+class Comm:
+    """Communication inside one process group, booked under `label` in the ledger."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, label: str = "sp"):
+        self.label = label
+        if group is None and not (dist.is_available() and dist.is_initialized()):
+            # a single process without torch.distributed: a group of one that never communicates
+            self.group, self.size, self.rank, self.global_ranks, self._nccl = None, 1, 0, [0], False
+            return
+        self.group = group if group is not None else dist.group.WORLD
+        self.size = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+        self.global_ranks = [dist.get_global_rank(self.group, i) for i in range(self.size)]
+        self._nccl = dist.get_backend(self.group) == "nccl"
+
+    def peer(self, offset: int) -> int:
+        """Group rank `offset` places along the ring from this rank."""
+        return (self.rank + offset) % self.size
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _book(self, op: str, bytes_per_peer: dict[int, int]) -> float:
+        """Book bytes sent to each peer (group ranks); return the emulated duration in seconds."""
+        me = self.global_ranks[self.rank]
+        for ledger in _ledger.active():
+            for peer, nbytes in bytes_per_peer.items():
+                ledger.add(op, self.label, ledger.link(me, self.global_ranks[peer]), nbytes)
+        if not _emulated:
+            return 0.0
+        by_link: dict[str, int] = {}
+        for peer, nbytes in bytes_per_peer.items():
+            link = _ledger.link_class(me, self.global_ranks[peer])
+            by_link[link] = by_link.get(link, 0) + nbytes
+        return max(
+            (_emulated[link].seconds(n) for link, n in by_link.items() if link in _emulated),
+            default=0.0,
+        )
+
+    def _finish(self, start: float, emulated_s: float) -> None:
+        remaining = start + emulated_s - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    # -- point to point ------------------------------------------------------------------------
+    def exchange(
+        self,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        tag: int = 0,
+    ) -> Handle:
+        """Post sends (tensor, group peer) and receives (buffer, group peer) at once; async."""
+        start = time.perf_counter()
+        per_peer: dict[int, int] = {}
+        for tensor, peer in sends:
+            per_peer[peer] = per_peer.get(peer, 0) + _elem_bytes(tensor)
+        emulated = self._book("p2p", per_peer)
+        for buf, peer in recvs:  # a receive is as slow as the matching send
+            emulated = max(emulated, self._recv_seconds(buf, peer))
+        ops = [dist.P2POp(dist.isend, t.contiguous(), group=self.group, group_peer=p, tag=tag)
+               for t, p in sends]
+        ops += [dist.P2POp(dist.irecv, b, group=self.group, group_peer=p, tag=tag)
+                for b, p in recvs]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        return Handle(works, [b for b, _ in recvs], emulated, start)
+
+    def _recv_seconds(self, buf: torch.Tensor, peer: int) -> float:
+        if not _emulated:
+            return 0.0
+        link = _ledger.link_class(self.global_ranks[self.rank], self.global_ranks[peer])
+        model = _emulated.get(link)
+        return model.seconds(_elem_bytes(buf)) if model else 0.0
+
+    # -- collectives -----------------------------------------------------------------------------
+    def all_to_all(
+        self, tensors: Sequence[torch.Tensor], scatter_dim: int, gather_dim: int
+    ) -> list[torch.Tensor]:
+        """For each tensor: split into `size` chunks along scatter_dim, chunk i goes to rank i,
+        and the chunks received are concatenated along gather_dim in rank order. All tensors
+        travel in one all-to-all call."""
+        g = self.size
+        parts = [t.chunk(g, scatter_dim) for t in tensors]
+        if g == 1:
+            return [t.clone() for t in tensors]
+        shapes = [p[0].shape for p in parts]
+        send = torch.stack([torch.cat([p[i].reshape(-1) for p in parts]) for i in range(g)])
+        start = time.perf_counter()
+        per_peer = _elem_bytes(send[0])
+        emulated = self._book("all_to_all", {i: per_peer for i in range(g) if i != self.rank})
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        self._finish(start, emulated)
+        out, offset = [], 0
+        for shape in shapes:
+            n = shape.numel()
+            pieces = [recv[i, offset:offset + n].view(shape) for i in range(g)]
+            out.append(torch.cat(pieces, dim=gather_dim))
+            offset += n
+        return out
+
+    def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """Concatenate every rank's tensor along dim, in rank order."""
+        g = self.size
+        if g == 1:
+            return tensor.clone()
+        tensor = tensor.contiguous()
+        start = time.perf_counter()
+        emulated = self._book(
+            "all_gather", {i: _elem_bytes(tensor) for i in range(g) if i != self.rank}
+        )
+        if self._nccl:
+            flat = torch.empty((g, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+            dist.all_gather_into_tensor(flat, tensor, group=self.group)
+            pieces = list(flat.unbind(0))
+        else:
+            pieces = [torch.empty_like(tensor) for _ in range(g)]
+            dist.all_gather(pieces, tensor, group=self.group)
+        self._finish(start, emulated)
+        return torch.cat(pieces, dim=dim)
+
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """Sum the tensor over ranks and keep chunk `rank` of the sum along dim."""
+        g = self.size
+        if g == 1:
+            return tensor.clone()
+        chunks = [c.contiguous() for c in tensor.chunk(g, dim)]
+        start = time.perf_counter()
+        per_peer = _elem_bytes(chunks[0])
+        emulated = self._book("reduce_scatter", {i: per_peer for i in range(g) if i != self.rank})
+        if self._nccl:
+            out = torch.empty_like(chunks[0])
+            dist.reduce_scatter_tensor(out, torch.stack(chunks), group=self.group)
+        else:  # gloo has no reduce-scatter: exchange the chunks, then sum what arrived
+            send = torch.stack(chunks)
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send, group=self.group)
+            out = recv.sum(0)
+        self._finish(start, emulated)
+        return out

@@ -1,0 +1,139 @@
+"""The communication ledger: every byte an algorithm sends, and the attention work it does.
+
+Bytes follow the NCCL-tests convention (bytes that must leave a rank): p2p send = tensor bytes;
+all-gather = (G-1) x shard; reduce-scatter and all-to-all = (G-1)/G x input. A collective's bytes are
+split by peer, so a group that spans nodes books its intra- and inter-node shares separately.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+PHASES = ("forward", "backward")
+LINKS = ("intra", "inter")
+
+_topology: list[int] | None = None  # this process's view: global rank -> node id
+
+
+def set_topology(node_of_rank: Sequence[int] | None) -> None:
+    """Tell this process which node each global rank is on (None: one node)."""
+    global _topology
+    _topology = list(node_of_rank) if node_of_rank is not None else None
+
+
+def link_class(rank_a: int, rank_b: int, node_of_rank: Sequence[int] | None = None) -> str:
+    """'intra' when both global ranks sit on one node, else 'inter'."""
+    nodes = node_of_rank if node_of_rank is not None else _topology
+    if nodes is None or nodes[rank_a] == nodes[rank_b]:
+        return "intra"
+    return "inter"
+
+
+_phase: contextvars.ContextVar[str] = contextvars.ContextVar("seqpar_phase", default="forward")
+_ledgers: contextvars.ContextVar[tuple[Ledger, ...]] = contextvars.ContextVar(
+    "seqpar_ledgers", default=()
+)
+
+
+@dataclass
+class Entry:
+    op: str
+    group: str
+    link: str
+    phase: str
+    bytes_sent: int = 0
+    calls: int = 0
+
+
+@dataclass
+class Ledger:
+    """Bytes by (op, group, link, phase) and attention FLOPs by phase, for one rank."""
+
+    node_of_rank: Sequence[int] | None = None
+    entries: dict[tuple[str, str, str, str], Entry] = field(default_factory=dict)
+    flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def link(self, rank_a: int, rank_b: int) -> str:
+        """Link class by this ledger's node map, else by the process topology."""
+        return link_class(rank_a, rank_b, self.node_of_rank)
+
+    def add(self, op: str, group: str, link: str, nbytes: int, calls: int = 1) -> None:
+        phase = _phase.get()
+        key = (op, group, link, phase)
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = Entry(op, group, link, phase)
+        entry.bytes_sent += int(nbytes)
+        entry.calls += calls
+
+    def total(self, phase: str | None = None, op: str | None = None, link: str | None = None,
+              group: str | None = None) -> int:
+        """Bytes sent, summed over the entries that match every given filter."""
+        return sum(
+            e.bytes_sent
+            for e in self.entries.values()
+            if (phase is None or e.phase == phase)
+            and (op is None or e.op == op)
+            and (link is None or e.link == link)
+            and (group is None or e.group == group)
+        )
+
+    def to_dict(self) -> dict:
+        return {"entries": [asdict(e) for e in self.entries.values()], "flops": dict(self.flops)}
+
+
+def current_phase() -> str:
+    return _phase.get()
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Book communication and FLOPs inside the block under `name` ('forward' or 'backward')."""
+    token = _phase.set(name)
+    try:
+        yield
+    finally:
+        _phase.reset(token)
+
+
+@contextlib.contextmanager
+def recording(node_of_rank: Sequence[int] | None = None) -> Iterator[Ledger]:
+    """Record every communication and kernel call made inside the block into a new Ledger.
+
+    node_of_rank maps each global rank to a node id; without it the process topology
+    (`set_topology`) decides, and without that every link is intra-node.
+    Recordings nest: an outer ledger sees what an inner one sees.
+    """
+    ledger = Ledger(node_of_rank=list(node_of_rank) if node_of_rank is not None else None)
+    token = _ledgers.set(_ledgers.get() + (ledger,))
+    try:
+        yield ledger
+    finally:
+        _ledgers.reset(token)
+
+
+def active() -> tuple[Ledger, ...]:
+    return _ledgers.get()
+
+
+@contextlib.contextmanager
+def backward_of(saved: tuple[Ledger, ...]) -> Iterator[None]:
+    """Inside an autograd backward: book into the ledgers active at forward time, as 'backward'.
+
+    Autograd may run backward on another thread (CUDA), where the forward's context is not set.
+    """
+    token_l = _ledgers.set(saved)
+    token_p = _phase.set("backward")
+    try:
+        yield
+    finally:
+        _phase.reset(token_p)
+        _ledgers.reset(token_l)
+
+
+def add_flops(flops: float) -> None:
+    for ledger in _ledgers.get():
+        ledger.flops[_phase.get()] += flops

@@ -1,0 +1,117 @@
+"""`ulysses` (DeepSpeed-Ulysses): all-to-all from sequence shards to head shards, full-sequence
+attention on H/P heads, all-to-all back.
+
+When kv_heads < P, K and V heads are replicated to P heads before the all-to-all and the replicas'
+gradients summed after (LoongTrain §4.2). After the all-to-all a rank holds the group's shards in rank
+order; for zigzag and stripe that is not token order, so the tokens are permuted into token order
+for the kernel and back afterwards (a local copy, no communication).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from seqpar.algorithms import blocks, layouts, ledger
+from seqpar.algorithms.base import AlgorithmSpec, AttnShape, Context, divides
+from seqpar.algorithms.comm import Comm
+from seqpar.errors import require
+
+
+def kv_replicas(kv_heads: int, world: int) -> int:
+    """How many copies of each K/V head the all-to-all needs (1 when kv_heads >= world)."""
+    return 1 if kv_heads >= world else world // kv_heads
+
+
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    inv = torch.empty_like(order)
+    inv[order] = torch.arange(order.numel())
+    return inv
+
+
+def _token_order(layout: str, world: int, seq_len: int) -> torch.Tensor | None:
+    gathered = torch.cat([layouts.positions(layout, r, world, seq_len) for r in range(world)])
+    return layouts.sort_order(gathered)
+
+
+def heads_attention_forward(q, k, v, comm: Comm, order, causal, backend, scale):
+    """Shared by ulysses and usp: a2a seq->heads, attention, a2a heads->seq.
+
+    `order` sorts the gathered sequence into the order `causal` needs (None: already sorted).
+    Returns out and what the backward needs."""
+    qh, kh, vh = comm.all_to_all([q, k, v], scatter_dim=2, gather_dim=1)
+    if order is not None:
+        idx = order.to(qh.device)
+        qh, kh, vh = (t.index_select(1, idx) for t in (qh, kh, vh))
+    n = qh.shape[1]
+    tasks = layouts.block_tasks(torch.arange(n), torch.arange(n), causal)
+    acc_out, acc_lse = blocks.new_partial(qh)
+    blocks.forward_tasks(qh, kh, vh, tasks, acc_out, acc_lse, backend, scale)
+    out_h = acc_out.to(q.dtype)
+    back = out_h if order is None else out_h.index_select(1, _inverse(order).to(out_h.device))
+    (out,) = comm.all_to_all([back], scatter_dim=1, gather_dim=2)
+    return out, (qh, kh, vh, out_h, acc_lse, tasks)
+
+
+def heads_attention_backward(dout, saved, comm: Comm, order, backend, scale):
+    qh, kh, vh, out_h, lse, tasks = saved
+    (doh,) = comm.all_to_all([dout.contiguous()], scatter_dim=2, gather_dim=1)
+    if order is not None:
+        doh = doh.index_select(1, order.to(doh.device))
+    dq, dk, dv = (blocks.zeros_acc(t) for t in (qh, kh, vh))
+    blocks.backward_tasks(doh, qh, kh, vh, out_h, lse, tasks, dq, dk, dv, backend, scale)
+    grads = [g.to(qh.dtype) for g in (dq, dk, dv)]
+    if order is not None:
+        inv = _inverse(order).to(dq.device)
+        grads = [g.index_select(1, inv) for g in grads]
+    return comm.all_to_all(grads, scatter_dim=1, gather_dim=2)
+
+
+class _UlyssesAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, c: Context):
+        reps = kv_replicas(k.shape[2], c.world)
+        if reps > 1:
+            k, v = k.repeat_interleave(reps, dim=2), v.repeat_interleave(reps, dim=2)
+        order = _token_order(c.layout, c.world, q.shape[1] * c.world)
+        out, saved = heads_attention_forward(q, k, v, c.comm, order, c.causal, c.backend, c.scale)
+        ctx.c, ctx.order, ctx.reps, ctx.saved, ctx.ledgers = c, order, reps, saved, ledger.active()
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        c = ctx.c
+        with ledger.backward_of(ctx.ledgers):
+            dq, dk, dv = heads_attention_backward(dout, ctx.saved, c.comm, ctx.order,
+                                                  c.backend, c.scale)
+        ctx.saved = None
+        if ctx.reps > 1:
+            b, s, h, d = dk.shape
+            dk = dk.view(b, s, h // ctx.reps, ctx.reps, d).sum(3)
+            dv = dv.view(b, s, h // ctx.reps, ctx.reps, d).sum(3)
+        return dq, dk, dv, None
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: Context) -> torch.Tensor:
+    return _UlyssesAttention.apply(q, k, v, c)
+
+
+def rules(shape: AttnShape, world: int, options: Mapping[str, Any]) -> None:
+    divides("heads", shape.heads, world)
+    require(shape.kv_heads % world == 0 or world % shape.kv_heads == 0, "kv_heads",
+            shape.kv_heads, f"must be a multiple or a divisor of the world size ({world}) "
+            "so K,V heads can be split or replicated")
+
+
+def expected_bytes(shape: AttnShape, world: int, options: Mapping[str, Any]) -> dict[str, int]:
+    kv_heads = shape.kv_heads * kv_replicas(shape.kv_heads, world)
+    # q, k, v and out each cross once per phase; an all-to-all sends (P-1)/P of its input
+    heads_per_rank = 2 * (shape.heads // world) + 2 * (kv_heads // world)
+    both = (world - 1) * heads_per_rank * shape.unit(world)
+    return {"forward": both, "backward": both}
+
+
+SPEC = AlgorithmSpec("ulysses", "all-to-all sequence->heads, full attention on H/P heads",
+                     run, rules, expected_bytes)

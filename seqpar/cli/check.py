@@ -1,0 +1,150 @@
+"""`seqpar check`: every algorithm in every layout, forward and backward, against the float64
+reference on P local ranks (gloo on CPU, NCCL when the machine has P GPUs); `--bench` times them."""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import time
+from typing import Annotated
+
+import typer
+
+from seqpar.cli.display import console, display_table
+from seqpar.errors import ConfigError, SeqparError, require
+
+
+def _split(value: str, field: str, allowed: tuple[str, ...]) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    for item in items:
+        require(item in allowed, field, item, f"must be one of {', '.join(allowed)}")
+    return items
+
+
+def check(
+    world: Annotated[int, typer.Option("--world", "-P", help="Ranks in the group.")] = 4,
+    algorithms_: Annotated[str, typer.Option("--algorithms", help="Comma-separated; default all.")] = "",
+    layouts_: Annotated[str, typer.Option("--layouts", help="Comma-separated layouts.")] =
+        "contiguous,zigzag,stripe",
+    seq_len: Annotated[int, typer.Option(help="Tokens in the whole sequence.")] = 64,
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 2,
+    heads: Annotated[int, typer.Option(help="Query heads.")] = 8,
+    kv_heads: Annotated[int, typer.Option(help="K/V heads for the GQA rows (MHA rows use heads).")] = 2,
+    head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 16,
+    dtype: Annotated[str, typer.Option(help="float64 | float32 | bfloat16.")] = "float64",
+    device: Annotated[str | None, typer.Option(help="cpu | cuda; default: cuda when there are "
+                                                    "enough GPUs.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Input seed; default: fresh.")] = None,
+    bench: Annotated[bool, typer.Option("--bench", help="Time the algorithms instead.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
+) -> None:
+    """Check every algorithm against the single-process float64 reference (exits 1 on a mismatch)."""
+    from seqpar import algorithms
+    from seqpar.algorithms.base import DTYPES
+    from seqpar.algorithms.layouts import LAYOUTS
+
+    require(world >= 1, "world", world, "must be at least 1")
+    require(dtype in DTYPES, "dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    names = _split(algorithms_, "algorithms", tuple(algorithms.REGISTRY)) or list(algorithms.REGISTRY)
+    chosen_layouts = _split(layouts_, "layouts", LAYOUTS)
+    if bench:
+        return run_bench(names, device)
+    cases, skipped = plan_cases(names, chosen_layouts, world, seq_len, batch, heads, kv_heads,
+                                head_dim, dtype, seed if seed is not None else secrets.randbelow(2**31))
+    require(bool(cases), "algorithms", algorithms_ or "all",
+            "no case fits these shapes: " + "; ".join(dict.fromkeys(r for _, r in skipped)))
+    rows, failed = run_cases(cases, world, device)
+    rows += [[c.algorithm, c.layout, "causal" if c.causal else "full", f"{c.heads}/{c.kv_heads}",
+              c.world, "-", "-", "-", "-", f"skipped: {why}"] for c, why in skipped]
+    display_table(f"seqpar check: P={world}, N={seq_len}, {dtype}",
+                  ["algorithm", "layout", "mask", "H/Hkv", "P", "max rel err", "fwd bytes",
+                   "bwd bytes", "ms", "status"], rows, as_json=as_json)
+    if failed:
+        console.print(f"[red]{failed} case(s) failed[/red]")
+        raise typer.Exit(1)
+
+
+def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim, dtype, seed):
+    from seqpar import algorithms
+    from seqpar.workers.case import Case
+
+    cases, skipped = [], []
+    for name in names:
+        p = 1 if name == "local" else world
+        for layout in layouts:
+            for causal in (True, False):
+                for hkv in dict.fromkeys((heads, kv_heads)):
+                    case = Case(name, p, layout, causal, batch, seq_len, heads, hkv, head_dim,
+                                dtype, seed)
+                    try:
+                        algorithms.check(name, case.shape, p, layout, causal)
+                    except ConfigError as err:
+                        skipped.append((case, str(err)))
+                        continue
+                    cases.append(case)
+    return cases, skipped
+
+
+def run_cases(cases, world, device):
+    from seqpar.platform.localgang import LocalGang
+    from seqpar.workers.check import evaluate, rank_run
+
+    rows, failed = [], 0
+    sizes = {c.world for c in cases}
+    console.print(f"starting {world} local ranks ...")
+    with LocalGang(world, sizes=sizes, device=device) as gang:
+        console.print(f"ranks ready on {gang.device}; running {len(cases)} cases")
+        for case in cases:
+            res = evaluate(case, gang.run(rank_run, case, size=case.world))
+            failed += not res.ok
+            b = res.bytes_measured
+            e = res.bytes_expected
+            rows.append([
+                case.algorithm, case.layout, "causal" if case.causal else "full",
+                f"{case.heads}/{case.kv_heads}", case.world, f"{max(res.errors.values()):.1e}",
+                f"{b['forward']}" + (" ✓" if b["forward"] == e["forward"] else f" ≠ {e['forward']}"),
+                f"{b['backward']}" + (" ✓" if b["backward"] == e["backward"] else f" ≠ {e['backward']}"),
+                f"{1e3 * res.seconds:.1f}", "ok" if res.ok else "FAIL: " + "; ".join(res.failures),
+            ])
+    return rows, failed
+
+
+def _median_ms(gang, case, size, threads=None) -> float:
+    from seqpar.workers.bench import gang_measure
+
+    results = gang.run(gang_measure, case, threads, size=size)
+    return max(statistics.median(r.step_ms) for r in results)
+
+
+def run_bench(names, device) -> None:
+    """The foundation benchmark: every algorithm at P=1 against local, and ring at P=2."""
+    from seqpar.platform.localgang import LocalGang
+    from seqpar.workers.case import Case
+
+    if device == "cuda":
+        raise SeqparError("device='cuda': --bench here measures the CPU path; use `seqpar run` "
+                          "studies on a GPU cluster")
+    start = time.perf_counter()
+    with LocalGang(2, sizes=(1,), device="cpu") as gang:
+        console.print(f"ranks ready in {time.perf_counter() - start:.1f} s")
+        base = dict(layout="zigzag", causal=True, batch=1, heads=8, kv_heads=8, head_dim=64,
+                    dtype="float32", warmup=1, iters=5)
+        rows = []
+        local_ms = _median_ms(gang, Case("local", 1, seq_len=4096, **base), 1)
+        for name in names:
+            ms = _median_ms(gang, Case(name, 1, seq_len=4096, **base), 1)
+            rows.append([name, 1, 4096, f"{ms:.1f}", f"{ms / local_ms:.3f}", "<= 1.10"])
+        display_table("each algorithm at P=1 against local (fwd+bwd, causal, H=8, D=64, fp32)",
+                      ["algorithm", "P", "N", "step ms", "ratio to local", "target"], rows)
+        n = 8192
+        one = _median_ms(gang, Case("local", 1, seq_len=n, **base), 1, threads=1)
+        two_threads = _median_ms(gang, Case("local", 1, seq_len=n, **base), 1, threads=2)
+        ring = _median_ms(gang, Case("ring", 2, seq_len=n, **base), 2, threads=1)
+        display_table(
+            f"ring at P=2 against local (fwd+bwd, causal zigzag, N={n}, H=8, D=64, fp32)",
+            ["run", "step ms", "speed-up over local (1 thread)", "parallel efficiency"],
+            [["local, 1 thread", f"{one:.0f}", "1.00", "-"],
+             ["local, 2 threads", f"{two_threads:.0f}", f"{one / two_threads:.2f}",
+              f"{one / two_threads / 2:.2f}"],
+             ["ring P=2, 1 thread each", f"{ring:.0f}", f"{one / ring:.2f}",
+              f"{one / ring / 2:.2f} (target >= 0.8)"]])

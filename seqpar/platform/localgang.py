@@ -1,0 +1,163 @@
+"""A gang of local rank processes with a torch.distributed group: no Ray, one machine.
+
+`seqpar check` and the multi-rank tests use it. Processes start once and then run any number of
+module-level functions, so the cost of start-up (importing torch, forming the group) is paid once.
+On a machine with at least `world` GPUs the ranks use NCCL and one GPU each; elsewhere gloo on CPU.
+Sub-groups of the first k ranks exist for every size in `sizes`, so one gang of 8 also runs P = 2,
+3 and 4.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import socket
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from seqpar.errors import SeqparError
+
+
+class RankFailure(RuntimeError):
+    """A rank raised; the message carries its traceback."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def device_kind(world: int, override: str | None = None) -> str:
+    """'cuda' when this machine has a GPU for every rank (or when asked), else 'cpu'."""
+    import torch
+
+    if override is not None:
+        if override not in ("cpu", "cuda"):
+            raise SeqparError(f"device={override!r}: must be 'cpu' or 'cuda'")
+        if override == "cuda" and torch.cuda.device_count() < world:
+            raise SeqparError(f"device='cuda': needs {world} GPUs, this machine has "
+                              f"{torch.cuda.device_count()}")
+        return override
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "cpu"
+
+
+@dataclass
+class RankEnv:
+    """What a function run on the gang sees on its rank."""
+
+    rank: int
+    world: int
+    device: str
+    groups: dict[int, Any] = field(default_factory=dict)  # size k -> group of ranks [0, k)
+
+    def group(self, size: int):
+        return self.groups[size]
+
+
+def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...],
+            threads: int, tasks: mp.Queue, results: mp.Queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=300))
+    env = RankEnv(rank, world, f"cuda:{rank}" if device == "cuda" else "cpu")
+    for k in sizes:
+        group = dist.group.WORLD if k == world else dist.new_group(list(range(k)))
+        if rank < k:
+            env.groups[k] = group
+    results.put(pickle.dumps((rank, True, "ready")))
+    while True:
+        item = tasks.get()
+        if item is None:
+            break
+        fn, args = pickle.loads(item)
+        try:
+            payload = (rank, True, fn(env, *args))
+        except BaseException:  # report every failure with its traceback
+            payload = (rank, False, traceback.format_exc())
+        results.put(pickle.dumps(payload))
+    dist.destroy_process_group()
+
+
+class LocalGang:
+    """`world` local processes in one process group; `run(fn, *args)` calls fn(env, *args) on each."""
+
+    def __init__(self, world: int, sizes: Iterable[int] = (), device: str | None = None,
+                 threads: int = 1, start_timeout_s: float = 180.0):
+        self.world = world
+        self.device = device_kind(world, device)
+        self.sizes = tuple(sorted({*sizes, world}))
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(world)]
+        port = free_port()
+        self._procs = [
+            ctx.Process(target=_worker, daemon=True, name=f"seqpar-rank-{r}",
+                        args=(r, world, port, self.device, self.sizes, threads, self._tasks[r],
+                              self._results))
+            for r in range(world)
+        ]
+        for p in self._procs:
+            p.start()
+        try:
+            self._collect(range(world), start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self, ranks: Iterable[int], timeout_s: float) -> list[Any]:
+        want = set(ranks)
+        got: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        while want - set(got) - set(errors):
+            try:
+                rank, ok, value = pickle.loads(self._results.get(timeout=timeout_s))
+            except queue.Empty:
+                dead = [p.name for p in self._procs if not p.is_alive()]
+                raise RankFailure(
+                    f"no answer within {timeout_s:.0f} s (dead ranks: {dead})") from None
+            if ok:
+                got[rank] = value
+            else:
+                errors[rank] = value
+        if errors:
+            raise RankFailure("\n".join(f"rank {r}: {tb}" for r, tb in sorted(errors.items())))
+        return [got[r] for r in sorted(got)]
+
+    def run(self, fn: Callable[..., Any], *args: Any, size: int | None = None,
+            timeout_s: float = 300.0) -> list[Any]:
+        """Run fn(env, *args) on ranks [0, size) (all by default); results in rank order."""
+        size = self.world if size is None else size
+        if size not in self.sizes:
+            raise SeqparError(f"size={size}: this gang has groups of {self.sizes}")
+        message = pickle.dumps((fn, args))
+        for r in range(size):
+            self._tasks[r].put(message)
+        return self._collect(range(size), timeout_s)
+
+    def close(self) -> None:
+        for q, p in zip(self._tasks, self._procs, strict=True):
+            if p.is_alive():
+                q.put(None)
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+    def __enter__(self) -> LocalGang:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,151 @@
+"""One trial on one rank: random shards in the case's layout, warm-up, timed iterations, memory and
+the communication ledger of one iteration.
+
+Memory: on CUDA the allocator's peak (`torch.cuda.max_memory_allocated`) over the timed iterations;
+on CPU the process's resident high-water mark (VmHWM, reset through /proc/self/clear_refs before the
+trial) minus the resident size just before it, i.e. the extra memory the trial touched. Where the
+reset is not permitted the method says 'rss-delta-unreset' and the number is an upper bound.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from seqpar import algorithms
+from seqpar.algorithms.base import DTYPES
+from seqpar.workers.case import Case
+
+
+@dataclass
+class RankMeasurement:
+    rank: int
+    step_ms: list[float]
+    fwd_ms: list[float]
+    bwd_ms: list[float]
+    flops: dict[str, float]          # attention FLOPs this rank did in one iteration, by phase
+    ledger: dict[str, Any]           # one iteration's ledger (entries and flops)
+    bytes_sent: dict[str, int]       # one iteration, by phase
+    peak_mem_bytes: int
+    mem_method: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def median_step_ms(self) -> float:
+        return statistics.median(self.step_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _vm_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+class MemoryMeter:
+    """Peak memory of the code between start() and stop(), by the best method the device has."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.method = "cuda-allocator-peak" if device.type == "cuda" else "rss-hwm-delta"
+        self._base = 0
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        except OSError:
+            self.method = "rss-delta-unreset"
+        self._base = _vm_kib("VmRSS") * 1024
+
+    def stop(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device) - self._base
+        return max(0, _vm_kib("VmHWM") * 1024 - self._base)
+
+
+def local_inputs(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """This rank's q, k, v and upstream gradient, drawn from (seed, rank) at shard size."""
+    g = torch.Generator().manual_seed(case.seed * 1_000_003 + rank)
+    s = case.seq_len // case.world
+    dtype = DTYPES[case.dtype]
+    shapes = [(case.batch, s, case.heads, case.head_dim), (case.batch, s, case.kv_heads, case.head_dim),
+              (case.batch, s, case.kv_heads, case.head_dim), (case.batch, s, case.heads, case.head_dim)]
+    return tuple(torch.randn(*sh, generator=g).to(device=device, dtype=dtype) for sh in shapes)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
+            device: torch.device | str = "cpu") -> RankMeasurement:
+    """Run the case on this rank: warm-up, then `iters` timed iterations (fwd, or fwd+bwd)."""
+    device = torch.device(device)
+    attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
+                                      group=group, **case.option_dict)
+    q0, k0, v0, dout = local_inputs(case, rank, device)
+    backward = case.mode == "fwd+bwd"
+    meter = MemoryMeter(device)
+
+    def one_iteration() -> tuple[float, float]:
+        q, k, v = (t.detach().requires_grad_(backward) for t in (q0, k0, v0))
+        if group is not None:
+            dist.barrier(group=group)
+        _sync(device)
+        t0 = time.perf_counter()
+        out = attn(q, k, v)
+        _sync(device)
+        t1 = time.perf_counter()
+        if backward:
+            out.backward(dout)
+            _sync(device)
+        return t1 - t0, time.perf_counter() - t1
+
+    for _ in range(case.warmup):
+        one_iteration()
+    fwd, bwd = [], []
+    meter.start()
+    with algorithms.recording() as ledger:  # the first timed iteration books the ledger
+        f, b = one_iteration()
+    fwd.append(f)
+    bwd.append(b)
+    for _ in range(case.iters - 1):
+        f, b = one_iteration()
+        fwd.append(f)
+        bwd.append(b)
+    peak = meter.stop()
+    return RankMeasurement(
+        rank=rank,
+        step_ms=[1e3 * (f + b) for f, b in zip(fwd, bwd, strict=True)],
+        fwd_ms=[1e3 * f for f in fwd], bwd_ms=[1e3 * b for b in bwd],
+        flops=dict(ledger.flops), ledger=ledger.to_dict(),
+        bytes_sent={p: ledger.total(phase=p) for p in ("forward", "backward")},
+        peak_mem_bytes=peak, mem_method=meter.method,
+    )
+
+
+def gang_measure(env, case: Case, threads: int | None = None) -> RankMeasurement:
+    """`measure` on a LocalGang rank (see platform.localgang), optionally with more threads."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return measure(case, env.rank, env.group(case.world), env.device)
+    finally:
+        torch.set_num_threads(before)
