@@ -8,6 +8,7 @@ and the emulated completion, so overlap of communication with compute shows on o
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +79,20 @@ class Comm:
         self.global_ranks = [dist.get_global_rank(self.group, i) for i in range(self.size)]
         self._nccl = dist.get_backend(self.group) == "nccl"
 
+    @classmethod
+    def solo(cls, label: str = "sp", global_rank: int = 0) -> Comm:
+        """A group of one (this rank alone): every operation is local, nothing is booked."""
+        comm = cls.__new__(cls)
+        comm.label, comm.group, comm.size, comm.rank = label, None, 1, 0
+        comm.global_ranks, comm._nccl = [global_rank], False
+        return comm
+
+    def relabel(self, label: str) -> Comm:
+        """The same group, booked under another label."""
+        comm = copy.copy(self)
+        comm.label = label
+        return comm
+
     def peer(self, offset: int) -> int:
         """Group rank `offset` places along the ring from this rank."""
         return (self.rank + offset) % self.size
@@ -144,7 +159,7 @@ class Comm:
         g = self.size
         parts = [t.chunk(g, scatter_dim) for t in tensors]
         if g == 1:
-            return [t.clone() for t in tensors]
+            return list(tensors)
         shapes = [p[0].shape for p in parts]
         send = torch.stack([torch.cat([p[i].reshape(-1) for p in parts]) for i in range(g)])
         start = time.perf_counter()
@@ -165,7 +180,7 @@ class Comm:
         """Concatenate every rank's tensor along dim, in rank order."""
         g = self.size
         if g == 1:
-            return tensor.clone()
+            return tensor
         tensor = tensor.contiguous()
         start = time.perf_counter()
         emulated = self._book(
@@ -185,7 +200,7 @@ class Comm:
         """Sum the tensor over ranks and keep chunk `rank` of the sum along dim."""
         g = self.size
         if g == 1:
-            return tensor.clone()
+            return tensor
         chunks = [c.contiguous() for c in tensor.chunk(g, dim)]
         start = time.perf_counter()
         per_peer = _elem_bytes(chunks[0])
