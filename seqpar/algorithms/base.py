@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from seqpar.algorithms import layouts
+from seqpar.algorithms import kernels, layouts
 from seqpar.algorithms.comm import Comm
 from seqpar.errors import SeqparError, require
 
@@ -77,7 +77,13 @@ class AlgorithmSpec:
         for key in options:
             require(key in allowed, "option", key,
                     f"{self.name} takes {', '.join(sorted(allowed))}")
-        return {**allowed, **options}
+        resolved = {**allowed, **options}
+        scale = resolved["scale"]
+        require(scale is None or (isinstance(scale, int | float) and scale > 0), "scale", scale,
+                "must be a positive number (default 1/sqrt(head_dim))")
+        require(resolved["backend"] in kernels.BACKENDS, "backend", resolved["backend"],
+                f"must be one of {', '.join(kernels.BACKENDS)}")
+        return resolved
 
     def check(self, shape: AttnShape, world: int, layout: str, causal: bool,
               options: Mapping[str, Any]) -> None:
@@ -129,6 +135,7 @@ class Attention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         shape = shape_of(q, k, v, self.ctx.world)
         self.spec.check(shape, self.ctx.world, self.ctx.layout, self.ctx.causal, self.ctx.options)
+        kernels.resolve_backend(self.ctx.backend, q.device, q.dtype)
         return self.spec.run(q, k, v, self.ctx)
 
     def expected_bytes(self, shape: AttnShape) -> dict[str, int]:

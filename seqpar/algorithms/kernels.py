@@ -49,13 +49,24 @@ def _flash_attn():
     return fa
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
+    """The backend that will run: 'auto' takes flash-attn for fp16/bf16 on CUDA when installed,
+    torch's kernels where they support the dtype, and the math kernel for float64 on CUDA."""
     require(backend in BACKENDS, "backend", backend, f"must be one of {', '.join(BACKENDS)}")
+    half = dtype in (torch.float16, torch.bfloat16)
     if backend == "auto":
-        return "flash" if device.type == "cuda" and _flash_attn() is not None else "torch"
+        if device.type == "cuda":
+            if half and _flash_attn() is not None:
+                return "flash"
+            return "math" if dtype == torch.float64 else "torch"
+        return "torch"
     if backend == "flash":
-        require(device.type == "cuda" and _flash_attn() is not None, "backend", backend,
-                "needs a CUDA device and the flash-attn package (pip install seqpar[gpu])")
+        require(device.type == "cuda" and _flash_attn() is not None and half, "backend", backend,
+                "needs a CUDA device, fp16/bf16 inputs and the flash-attn package "
+                "(pip install seqpar[gpu])")
+    if backend == "torch" and device.type == "cuda":
+        require(dtype != torch.float64, "backend", backend,
+                "torch's CUDA attention kernels do not take float64; use 'math' or 'auto'")
     return backend
 
 
@@ -71,7 +82,7 @@ def attend(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over (k, v) under `mask`; returns (out, lse)."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    backend = resolve_backend(backend, q.device)
+    backend = resolve_backend(backend, q.device, q.dtype)
     _record(q, k, mask, 1.0)
     return _forward(q, k, v, mask, backend, scale)
 
@@ -164,7 +175,7 @@ def attend_backward(
     gradients of all blocks simply add up (the ring-attention backward identity).
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    backend = resolve_backend(backend, q.device)
+    backend = resolve_backend(backend, q.device, q.dtype)
     _record(q, k, mask, 2.5)
     return _backward(dout, q, k, v, out, lse, mask, backend, scale)
 
