@@ -38,8 +38,26 @@ class RankMeasurement:
     def median_step_ms(self) -> float:
         return statistics.median(self.step_ms)
 
+    def timing_summary(self) -> dict[str, float]:
+        """Median and spread (10th / 90th percentile) of each phase's time over the iterations."""
+        out = {}
+        for name, values in (("step_ms", self.step_ms), ("fwd_ms", self.fwd_ms),
+                             ("bwd_ms", self.bwd_ms)):
+            out[name] = statistics.median(values)
+            out[f"{name}_p10"], out[f"{name}_p90"] = percentile(values, 10), percentile(values, 90)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation; a single value is every percentile."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def _vm_kib(key: str) -> int:

@@ -1,0 +1,260 @@
+"""Ray connection, device detection and gangs: P rank actors held in placement groups.
+
+The same code runs on this 2-core machine (an embedded local Ray, CPU shares, gloo) and on a
+multi-node GPU cluster (an existing Ray cluster, one GPU per rank, NCCL). The actor class is passed
+in (workers.rank_worker builds on the platform, not the other way round).
+
+A gang reserves one placement group per node of the plan (STRICT_PACK: a node's ranks share a Ray
+node) with one bundle per rank; actors are named `seqpar:<experiment-id>:rank-<r>` in namespace
+`seqpar`, so the dashboard and `seqpar cluster status` show who is who.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqpar.errors import SeqparError, require
+
+NAMESPACE = "seqpar"
+ACTOR_PREFIX = "seqpar:"
+# every tunable: an env var and its default
+READY_TIMEOUT_ENV_VAR, DEFAULT_READY_TIMEOUT_S = "SEQPAR_GANG_READY_TIMEOUT_S", 180.0
+KILL_WAIT_ENV_VAR, DEFAULT_KILL_WAIT_S = "SEQPAR_GANG_KILL_WAIT_S", 20.0
+DASHBOARD_ENV_VAR = "SEQPAR_RAY_DASHBOARD"  # "0": embedded Ray without dashboard (no state API)
+
+_embedded_users = 0  # TrialRunners sharing the embedded Ray this process started
+
+
+class GangStartupError(RuntimeError):
+    """The gang's placement groups or actors did not come up in time."""
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def actor_name(experiment_id: str, rank: int) -> str:
+    return f"{ACTOR_PREFIX}{experiment_id}:rank-{rank}"
+
+
+def connect(address: str | None = None) -> bool:
+    """Join Ray (address 'auto', 'ray://...', 'host:port') or start an embedded local one (None).
+
+    Returns True when this call started (or shares) the embedded instance, which `disconnect`
+    shuts down when its last user leaves. A process already connected keeps its connection.
+    """
+    global _embedded_users
+    import ray
+
+    if ray.is_initialized():
+        if _embedded_users:
+            _embedded_users += 1
+            return True
+        return False
+    if address is None:
+        dashboard = os.environ.get(DASHBOARD_ENV_VAR, "1") != "0"
+        # "local": always a fresh instance, never a cluster someone else started with `ray start`
+        ray.init(address="local", namespace=NAMESPACE, include_dashboard=dashboard,
+                 log_to_driver=False)
+        _embedded_users = 1
+        return True
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    return False
+
+
+def disconnect(embedded: bool) -> None:
+    """Leave the embedded Ray; the last user shuts it down. Joined clusters stay up."""
+    global _embedded_users
+    import ray
+
+    if not embedded or _embedded_users == 0:
+        return
+    _embedded_users -= 1
+    if _embedded_users == 0 and ray.is_initialized():
+        ray.shutdown()
+
+
+def detect_device(override: str | None = None) -> str:
+    """'cuda' when the cluster has GPUs (or when asked), else 'cpu'."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if override is not None:
+        require(override in ("cpu", "cuda"), "device", override, "must be 'cpu' or 'cuda'")
+        require(override == "cpu" or gpus > 0, "device", override, "the Ray cluster has no GPUs")
+        return override
+    return "cuda" if gpus > 0 else "cpu"
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def cpu_share(world: int, ranks_per_node: int) -> float:
+    """CPUs one rank reserves: a whole CPU where the cluster has them, else an equal fraction, so
+    8 ranks fit on 2 cores (the gloo ranks time-share them; timings say so, bytes do not care)."""
+    nodes = alive_nodes()
+    total = sum(n["Resources"].get("CPU", 0) for n in nodes)
+    biggest = max((n["Resources"].get("CPU", 0) for n in nodes), default=0)
+    share = min(1.0, total / world, biggest / ranks_per_node)
+    share = math.floor(share * 100) / 100  # Ray resources are exact to 1e-4; keep a margin
+    require(share > 0, "world", world, f"the Ray cluster's {total:g} CPUs cannot host {world} ranks")
+    return share
+
+
+@dataclass(frozen=True)
+class GangKey:
+    """Gangs with equal keys are interchangeable; a trial reuses one whose key matches."""
+
+    experiment_id: str
+    world: int
+    device: str
+    ranks_per_node: int | None  # only part of the key on a multi-node cluster (placement matters)
+
+
+@dataclass
+class Gang:
+    """P rank actors in placement groups; `actors[r]` is rank r."""
+
+    key: GangKey
+    actors: list[Any]
+    placement_groups: list[Any]
+    info: list[dict[str, Any]] = field(default_factory=list)  # per rank: node_id, ip, pid
+    trials: int = 0
+    dead: bool = False
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [i["node_id"] for i in self.info]
+
+    def kill(self, wait_s: float | None = None) -> None:
+        """Kill every actor, remove the placement groups and wait (bounded) until the names are
+        free, so a fresh gang of the same experiment can take them."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        self.dead = True
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead: nothing to do
+                pass
+        for pg in self.placement_groups:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
+        deadline = time.monotonic() + (wait_s if wait_s is not None
+                                       else _env_float(KILL_WAIT_ENV_VAR, DEFAULT_KILL_WAIT_S))
+        names = [actor_name(self.key.experiment_id, r) for r in range(self.key.world)]
+        while names and time.monotonic() < deadline:
+            names = [n for n in names if _name_taken(n)]
+            if names:
+                time.sleep(0.05)
+
+
+def _name_taken(name: str) -> bool:
+    import ray
+
+    try:
+        ray.get_actor(name, namespace=NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
+               init_kwargs: dict[str, Any] | None = None,
+               ready_timeout_s: float | None = None) -> Gang:
+    """Reserve the bundles, start one actor per rank, wait until each answers `info()`.
+
+    `actor_cls(rank=, world=, experiment_id=, threads=, **init_kwargs)` must have an `info()`
+    method. Raises GangStartupError (after cleaning up) when the cluster cannot host the gang.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    timeout = ready_timeout_s or _env_float(READY_TIMEOUT_ENV_VAR, DEFAULT_READY_TIMEOUT_S)
+    world = key.world
+    if key.device == "cuda":
+        bundle, actor_res, threads = {"GPU": 1, "CPU": 1}, {"num_gpus": 1, "num_cpus": 1}, 1
+    else:
+        share = cpu_share(world, ranks_per_node)
+        bundle, actor_res = {"CPU": share}, {"num_cpus": share}
+        threads = max(1, int(share))
+    nodes = world // ranks_per_node
+    pgs = [placement_group([dict(bundle)] * ranks_per_node, strategy="STRICT_PACK",
+                           name=f"{ACTOR_PREFIX}{key.experiment_id}:node-{n}")
+           for n in range(nodes)]
+    remote_cls = ray.remote(actor_cls)
+    gang = Gang(key, [], pgs)
+    try:
+        ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=nodes, timeout=timeout)
+        if len(ready) < nodes:
+            raise GangStartupError(
+                f"placement groups for {world} ranks ({bundle} each, {ranks_per_node} per node) "
+                f"not ready within {timeout:.0f} s: the cluster lacks the resources")
+        for r in range(world):
+            strategy = PlacementGroupSchedulingStrategy(
+                pgs[r // ranks_per_node], placement_group_bundle_index=r % ranks_per_node)
+            gang.actors.append(remote_cls.options(
+                name=actor_name(key.experiment_id, r), namespace=NAMESPACE,
+                # the trial runs in one thread while another answers heartbeats
+                max_concurrency=2, max_restarts=0, scheduling_strategy=strategy, **actor_res,
+            ).remote(rank=r, world=world, experiment_id=key.experiment_id, threads=threads,
+                     **(init_kwargs or {})))
+        refs = [a.info.remote() for a in gang.actors]
+        ready, _ = ray.wait(refs, num_returns=world, timeout=timeout)
+        if len(ready) < world:
+            raise GangStartupError(f"{world - len(ready)} of {world} rank actors did not start "
+                                   f"within {timeout:.0f} s")
+        gang.info = ray.get(refs)
+    except BaseException:
+        gang.kill()
+        raise
+    return gang
+
+
+def seqpar_actors() -> list[Any]:
+    """Live seqpar actors (state API; needs the dashboard): name, state, node, pid."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("ray_namespace", "=", NAMESPACE)], limit=10_000,
+                         raise_on_missing_output=False)
+    return [a for a in actors if (a.name or "").startswith(ACTOR_PREFIX) and a.state != "DEAD"]
+
+
+def seqpar_placement_groups() -> list[Any]:
+    """Placement groups of seqpar gangs that are not removed."""
+    from ray.util.state import list_placement_groups
+
+    pgs = list_placement_groups(limit=10_000, raise_on_missing_output=False)
+    return [p for p in pgs if (p.name or "").startswith(ACTOR_PREFIX) and p.state != "REMOVED"]
+
+
+def status() -> dict[str, Any]:
+    """Nodes (CPUs, GPUs, memory) and the running seqpar gangs, grouped by experiment."""
+    nodes = [{
+        "node_id": n["NodeID"], "ip": n["NodeManagerAddress"],
+        "cpus": n["Resources"].get("CPU", 0), "gpus": n["Resources"].get("GPU", 0),
+        "memory_gb": round(n["Resources"].get("memory", 0) / 2**30, 1),
+    } for n in alive_nodes()]
+    gangs: dict[str, list[str]] = {}
+    try:
+        actors = seqpar_actors()
+    except Exception as err:  # no dashboard: the state API is unavailable
+        raise SeqparError(f"address: the Ray state API did not answer ({err}); "
+                          "is the dashboard running?") from err
+    for a in actors:
+        experiment, _, rank = a.name[len(ACTOR_PREFIX):].rpartition(":")
+        gangs.setdefault(experiment, []).append(f"{rank}@{(a.node_id or '')[:8]}:{a.state}")
+    return {"nodes": nodes,
+            "gangs": [{"experiment": e, "ranks": len(r), "actors": sorted(r)}
+                      for e, r in sorted(gangs.items())]}

@@ -1,0 +1,162 @@
+"""The Ray actor that is one rank: a process group per trial, the trial itself, dashboard metrics.
+
+A gang (platform.cluster) holds P of these. For each trial every rank joins a fresh process group at
+rank 0's address (nccl on CUDA, gloo on CPU, with the trial's timeout), sets the ledger topology and
+the link emulation, runs `bench.measure`, publishes its numbers as `ray.util.metrics`, and destroys
+its groups and resets the process-wide settings whatever happened, so the next trial starts clean.
+
+The actor runs with two threads: the trial occupies one, the other still answers `heartbeat()`, so a
+hung collective can be reported (which phase, since when) before the gang is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from seqpar.algorithms.comm import LinkModel
+from seqpar.workers.bench import RankMeasurement
+from seqpar.workers.case import Case
+
+
+@dataclass(frozen=True)
+class RankTrial:
+    """What every rank of the gang needs for one trial."""
+
+    case: Case
+    experiment_id: str
+    master_addr: str
+    master_port: int
+    node_of_rank: tuple[int, ...]
+    link_emulation: dict[str, LinkModel] | None
+    device: str  # "cpu" | "cuda"
+    timeout_s: float
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class _Metrics:
+    """The dashboard's view of a rank (Prometheus via Ray's metrics agent), tagged by
+    experiment, algorithm and rank."""
+
+    TAGS = ("experiment", "algorithm", "rank")
+
+    def __init__(self) -> None:
+        from ray.util import metrics
+
+        self.step_ms = metrics.Gauge("seqpar_step_ms", "median step time of the last trial",
+                                     tag_keys=self.TAGS)
+        self.tokens_per_s = metrics.Gauge("seqpar_tokens_per_s", "tokens per second (whole "
+                                          "sequence) of the last trial", tag_keys=self.TAGS)
+        self.peak_mem = metrics.Gauge("seqpar_peak_mem_bytes", "peak memory of the last trial",
+                                      tag_keys=self.TAGS)
+        self.bytes_sent = metrics.Counter("seqpar_bytes_sent", "bytes this rank sent in timed "
+                                          "iterations", tag_keys=self.TAGS)
+        self.trials = metrics.Counter("seqpar_trials", "trials this rank ran", tag_keys=self.TAGS)
+
+    def report(self, experiment_id: str, case: Case, rank: int, m: RankMeasurement) -> None:
+        tags = {"experiment": experiment_id, "algorithm": case.algorithm, "rank": str(rank)}
+        step_ms = m.median_step_ms()
+        self.step_ms.set(step_ms, tags=tags)
+        self.tokens_per_s.set(case.batch * case.seq_len / (step_ms / 1e3), tags=tags)
+        self.peak_mem.set(m.peak_mem_bytes, tags=tags)
+        self.bytes_sent.inc(sum(m.bytes_sent.values()) * case.iters, tags=tags)
+        self.trials.inc(1, tags=tags)
+
+
+class RankWorker:
+    """One rank of a gang. Created by platform.cluster.start_gang."""
+
+    def __init__(self, rank: int, world: int, experiment_id: str, threads: int = 1):
+        import torch
+
+        self.rank, self.world, self.experiment_id = rank, world, experiment_id
+        torch.set_num_threads(threads)  # a CPU share of one core must not spawn a thread per core
+        self._phase, self._since = "idle", time.monotonic()
+        self._metrics: _Metrics | None = None
+        self._fault: str | None = None
+        self._lock = threading.Lock()
+
+    # -- answered from the second thread, also while a trial runs ---------------------------------
+    def info(self) -> dict[str, Any]:
+        import ray
+        import torch
+
+        cuda = torch.cuda.is_available()
+        return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
+                "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                "device_name": torch.cuda.get_device_name(0) if cuda else "cpu"}
+
+    def heartbeat(self) -> dict[str, Any]:
+        with self._lock:
+            return {"rank": self.rank, "pid": os.getpid(), "phase": self._phase,
+                    "phase_s": time.monotonic() - self._since}
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0's node IP and a free port for the next trial's process group."""
+        import ray
+
+        return ray.util.get_node_ip_address(), _free_port()
+
+    # -- the trial --------------------------------------------------------------------------------
+    def _set_phase(self, phase: str) -> None:
+        with self._lock:
+            self._phase, self._since = phase, time.monotonic()
+
+    def run_trial(self, trial: RankTrial) -> RankMeasurement:
+        import torch.distributed as dist
+
+        from seqpar.algorithms import comm, groups, ledger
+        from seqpar.workers.bench import measure
+
+        cuda = trial.device == "cuda"
+        if dist.is_initialized():  # a trial that died half-way must not poison this one
+            dist.destroy_process_group()
+        self._set_phase("rendezvous")
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=f"tcp://{trial.master_addr}:{trial.master_port}",
+            rank=self.rank, world_size=self.world, timeout=timedelta(seconds=trial.timeout_s))
+        try:
+            ledger.set_topology(trial.node_of_rank)
+            comm.set_link_emulation(trial.link_emulation)
+            self._maybe_fault()
+            self._set_phase("measure")
+            # Ray gives each rank its own GPU as CUDA_VISIBLE_DEVICES, so it is always cuda:0
+            m = measure(trial.case, self.rank, dist.group.WORLD, "cuda:0" if cuda else "cpu")
+            m.extra.update(self.info())
+            self._set_phase("report")
+            self._report(trial, m)
+            return m
+        finally:
+            ledger.set_topology(None)
+            comm.set_link_emulation(None)
+            groups.destroy_cached_groups()
+            dist.destroy_process_group()
+            self._set_phase("idle")
+
+    def _report(self, trial: RankTrial, m: RankMeasurement) -> None:
+        if self._metrics is None:
+            self._metrics = _Metrics()
+        self._metrics.report(trial.experiment_id, trial.case, self.rank, m)
+
+    def _arm_fault(self, kind: str) -> None:
+        """Test hook (not for users): 'hang' makes this rank's next trial block forever after it
+        joined the process group, as a rank stuck in a collective would; its peers then wait in
+        their first collective."""
+        self._fault = kind
+
+    def _maybe_fault(self) -> None:
+        fault, self._fault = self._fault, None
+        if fault == "hang":
+            self._set_phase("hang (injected)")
+            threading.Event().wait()

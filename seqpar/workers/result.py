@@ -1,0 +1,113 @@
+"""A trial's outcome on the whole gang, and the headline metrics aggregated over its ranks.
+
+Conventions: a step is one iteration on every rank, so step time is the max over ranks of that
+iteration (the slowest rank sets the pace), and its median over iterations is `step_ms`. Bytes are
+one iteration's; `bytes_<phase>_<op>_<link>` is per rank (max over ranks), while `bytes_total`,
+`bytes_intra` and `bytes_inter` are the whole gang's (sum over ranks), so intra + inter = total.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from seqpar.workers.bench import RankMeasurement, percentile
+from seqpar.workers.case import Case
+
+# dense peak FLOP/s of one device by (name fragment, dtype); MFU is reported only for these
+PEAK_FLOPS: dict[tuple[str, str], float] = {
+    ("H100", "bfloat16"): 989e12, ("H100", "float16"): 989e12, ("H100", "float32"): 67e12,
+    ("A100", "bfloat16"): 312e12, ("A100", "float16"): 312e12, ("A100", "float32"): 19.5e12,
+    ("L4", "bfloat16"): 121e12, ("L4", "float16"): 121e12,
+    ("A10", "bfloat16"): 125e12, ("A10", "float16"): 125e12,
+}
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+    for (fragment, kind), flops in PEAK_FLOPS.items():
+        if fragment in device_name and kind == dtype:
+            return flops
+    return None
+
+
+def _per_step(per_rank: list[RankMeasurement], attr: str) -> list[float]:
+    """Each iteration's time on the slowest rank."""
+    series = [getattr(m, attr) for m in per_rank]
+    return [max(values) for values in zip(*series, strict=True)]
+
+
+def _bytes_by_key(m: RankMeasurement) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in m.ledger.get("entries", []):
+        key = f"bytes_{e['phase']}_{e['op']}_{e['link']}"
+        out[key] = out.get(key, 0) + e["bytes_sent"]
+    return out
+
+
+def link_bytes(m: RankMeasurement, link: str) -> int:
+    """One iteration's bytes this rank sent over `link` ('intra' | 'inter')."""
+    return sum(e["bytes_sent"] for e in m.ledger.get("entries", []) if e["link"] == link)
+
+
+@dataclass
+class TrialResult:
+    case: Case
+    status: str  # "FINISHED" | "FAILED"
+    cause: str | None
+    per_rank: list[RankMeasurement]
+    node_of_rank: list[int]
+    link_emulation: dict | None  # {"inter": {"latency_s": .., "bandwidth_bytes_per_s": ..}}
+    setup_s: float  # gang (start or reuse) + rendezvous
+    run_s: float    # the trial on every rank, process group included
+    device: str
+    experiment_id: str | None = None
+    topology: str = "virtual"  # "virtual" nodes on one machine | "real" Ray nodes
+    gang_reused: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "FINISHED"
+
+    def metrics(self) -> dict[str, float]:
+        """Headline numbers (see the module docstring); {} for a failed trial."""
+        if not self.ok or not self.per_rank:
+            return {}
+        case, ranks = self.case, self.per_rank
+        steps = _per_step(ranks, "step_ms")
+        step_ms = statistics.median(steps)
+        tokens_per_s = case.batch * case.seq_len / (step_ms / 1e3)
+        rank_flops = [sum(m.flops.values()) for m in ranks]
+        out: dict[str, float] = {
+            "step_ms": step_ms,
+            "step_ms_p10": percentile(steps, 10), "step_ms_p90": percentile(steps, 90),
+            "fwd_ms": statistics.median(_per_step(ranks, "fwd_ms")),
+            "bwd_ms": statistics.median(_per_step(ranks, "bwd_ms")),
+            "tokens_per_s": tokens_per_s, "tokens_per_s_per_rank": tokens_per_s / case.world,
+            "attn_tflops": sum(rank_flops) / (step_ms / 1e3) / 1e12,
+            "peak_mem_bytes": float(max(m.peak_mem_bytes for m in ranks)),
+            "load_imbalance": (max(rank_flops) / statistics.mean(rank_flops)
+                               if sum(rank_flops) > 0 else 1.0),
+            "setup_s": self.setup_s, "run_s": self.run_s,
+        }
+        peak = peak_flops(str(ranks[0].extra.get("device_name", "cpu")), case.dtype)
+        if peak is not None:
+            out["mfu"] = out["attn_tflops"] * 1e12 / (peak * case.world)
+        detail: dict[str, int] = {}
+        for m in ranks:
+            for key, value in _bytes_by_key(m).items():
+                detail[key] = max(detail.get(key, 0), value)
+        out.update({k: float(v) for k, v in sorted(detail.items())})
+        out["bytes_intra"] = float(sum(link_bytes(m, "intra") for m in ranks))
+        out["bytes_inter"] = float(sum(link_bytes(m, "inter") for m in ranks))
+        out["bytes_total"] = out["bytes_intra"] + out["bytes_inter"]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: the case, the outcome, the metrics and every rank's detail."""
+        d = asdict(self)
+        d["case"] = {**asdict(self.case), "options": dict(self.case.options)}
+        d["per_rank"] = [m.to_dict() for m in self.per_rank]
+        d["metrics"] = self.metrics()
+        return d

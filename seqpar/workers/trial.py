@@ -1,0 +1,225 @@
+"""Run Cases on Ray: one trial = one Case on one gang of rank actors.
+
+    with TrialRunner() as runner:                      # embedded local Ray, cpu + gloo here
+        result = runner.run(Case("ring", world=4), nodes=2,
+                            link_emulation={"inter": LinkModel(1e-3, 1e9)})
+        print(result.status, result.metrics()["step_ms"])
+
+Bad input raises a SeqparError before any actor starts; anything that goes wrong after that (a rank
+raising or dying, a hung collective past `timeout_s`) ends the trial FAILED with its cause, kills
+the gang and leaves nothing behind; the next trial gets a fresh gang. A healthy gang is kept for the
+next trial of the same experiment, world size and device kind (start-up is the expensive part).
+Ctrl-C tears the gang down before the KeyboardInterrupt propagates.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from seqpar import algorithms
+from seqpar.algorithms.base import DTYPES
+from seqpar.algorithms.comm import LinkModel
+from seqpar.errors import require
+from seqpar.platform import cluster, topology
+from seqpar.workers.case import MODES, Case
+from seqpar.workers.rank_worker import RankTrial, RankWorker
+from seqpar.workers.result import TrialResult
+
+__all__ = ["TrialResult", "TrialRunner", "validate"]
+
+FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
+
+
+def validate(case: Case, nodes: int, ranks_per_node: int | None,
+             link_emulation: dict[str, LinkModel] | None, timeout_s: float) -> int:
+    """Every rule a trial's input must keep; returns ranks_per_node. Raises ConfigError."""
+    require(isinstance(case, Case), "case", type(case).__name__, "must be a seqpar Case")
+    require(isinstance(case.world, int) and case.world >= 1, "world", case.world,
+            "must be a positive integer")
+    _, rpn = topology.plan_shape(case.world, nodes, ranks_per_node)
+    require(case.mode in MODES, "mode", case.mode, f"must be one of {', '.join(MODES)}")
+    require(case.dtype in DTYPES, "dtype", case.dtype, f"must be one of {', '.join(DTYPES)}")
+    require(isinstance(case.warmup, int) and case.warmup >= 0, "warmup", case.warmup,
+            "must be a non-negative integer")
+    require(isinstance(case.iters, int) and case.iters >= 1, "iters", case.iters,
+            "must be a positive integer")
+    algorithms.check(case.algorithm, case.shape, case.world, case.layout, case.causal,
+                     **case.option_dict)
+    for link, model in (link_emulation or {}).items():
+        require(link in ("intra", "inter"), "link_emulation", link, "keys are 'intra' and 'inter'")
+        require(isinstance(model, LinkModel), f"link_emulation[{link}]", model,
+                "must be a LinkModel(latency_s, bandwidth_bytes_per_s)")
+        require(model.latency_s >= 0, f"link_emulation[{link}].latency_s", model.latency_s,
+                "must be >= 0")
+        require(model.bandwidth_bytes_per_s > 0, f"link_emulation[{link}].bandwidth_bytes_per_s",
+                model.bandwidth_bytes_per_s, "must be > 0")
+    require(timeout_s > 0, "timeout_s", timeout_s, "must be > 0")
+    return rpn
+
+
+def _emulation_record(links: dict[str, LinkModel] | None) -> dict | None:
+    if not links:
+        return None
+    return {k: {"latency_s": m.latency_s, "bandwidth_bytes_per_s": m.bandwidth_bytes_per_s}
+            for k, m in sorted(links.items())}
+
+
+def _error_text(err: BaseException) -> str:
+    """One line for a rank's failure: the user's exception, or how the actor died."""
+    import ray.exceptions as rex
+
+    if isinstance(err, rex.RayTaskError):
+        cause = err.cause if err.cause is not None else err
+        return f"raised {type(cause).__name__}: {str(cause).strip().splitlines()[-1][:300]}"
+    if isinstance(err, rex.RayActorError):
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        return "died: " + " ".join(lines[:2])[:300]
+    return f"{type(err).__name__}: {err}"[:300]
+
+
+class TrialRunner:
+    """Runs trials on a Ray cluster; see the module docstring."""
+
+    def __init__(self, address: str | None = None, device: str | None = None):
+        self._embedded = cluster.connect(address)
+        self.device = cluster.detect_device(device)
+        self.default_experiment_id = f"adhoc-{secrets.token_hex(3)}"
+        self._idle: cluster.Gang | None = None
+        self._multi_node = len(cluster.alive_nodes()) > 1
+
+    # -- gangs ------------------------------------------------------------------------------------
+    def _acquire(self, key: cluster.GangKey, rpn: int) -> tuple[cluster.Gang, bool]:
+        gang, self._idle = self._idle, None
+        if gang is not None and gang.key == key and self._healthy(gang):
+            return gang, True
+        if gang is not None:  # wrong shape or unhealthy: free its resources for the new gang
+            gang.kill()
+        return cluster.start_gang(RankWorker, key, rpn), False
+
+    @staticmethod
+    def _healthy(gang: cluster.Gang) -> bool:
+        import ray
+
+        try:
+            ray.get([a.heartbeat.remote() for a in gang.actors], timeout=10)
+        except Exception:  # a rank died between trials (node loss, OOM kill): start afresh
+            return False
+        return True
+
+    # -- trials -----------------------------------------------------------------------------------
+    def run(self, case: Case, *, nodes: int = 1, ranks_per_node: int | None = None,
+            link_emulation: dict[str, LinkModel] | None = None, timeout_s: float = 300.0,
+            experiment_id: str | None = None) -> TrialResult:
+        """One trial; never raises for a failing trial (status FAILED, cause set)."""
+        rpn = validate(case, nodes, ranks_per_node, link_emulation, timeout_s)
+        if self.device == "cuda":
+            import ray
+
+            gpus = ray.cluster_resources().get("GPU", 0)
+            require(case.world <= gpus, "world", case.world,
+                    f"needs one GPU per rank; the cluster has {gpus:g}")
+        exp = experiment_id or self.default_experiment_id
+        key = cluster.GangKey(exp, case.world, self.device, rpn if self._multi_node else None)
+        result = TrialResult(case, "FAILED", None, [], [], _emulation_record(link_emulation),
+                             0.0, 0.0, self.device, experiment_id=exp)
+        start = time.perf_counter()
+        try:
+            gang, result.gang_reused = self._acquire(key, rpn)
+        except cluster.GangStartupError as err:
+            result.cause = f"gang start-up failed: {err}"
+            result.setup_s = time.perf_counter() - start
+            return result
+        try:
+            self._run_on(gang, result, rpn, link_emulation, timeout_s, start)
+        except BaseException:  # Ctrl-C or a driver-side error: no gang outlives the trial
+            gang.kill()
+            raise
+        if result.ok:
+            gang.trials += 1
+            self._idle = gang
+        else:
+            gang.kill()
+        return result
+
+    def _run_on(self, gang: cluster.Gang, result: TrialResult, rpn: int,
+                links: dict[str, LinkModel] | None, timeout_s: float, start: float) -> None:
+        import ray
+
+        topo = topology.resolve(gang.node_ids, rpn)
+        result.node_of_rank, result.topology = list(topo.node_of_rank), topo.kind
+        deadline = time.monotonic() + timeout_s
+        try:
+            addr, port = ray.get(gang.actors[0].rendezvous_address.remote(),
+                                 timeout=min(timeout_s, 60.0))
+        except Exception as err:
+            result.cause = f"rendezvous failed: rank 0 {_error_text(err)}"
+            return
+        result.setup_s = time.perf_counter() - start
+        trial = RankTrial(result.case, result.experiment_id or "", addr, port, topo.node_of_rank,
+                          links, self.device, timeout_s)
+        t0 = time.perf_counter()
+        refs = {a.run_trial.remote(trial): r for r, a in enumerate(gang.actors)}
+        per_rank, result.cause = self._collect(gang, refs, deadline, timeout_s)
+        result.run_s = time.perf_counter() - t0
+        if result.cause is None:
+            result.per_rank, result.status = per_rank, "FINISHED"
+
+    def _collect(self, gang: cluster.Gang, refs: dict[Any, int], deadline: float,
+                 timeout_s: float) -> tuple[list[Any], str | None]:
+        """Every rank's measurement, or the cause of the first failure (a death ranks first)."""
+        import ray
+
+        done: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        pending = list(refs)
+        while pending:
+            remaining = deadline - time.monotonic()
+            if errors:  # one rank failed: the rest get a short grace to report, then the gang goes
+                remaining = min(remaining, FAILURE_GRACE_S)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, remaining))
+            if not ready:
+                break
+            for ref in ready:
+                try:
+                    done[refs[ref]] = ray.get(ref)
+                except Exception as err:
+                    errors[refs[ref]] = err
+        if errors:
+            died = [r for r, e in errors.items() if isinstance(e, ray.exceptions.RayActorError)]
+            first = min(died) if died else min(errors)
+            others = len(errors) - 1
+            more = f" (+{others} more rank{'s' if others > 1 else ''} failed)" if others else ""
+            return [], f"rank {first} {_error_text(errors[first])}{more}"
+        if pending:
+            stuck = sorted(refs[p] for p in pending)
+            return [], f"timeout: trial exceeded {timeout_s:g} s; {self._phases(gang, stuck)}"
+        return [done[r] for r in sorted(done)], None
+
+    @staticmethod
+    def _phases(gang: cluster.Gang, ranks: list[int]) -> str:
+        """Where the stuck ranks are, asked through the actors' second thread."""
+        import ray
+
+        try:
+            beats = ray.get([gang.actors[r].heartbeat.remote() for r in ranks], timeout=5)
+            return "ranks still running: " + ", ".join(
+                f"{b['rank']} in {b['phase']!r} for {b['phase_s']:.1f} s" for b in beats)
+        except Exception:
+            return f"ranks still running: {ranks}"
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill the idle gang, remove its placement groups; leave an embedded Ray when last."""
+        gang, self._idle = self._idle, None
+        if gang is not None:
+            gang.kill()
+        cluster.disconnect(self._embedded)
+        self._embedded = False
+
+    def __enter__(self) -> TrialRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
