@@ -18,6 +18,16 @@ def gang():
         yield g
 
 
+@pytest.fixture(scope="session")
+def ray_runner():
+    """One TrialRunner on an embedded local Ray (device cpu) shared by every Ray test: Ray start-up
+    (~8 s here) is paid once, and gangs are reused across tests of the same experiment id."""
+    from seqpar.workers.trial import TrialRunner
+
+    with TrialRunner(device="cpu") as runner:
+        yield runner
+
+
 @pytest.fixture
 def seed() -> int:
     """A fresh seed per test, printed on failure so a red run can be replayed."""

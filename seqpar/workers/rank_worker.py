@@ -122,6 +122,7 @@ class RankWorker:
         if dist.is_initialized():  # a trial that died half-way must not poison this one
             dist.destroy_process_group()
         self._set_phase("rendezvous")
+        t0 = time.perf_counter()
         dist.init_process_group(
             "nccl" if cuda else "gloo",
             init_method=f"tcp://{trial.master_addr}:{trial.master_port}",
@@ -131,9 +132,11 @@ class RankWorker:
             comm.set_link_emulation(trial.link_emulation)
             self._maybe_fault()
             self._set_phase("measure")
+            t1 = time.perf_counter()
             # Ray gives each rank its own GPU as CUDA_VISIBLE_DEVICES, so it is always cuda:0
             m = measure(trial.case, self.rank, dist.group.WORLD, "cuda:0" if cuda else "cpu")
             m.extra.update(self.info())
+            m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")
             self._report(trial, m)
             return m
