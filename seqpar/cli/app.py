@@ -23,6 +23,7 @@ def _register() -> None:
     from seqpar.cli import check
 
     app.command("check", rich_help_panel="Verify")(check.check)
+    app.add_typer(__import__("seqpar.cli.cluster").cli.cluster.app, rich_help_panel="Ray")
 
 
 _register()
