@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
@@ -15,8 +16,20 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    address: Annotated[str | None, typer.Option(
+        "--address",
+        help="Ray cluster to join ('auto', 'ray://host:10001', 'host:6379'); default: an embedded "
+             "local Ray.")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(
+        "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+        help="MLflow store or server; default: sqlite:///<working dir>/mlflow.db with artifacts "
+             "in ./mlartifacts.")] = None,
+) -> None:
     """Measure sequence-parallel attention algorithms across many ranks."""
+    from seqpar.cli.options import GLOBALS
+
+    GLOBALS.address, GLOBALS.tracking_uri = address, tracking_uri
 
 
 def _register() -> None:
@@ -24,6 +37,13 @@ def _register() -> None:
 
     app.command("check", rich_help_panel="Verify")(check.check)
     app.add_typer(__import__("seqpar.cli.cluster").cli.cluster.app, rich_help_panel="Ray")
+    from seqpar.cli import compare, studies, sweep, tune
+
+    app.command("studies", rich_help_panel="Experiments")(studies.studies)
+    app.command("run", rich_help_panel="Experiments")(sweep.run)
+    app.command("sweep", rich_help_panel="Experiments")(sweep.sweep)
+    app.command("tune", rich_help_panel="Experiments")(tune.tune)
+    app.command("compare", rich_help_panel="Results")(compare.compare)
 
 
 _register()

@@ -88,17 +88,26 @@ def describe(overrides: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------ points -> specs
-def expand(base: Mapping[str, Any], grid: Mapping[str, Any]) -> list[Point]:
-    """Every point of the grid, validated: a spec, or the reason it cannot run."""
+def expand(base: Mapping[str, Any], grid: Mapping[str, Any],
+           sets: Mapping[str, Any] | None = None) -> list[Point]:
+    """Every point of the grid, validated: a spec, or the reason it cannot run.
+
+    `sets` (dotted key -> value, from `--set`) win over base and grid alike; points that end up
+    as the same experiment (same spec hash) are kept once.
+    """
     from seqpar.experiments.spec import ExperimentSpec
 
-    out = []
+    out, seen = [], set()
     for overrides in points(grid):
-        data = apply(base, overrides)
+        data = apply(apply(base, overrides), sets or {})
         try:
-            out.append(Point(overrides, ExperimentSpec.parse(data), None))
+            spec = ExperimentSpec.parse(data)
         except ConfigError as err:
             out.append(Point(overrides, None, err))
+            continue
+        if spec.hash not in seen:
+            seen.add(spec.hash)
+            out.append(Point(overrides, spec, None))
     return out
 
 

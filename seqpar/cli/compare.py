@@ -1,0 +1,30 @@
+"""`seqpar compare`: runs read back from MLflow as a table, the best one highlighted."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from seqpar.cli.display import display_table
+
+
+def compare(
+    study: Annotated[str | None, typer.Option("--study", help="Every trial of a study "
+                                                               "(an MLflow experiment).")] = None,
+    sweep: Annotated[str | None, typer.Option("--sweep", help="The trials of one sweep "
+                                                               "(its parent run id).")] = None,
+    metric: Annotated[str | None, typer.Option(
+        "--metric", help="Rank by this metric (default: the study's headline, e.g. tokens_per_s; "
+                         "step_ms, peak_mem_bytes, bytes_total, load_imbalance, ...).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
+) -> None:
+    """Compare runs (default: the latest sweep) from the MLflow store."""
+    from seqpar.cli import options
+    from seqpar.errors import ConfigError
+    from seqpar.sweeps import report
+
+    if study is not None and sweep is not None:
+        raise ConfigError("--study", study, "give --study or --sweep, not both")
+    cmp = report.comparison(options.tracker(), study=study, sweep=sweep, metric=metric)
+    display_table(cmp.title, cmp.columns, cmp.rows, as_json=as_json, highlight_row=cmp.best)

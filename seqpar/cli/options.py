@@ -1,0 +1,28 @@
+"""Options every command shares, set once by the app callback (`seqpar --address ... sweep ...`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Globals:
+    address: str | None = None       # Ray: None = an embedded local Ray; "auto" / "ray://..." joins
+    tracking_uri: str | None = None  # MLflow: None = MLFLOW_TRACKING_URI or sqlite:///./mlflow.db
+
+
+GLOBALS = Globals()
+
+
+def tracker():
+    """The MLflow tracker for this invocation (created only when a command needs it)."""
+    from seqpar.platform.tracking import Tracker
+
+    return Tracker(GLOBALS.tracking_uri)
+
+
+def trial_runner(device: str | None = None):
+    """A Ray TrialRunner on --address (an embedded local Ray by default)."""
+    from seqpar.workers.trial import TrialRunner
+
+    return TrialRunner(GLOBALS.address, device=device)

@@ -1,0 +1,98 @@
+"""`seqpar sweep FILE` and `seqpar run STUDY`: expand, validate (before any actor starts), run on
+Ray, log every trial to MLflow, and print the comparison table."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from seqpar.cli.display import console, display_table
+from seqpar.errors import ConfigError
+
+Resume = Annotated[str | None, typer.Option(
+    "--resume", help="Sweep id (the parent run id) to continue: trials already FINISHED there "
+                     "are skipped.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="List the trials and skipped points; "
+                                                        "run nothing.")]
+Retries = Annotated[int, typer.Option("--retries", min=0, help="Re-run a FAILED trial up to N "
+                                                               "times.")]
+Strict = Annotated[bool, typer.Option("--strict", help="Fail the whole sweep on any invalid "
+                                                       "point, before anything runs.")]
+Sets = Annotated[list[str] | None, typer.Option(
+    "--set", help="key=value over every trial, e.g. --set workload.seq_len=8192 "
+                  "--set plan.options.dhp=2 (repeatable; value read as YAML).")]
+
+
+def sweep(
+    file: Annotated[str, typer.Argument(help="A sweep file (YAML): base + grid (+ study).")],
+    resume: Resume = None, dry_run: DryRun = False, retries: Retries = 0, strict: Strict = False,
+    sets: Sets = None,
+) -> None:
+    """Run every trial of a sweep file and compare them (see examples/)."""
+    from seqpar.sweeps import spec
+
+    plan = spec.load(file, spec.parse_sets(sets or []))
+    execute(plan, resume=resume, dry_run=dry_run, retries=retries, strict=strict,
+            again=f"seqpar sweep {file}")
+
+
+def run(
+    study: Annotated[str, typer.Argument(help="A study name (see `seqpar studies`).")],
+    preset: Annotated[str, typer.Option("--preset", help="cpu | gpu-cluster.")] = "cpu",
+    sets: Sets = None, resume: Resume = None, dry_run: DryRun = False, retries: Retries = 0,
+    strict: Strict = False,
+) -> None:
+    """Run a named study (its own sweep), optionally with --set overrides."""
+    from seqpar.sweeps import spec
+
+    plan = spec.from_study(study, preset, spec.parse_sets(sets or []))
+    execute(plan, resume=resume, dry_run=dry_run, retries=retries, strict=strict,
+            again=f"seqpar run {study} --preset {preset}")
+
+
+def _device(plan) -> str | None:
+    devices = {p.spec.env.device for p in plan.trials}
+    if len(devices) > 1:
+        raise ConfigError("env.device", sorted(devices), "one sweep runs on one kind of device")
+    device = devices.pop()
+    return None if device == "auto" else device
+
+
+def execute(plan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
+            again: str) -> None:
+    """Validate, list or run a SweepPlan, then print its comparison."""
+    plan.check(strict)
+    device = _device(plan)
+    for point in plan.skipped:
+        console.print(f"[yellow]skipped[/yellow] {point.label}: {point.error}", highlight=False)
+    if dry_run:
+        rows = [[i + 1, p.spec.hash, p.label, p.spec.plan.nodes, p.spec.env.device]
+                for i, p in enumerate(plan.trials)]
+        display_table(f"{plan.name}: {len(plan.trials)} trial(s) -> MLflow experiment "
+                      f"{plan.experiment!r} (dry run)", ["#", "spec hash", "trial", "nodes", "device"],
+                      rows)
+        return
+    from seqpar.cli import options
+    from seqpar.sweeps import report
+    from seqpar.sweeps.runner import run_sweep
+
+    tracker = options.tracker()
+    console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
+    with options.trial_runner(device) as runner:
+        try:
+            outcome = run_sweep(plan, tracker=tracker, runner=runner, retries=retries,
+                                resume=resume)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/yellow]; continue with "
+                          f"`{again} --resume <sweep id>` (see `seqpar compare`)")
+            raise typer.Exit(130) from None
+    cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric=plan.headline)
+    display_table(cmp.title, cmp.columns, cmp.rows, highlight_row=cmp.best)
+    skipped = f", {outcome.resumed} already done" if outcome.resumed else ""
+    console.print(f"sweep id {outcome.sweep_id} (experiment {plan.experiment!r}): "
+                  f"{len(outcome.trials)} run{skipped}, {len(outcome.failed)} failed; "
+                  f"plots and per-rank JSON are MLflow artifacts")
+    if outcome.failed:
+        console.print(f"re-run the failed trials with `{again} --resume {outcome.sweep_id}`")
+        raise typer.Exit(1)

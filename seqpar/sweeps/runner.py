@@ -1,0 +1,178 @@
+"""Run a sweep's trials on Ray and log each one to MLflow the moment it ends.
+
+    outcome = run_sweep(plan, tracker=Tracker(), runner=TrialRunner(), retries=1)
+    outcome.sweep_id      # the parent run; `seqpar sweep FILE --resume <id>` continues it
+
+Trials are run grouped by world size (stable within a group), so one gang of rank actors serves
+every trial of its size instead of being restarted when the grid alternates between sizes.
+A FAILED trial is retried `retries` times; only its last attempt is logged (tag seqpar.attempts).
+Resume skips the trials whose spec hash already FINISHED in that sweep, so nothing is logged twice.
+Ctrl-C marks the sweep KILLED and leaves it resumable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from seqpar.errors import ConfigError
+from seqpar.experiments.grid import Point
+from seqpar.sweeps.spec import SweepPlan
+
+if TYPE_CHECKING:
+    from seqpar.platform.tracking import Tracker
+    from seqpar.workers.trial import TrialResult, TrialRunner
+
+console = Console(stderr=True)
+
+
+@dataclass
+class TrialOutcome:
+    point: Point
+    result: TrialResult
+    run_id: str
+    attempts: int
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: str
+    experiment: str
+    trials: list[TrialOutcome] = field(default_factory=list)
+    resumed: int = 0                   # trials skipped because they already FINISHED
+
+    @property
+    def failed(self) -> list[TrialOutcome]:
+        return [t for t in self.trials if t.result.status != "FINISHED"]
+
+
+def _sweep_params(plan: SweepPlan) -> dict[str, Any]:
+    return {"sweep.name": plan.name, "sweep.study": plan.study or "", "sweep.preset": plan.preset,
+            "sweep.source": plan.source, "sweep.points": len(plan.points),
+            "sweep.trials": len(plan.trials), "sweep.skipped": len(plan.skipped),
+            **{f"sweep.set.{k}": v for k, v in plan.sets.items()}}
+
+
+def _plan_record(plan: SweepPlan) -> dict[str, Any]:
+    return {"name": plan.name, "description": plan.description,
+            "trials": [{"hash": p.spec.hash, "label": p.label} for p in plan.trials if p.spec],
+            "skipped": [{"point": p.label, "reason": str(p.error)} for p in plan.skipped]}
+
+
+def _start(plan: SweepPlan, tracker: Tracker, resume: str | None) -> tuple[str, set[str]]:
+    if resume is None:
+        sweep_id = tracker.start_sweep(plan.experiment, plan.name, _sweep_params(plan), {
+            "seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
+            "seqpar.headline": plan.headline})
+        tracker.log_dict(sweep_id, _plan_record(plan), "plan.json")
+        return sweep_id, set()
+    record = tracker.sweep(resume)
+    experiment = tracker.experiment_name(record)
+    if experiment != plan.experiment:
+        raise ConfigError("resume", resume, f"belongs to experiment {experiment!r}, "
+                                            f"this sweep logs to {plan.experiment!r}")
+    done = tracker.finished_hashes(resume)
+    tracker.reopen_sweep(resume)
+    return resume, done
+
+
+def run_one(point: Point, runner: TrialRunner, retries: int,
+            gang_id: str) -> tuple[TrialResult, int]:
+    """A trial, retried while it FAILS; returns the last result and the attempts it took."""
+    spec = point.spec
+    assert spec is not None
+    attempt = 0
+    while True:
+        attempt += 1
+        result = runner.run(spec.to_case(), nodes=spec.plan.nodes,
+                            ranks_per_node=spec.plan.ranks_per_node,
+                            link_emulation=spec.env.link_models(), timeout_s=spec.env.timeout_s,
+                            experiment_id=gang_id)
+        if result.status == "FINISHED" or attempt > retries:
+            return result, attempt
+
+
+def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, result: TrialResult,
+            attempts: int) -> str:
+    spec = point.spec
+    assert spec is not None
+    tags = {"seqpar.device": result.device, "seqpar.attempts": str(attempts),
+            "seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
+            "seqpar.topology": getattr(result, "topology", ""), "seqpar.label": spec.label()}
+    return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=spec.flat(),
+                             metrics=result.metrics(), tags=tags, status=result.status,
+                             cause=result.cause, detail=result.to_dict())
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("trial"), MofNCompleteColumn(), BarColumn(bar_width=24),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                    TextColumn("{task.description}"), console=console, transient=True)
+
+
+def _line(result: TrialResult, label: str, attempts: int) -> str:
+    if result.status != "FINISHED":
+        return f"[red]✗[/red] {label}  FAILED after {attempts} attempt(s): {result.cause}"
+    m = result.metrics()
+    return (f"[green]✓[/green] {label}  step {m['step_ms']:.1f} ms  "
+            f"{m['tokens_per_s']:,.0f} tok/s  peak {m['peak_mem_bytes'] / 2**20:.1f} MiB")
+
+
+def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries: int = 0,
+              resume: str | None = None, progress: bool = True,
+              on_trial_end: Callable[[TrialOutcome], None] | None = None) -> SweepOutcome:
+    """Run every trial of `plan` not yet FINISHED in the sweep; see the module docstring."""
+    sweep_id, done = _start(plan, tracker, resume)
+    outcome = SweepOutcome(sweep_id, plan.experiment)
+    todo = [p for p in plan.trials if p.spec is not None and p.spec.hash not in done]
+    outcome.resumed = len(plan.trials) - len(todo)
+    todo.sort(key=lambda p: p.spec.plan.world if p.spec else 0)  # stable: one gang per size
+    gang_id = f"sweep-{sweep_id[:8]}"
+    bar = _progress() if progress else None
+    try:
+        if bar is not None:
+            bar.start()
+            task = bar.add_task("", total=len(todo))
+        for point in todo:
+            label = point.label
+            if bar is not None:
+                bar.update(task, description=label)
+            result, attempts = run_one(point, runner, retries, gang_id)
+            run_id = log_one(tracker, sweep_id, plan, point, result, attempts)
+            trial = TrialOutcome(point, result, run_id, attempts)
+            outcome.trials.append(trial)
+            console.print(_line(result, label, attempts), highlight=False)
+            if bar is not None:
+                bar.advance(task)
+            if on_trial_end is not None:
+                on_trial_end(trial)
+    except BaseException:
+        if bar is not None:
+            bar.stop()
+        tracker.end_sweep(sweep_id, "KILLED", interrupted="true")
+        raise
+    if bar is not None:
+        bar.stop()
+    _finish(tracker, sweep_id, outcome)
+    return outcome
+
+
+def _finish(tracker: Tracker, sweep_id: str, outcome: SweepOutcome) -> None:
+    from seqpar.sweeps import report
+
+    try:
+        report.log_plots(tracker, sweep_id)
+    except Exception as err:  # a plot must never cost the sweep its results
+        console.print(f"[yellow]plots skipped:[/yellow] {type(err).__name__}: {err}")
+    tracker.end_sweep(sweep_id, "FINISHED", failed=str(len(outcome.failed)))

@@ -1,0 +1,67 @@
+"""Profile-and-pick auto-tuning (WallFacer §4.4, Eq. 11): every valid configuration of a world
+size, a few iterations each, ranked by throughput — arg max tokens/s over the tuning space.
+
+The space is every registered algorithm x its tunable options x layout (x placement). Which options
+an algorithm takes comes from the algorithm registry (`options_of`), so an algorithm that lands
+later is tuned without edits here; the values tried for an option come from TUNABLE below, and
+points that break an algorithm's rules are skipped with the reason the algorithm gives.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from seqpar import algorithms
+from seqpar.algorithms.layouts import LAYOUTS
+from seqpar.errors import require
+from seqpar.experiments.grid import Point, expand
+from seqpar.experiments.spec import PRESETS
+from seqpar.sweeps.spec import SweepPlan
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# option name -> the values worth trying at world P
+TUNABLE: dict[str, Callable[[int], list[Any]]] = {
+    "dhp": divisors,
+    "inner_ring": divisors,
+    "team_size": lambda p: [c for c in divisors(p) if c * c <= p],
+    "placement": lambda p: ["head-first", "context-first"],
+}
+DERIVED = {"dcp": lambda world, opts: world // opts["dhp"] if "dhp" in opts else None}
+
+
+def option_space(name: str, world: int) -> list[dict[str, Any]]:
+    """Every combination of the algorithm's tunable options at this world size."""
+    takes = algorithms.options_of(name)
+    axes = {key: TUNABLE[key](world) for key in takes if key in TUNABLE}
+    combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+    for combo in combos:
+        for key, derive in DERIVED.items():
+            value = derive(world, combo) if key in takes else None
+            if value is not None:
+                combo[key] = value
+    return combos or [{}]
+
+
+def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal: bool = True,
+                iters: int = 2, device: str = "cpu", layouts: tuple[str, ...] = LAYOUTS) -> SweepPlan:
+    """The tuning space as a sweep (experiment 'tune')."""
+    require(world >= 1, "world", world, "must be at least 1")
+    require(model in PRESETS, "model", model, f"must be one of {', '.join(PRESETS)}")
+    base = {"model": model, "plan": {"world": world, "nodes": nodes},
+            "workload": {"seq_len": seq_len, "causal": causal, "warmup": 1, "iters": iters},
+            "env": {"device": device}}
+    plans = []
+    for name in algorithms.REGISTRY:
+        if (name == "local") != (world == 1):
+            continue  # local is the one-rank configuration, and only that
+        for opts in option_space(name, world):
+            plans.append({"algorithm": name, "options": opts})
+    points: list[Point] = expand(base, {"plan": plans, "plan.layout": list(layouts)})
+    return SweepPlan(name=f"tune {model} P={world} nodes={nodes} N={seq_len}", experiment="tune",
+                     headline="tokens_per_s", points=points, source="seqpar tune")
