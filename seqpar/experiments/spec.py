@@ -115,7 +115,7 @@ class Environment(_Strict):
             return None
         from seqpar.algorithms.comm import LinkModel
 
-        return {k: LinkModel(v.latency_us * 1e-6, v.bandwidth_gb_per_s * 1e9)
+        return {k: LinkModel(v.latency_us / 1e6, v.bandwidth_gb_per_s * 1e9)
                 for k, v in self.link_emulation.items()}
 
 
