@@ -1,0 +1,99 @@
+"""Faults on a real local Ray: a hung rank, a rank killed with SIGKILL, Ctrl-C. Each ends in a clear
+state with no seqpar actor or placement group left, and the next trial runs on a fresh gang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from seqpar.algorithms.comm import LinkModel
+from seqpar.platform import cluster
+from seqpar.workers.case import Case
+
+pytestmark = pytest.mark.ray
+
+SLOW_LINKS = {"intra": LinkModel(latency_s=0.03), "inter": LinkModel(latency_s=0.03)}
+
+
+def ring_case(seed: int, iters: int = 2) -> Case:
+    return Case("ring", world=4, batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=8,
+                dtype="float32", seed=seed, warmup=0, iters=iters)
+
+
+def rank_actor(experiment: str, rank: int):
+    import ray
+
+    return ray.get_actor(cluster.actor_name(experiment, rank), namespace=cluster.NAMESPACE)
+
+
+def when_measuring(experiment: str, rank: int, action) -> threading.Thread:
+    """Run action() from a thread as soon as `rank` is inside its timed iterations."""
+    import ray
+
+    def watch() -> None:
+        actor = rank_actor(experiment, rank)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if ray.get(actor.heartbeat.remote(), timeout=10)["phase"] == "measure":
+                time.sleep(0.3)  # well inside the trial
+                action()
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_injected_hang_is_caught_by_the_timeout_and_the_gang_is_killed(
+        ray_runner, experiment, seed, assert_no_leaks):
+    import ray
+
+    assert ray_runner.run(ring_case(seed), experiment_id=experiment).ok  # the gang exists
+    ray.get(rank_actor(experiment, 1)._arm_fault.remote("hang"))
+    start = time.monotonic()
+    result = ray_runner.run(ring_case(seed), timeout_s=3.0, experiment_id=experiment)
+    assert result.status == "FAILED"
+    assert result.cause.startswith("timeout"), result.cause
+    assert "1 in 'hang (injected)'" in result.cause
+    assert time.monotonic() - start < 3.0 + 20.0
+    assert_no_leaks()
+    again = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    assert again.status == "FINISHED" and not again.gang_reused, again.cause
+
+
+def test_rank_killed_mid_trial_fails_with_its_cause_and_leaks_nothing(
+        ray_runner, experiment, seed, assert_no_leaks):
+    warm = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    assert warm.ok, warm.cause
+    killed_at: list[float] = []
+
+    def kill_rank_1() -> None:
+        os.kill(warm.per_rank[1].extra["pid"], signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    watcher = when_measuring(experiment, 1, kill_rank_1)
+    result = ray_runner.run(ring_case(seed, iters=60), link_emulation=SLOW_LINKS,
+                            experiment_id=experiment)
+    watcher.join(timeout=5)
+    assert killed_at, "the trial ended before rank 1 could be killed"
+    assert result.status == "FAILED"
+    assert result.cause.startswith("rank 1 died"), result.cause
+    assert time.monotonic() - killed_at[0] < 30.0
+    assert_no_leaks()
+    again = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    assert again.status == "FINISHED" and not again.gang_reused, again.cause
+
+
+def test_ctrl_c_during_a_trial_tears_the_gang_down(ray_runner, experiment, seed, assert_no_leaks):
+    assert ray_runner.run(ring_case(seed), experiment_id=experiment).ok
+    watcher = when_measuring(experiment, 0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt):
+        ray_runner.run(ring_case(seed, iters=60), link_emulation=SLOW_LINKS,
+                       experiment_id=experiment)
+    watcher.join(timeout=5)
+    assert_no_leaks()

@@ -1,0 +1,95 @@
+"""Trials on a real local Ray: rank actors, gloo process groups, virtual topology, link emulation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seqpar import algorithms
+from seqpar.algorithms.comm import LinkModel
+from seqpar.errors import ConfigError, SeqparError
+from seqpar.platform import cluster
+from seqpar.workers.case import Case
+from seqpar.workers.result import link_bytes
+
+pytestmark = pytest.mark.ray
+
+
+def ring_case(seed: int, **kw) -> Case:
+    return Case("ring", world=4, layout="zigzag", batch=1, seq_len=32, heads=2, kv_heads=2,
+                head_dim=8, dtype="float32", seed=seed, warmup=1, iters=3, **kw)
+
+
+def test_ring_on_virtual_2x2_books_each_ranks_bytes_on_its_next_neighbours_link(
+        ray_runner, experiment, seed):
+    case = ring_case(seed)
+    result = ray_runner.run(case, nodes=2, experiment_id=experiment)
+    assert result.status == "FINISHED", result.cause
+    assert result.node_of_rank == [0, 0, 1, 1] and result.topology == "virtual"
+    expected = algorithms.expected_bytes("ring", case.shape, 4)
+    # every ring message goes to the next rank: intra from ranks 0 and 2, inter from 1 and 3
+    for r, m in enumerate(result.per_rank):
+        nxt = (r + 1) % 4
+        link = "intra" if result.node_of_rank[r] == result.node_of_rank[nxt] else "inter"
+        other = "inter" if link == "intra" else "intra"
+        assert m.rank == r
+        assert link_bytes(m, link) == expected["forward"] + expected["backward"]
+        assert link_bytes(m, other) == 0
+    metrics = result.metrics()
+    per_rank_total = expected["forward"] + expected["backward"]
+    assert metrics["bytes_intra"] == metrics["bytes_inter"] == 2 * per_rank_total
+    assert metrics["bytes_forward_p2p_inter"] == expected["forward"]
+    assert metrics["step_ms"] > 0 and metrics["tokens_per_s"] > 0 and metrics["attn_tflops"] > 0
+    json.dumps(result.to_dict())
+
+
+def test_gang_is_reused_and_its_actors_are_named_by_experiment_and_rank(
+        ray_runner, experiment, seed):
+    import ray
+
+    first = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    second = ray_runner.run(ring_case(seed + 1), nodes=4, experiment_id=experiment)
+    assert first.status == second.status == "FINISHED", (first.cause, second.cause)
+    assert second.gang_reused and second.node_of_rank == [0, 1, 2, 3]
+    pids = {m.extra["pid"] for m in first.per_rank}
+    assert pids == {m.extra["pid"] for m in second.per_rank}  # the same four processes
+    for r in range(4):
+        actor = ray.get_actor(cluster.actor_name(experiment, r), namespace=cluster.NAMESPACE)
+        assert ray.get(actor.heartbeat.remote())["phase"] == "idle"
+
+
+def test_inter_node_link_emulation_makes_the_ring_slower_on_2x2_than_on_1x4(
+        ray_runner, experiment, seed):
+    links = {"inter": LinkModel(latency_s=0.02)}
+    flat = ray_runner.run(ring_case(seed), nodes=1, link_emulation=links,
+                          experiment_id=experiment)
+    split = ray_runner.run(ring_case(seed), nodes=2, link_emulation=links,
+                           experiment_id=experiment)
+    assert flat.status == split.status == "FINISHED", (flat.cause, split.cause)
+    assert split.link_emulation == {"inter": {"latency_s": 0.02,
+                                              "bandwidth_bytes_per_s": float("inf")}}
+    # 2x2: every ring step crosses a node somewhere, and the ring waits for its slowest link:
+    # 3 forward steps and 4 backward ones (K,V and gradient messages overlap) of >= 20 ms; 1x4: none
+    slow, fast = split.metrics()["step_ms"], flat.metrics()["step_ms"]
+    assert slow >= 7 * 20 * 0.95
+    assert slow > 1.5 * fast, (slow, fast)
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"nodes": 3}, "nodes"),
+    ({"nodes": 2, "ranks_per_node": 3}, "ranks_per_node"),
+    ({"link_emulation": {"wan": LinkModel(0.1)}}, "link_emulation"),
+    ({"timeout_s": 0}, "timeout_s"),
+])
+def test_bad_plans_raise_before_any_actor_starts(ray_runner, kwargs, field):
+    with pytest.raises(ConfigError) as info:
+        ray_runner.run(ring_case(0), experiment_id="never-started", **kwargs)
+    assert info.value.field == field
+    assert not [a for a in cluster.seqpar_actors() if "never-started" in a.name]
+
+
+def test_unknown_algorithm_option_raises_seqpar_error(ray_runner):
+    case = Case("ring", world=4, options=(("no_such_option", 1),))
+    with pytest.raises(SeqparError, match="no_such_option"):
+        ray_runner.run(case, experiment_id="never-started")

@@ -1,0 +1,40 @@
+"""Rank -> node maps: the virtual nodes x ranks_per_node plan and real Ray node ids (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+
+from seqpar.errors import ConfigError
+from seqpar.platform import topology
+
+
+def test_virtual_topology_puts_consecutive_ranks_on_one_node():
+    topo = topology.virtual(8, 4)
+    assert topo.node_of_rank == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert (topo.nodes, topo.kind) == (2, "virtual")
+    assert topo.link(3, 4) == "inter" and topo.link(4, 7) == "intra"
+
+
+def test_real_topology_numbers_nodes_by_their_first_rank():
+    topo = topology.from_node_ids(["b", "b", "a", "a", "c"])
+    assert topo.node_of_rank == (0, 0, 1, 1, 2)
+    assert topo.kind == "real"
+
+
+def test_resolve_uses_virtual_nodes_when_every_actor_shares_one_ray_node():
+    assert topology.resolve(["n"] * 4, 2).node_of_rank == (0, 0, 1, 1)
+    assert topology.resolve(["n", "m", "n", "m"], 2).node_of_rank == (0, 1, 0, 1)
+
+
+@pytest.mark.parametrize(("world", "nodes", "rpn", "field"), [
+    (4, 3, None, "nodes"), (4, 2, 3, "ranks_per_node"), (4, 0, None, "nodes"),
+])
+def test_plan_shape_rejects_plans_that_do_not_cover_the_world(world, nodes, rpn, field):
+    with pytest.raises(ConfigError) as info:
+        topology.plan_shape(world, nodes, rpn)
+    assert info.value.field == field
+
+
+def test_plan_shape_derives_ranks_per_node():
+    assert topology.plan_shape(8, 2, None) == (2, 4)
+    assert topology.plan_shape(8, 2, 4) == (2, 4)
