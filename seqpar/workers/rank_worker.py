@@ -69,7 +69,9 @@ class _Metrics:
         self.step_ms.set(step_ms, tags=tags)
         self.tokens_per_s.set(case.batch * case.seq_len / (step_ms / 1e3), tags=tags)
         self.peak_mem.set(m.peak_mem_bytes, tags=tags)
-        self.bytes_sent.inc(sum(m.bytes_sent.values()) * case.iters, tags=tags)
+        sent = sum(m.bytes_sent.values()) * case.iters
+        if sent > 0:  # Ray's Counter.inc rejects 0, and local (P=1) sends nothing
+            self.bytes_sent.inc(sent, tags=tags)
         self.trials.inc(1, tags=tags)
 
 
