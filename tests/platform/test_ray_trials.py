@@ -93,3 +93,42 @@ def test_unknown_algorithm_option_raises_seqpar_error(ray_runner):
     case = Case("ring", world=4, options=(("no_such_option", 1),))
     with pytest.raises(SeqparError, match="no_such_option"):
         ray_runner.run(case, experiment_id="never-started")
+
+
+def test_cluster_status_lists_the_node_and_the_idle_gang(ray_runner, experiment, seed):
+    import typer
+    from typer.testing import CliRunner
+
+    from seqpar.cli import cluster as cluster_cli
+
+    assert ray_runner.run(ring_case(seed), experiment_id=experiment).ok
+    root = typer.Typer()
+    root.add_typer(cluster_cli.app)
+    out = CliRunner().invoke(root, ["cluster", "status", "--json"])
+    assert out.exit_code == 0, out.output
+    info = json.loads(out.output)
+    assert info["nodes"][0]["cpus"] >= 1
+    gang = next(g for g in info["gangs"] if g["experiment"] == experiment)
+    assert gang["ranks"] == 4 and all(a.endswith(":ALIVE") for a in gang["actors"])
+
+
+def test_ranks_export_dashboard_metrics_tagged_by_experiment_algorithm_and_rank(
+        ray_runner, experiment, seed):
+    import time
+    import urllib.request
+
+    import ray
+
+    assert ray_runner.run(ring_case(seed), experiment_id=experiment).ok
+    node = ray.nodes()[0]
+    url = f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+    wanted = {f'rank="{r}"' for r in range(4)}
+    deadline = time.monotonic() + 30  # the metrics agent exports every few seconds
+    while True:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        lines = [ln for ln in text.splitlines() if ln.startswith("ray_seqpar_step_ms{")
+                 and f'experiment="{experiment}"' in ln and 'algorithm="ring"' in ln]
+        if {tag for ln in lines for tag in wanted if tag in ln} == wanted:
+            break
+        assert time.monotonic() < deadline, f"no seqpar_step_ms for every rank at {url}"
+        time.sleep(1)
