@@ -56,7 +56,9 @@ def main() -> None:
     try:
         app()
     except SeqparError as err:
-        err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        from rich.markup import escape  # a value like [1, 2] is data, not a style tag
+
+        err_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from seqpar.cli.display import console, display_table
 from seqpar.errors import ConfigError
@@ -65,7 +66,8 @@ def execute(plan, *, resume: str | None, dry_run: bool, retries: int, strict: bo
     plan.check(strict)
     device = _device(plan)
     for point in plan.skipped:
-        console.print(f"[yellow]skipped[/yellow] {point.label}: {point.error}", highlight=False)
+        console.print(f"[yellow]skipped[/yellow] {escape(point.label)}: {escape(str(point.error))}",
+                      highlight=False)
     if dry_run:
         rows = [[i + 1, p.spec.hash, p.label, p.spec.plan.nodes, p.spec.env.device]
                 for i, p in enumerate(plan.trials)]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -123,9 +124,10 @@ def _progress() -> Progress:
 
 def _line(result: TrialResult, label: str, attempts: int) -> str:
     if result.status != "FINISHED":
-        return f"[red]✗[/red] {label}  FAILED after {attempts} attempt(s): {result.cause}"
+        return (f"[red]✗[/red] {escape(label)}  FAILED after {attempts} attempt(s): "
+                f"{escape(str(result.cause))}")
     m = result.metrics()
-    return (f"[green]✓[/green] {label}  step {m['step_ms']:.1f} ms  "
+    return (f"[green]✓[/green] {escape(label)}  step {m['step_ms']:.1f} ms  "
             f"{m['tokens_per_s']:,.0f} tok/s  peak {m['peak_mem_bytes'] / 2**20:.1f} MiB")
 
 
@@ -174,5 +176,5 @@ def _finish(tracker: Tracker, sweep_id: str, outcome: SweepOutcome) -> None:
     try:
         report.log_plots(tracker, sweep_id)
     except Exception as err:  # a plot must never cost the sweep its results
-        console.print(f"[yellow]plots skipped:[/yellow] {type(err).__name__}: {err}")
+        console.print(f"[yellow]plots skipped:[/yellow] {type(err).__name__}: {escape(str(err))}")
     tracker.end_sweep(sweep_id, "FINISHED", failed=str(len(outcome.failed)))

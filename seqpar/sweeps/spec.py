@@ -66,7 +66,7 @@ class SweepPlan:
             err = bad[0].error
             assert err is not None
             raise ConfigError(err.field, err.value,
-                              f"{err.rule} [point {i + 1}: {describe(bad[0].overrides)}; {why}]")
+                              f"{err.rule} (point {i + 1}: {describe(bad[0].overrides)}; {why})")
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:

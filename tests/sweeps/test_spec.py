@@ -66,7 +66,7 @@ grid: {workload.seq_len: [64, 60]}
     assert len(plan.trials) == 1 and len(plan.skipped) == 1
     assert "workload.seq_len=60" in str(plan.skipped[0].error)
     plan.check(strict=False)
-    with pytest.raises(ConfigError, match=r"workload.seq_len=60.*point 2.*--strict"):
+    with pytest.raises(ConfigError, match=r"workload.seq_len=60.*\(point 2.*--strict\)"):
         plan.check(strict=True)
 
 

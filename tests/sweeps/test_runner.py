@@ -1,0 +1,114 @@
+"""Sweeps on a real local Ray with a real (temporary) MLflow store: logging, resume, retries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seqpar.errors import ConfigError
+from seqpar.platform.tracking import Tracker
+from seqpar.sweeps import report, spec
+from seqpar.sweeps.runner import run_sweep
+
+pytestmark = pytest.mark.ray
+
+MINI = {"name": "mini",
+        "base": {"model": {"heads": 4, "kv_heads": 2, "head_dim": 8}, "plan": {"world": 2},
+                 "workload": {"iters": 2, "warmup": 1}, "env": {"device": "cpu"}},
+        "grid": {"plan.algorithm": ["ring", "ulysses", "allgather"], "workload.seq_len": [64, 128]}}
+
+
+@pytest.fixture
+def tracker(tmp_path) -> Tracker:
+    return Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+
+
+def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_path):
+    plan = spec.parse(MINI)
+    seen: list[int] = []
+
+    def count_logged(trial) -> None:  # the trial is in MLflow before the next one starts
+        seen.append(len(tracker.trials(trial_sweep[0])))
+
+    trial_sweep: list[str] = []
+    original = tracker.start_sweep
+
+    def start_sweep(*args, **kwargs):
+        trial_sweep.append(original(*args, **kwargs))
+        return trial_sweep[0]
+
+    tracker.start_sweep = start_sweep
+    outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False,
+                        on_trial_end=count_logged)
+    assert seen == [1, 2, 3, 4, 5, 6]
+    runs = tracker.trials(outcome.sweep_id)
+    assert len(runs) == 6 and {r.status for r in runs} == {"FINISHED"}
+    for run in runs:
+        assert run.metrics["step_ms"] > 0 and run.metrics["tokens_per_s"] > 0
+        assert run.metrics["bytes_total"] > 0 and "load_imbalance" in run.metrics
+        assert run.params["plan.world"] == "2" and run.params["model.kv_heads"] == "2"
+        for tag in ("seqpar.spec_hash", "seqpar.git_commit", "seqpar.torch_version",
+                    "seqpar.ray_version", "seqpar.host", "seqpar.device"):
+            assert run.tags[tag], tag
+        assert tracker.artifacts(run.run_id) == ["per_rank.json"]
+    path = tracker.client.download_artifacts(runs[0].run_id, "per_rank.json", str(tmp_path))
+    detail = json.loads(open(path).read())
+    assert len(detail["per_rank"]) == 2 and detail["status"] == "FINISHED"
+    parent = tracker.sweep(outcome.sweep_id)
+    assert parent.status == "FINISHED" and parent.tags["seqpar.headline"] == "tokens_per_s"
+    assert set(tracker.artifacts(outcome.sweep_id)) == {"plan.json", "plots"}
+    plots = {a.path for a in tracker.client.list_artifacts(outcome.sweep_id, "plots")}
+    assert "plots/throughput_vs_seq_len.png" in plots and "plots/bytes_by_link.png" in plots
+
+    cmp = report.comparison(tracker, sweep=outcome.sweep_id)
+    assert len(cmp.rows) == 6
+    tps = [r.metrics["tokens_per_s"] for r in sorted(runs, key=report._sort_key)]
+    assert cmp.best == tps.index(max(tps))
+    steps = [r.metrics["step_ms"] for r in sorted(runs, key=report._sort_key)]
+    assert report.comparison(tracker, metric="step_ms").best == steps.index(min(steps))
+    assert len(report.comparison(tracker, study="mini").rows) == 6
+
+
+def test_interrupted_sweep_resumes_with_only_the_rest_and_no_duplicates(ray_runner, tracker):
+    plan = spec.parse(MINI)
+    done: list[str] = []
+
+    def interrupt_after_two(trial) -> None:
+        done.append(trial.run_id)
+        if len(done) == 2:
+            raise KeyboardInterrupt  # Ctrl-C between trials
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False,
+                  on_trial_end=interrupt_after_two)
+    sweep_id = tracker.latest_sweep().run_id
+    assert tracker.sweep(sweep_id).status == "KILLED"
+    assert len(tracker.trials(sweep_id)) == 2
+
+    outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False, resume=sweep_id)
+    assert outcome.resumed == 2 and len(outcome.trials) == 4
+    runs = tracker.trials(sweep_id)
+    hashes = [r.tags["seqpar.spec_hash"] for r in runs]
+    assert len(runs) == 6 and len(set(hashes)) == 6
+    assert set(hashes) == {p.spec.hash for p in plan.trials}
+    assert tracker.sweep(sweep_id).status == "FINISHED"
+
+    again = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False, resume=sweep_id)
+    assert again.resumed == 6 and again.trials == []
+    other = spec.parse({**MINI, "name": "elsewhere"})
+    with pytest.raises(ConfigError, match="resume"):
+        run_sweep(other, tracker=tracker, runner=ray_runner, progress=False, resume=sweep_id)
+
+
+def test_failed_trial_is_retried_then_logged_failed_with_its_cause(ray_runner, tracker):
+    # a 10 ms budget cannot cover a process-group rendezvous: a real timeout, every time
+    plan = spec.parse({**MINI, "name": "doomed", "grid": {"plan.algorithm": ["ring"]},
+                       "base": {**MINI["base"], "workload": {"seq_len": 64},
+                                "env": {"device": "cpu", "timeout_s": 0.01}}})
+    outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, retries=1, progress=False)
+    (run,) = tracker.trials(outcome.sweep_id)
+    assert run.status == "FAILED" and run.tags["seqpar.attempts"] == "2"
+    assert run.tags["seqpar.cause"] and "step_ms" not in run.metrics
+    assert len(outcome.failed) == 1
+    assert tracker.sweep(outcome.sweep_id).tags["seqpar.failed"] == "1"
