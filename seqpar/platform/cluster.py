@@ -159,6 +159,36 @@ class Gang:
                 time.sleep(0.05)
 
 
+class GangPool:
+    """Idle gangs kept for re-use. One pool per process: runners sharing a Ray instance (a test
+    session, a sweep and its auto-tuner) must not starve each other of CPU shares or GPUs, so at most
+    one gang is idle, and taking a gang of another shape first kills the idle one."""
+
+    def __init__(self) -> None:
+        self._idle: Gang | None = None
+
+    def take(self, key: GangKey) -> Gang | None:
+        """The idle gang when its key matches; otherwise None, with the idle gang killed."""
+        gang, self._idle = self._idle, None
+        if gang is not None and gang.key == key and not gang.dead:
+            return gang
+        if gang is not None:
+            gang.kill()
+        return None
+
+    def put(self, gang: Gang) -> None:
+        self.evict()
+        self._idle = gang
+
+    def evict(self) -> None:
+        gang, self._idle = self._idle, None
+        if gang is not None:
+            gang.kill()
+
+
+POOL = GangPool()
+
+
 def _name_taken(name: str) -> bool:
     import ray
 

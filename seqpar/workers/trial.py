@@ -86,15 +86,14 @@ class TrialRunner:
         self._embedded = cluster.connect(address)
         self.device = cluster.detect_device(device)
         self.default_experiment_id = f"adhoc-{secrets.token_hex(3)}"
-        self._idle: cluster.Gang | None = None
         self._multi_node = len(cluster.alive_nodes()) > 1
 
     # -- gangs ------------------------------------------------------------------------------------
     def _acquire(self, key: cluster.GangKey, rpn: int) -> tuple[cluster.Gang, bool]:
-        gang, self._idle = self._idle, None
-        if gang is not None and gang.key == key and self._healthy(gang):
+        gang = cluster.POOL.take(key)  # kills an idle gang of another shape: frees its resources
+        if gang is not None and self._healthy(gang):
             return gang, True
-        if gang is not None:  # wrong shape or unhealthy: free its resources for the new gang
+        if gang is not None:
             gang.kill()
         return cluster.start_gang(RankWorker, key, rpn), False
 
@@ -112,7 +111,11 @@ class TrialRunner:
     def run(self, case: Case, *, nodes: int = 1, ranks_per_node: int | None = None,
             link_emulation: dict[str, LinkModel] | None = None, timeout_s: float = 300.0,
             experiment_id: str | None = None) -> TrialResult:
-        """One trial; never raises for a failing trial (status FAILED, cause set)."""
+        """One trial; never raises for a failing trial (status FAILED, cause set).
+
+        `timeout_s` bounds the trial from rendezvous to the last rank's result; starting a gang
+        has its own bound (SEQPAR_GANG_READY_TIMEOUT_S, 180 s: placement groups wait for resources).
+        """
         rpn = validate(case, nodes, ranks_per_node, link_emulation, timeout_s)
         if self.device == "cuda":
             import ray
@@ -138,7 +141,7 @@ class TrialRunner:
             raise
         if result.ok:
             gang.trials += 1
-            self._idle = gang
+            cluster.POOL.put(gang)
         else:
             gang.kill()
         return result
@@ -212,9 +215,7 @@ class TrialRunner:
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Kill the idle gang, remove its placement groups; leave an embedded Ray when last."""
-        gang, self._idle = self._idle, None
-        if gang is not None:
-            gang.kill()
+        cluster.POOL.evict()
         cluster.disconnect(self._embedded)
         self._embedded = False
 
