@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# The quickstart sweep (ring vs ulysses vs allgather vs local, ~1-2 min on 2 cores) into the default
+# MLflow store ./mlflow.db (artifacts in ./mlartifacts), then the comparison read back from it.
 demo: $(STAMP)
-	$(BIN)/seqpar check --world 4
+	$(BIN)/seqpar sweep examples/quickstart.yaml
+	$(BIN)/seqpar compare
+	@echo "Every run, its params, metrics, per-rank JSON and plots:"
+	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db   # then open http://127.0.0.1:5000"
 
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests
@@ -28,4 +33,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check seqpar tests
 
 clean:
-	rm -rf $(VENV) mlruns mlflow.db .pytest_cache
+	rm -rf $(VENV) mlruns mlflow.db mlartifacts .pytest_cache
