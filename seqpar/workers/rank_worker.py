@@ -150,9 +150,13 @@ class RankWorker:
             self._set_phase("idle")
 
     def _report(self, trial: RankTrial, m: RankMeasurement) -> None:
-        if self._metrics is None:
-            self._metrics = _Metrics()
-        self._metrics.report(trial.experiment_id, trial.case, self.rank, m)
+        """Publish to the dashboard; a metrics hiccup is noted, never a failed measurement."""
+        try:
+            if self._metrics is None:
+                self._metrics = _Metrics()
+            self._metrics.report(trial.experiment_id, trial.case, self.rank, m)
+        except Exception as err:  # the agent can be down or reject a value; the trial stands
+            m.extra["metrics_error"] = f"{type(err).__name__}: {err}"
 
     def _arm_fault(self, kind: str) -> None:
         """Test hook (not for users): 'hang' makes this rank's next trial block forever after it
