@@ -153,9 +153,12 @@ class TrialRunner:
         topo = topology.resolve(gang.node_ids, rpn)
         result.node_of_rank, result.topology = list(topo.node_of_rank), topo.kind
         deadline = time.monotonic() + timeout_s
+        wait_s = min(timeout_s, 60.0)
         try:
-            addr, port = ray.get(gang.actors[0].rendezvous_address.remote(),
-                                 timeout=min(timeout_s, 60.0))
+            addr, port = ray.get(gang.actors[0].rendezvous_address.remote(), timeout=wait_s)
+        except ray.exceptions.GetTimeoutError:
+            result.cause = f"timeout: rank 0 gave no rendezvous address within {wait_s:g} s"
+            return
         except Exception as err:
             result.cause = f"rendezvous failed: rank 0 {_error_text(err)}"
             return
