@@ -61,8 +61,8 @@ def _device(plan) -> str | None:
 
 
 def execute(plan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
-            again: str) -> None:
-    """Validate, list or run a SweepPlan, then print its comparison."""
+            again: str) -> str | None:
+    """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id."""
     plan.check(strict)
     device = _device(plan)
     for point in plan.skipped:
@@ -74,7 +74,7 @@ def execute(plan, *, resume: str | None, dry_run: bool, retries: int, strict: bo
         display_table(f"{plan.name}: {len(plan.trials)} trial(s) -> MLflow experiment "
                       f"{plan.experiment!r} (dry run)", ["#", "spec hash", "trial", "nodes", "device"],
                       rows)
-        return
+        return None
     from seqpar.cli import options
     from seqpar.sweeps import report
     from seqpar.sweeps.runner import run_sweep
@@ -98,3 +98,4 @@ def execute(plan, *, resume: str | None, dry_run: bool, retries: int, strict: bo
     if outcome.failed:
         console.print(f"re-run the failed trials with `{again} --resume {outcome.sweep_id}`")
         raise typer.Exit(1)
+    return outcome.sweep_id

@@ -26,19 +26,17 @@ def tune(
 
     plan = tuning_plan(world, model, seq_len, nodes, iters=iters, device=device)
     console.print(f"tuning space: {len(plan.points)} point(s), {len(plan.trials)} valid")
-    execute(plan, resume=None, dry_run=dry_run, retries=0, strict=False,
+    sweep_id = execute(plan, resume=None, dry_run=dry_run, retries=0, strict=False,
             again=f"seqpar tune -P {world} --model {model} --seq-len {seq_len} --nodes {nodes}")
-    if not dry_run:
-        _ranking()
+    if sweep_id is not None:
+        _ranking(sweep_id)
 
 
-def _ranking() -> None:
+def _ranking(sweep_id: str) -> None:
     from seqpar.cli import options
     from seqpar.sweeps import report
 
-    tracker = options.tracker()
-    latest = tracker.latest_sweep()
-    cmp = report.comparison(tracker, sweep=latest.run_id, metric="tokens_per_s")
+    cmp = report.comparison(options.tracker(), sweep=sweep_id, metric="tokens_per_s")
     col = cmp.columns.index("tokens/s")
 
     def tps(row: list) -> float:

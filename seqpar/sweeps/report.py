@@ -70,6 +70,9 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
     if metric is None and sweep is not None:
         metric = tracker.sweep(sweep).tags.get("seqpar.headline")
     metric = metric or "tokens_per_s"
+    logged = {k for r in runs for k in r.metrics}
+    if logged and metric not in logged:
+        raise ConfigError("metric", metric, f"is not logged here; one of {', '.join(sorted(logged))}")
     runs = sorted(runs, key=_sort_key)
     # local at the same (N, H, Hkv) is the baseline for the speed-up column
     local = {(_int(r, "workload.seq_len"), _int(r, "model.heads"), _int(r, "model.kv_heads")):

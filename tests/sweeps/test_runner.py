@@ -68,6 +68,8 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
     steps = [r.metrics["step_ms"] for r in sorted(runs, key=report._sort_key)]
     assert report.comparison(tracker, metric="step_ms").best == steps.index(min(steps))
     assert len(report.comparison(tracker, study="mini").rows) == 6
+    with pytest.raises(ConfigError, match="metric='speed'"):
+        report.comparison(tracker, metric="speed")
 
 
 def test_interrupted_sweep_resumes_with_only_the_rest_and_no_duplicates(ray_runner, tracker):
@@ -112,3 +114,18 @@ def test_failed_trial_is_retried_then_logged_failed_with_its_cause(ray_runner, t
     assert run.tags["seqpar.cause"] and "step_ms" not in run.metrics
     assert len(outcome.failed) == 1
     assert tracker.sweep(outcome.sweep_id).tags["seqpar.failed"] == "1"
+
+
+def test_tuning_profiles_every_valid_configuration_and_logs_it_as_a_sweep(ray_runner, tracker):
+    from seqpar.sweeps.tune import tuning_plan
+
+    plan = tuning_plan(2, "tiny", 128, iters=1, layouts=("zigzag",))
+    outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False)
+    assert tracker.experiment_name(tracker.sweep(outcome.sweep_id)) == "tune"
+    runs = tracker.trials(outcome.sweep_id)
+    assert len(runs) == len(plan.trials)
+    ok = {r.params["plan.algorithm"] for r in runs if r.status == "FINISHED"}
+    assert {"ring", "ulysses", "allgather"} <= ok
+    cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric="tokens_per_s")
+    best = max((r for r in runs if r.status == "FINISHED"), key=lambda r: r.metrics["tokens_per_s"])
+    assert cmp.rows[cmp.best][0] == report.config(best)
