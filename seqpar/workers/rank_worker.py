@@ -128,7 +128,10 @@ class RankWorker:
         dist.init_process_group(
             "nccl" if cuda else "gloo",
             init_method=f"tcp://{trial.master_addr}:{trial.master_port}",
-            rank=self.rank, world_size=self.world, timeout=timedelta(seconds=trial.timeout_s))
+            rank=self.rank, world_size=self.world,
+            # a safety net for a rank whose driver is gone; with the driver alive its deadline
+            # (timeout_s) fires first, so a hang reads "timeout", not a gloo/NCCL error
+            timeout=timedelta(seconds=2 * trial.timeout_s + 10))
         try:
             ledger.set_topology(trial.node_of_rank)
             comm.set_link_emulation(trial.link_emulation)
