@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from seqpar.algorithms import allgather, local, ring, ulysses
+from seqpar.algorithms import allgather, double_ring, local, ring, ulysses, usp
 from seqpar.algorithms.base import AlgorithmSpec, Attention, AttnShape, group_context
 from seqpar.algorithms.layouts import LAYOUTS, check_layout
 from seqpar.algorithms.ledger import Ledger, recording
@@ -29,7 +29,7 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     return spec
 
 
-for _module in (local, allgather, ulysses, ring):
+for _module in (local, allgather, ulysses, ring, usp, double_ring):
     register(_module.SPEC)
 
 

@@ -93,6 +93,16 @@ class Comm:
         comm.label = label
         return comm
 
+    def _group_peer(self, peer: int) -> int:
+        """The rank of self.group that this Comm's rank `peer` is (the same, but in a SubComm)."""
+        return peer
+
+    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor) -> None:
+        dist.all_to_all_single(recv, send, group=self.group)
+
+    def _all_gather_list(self, pieces: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        dist.all_gather(pieces, tensor, group=self.group)
+
     def peer(self, offset: int) -> int:
         """Group rank `offset` places along the ring from this rank."""
         return (self.rank + offset) % self.size
@@ -135,9 +145,9 @@ class Comm:
         emulated = self._book("p2p", per_peer)
         for buf, peer in recvs:  # a receive is as slow as the matching send
             emulated = max(emulated, self._recv_seconds(buf, peer))
-        ops = [dist.P2POp(dist.isend, t.contiguous(), group=self.group, group_peer=p, tag=tag)
-               for t, p in sends]
-        ops += [dist.P2POp(dist.irecv, b, group=self.group, group_peer=p, tag=tag)
+        ops = [dist.P2POp(dist.isend, t.contiguous(), group=self.group,
+                          group_peer=self._group_peer(p), tag=tag) for t, p in sends]
+        ops += [dist.P2POp(dist.irecv, b, group=self.group, group_peer=self._group_peer(p), tag=tag)
                 for b, p in recvs]
         works = dist.batch_isend_irecv(ops) if ops else []
         return Handle(works, [b for b, _ in recvs], emulated, start)
@@ -166,7 +176,7 @@ class Comm:
         per_peer = _elem_bytes(send[0])
         emulated = self._book("all_to_all", {i: per_peer for i in range(g) if i != self.rank})
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
+        self._all_to_all_single(recv, send)
         self._finish(start, emulated)
         out, offset = [], 0
         for shape in shapes:
@@ -192,7 +202,7 @@ class Comm:
             pieces = list(flat.unbind(0))
         else:
             pieces = [torch.empty_like(tensor) for _ in range(g)]
-            dist.all_gather(pieces, tensor, group=self.group)
+            self._all_gather_list(pieces, tensor)
         self._finish(start, emulated)
         return torch.cat(pieces, dim=dim)
 
@@ -211,7 +221,53 @@ class Comm:
         else:  # gloo has no reduce-scatter: exchange the chunks, then sum what arrived
             send = torch.stack(chunks)
             recv = torch.empty_like(send)
-            dist.all_to_all_single(recv, send, group=self.group)
+            self._all_to_all_single(recv, send)
             out = recv.sum(0)
         self._finish(start, emulated)
         return out
+
+
+COLLECTIVE_TAG = 1000  # SubComm collectives; far from the tags algorithms give their exchanges
+
+
+class SubComm(Comm):
+    """Some members of a parent group, communicating point to point over the parent's group.
+
+    Why not a process group of their own (dist.new_group(..., use_local_synchronization=True)):
+    torch names such a group by hashing its ranks together with how many groups the calling
+    process already has, so members with different histories (in a gang, rank 0 belongs to more
+    groups than rank 7) wait under different names forever. A view creates nothing, so only the
+    members take part and set-up is free. Its collectives are the exchanges an all-to-all or
+    all-gather makes anyway, booked as that collective.
+    """
+
+    def __init__(self, parent: Comm, members: Sequence[int], label: str):
+        self.label, self.group = label, parent.group
+        self._nccl = False  # the native collectives would span the whole parent group
+        self._members = [parent._group_peer(m) for m in members]
+        self.size, self.rank = len(members), list(members).index(parent.rank)
+        self.global_ranks = [parent.global_ranks[m] for m in members]
+
+    def _group_peer(self, peer: int) -> int:
+        return self._members[peer]
+
+    def _swap(self, sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> None:
+        """Send sends[i] to member i and receive recvs[i] from it, for every other member."""
+        ops = []
+        for i in range(self.size):
+            if i != self.rank:
+                peer = self._members[i]
+                ops.append(dist.P2POp(dist.isend, sends[i], group=self.group, group_peer=peer,
+                                      tag=COLLECTIVE_TAG))
+                ops.append(dist.P2POp(dist.irecv, recvs[i], group=self.group, group_peer=peer,
+                                      tag=COLLECTIVE_TAG))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor) -> None:
+        recv[self.rank].copy_(send[self.rank])
+        self._swap(list(send.unbind(0)), list(recv.unbind(0)))
+
+    def _all_gather_list(self, pieces: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        pieces[self.rank].copy_(tensor)
+        self._swap([tensor] * self.size, pieces)

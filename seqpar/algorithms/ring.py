@@ -16,48 +16,71 @@ import torch
 from seqpar.algorithms import blocks, layouts, ledger
 from seqpar.algorithms.base import AlgorithmSpec, AttnShape, Context
 from seqpar.algorithms.comm import Comm
+from seqpar.algorithms.groups import DoubleRing
 
-KV_TAG, GRAD_TAG = 11, 12
+KV_TAG, GRAD_TAG, OUTER_TAG = 11, 12, 13
 
 
-def ring_forward(q, kv, comm: Comm, tasks_for, acc_out, acc_lse, backend, scale) -> None:
+def travel(comm: Comm, kv: torch.Tensor, ring: DoubleRing):
+    """Yield (inner step, source position, K,V block) for every block as it passes this rank.
+
+    The exchange that brings the next block is posted before a block is yielded, so it overlaps
+    the caller's compute on it. With inner rings (LoongTrain Alg. 2) each outer step also posts,
+    at its start, the prefetch of the next inner ring's first block from the previous inner ring,
+    which overlaps the whole inner ring. With one inner ring this is the plain ring.
+    """
+    for outer_step in range(ring.outer):
+        prefetch = None
+        if outer_step < ring.outer - 1:
+            prefetch = comm.exchange([(kv, ring.next_outer)],
+                                     [(torch.empty_like(kv), ring.prev_outer)], tag=OUTER_TAG)
+        block = kv
+        for step in range(ring.inner):
+            pending = None
+            if step < ring.inner - 1:
+                pending = comm.exchange([(block, ring.next_inner)],
+                                        [(torch.empty_like(block), ring.prev_inner)], tag=KV_TAG)
+            yield step, ring.source(outer_step, step), block
+            if pending is not None:
+                (block,) = pending.wait()
+        if prefetch is not None:
+            (kv,) = prefetch.wait()
+
+
+def ring_forward(q, kv, comm: Comm, tasks_for, acc_out, acc_lse, backend, scale,
+                 inner: int | None = None) -> None:
     """Merge attention over every rank's kv into the accumulators; `tasks_for(src)` plans a block.
 
-    Shared with the double ring: `comm` is the ring's group, `src` a rank of that group.
+    Shared with usp and the double ring: `comm` is the ring's group, `src` a rank of that group;
+    `inner` (a divisor of the ring size; default the whole ring) is the inner ring size.
     """
-    world, nxt, prv = comm.size, comm.peer(1), comm.peer(-1)
-    for step in range(world):
-        pending = None
-        if step < world - 1:
-            pending = comm.exchange([(kv, nxt)], [(torch.empty_like(kv), prv)], tag=KV_TAG)
-        k, v = blocks.unpack_kv(kv)
-        blocks.forward_tasks(q, k, v, tasks_for(comm.peer(-step)), acc_out, acc_lse,
-                             backend, scale)
-        if pending is not None:
-            (kv,) = pending.wait()
+    ring = DoubleRing(comm.size, inner or comm.size, comm.rank)
+    for _, src, block in travel(comm, kv, ring):
+        k, v = blocks.unpack_kv(block)
+        blocks.forward_tasks(q, k, v, tasks_for(src), acc_out, acc_lse, backend, scale)
 
 
-def ring_backward(dout, q, kv, out, lse, comm: Comm, tasks_for, dq, backend, scale):
-    """Add dq in place; return this rank's own dK,dV (packed) after they have travelled home."""
-    world, nxt, prv = comm.size, comm.peer(1), comm.peer(-1)
-    grad_in = None  # the travelling dK,dV of the block held this step, arriving from prv
-    for step in range(world):
-        pending = None
-        if step < world - 1:
-            pending = comm.exchange([(kv, nxt)], [(torch.empty_like(kv), prv)], tag=KV_TAG)
-        k, v = blocks.unpack_kv(kv)
+def ring_backward(dout, q, kv, out, lse, comm: Comm, tasks_for, dq, backend, scale,
+                  inner: int | None = None):
+    """Add dq in place; return this rank's own dK,dV (packed) after they have travelled home.
+
+    K,V move as in `ring_forward`; each block's dK,dV accumulator follows its block one step
+    behind (see `DoubleRing.grad_peers`), `size` hops in all.
+    """
+    ring = DoubleRing(comm.size, inner or comm.size, comm.rank)
+    grad_in = None  # the travelling dK,dV of the block held this step, arriving from its last holder
+    for step, src, block in travel(comm, kv, ring):
+        k, v = blocks.unpack_kv(block)
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
-        blocks.backward_tasks(dout, q, k, v, out, lse, tasks_for(comm.peer(-step)),
-                              dq, dk, dv, backend, scale)
+        blocks.backward_tasks(dout, q, k, v, out, lse, tasks_for(src), dq, dk, dv, backend, scale)
         dkv = blocks.pack_kv(dk, dv)
         if grad_in is not None:
             (arrived,) = grad_in.wait()
             dkv += arrived
-        if world > 1:
+        if comm.size > 1:
             dkv = dkv.to(kv.dtype)
-            grad_in = comm.exchange([(dkv, nxt)], [(torch.empty_like(dkv), prv)], tag=GRAD_TAG)
-        if pending is not None:
-            (kv,) = pending.wait()
+            to, frm = ring.grad_peers(step)
+            grad_in = comm.exchange([(dkv, to)], [(torch.empty_like(dkv), frm)], tag=GRAD_TAG)
     if grad_in is None:
         return dkv
     (home,) = grad_in.wait()

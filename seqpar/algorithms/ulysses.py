@@ -9,7 +9,7 @@ for the kernel and back afterwards (a local copy, no communication).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -31,42 +31,69 @@ def _inverse(order: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-def _token_order(layout: str, world: int, seq_len: int) -> torch.Tensor | None:
-    gathered = torch.cat([layouts.positions(layout, r, world, seq_len) for r in range(world)])
-    return layouts.sort_order(gathered)
+def gathered_positions(layout: str, world: int, seq_len: int,
+                       members: Sequence[int] | None = None) -> torch.Tensor:
+    """Token positions a rank holds after the all-to-all over `members` (default: all `world`
+    ranks of the layout): the members' shards concatenated in group-rank order."""
+    members = range(world) if members is None else members
+    return torch.cat([layouts.positions(layout, r, world, seq_len) for r in members])
+
+
+def _token_order(layout: str, world: int, seq_len: int,
+                 members: Sequence[int] | None = None) -> torch.Tensor | None:
+    return layouts.sort_order(gathered_positions(layout, world, seq_len, members))
+
+
+def seq_to_heads(tensors: Sequence[torch.Tensor], comm: Comm,
+                 order: torch.Tensor | None) -> list[torch.Tensor]:
+    """One all-to-all: sequence shards -> head shards for every tensor; then the gathered
+    sequence is permuted by `order` (None: keep rank order)."""
+    out = comm.all_to_all(list(tensors), scatter_dim=2, gather_dim=1)
+    if order is None:
+        return out
+    idx = order.to(out[0].device)
+    return [t.index_select(1, idx) for t in out]
+
+
+def heads_to_seq(tensors: Sequence[torch.Tensor], comm: Comm,
+                 order: torch.Tensor | None) -> list[torch.Tensor]:
+    """Inverse of `seq_to_heads`: undo `order`, then one all-to-all head shards -> sequence shards."""
+    if order is not None:
+        inv = _inverse(order).to(tensors[0].device)
+        tensors = [t.index_select(1, inv) for t in tensors]
+    return comm.all_to_all(list(tensors), scatter_dim=1, gather_dim=2)
+
+
+def seq_alltoall_bytes(shape: AttnShape, group: int, world: int, kv_heads: int) -> int:
+    """Bytes one rank sends in one phase's all-to-alls over a head-parallel group of `group`
+    ranks inside a sequence-parallel group of `world`: q, k, v (or dout) in, out (or dq, dk, dv)
+    back, each (group-1)/group of its input. kv_heads counts replicated K,V heads (LoongTrain
+    §4.5.4: AlltoAll_Volume = sum over q, k, v, out of Size x (dhp-1)/dhp)."""
+    heads_per_member = 2 * (shape.heads // group) + 2 * (kv_heads // group)
+    return (group - 1) * heads_per_member * shape.unit(world)
 
 
 def heads_attention_forward(q, k, v, comm: Comm, order, causal, backend, scale):
-    """Shared by ulysses and usp: a2a seq->heads, attention, a2a heads->seq.
+    """ulysses' forward: a2a seq->heads, attention, a2a heads->seq (usp shares the two a2a halves).
 
     `order` sorts the gathered sequence into the order `causal` needs (None: already sorted).
     Returns out and what the backward needs."""
-    qh, kh, vh = comm.all_to_all([q, k, v], scatter_dim=2, gather_dim=1)
-    if order is not None:
-        idx = order.to(qh.device)
-        qh, kh, vh = (t.index_select(1, idx) for t in (qh, kh, vh))
+    qh, kh, vh = seq_to_heads([q, k, v], comm, order)
     n = qh.shape[1]
     tasks = layouts.block_tasks(torch.arange(n), torch.arange(n), causal)
     acc_out, acc_lse = blocks.new_partial(qh)
     blocks.forward_tasks(qh, kh, vh, tasks, acc_out, acc_lse, backend, scale)
     out_h = acc_out.to(q.dtype)
-    back = out_h if order is None else out_h.index_select(1, _inverse(order).to(out_h.device))
-    (out,) = comm.all_to_all([back], scatter_dim=1, gather_dim=2)
+    (out,) = heads_to_seq([out_h], comm, order)
     return out, (qh, kh, vh, out_h, acc_lse, tasks)
 
 
 def heads_attention_backward(dout, saved, comm: Comm, order, backend, scale):
     qh, kh, vh, out_h, lse, tasks = saved
-    (doh,) = comm.all_to_all([dout.contiguous()], scatter_dim=2, gather_dim=1)
-    if order is not None:
-        doh = doh.index_select(1, order.to(doh.device))
+    (doh,) = seq_to_heads([dout.contiguous()], comm, order)
     dq, dk, dv = (blocks.zeros_acc(t) for t in (qh, kh, vh))
     blocks.backward_tasks(doh, qh, kh, vh, out_h, lse, tasks, dq, dk, dv, backend, scale)
-    grads = [g.to(qh.dtype) for g in (dq, dk, dv)]
-    if order is not None:
-        inv = _inverse(order).to(dq.device)
-        grads = [g.index_select(1, inv) for g in grads]
-    return comm.all_to_all(grads, scatter_dim=1, gather_dim=2)
+    return heads_to_seq([g.to(qh.dtype) for g in (dq, dk, dv)], comm, order)
 
 
 class _UlyssesAttention(torch.autograd.Function):
@@ -107,9 +134,7 @@ def rules(shape: AttnShape, world: int, options: Mapping[str, Any]) -> None:
 
 def expected_bytes(shape: AttnShape, world: int, options: Mapping[str, Any]) -> dict[str, int]:
     kv_heads = shape.kv_heads * kv_replicas(shape.kv_heads, world)
-    # q, k, v and out each cross once per phase; an all-to-all sends (P-1)/P of its input
-    heads_per_rank = 2 * (shape.heads // world) + 2 * (kv_heads // world)
-    both = (world - 1) * heads_per_rank * shape.unit(world)
+    both = seq_alltoall_bytes(shape, world, world, kv_heads)
     return {"forward": both, "backward": both}
 
 
