@@ -62,7 +62,10 @@ def connect(address: str | None = None) -> bool:
                  log_to_driver=False)
         _embedded_users = 1
         return True
-    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+    except (ConnectionError, ValueError) as err:
+        raise SeqparError(f"address={address!r}: no Ray cluster answered there ({err})") from err
     return False
 
 

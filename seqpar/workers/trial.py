@@ -86,7 +86,6 @@ class TrialRunner:
         self._embedded = cluster.connect(address)
         self.device = cluster.detect_device(device)
         self.default_experiment_id = f"adhoc-{secrets.token_hex(3)}"
-        self._multi_node = len(cluster.alive_nodes()) > 1
 
     # -- gangs ------------------------------------------------------------------------------------
     def _acquire(self, key: cluster.GangKey, rpn: int) -> tuple[cluster.Gang, bool]:
@@ -124,7 +123,8 @@ class TrialRunner:
             require(case.world <= gpus, "world", case.world,
                     f"needs one GPU per rank; the cluster has {gpus:g}")
         exp = experiment_id or self.default_experiment_id
-        key = cluster.GangKey(exp, case.world, self.device, rpn if self._multi_node else None)
+        multi_node = len(cluster.alive_nodes()) > 1  # asked each time: clusters grow and shrink
+        key = cluster.GangKey(exp, case.world, self.device, rpn if multi_node else None)
         result = TrialResult(case, "FAILED", None, [], [], _emulation_record(link_emulation),
                              0.0, 0.0, self.device, experiment_id=exp)
         start = time.perf_counter()
