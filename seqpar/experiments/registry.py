@@ -38,10 +38,14 @@ ALL = [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"}, {"algorit
        {"algorithm": "ring"}, {"algorithm": "usp", "options": {"dhp": 2, "dcp": 2}},
        {"algorithm": "double_ring", "options": {"inner_ring": 2}},
        {"algorithm": "wallfacer", "options": {"team_size": 2}}, {"algorithm": "burst"}]
-GPU_ALL = [{"algorithm": "allgather"}, {"algorithm": "ulysses"}, {"algorithm": "ring"},
-           {"algorithm": "usp", "options": {"dhp": 4, "dcp": 2}},
-           {"algorithm": "double_ring", "options": {"inner_ring": 4}},
-           {"algorithm": "wallfacer", "options": {"team_size": 2}}, {"algorithm": "burst"}]
+
+
+def gpu_all(world: int) -> list[dict[str, Any]]:
+    """Every algorithm at a GPU world size: USP with 4-way head parallelism, double ring of 2."""
+    return [{"algorithm": "allgather"}, {"algorithm": "ulysses"}, {"algorithm": "ring"},
+            {"algorithm": "usp", "options": {"dhp": 4, "dcp": world // 4}},
+            {"algorithm": "double_ring", "options": {"inner_ring": world // 2}},
+            {"algorithm": "wallfacer", "options": {"team_size": 2}}, {"algorithm": "burst"}]
 
 
 def _base(preset: str, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +90,7 @@ def _throughput(preset: str) -> Sweep:
     if preset == "cpu":
         return _base(preset), {"plan": ALL, "workload.seq_len": [1024, 2048, 4096]}
     return (_base(preset, plan={"world": 16, "nodes": 2}),
-            {"plan": [{"algorithm": "local", "world": 1, "nodes": 1}, *GPU_ALL],
+            {"plan": [{"algorithm": "local", "world": 1, "nodes": 1}, *gpu_all(16)],
              "workload.seq_len": [131072, 262144, 524288, 1048576]})
 
 
@@ -95,7 +99,7 @@ def _memory(preset: str) -> Sweep:
         return (_base(preset, workload={"iters": 2}),
                 {"plan": ALL, "workload.seq_len": [1024, 2048, 4096, 8192]})
     return (_base(preset, workload={"iters": 3}),
-            {"plan": [{"algorithm": "local", "world": 1}, *GPU_ALL],
+            {"plan": [{"algorithm": "local", "world": 1}, *gpu_all(8)],
              "workload.seq_len": [131072, 262144, 524288]})
 
 
