@@ -18,13 +18,18 @@ def tune(
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed iterations per "
                                                               "configuration.")] = 2,
     device: Annotated[str, typer.Option(help="cpu | cuda | auto.")] = "cpu",
+    prune: Annotated[int | None, typer.Option(
+        "--prune", help="Profile only the K configurations the cost model ranks fastest.")] = None,
+    cluster: Annotated[str, typer.Option(
+        "--cluster", help="Cost-model cluster for --prune: cpu | a100-ib | h100-ib.")] = "cpu",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the tuning space only.")] = False,
 ) -> None:
     """Profile every valid (algorithm, options, layout) for this world and rank by tokens/s."""
     from seqpar.cli.sweep import execute
     from seqpar.sweeps.tune import tuning_plan
 
-    plan = tuning_plan(world, model, seq_len, nodes, iters=iters, device=device)
+    plan = tuning_plan(world, model, seq_len, nodes, iters=iters, device=device, prune=prune,
+                       cluster=cluster)
     console.print(f"tuning space: {len(plan.points)} point(s), {len(plan.trials)} valid")
     sweep_id = execute(plan, resume=None, dry_run=dry_run, retries=0, strict=False,
             again=f"seqpar tune -P {world} --model {model} --seq-len {seq_len} --nodes {nodes}")

@@ -27,3 +27,26 @@ def test_option_space_only_varies_options_the_algorithm_takes():
     if "usp" in algorithms.REGISTRY and "dhp" in algorithms.options_of("usp"):
         combos = option_space("usp", 4)
         assert all(c["dhp"] * c.get("dcp", 4 // c["dhp"]) == 4 for c in combos)
+
+
+def test_cost_model_prunes_to_the_k_fastest_and_says_why():
+    plan = tuning_plan(4, "tiny", 1024, prune=2)
+    assert len(plan.trials) == 2
+    pruned = [p for p in plan.skipped if p.error.field == "costmodel"]
+    assert pruned and all("pruned by the cost model" in p.error.rule for p in pruned)
+
+
+def test_cost_model_ranks_by_compute_and_the_slowest_link():
+    from seqpar.experiments.costmodel import CLUSTERS, estimate
+    from seqpar.experiments.spec import ExperimentSpec
+
+    def spec(algorithm: str, nodes: int = 1, kv: int = 32) -> ExperimentSpec:
+        return ExperimentSpec.parse({"model": {"preset": "llama2-7b", "kv_heads": kv},
+                                     "plan": {"algorithm": algorithm, "world": 8, "nodes": nodes},
+                                     "workload": {"seq_len": 131072}})
+
+    a100 = CLUSTERS["a100-ib"]
+    one, two = estimate(spec("ring"), a100), estimate(spec("ring", nodes=2), a100)
+    assert one.compute_s == two.compute_s and two.comm_s > one.comm_s
+    assert estimate(spec("ring", kv=8), a100).bytes_per_rank * 4 == one.bytes_per_rank
+    assert estimate(spec("ulysses"), a100).bytes_per_rank < one.bytes_per_rank
