@@ -4,7 +4,8 @@
     est.step_s, est.compute_s, est.comm_s
 
 Compute is the attention FLOPs per rank (the one formula in `algorithms.kernels`, backward 2.5x
-forward) at the device's sustained rate. Communication is the algorithm's own analytic bytes per
+forward) at the device's sustained rate, on the busiest rank (a causal mask over a contiguous layout
+loads the last rank ~(2P-1)/P times the mean). Communication is the algorithm's own analytic bytes per
 rank (`algorithms.expected_bytes`, the same numbers the ledger is checked against) over the slowest
 link the plan crosses: inter-node once the ranks span nodes. The estimate assumes perfect overlap
 (`max(compute, comm)`) plus one latency per message round, so it is a lower bound meant for ranking
@@ -15,8 +16,10 @@ K configurations it ranks best.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from seqpar import algorithms
+from seqpar.algorithms import layouts
 from seqpar.algorithms.kernels import attention_flops
 from seqpar.experiments.spec import ExperimentSpec
 
@@ -51,6 +54,16 @@ class Estimate:
         return tokens / self.step_s if self.step_s > 0 else float("inf")
 
 
+@lru_cache(maxsize=256)
+def causal_imbalance(layout: str, world: int) -> float:
+    """max/mean causal work over ranks when each rank attends its own queries to every earlier key
+    (ring, allgather, ...): query t sees t + 1 keys. Scale-free, so measured on a short proxy."""
+    n = layouts.chunk_count(layout, world) * 64
+    work = [sum(t + 1 for t in layouts.positions(layout, r, world, n).tolist())
+            for r in range(world)]
+    return max(work) / (sum(work) / world)
+
+
 def estimate(spec: ExperimentSpec, cluster: ClusterSpec) -> Estimate:
     w, p = spec.workload, spec.plan
     n, shape = w.seq_len, spec.shape
@@ -59,6 +72,8 @@ def estimate(spec: ExperimentSpec, cluster: ClusterSpec) -> Estimate:
     if w.mode == "fwd+bwd":
         flops *= 3.5
     compute_s = flops / p.world / cluster.device_flops
+    if w.causal and p.algorithm != "ulysses":  # ulysses attends the whole sequence per head
+        compute_s *= causal_imbalance(p.layout, p.world)  # the busiest rank sets the pace
     by_phase = algorithms.expected_bytes(p.algorithm, shape, p.world, **spec.options)
     sent = by_phase["forward"] + (by_phase["backward"] if w.mode == "fwd+bwd" else 0)
     link = cluster.inter_bytes_per_s if p.nodes > 1 else cluster.intra_bytes_per_s

@@ -50,3 +50,11 @@ def test_cost_model_ranks_by_compute_and_the_slowest_link():
     assert one.compute_s == two.compute_s and two.comm_s > one.comm_s
     assert estimate(spec("ring", kv=8), a100).bytes_per_rank * 4 == one.bytes_per_rank
     assert estimate(spec("ulysses"), a100).bytes_per_rank < one.bytes_per_rank
+
+
+def test_cost_model_sees_the_contiguous_layout_imbalance():
+    from seqpar.experiments.costmodel import causal_imbalance
+
+    assert abs(causal_imbalance("contiguous", 4) - 7 / 4) < 0.02  # (2P-1)/P
+    assert causal_imbalance("zigzag", 4) == 1.0
+    assert causal_imbalance("stripe", 4) < 1.02
