@@ -12,6 +12,7 @@ Ctrl-C marks the sweep KILLED and leaves it resumable.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
     from seqpar.platform.tracking import Tracker
     from seqpar.workers.trial import TrialResult, TrialRunner
 
-console = Console(stderr=True)
+# a pipe or a CI log gets one line per trial instead of rich's 80-column wrap
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 @dataclass
