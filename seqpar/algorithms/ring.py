@@ -4,6 +4,9 @@ merged with the online softmax. Communication of the next step overlaps the curr
 
 Backward: K,V travel the ring again while each block's dK,dV accumulator travels with it, and after
 the last step the accumulators arrive home: (P-1) + P messages of 2*Hkv*u bytes.
+
+`ring_forward` / `ring_backward` also run usp's context-parallel ring and the double ring: with
+`inner` < P the ring is split into inner rings (LoongTrain Alg. 2, see `travel`), same bytes.
 """
 
 from __future__ import annotations
