@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from seqpar.algorithms import allgather, double_ring, local, ring, ulysses, usp
+from seqpar.algorithms import allgather, burst, double_ring, local, ring, ulysses, usp, wallfacer
 from seqpar.algorithms.base import AlgorithmSpec, Attention, AttnShape, group_context
 from seqpar.algorithms.layouts import LAYOUTS, check_layout
 from seqpar.algorithms.ledger import Ledger, recording
@@ -29,7 +29,7 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     return spec
 
 
-for _module in (local, allgather, ulysses, ring, usp, double_ring):
+for _module in (local, allgather, ulysses, ring, usp, double_ring, wallfacer, burst):
     register(_module.SPEC)
 
 

@@ -55,6 +55,7 @@ class Context:
 
 Rule = Callable[[AttnShape, int, Mapping[str, Any]], None]
 Bytes = Callable[[AttnShape, int, Mapping[str, Any]], dict[str, int]]
+RankBytes = Callable[[AttnShape, int, Mapping[str, Any], int], dict[str, int]]
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Context], torch.Tensor]
 
 COMMON_OPTIONS: dict[str, Any] = {"backend": "auto", "scale": None}
@@ -71,6 +72,7 @@ class AlgorithmSpec:
     expected_bytes: Bytes
     options: Mapping[str, Any] = field(default_factory=dict)
     setup: Callable[[Context], None] | None = None  # collective set-up (sub-groups), all ranks
+    rank_bytes: RankBytes | None = None  # one rank's bytes, when ranks send different amounts
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         allowed = {**COMMON_OPTIONS, **self.options}
@@ -84,6 +86,14 @@ class AlgorithmSpec:
         require(resolved["backend"] in kernels.BACKENDS, "backend", resolved["backend"],
                 f"must be one of {', '.join(kernels.BACKENDS)}")
         return resolved
+
+    def bytes_of_rank(self, shape: AttnShape, world: int, options: Mapping[str, Any],
+                      rank: int) -> dict[str, int]:
+        """Analytic bytes `rank` sends per call, by phase (expected_bytes is the most any rank sends)."""
+        resolved = self.resolve_options(options)
+        if self.rank_bytes is None:
+            return self.expected_bytes(shape, world, resolved)
+        return self.rank_bytes(shape, world, resolved, rank)
 
     def check(self, shape: AttnShape, world: int, layout: str, causal: bool,
               options: Mapping[str, Any]) -> None:

@@ -161,3 +161,138 @@ class DoubleRing:
             return self.next_inner, self.prev_inner
         i, t = self._it()
         return self._at(i + 1, t + 1), self._at(i - 1, t - 1)
+
+
+# --- WallFacer (teams, sub-rings)
+# P ranks form P/C teams of C (WallFacer §4.2-4.3). Logical coordinates: team r_t < P/C and member
+# r_a < C, logical rank L = r_t * C + r_a. The T = P/C² teams g*T .. g*T+T-1 form team group g, and
+# member a of every team of group g is one member of sub-ring (g, a), a ring of T ranks. Alg. 2 and 3
+# are written in these coordinates. Placement maps them to ranks (nodes are blocks of consecutive
+# ranks): 'collective-intra' puts a team on consecutive ranks (rank = L, the case Alg. 2 describes),
+# 'p2p-intra' puts a sub-ring on consecutive ranks (rank = (g*C + a)*T + j for team r_t = g*T + j).
+# Both orders keep teams and sub-rings sorted by rank, so a rank's group rank is its coordinate.
+
+WALLFACER_PLACEMENTS = ("p2p-intra", "collective-intra")
+
+
+def get_init_send(r_t: int, r_a: int, d_t: int, d_a: int) -> int:
+    """WallFacer Alg. 2: the logical rank that team r_t's member r_a sends the team's K,V to."""
+    team_group_size = d_t // d_a
+    target_team = r_a * team_group_size + r_t // d_a  # team group r_a, one team per sender team
+    return target_team * d_a + r_t % d_a
+
+
+def get_init_recv(r_t: int, r_a: int, d_t: int, d_a: int) -> int:
+    """The inverse of Alg. 2: the logical rank whose team K,V (r_t, r_a) receives."""
+    team_group_size = d_t // d_a
+    src_member = r_t // team_group_size
+    src_team = (r_t % team_group_size) * d_a + r_a
+    return src_team * d_a + src_member
+
+
+def get_p2p_config(r_t: int, r_a: int, d_t: int, d_a: int) -> tuple[int, int]:
+    """WallFacer Alg. 3: logical (next, last) ranks in the sub-ring of (r_t, r_a)."""
+    team_group_size = d_t // d_a
+    group = r_t // team_group_size
+    next_team = (r_t + 1) % team_group_size + team_group_size * group
+    last_team = (r_t - 1) % team_group_size + team_group_size * group
+    return r_a + next_team * d_a, r_a + last_team * d_a
+
+
+def check_wallfacer(world: int, team_size: int, placement: str) -> None:
+    require(isinstance(team_size, int) and 1 <= team_size and team_size ** 2 <= world,
+            "team_size", team_size, f"must be an integer in [1, sqrt(P)] (P = {world})")
+    require(world % team_size ** 2 == 0, "team_size", team_size,
+            f"its square must divide the world size ({world})")
+    require(placement in WALLFACER_PLACEMENTS, "placement", placement,
+            f"must be one of {', '.join(WALLFACER_PLACEMENTS)}")
+
+
+@dataclass(frozen=True)
+class WallFacerGrid:
+    """The teams and sub-rings of P = world ranks with teams of C = team_size, placed on ranks."""
+
+    world: int
+    team_size: int
+    placement: str = "collective-intra"
+
+    def __post_init__(self) -> None:
+        check_wallfacer(self.world, self.team_size, self.placement)
+
+    @property
+    def teams(self) -> int:
+        return self.world // self.team_size
+
+    @property
+    def ring_size(self) -> int:
+        """T = P / C²: teams per team group, ranks per sub-ring, forward steps."""
+        return self.world // self.team_size ** 2
+
+    def rank(self, logical: int) -> int:
+        if self.placement == "collective-intra":
+            return logical
+        r_t, a = divmod(logical, self.team_size)
+        g, j = divmod(r_t, self.ring_size)
+        return (g * self.team_size + a) * self.ring_size + j
+
+    def logical(self, rank: int) -> int:
+        if self.placement == "collective-intra":
+            return rank
+        ga, j = divmod(rank, self.ring_size)
+        g, a = divmod(ga, self.team_size)
+        return (g * self.ring_size + j) * self.team_size + a
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(team, member) of a rank."""
+        return divmod(self.logical(rank), self.team_size)
+
+    def members(self, team: int) -> list[int]:
+        """The ranks of a team, by member."""
+        return [self.rank(team * self.team_size + a) for a in range(self.team_size)]
+
+    def team(self, rank: int) -> list[int]:
+        """The ranks of rank's team, by member."""
+        return self.members(self.coords(rank)[0])
+
+    def init_send(self, rank: int) -> int:
+        return self.rank(get_init_send(*self.coords(rank), self.teams, self.team_size))
+
+    def init_recv(self, rank: int) -> int:
+        return self.rank(get_init_recv(*self.coords(rank), self.teams, self.team_size))
+
+    def p2p(self, rank: int) -> tuple[int, int]:
+        """(next, last) in rank's sub-ring (Alg. 3)."""
+        nxt, last = get_p2p_config(*self.coords(rank), self.teams, self.team_size)
+        return self.rank(nxt), self.rank(last)
+
+    def subring(self, rank: int) -> list[int]:
+        """The ranks of rank's sub-ring in ring order, starting at the team group's first team."""
+        t, a = self.coords(rank)
+        first = t - t % self.ring_size
+        return [self.rank((first + j) * self.team_size + a) for j in range(self.ring_size)]
+
+    def block_team(self, rank: int) -> int:
+        """The team whose gathered K,V block `rank` holds after the initial placement."""
+        return self.coords(self.init_recv(rank))[0]
+
+
+# --- Burst (topology-aware ring)
+# BurstAttention (BurstEngine §3.1, Fig. 4) splits the global ring into one sub-ring per node: blocks
+# turn inside the node, and one inter-node step per node moves every rank's round-start block to the
+# same position on the next node (all NICs at once). That is a DoubleRing with inner = ranks per node.
+
+
+def node_block_size(nodes: Sequence[int]) -> int:
+    """Ranks per node when `nodes` (node id of each group member, in rank order) cuts the group into
+    equal blocks of consecutive members, one node each; otherwise len(nodes) (one flat ring)."""
+    world = len(nodes)
+    size = next((i for i, n in enumerate(nodes) if n != nodes[0]), world)
+    blocks = [nodes[i:i + size] for i in range(0, world, size)]
+    even = world % size == 0 and all(len(set(b)) == 1 for b in blocks)
+    distinct = len({b[0] for b in blocks}) == len(blocks)
+    return size if even and distinct else world
+
+
+def burst_ring(nodes: Sequence[int], rank: int) -> DoubleRing:
+    """The topology-aware ring of `rank` in a group whose members sit on `nodes`."""
+    return DoubleRing(len(nodes), node_block_size(nodes), rank)

@@ -105,10 +105,12 @@ def evaluate(case: Case, results: list[RankResult]) -> CheckResult:
                                          **dict(case.options))
     failures = [f"{n} error {e:.1e} > {TOLERANCE[case.dtype]:.0e}"
                 for n, e in errors.items() if not e <= TOLERANCE[case.dtype]]
+    spec = algorithms.get(case.algorithm)
     for r, res in enumerate(results):
+        want = spec.bytes_of_rank(case.shape, case.world, dict(case.options), r)
         for p in ("forward", "backward"):
-            if res.bytes_sent[p] != expected[p]:
-                failures.append(f"rank {r} {p} bytes {res.bytes_sent[p]} != {expected[p]}")
+            if res.bytes_sent[p] != want[p]:
+                failures.append(f"rank {r} {p} bytes {res.bytes_sent[p]} != {want[p]}")
     return CheckResult(case, errors, measured, expected,
                        [sum(r.flops.values()) for r in results],
                        max(r.seconds for r in results), failures)

@@ -1,0 +1,184 @@
+"""wallfacer and burst against float64 SDPA on the unsharded inputs (output, dq, dk, dv), every rank's
+ledger against its analytic bytes, which traffic crosses nodes, burst's backward bytes against ring's,
+and WallFacer's saved activations against Eq. 9-10."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from seqpar import algorithms
+from seqpar.algorithms import burst, layouts, ledger
+from seqpar.algorithms.groups import WALLFACER_PLACEMENTS, WallFacerGrid
+from seqpar.workers.case import Case
+from seqpar.workers.check import evaluate, make_inputs, rank_run
+
+NODES = [0, 0, 0, 0, 1, 1, 1, 1]  # 2 virtual nodes x 4 ranks
+
+
+def _batch(env, cases):
+    return [rank_run(env, case) for case in cases]
+
+
+def check_all(gang, cases: list[Case]):
+    per_rank = gang.run(_batch, cases, size=cases[0].world)
+    results = []
+    for i, case in enumerate(cases):
+        result = evaluate(case, [rank[i] for rank in per_rank])
+        assert result.ok, f"{case.label()}: {result.failures}"
+        results.append(result)
+    return results
+
+
+def heads_for(world: int, gqa: bool) -> tuple[int, int]:
+    if world == 3:
+        return (6, 3) if gqa else (6, 6)
+    return (8, 2) if gqa else (8, 8)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("world", "team_size"), [(4, 1), (4, 2), (8, 1), (8, 2)])
+def test_wallfacer_matches_reference(gang, world, team_size, seed):
+    """Both placements; causal zigzag, causal stripe and full; MHA and GQA. P = 8, C = 2 is Fig. 5;
+    P = 4, C = 2 = sqrt(P) has no ring step. Every rank's bytes equal rank_bytes exactly."""
+    cases = [Case("wallfacer", world, layout, causal, batch=1, seq_len=32, heads=8, kv_heads=kv,
+                  seed=seed + kv, options=(("placement", placement), ("team_size", team_size)))
+             for placement in WALLFACER_PLACEMENTS
+             for layout, causal in (("zigzag", True), ("zigzag", False), ("stripe", True))
+             for kv in (8, 2)]
+    check_all(gang, cases)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_burst_matches_reference(gang, world, seed):
+    cases = []
+    for layout in ("zigzag", "stripe"):
+        for causal in (True, False):
+            for gqa in (False, True):
+                heads, kv = heads_for(world, gqa)
+                cases.append(Case("burst", world, layout, causal, batch=1, seq_len=48,
+                                  heads=heads, kv_heads=kv, seed=seed + kv))
+    check_all(gang, cases)
+
+
+@pytest.mark.multirank
+def test_wallfacer_c1_is_ring_in_outputs_and_forward_bytes(gang, seed):
+    base = Case("ring", 4, "zigzag", True, batch=1, seq_len=32, heads=8, kv_heads=2, seed=seed)
+    wall = dataclasses.replace(base, algorithm="wallfacer", options=(("team_size", 1),))
+    ring, wf = check_all(gang, [base, wall])
+    assert wf.bytes_measured["forward"] == ring.bytes_measured["forward"]
+    assert wf.errors["out"] == pytest.approx(ring.errors["out"], rel=1e-3, abs=1e-15)
+
+
+def _links(env, case: Case, nodes: list[int], from_topology: bool = False):
+    """rank_run with the node map in the ledger (or as the process topology): (result, bytes by
+    (op, link, phase))."""
+    if from_topology:
+        ledger.set_topology(nodes)
+    try:
+        with algorithms.recording(node_of_rank=nodes) as book:
+            result = rank_run(env, case)
+    finally:
+        if from_topology:
+            ledger.set_topology(None)
+    split: dict[tuple[str, str, str], int] = {}
+    for e in book.entries.values():
+        split[(e.op, e.link, e.phase)] = split.get((e.op, e.link, e.phase), 0) + e.bytes_sent
+    return result, split
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("from_topology", [False, True])
+def test_burst_ring_crosses_nodes_once_per_node_ring_does_every_step(gang, seed, from_topology):
+    """P = 8 on 2 nodes x 4: burst's rank sends 1 of its 7 K,V blocks across nodes (and in backward
+    1 query block + 2 dq hops); ring's ranks 3 and 7 send all 7 across, the others none."""
+    options = () if from_topology else (("ranks_per_node", 4),)
+    case = Case("burst", 8, "stripe", True, batch=1, seq_len=32, heads=8, kv_heads=2, seed=seed,
+                options=options)
+    kv = 2 * case.kv_heads * case.shape.unit(8)
+    qb, dq = burst.query_block_bytes(case.shape, 8)
+    runs = gang.run(_links, case, NODES, from_topology, size=8)
+    assert evaluate(case, [r for r, _ in runs]).ok
+    for _, split in runs:
+        assert split[("p2p", "inter", "forward")] == kv
+        assert split[("p2p", "intra", "forward")] == 6 * kv
+        assert split[("p2p", "inter", "backward")] == qb + 2 * dq
+        assert split[("p2p", "intra", "backward")] == 6 * qb + 6 * dq
+    ring = dataclasses.replace(case, algorithm="ring", options=())
+    inter = [s.get(("p2p", "inter", "forward"), 0) for _, s in gang.run(_links, ring, NODES, size=8)]
+    assert inter == [0, 0, 0, 7 * kv, 0, 0, 0, 7 * kv]
+
+
+@pytest.mark.multirank
+def test_wallfacer_bytes_by_op_follow_eq6_and_eq7(gang, seed):
+    """P = 8, C = 2: per rank, the team all-gather is 3(C-1) shards (MHA), the combine (C-1) shards
+    of out and lse, and p2p is P/C² team blocks of 2C shards (one fewer for a rank placing its
+    block on itself); with collective-intra on 2 nodes x 4 the sub-rings stay inside a node."""
+    case = Case("wallfacer", 8, "zigzag", True, batch=1, seq_len=32, heads=8, kv_heads=8,
+                seed=seed, options=(("placement", "collective-intra"), ("team_size", 2)))
+    u, s, h = case.shape.unit(8), 32 // 8, 8
+    runs = gang.run(_links, case, NODES, size=8)
+    assert evaluate(case, [r for r, _ in runs]).ok
+    for rank, (_, split) in enumerate(runs):
+        def fwd(op, split=split):
+            return sum(split.get((op, link, "forward"), 0) for link in ("intra", "inter"))
+        assert fwd("all_gather") == 3 * 1 * h * u
+        assert fwd("all_to_all") == 1 * (h * u + 1 * s * h * 8)  # out + lse, float64
+        placed = rank not in (0, 7)  # ranks 0 and 7 are their own Alg. 2 targets (Fig. 5)
+        assert fwd("p2p") == (2 if placed else 1) * 2 * 2 * h * u
+        assert split.get(("all_gather", "inter", "forward"), 0) == 0
+        dst = WallFacerGrid(8, 2).init_send(rank)  # only the placement may leave the node
+        crosses = NODES[dst] != NODES[rank]
+        assert split.get(("p2p", "inter", "forward"), 0) == (2 * 2 * h * u if crosses else 0)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("kv_heads", "burst_sends_less"), [(8, True), (2, False)])
+def test_burst_backward_bytes_against_ring_measured(gang, seed, kv_heads, burst_sends_less):
+    """Ledger, P = 4, d = 8, float64: MHA burst/ring = ((P-1)(2d+2) + P d) / ((2P-1) 2d) ~ 0.77
+    (-> (3d+2)/4d); with GQA H/Hkv = 4 the same ratio times 4: burst sends more."""
+    base = Case("ring", 4, "zigzag", True, batch=1, seq_len=32, heads=8, kv_heads=kv_heads,
+                seed=seed)
+    ring, bst = check_all(gang, [base, dataclasses.replace(base, algorithm="burst")])
+    ratio = bst.bytes_measured["backward"] / ring.bytes_measured["backward"]
+    d, p = 8, 4
+    assert ratio == pytest.approx(((p - 1) * (2 * d + 2) + p * d) / ((2 * p - 1) * 2 * d)
+                                  * 8 / kv_heads)
+    assert (ratio < 1) == burst_sends_less
+    assert bst.bytes_measured["forward"] == ring.bytes_measured["forward"]
+
+
+def _saved_bytes(env, case: Case) -> int:
+    """Bytes of the tensors one forward saves for backward (the attention's activation memory)."""
+    full = make_inputs(case)
+    local = {n: layouts.shard(t, case.layout, env.rank, case.world) for n, t in full.items()}
+    q, k, v = (local[n].requires_grad_() for n in ("q", "k", "v"))
+    attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
+                                      group=env.group(case.world), **dict(case.options))
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = attn(q, k, v)
+    out.backward(local["dout"])
+    return sum(seen.values())
+
+
+@pytest.mark.multirank
+def test_wallfacer_saves_3c_activations_against_ring_3(gang, seed):
+    """Eq. 9-10: WallFacer keeps 3C activations A = B*s*H*D*e (the team's q and its placed K,V)
+    where ring keeps 3, so the extra is 3(C-1)A per rank (MHA, P = 8, C = 2)."""
+    ring = Case("ring", 8, "zigzag", True, batch=2, seq_len=64, heads=4, kv_heads=4, seed=seed)
+    wall = dataclasses.replace(ring, algorithm="wallfacer", options=(("team_size", 2),))
+    a = ring.shape.unit(8) * ring.heads
+    per_ring = gang.run(_saved_bytes, ring, size=8)
+    per_wall = gang.run(_saved_bytes, wall, size=8)
+    for r, w in zip(per_ring, per_wall, strict=True):
+        assert (w - r) == pytest.approx(3 * (2 - 1) * a, rel=0.1)
+        assert r == pytest.approx(4 * a, rel=0.1)  # q, k, v, out (+ a small lse)
