@@ -255,12 +255,20 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
     return gang
 
 
+def _state_address() -> str:
+    """The connected cluster's GCS: left to itself the state API looks for *a* local Ray and
+    refuses when a machine runs several (parallel test sessions do)."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
 def seqpar_actors() -> list[Any]:
     """Live seqpar actors (state API; needs the dashboard): name, state, node, pid."""
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("ray_namespace", "=", NAMESPACE)], limit=10_000,
-                         raise_on_missing_output=False)
+    actors = list_actors(address=_state_address(), filters=[("ray_namespace", "=", NAMESPACE)],
+                         limit=10_000, raise_on_missing_output=False)
     return [a for a in actors if (a.name or "").startswith(ACTOR_PREFIX) and a.state != "DEAD"]
 
 
@@ -268,7 +276,8 @@ def seqpar_placement_groups() -> list[Any]:
     """Placement groups of seqpar gangs that are not removed."""
     from ray.util.state import list_placement_groups
 
-    pgs = list_placement_groups(limit=10_000, raise_on_missing_output=False)
+    pgs = list_placement_groups(address=_state_address(), limit=10_000,
+                                raise_on_missing_output=False)
     return [p for p in pgs if (p.name or "").startswith(ACTOR_PREFIX) and p.state != "REMOVED"]
 
 
