@@ -169,8 +169,9 @@ def _wallfacer_c(preset: str) -> Sweep:
     b = _nodes(preset)
     cs = (1, 2) if preset == "cpu" else (1, 2, 4)  # C^2 must divide P
     return (_base(preset, workload={"seq_len": 2048 if preset == "cpu" else 262144}, **b),
-            {"plan": [{"algorithm": "ring"}] + [{"algorithm": "wallfacer", "options": {"team_size": c}}
-                                                for c in cs]})
+            {"plan": [{"algorithm": "ring"}] + [
+                {"algorithm": "wallfacer", "options": {"team_size": c, "placement": pl}}
+                for c in cs for pl in ("collective-intra", "p2p-intra")]})
 
 
 def _burst_backward(preset: str) -> Sweep:
@@ -197,7 +198,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "step_ms", False, "bytes_by_link", _placement, requires=("usp",)),
     Study("ring-size", "double ring: inner ring size w over 2 nodes (LoongTrain §4.3)",
           "step_ms", False, "bytes_by_link", _ring_size, requires=("double_ring",)),
-    Study("wallfacer-c", "WallFacer team size C: C=1 is ring, C=sqrt(P) pure collectives",
+    Study("wallfacer-c", "WallFacer team size C (C=1 ring, C=sqrt(P) collectives) x placement",
           "step_ms", False, "bytes_by_link", _wallfacer_c, requires=("wallfacer",)),
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
           "bytes_total", False, "bar", _burst_backward, requires=("burst",)),

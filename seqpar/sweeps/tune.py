@@ -31,15 +31,20 @@ TUNABLE: dict[str, Callable[[int], list[Any]]] = {
     "dhp": divisors,
     "inner_ring": divisors,
     "team_size": lambda p: [c for c in divisors(p) if c * c <= p],
-    "placement": lambda p: ["head-first", "context-first"],
 }
+# placements are named per algorithm (the one list of each lives in algorithms.groups)
+PLACEMENTS = {"usp": "PLACEMENTS", "wallfacer": "WALLFACER_PLACEMENTS"}
 DERIVED = {"dcp": lambda world, opts: world // opts["dhp"] if "dhp" in opts else None}
 
 
 def option_space(name: str, world: int) -> list[dict[str, Any]]:
     """Every combination of the algorithm's tunable options at this world size."""
+    from seqpar.algorithms import groups
+
     takes = algorithms.options_of(name)
     axes = {key: TUNABLE[key](world) for key in takes if key in TUNABLE}
+    if "placement" in takes:
+        axes["placement"] = list(getattr(groups, PLACEMENTS.get(name, ""), [takes["placement"]]))
     combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
     for combo in combos:
         for key, derive in DERIVED.items():
