@@ -86,7 +86,7 @@ def _cp_tasks(layout: str, world: int, seq_len: int, dhp: int, dcp: int, placeme
 
 
 def _comms(c: Context, dhp: int, dcp: int, placement: str) -> tuple[Comm, Comm]:
-    """This rank's HP and CP groups (created once, then cached by groups.subgroup)."""
+    """This rank's HP and CP groups: views of the sequence-parallel group (groups.subgroup)."""
     a, b = groups.usp_coords(c.rank, dhp, dcp, placement)
     hp = groups.subgroup(c.comm, groups.usp_hp_groups(dhp, dcp, placement)[b], "hp")
     cp = groups.subgroup(c.comm, groups.usp_cp_groups(dhp, dcp, placement)[a], "cp")
@@ -95,7 +95,7 @@ def _comms(c: Context, dhp: int, dcp: int, placement: str) -> tuple[Comm, Comm]:
 
 
 def setup(c: Context) -> None:
-    """At build time, on every rank: check the grid and create the HP and CP groups."""
+    """At build time, on every rank: a bad grid fails here, before any byte moves."""
     dhp, dcp, placement, _ = grid_of(c.world, c.options)
     _comms(c, dhp, dcp, placement)
 
