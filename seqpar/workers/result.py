@@ -8,6 +8,7 @@ one iteration's; `bytes_<phase>_<op>_<link>` is per rank (max over ranks), while
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -105,9 +106,20 @@ class TrialResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable: the case, the outcome, the metrics and every rank's detail."""
+        """Strict JSON: the case, the outcome, the metrics and every rank's detail (an unlimited
+        emulated bandwidth, float('inf'), becomes null)."""
         d = asdict(self)
         d["case"] = {**asdict(self.case), "options": dict(self.case.options)}
         d["per_rank"] = [m.to_dict() for m in self.per_rank]
         d["metrics"] = self.metrics()
-        return d
+        return _finite(d)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

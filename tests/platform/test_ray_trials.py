@@ -41,7 +41,7 @@ def test_ring_on_virtual_2x2_books_each_ranks_bytes_on_its_next_neighbours_link(
     assert metrics["bytes_intra"] == metrics["bytes_inter"] == 2 * per_rank_total
     assert metrics["bytes_forward_p2p_inter"] == expected["forward"]
     assert metrics["step_ms"] > 0 and metrics["tokens_per_s"] > 0 and metrics["attn_tflops"] > 0
-    json.dumps(result.to_dict())
+    json.dumps(result.to_dict(), allow_nan=False)
 
 
 def test_gang_is_reused_and_its_actors_are_named_by_experiment_and_rank(
@@ -69,6 +69,8 @@ def test_inter_node_link_emulation_makes_the_ring_slower_on_2x2_than_on_1x4(
     assert flat.status == split.status == "FINISHED", (flat.cause, split.cause)
     assert split.link_emulation == {"inter": {"latency_s": 0.02,
                                               "bandwidth_bytes_per_s": float("inf")}}
+    assert json.loads(json.dumps(split.to_dict(), allow_nan=False))["link_emulation"] == {
+        "inter": {"latency_s": 0.02, "bandwidth_bytes_per_s": None}}
     # 2x2: every ring step crosses a node somewhere, and the ring waits for its slowest link:
     # 3 forward steps and 4 backward ones (K,V and gradient messages overlap) of >= 20 ms; 1x4: none
     slow, fast = split.metrics()["step_ms"], flat.metrics()["step_ms"]

@@ -36,7 +36,7 @@ def test_step_time_is_the_median_over_iterations_of_the_slowest_rank():
     assert (m["bytes_intra"], m["bytes_inter"], m["bytes_total"]) == (100, 300, 400)
     assert m["bytes_forward_p2p_inter"] == 300 and m["bytes_forward_p2p_intra"] == 100
     assert "mfu" not in m  # no known peak for a CPU
-    json.dumps(result.to_dict())
+    json.dumps(result.to_dict(), allow_nan=False)
 
 
 def test_failed_trial_has_no_metrics():
