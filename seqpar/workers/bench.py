@@ -96,6 +96,36 @@ class MemoryMeter:
         return max(0, _vm_kib("VmHWM") * 1024 - self._base)
 
 
+class SavedTensorMeter:
+    """Bytes of the tensors autograd saves for backward inside the block (the activation memory
+    WallFacer's Eq. 9-10 count): deterministic where an RSS peak is noise at small sizes.
+
+        with SavedTensorMeter() as saved:
+            out = attn(q, k, v)
+        saved.nbytes
+    """
+
+    def __init__(self) -> None:
+        self._storages: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()  # a storage saved twice (or viewed) counts once
+        self._storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._storages.values())
+
+    def __enter__(self) -> SavedTensorMeter:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+
 def local_inputs(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """This rank's q, k, v and upstream gradient, drawn from (seed, rank) at shard size."""
     g = torch.Generator().manual_seed(case.seed * 1_000_003 + rank)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from seqpar import algorithms
 from seqpar.algorithms import burst, layouts, ledger
 from seqpar.algorithms.groups import WALLFACER_PLACEMENTS, WallFacerGrid
+from seqpar.workers.bench import SavedTensorMeter
 from seqpar.workers.case import Case
 from seqpar.workers.check import evaluate, make_inputs, rank_run
 
@@ -158,16 +158,10 @@ def _saved_bytes(env, case: Case) -> int:
     q, k, v = (local[n].requires_grad_() for n in ("q", "k", "v"))
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
                                       group=env.group(case.world), **dict(case.options))
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedTensorMeter() as saved:
         out = attn(q, k, v)
     out.backward(local["dout"])
-    return sum(seen.values())
+    return saved.nbytes
 
 
 @pytest.mark.multirank
