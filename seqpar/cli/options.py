@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the real imports wait until a command needs them: --help stays instant
+    from seqpar.platform.tracking import Tracker
+    from seqpar.workers.trial import TrialRunner
 
 
 @dataclass
@@ -14,14 +19,14 @@ class Globals:
 GLOBALS = Globals()
 
 
-def tracker():
+def tracker() -> Tracker:
     """The MLflow tracker for this invocation (created only when a command needs it)."""
     from seqpar.platform.tracking import Tracker
 
     return Tracker(GLOBALS.tracking_uri)
 
 
-def trial_runner(device: str | None = None):
+def trial_runner(device: str | None = None) -> TrialRunner:
     """A Ray TrialRunner on --address (an embedded local Ray by default)."""
     from seqpar.workers.trial import TrialRunner
 

@@ -3,13 +3,16 @@ Ray, log every trial to MLflow, and print the comparison table."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from seqpar.cli.display import console, display_table
 from seqpar.errors import ConfigError
+
+if TYPE_CHECKING:
+    from seqpar.sweeps.spec import SweepPlan
 
 Resume = Annotated[str | None, typer.Option(
     "--resume", help="Sweep id (the parent run id) to continue: trials already FINISHED there "
@@ -52,7 +55,7 @@ def run(
             again=f"seqpar run {study} --preset {preset}")
 
 
-def _device(plan) -> str | None:
+def _device(plan: SweepPlan) -> str | None:
     devices = {p.spec.env.device for p in plan.trials}
     if len(devices) > 1:
         raise ConfigError("env.device", sorted(devices), "one sweep runs on one kind of device")
@@ -60,7 +63,7 @@ def _device(plan) -> str | None:
     return None if device == "auto" else device
 
 
-def execute(plan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
+def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
             again: str) -> str | None:
     """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id."""
     plan.check(strict)
