@@ -1,7 +1,8 @@
 """Real Ray nodes: two raylets on this machine (ray.cluster_utils.Cluster), joined by address.
 
 It runs in a subprocess, because a process holds one Ray connection and the session's is the
-embedded `ray_runner`'s. The rank -> node map must come from the actors' real node ids.
+embedded `ray_runner`'s. The rank -> node map must come from the actors' real node ids, and closing
+the runner must leave no actor or placement group on a cluster it joined.
 """
 
 from __future__ import annotations
@@ -17,12 +18,20 @@ pytestmark = pytest.mark.ray
 
 SCRIPT = textwrap.dedent("""
     import json
+    import socket
+    import time
+
     import ray
     from ray.cluster_utils import Cluster
+    from seqpar.platform import cluster as cluster_api
     from seqpar.workers.case import Case
     from seqpar.workers.trial import TrialRunner
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    with socket.socket() as s:  # 8265 may belong to another Ray on this machine
+        s.bind(("127.0.0.1", 0))
+        dashboard_port = s.getsockname()[1]
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "dashboard_port": dashboard_port})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     try:
@@ -30,10 +39,15 @@ SCRIPT = textwrap.dedent("""
             case = Case("ring", world=4, batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=8,
                         dtype="float32", warmup=0, iters=2)
             r = runner.run(case, nodes=2, experiment_id="multinode")
-            print(json.dumps({"status": r.status, "cause": r.cause, "topology": r.topology,
-                              "node_of_rank": r.node_of_rank,
-                              "node_ids": [m.extra["node_id"] for m in r.per_rank],
-                              "metrics": r.metrics()}))
+        deadline = time.monotonic() + 15  # after close(): nothing of the gang may stay behind
+        while (left := cluster_api.seqpar_actors() + cluster_api.seqpar_placement_groups()):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        print(json.dumps({"status": r.status, "cause": r.cause, "topology": r.topology,
+                          "node_of_rank": r.node_of_rank,
+                          "node_ids": [m.extra["node_id"] for m in r.per_rank],
+                          "metrics": r.metrics(), "left_after_close": len(left)}))
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -53,3 +67,4 @@ def test_ranks_on_two_real_ray_nodes_get_the_real_topology():
     assert out["node_of_rank"] == [0, 0, 1, 1]
     m = out["metrics"]
     assert m["bytes_inter"] == m["bytes_intra"] > 0  # ring: ranks 1 and 3 send across nodes
+    assert out["left_after_close"] == 0
