@@ -125,6 +125,25 @@ def _series(runs: list[RunRecord], x_key: str, metric: str) -> dict[str, list[tu
     return {k: sorted(v) for k, v in out.items()}
 
 
+def scaling_series(ok: list[RunRecord]) -> dict[str, list[tuple[int, float]]]:
+    """Speed-up over a one-rank run (local preferred) per configuration: against the run at the
+    same N (strong scaling) or at N/P (weak scaling); only series with two world sizes or more."""
+    base: dict[int, float] = {}
+    for r in ok:
+        n = _int(r, "workload.seq_len")
+        if _int(r, "plan.world") == 1 and (n not in base or r.params.get("plan.algorithm") == "local"):
+            base[n] = r.metrics["tokens_per_s"]
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in ok:
+        p, n = _int(r, "plan.world"), _int(r, "workload.seq_len")
+        tps = r.metrics["tokens_per_s"]
+        if n in base:
+            series[f"{config(r)} N={n}"].append((p, tps / base[n]))
+        if p and n % p == 0 and n // p in base and (p == 1 or n not in base):
+            series[f"{config(r)} N/P={n // p}"].append((p, tps / base[n // p]))
+    return {k: sorted(v) for k, v in series.items() if len({p for p, _ in v}) >= 2}
+
+
 def figures(runs: list[RunRecord]) -> dict[str, Any]:
     """The plots these runs support: name -> matplotlib Figure."""
     import matplotlib
@@ -143,18 +162,19 @@ def figures(runs: list[RunRecord]) -> dict[str, Any]:
             ax.set(xlabel="seq_len (tokens)", ylabel=ylabel, xscale="log", title=name)
             ax.legend(fontsize=7)
             figs[name] = fig
-    if len({_int(r, "plan.world") for r in ok}) > 1:
-        base = [r.metrics["tokens_per_s"] for r in ok if _int(r, "plan.world") == 1]
-        if base:
-            fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.5))
-            for label, pts in _series(ok, "plan.world", "tokens_per_s").items():
-                xs = [p for p, _ in pts]
-                a1.plot(xs, [t / max(base) for _, t in pts], marker="o", label=label)
-                a2.plot(xs, [t / max(base) / p for p, t in pts], marker="o", label=label)
-            a1.set(xlabel="world", ylabel="speed-up over one rank", title="speed-up")
-            a2.set(xlabel="world", ylabel="efficiency", title="parallel efficiency")
-            a1.legend(fontsize=7)
-            figs["scaling_vs_world"] = fig
+    series = scaling_series(ok)
+    if series:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.5))
+        top = max(p for pts in series.values() for p, _ in pts)
+        a1.plot([1, top], [1, top], "k--", lw=0.8, label="ideal")
+        a2.axhline(1.0, color="k", ls="--", lw=0.8)
+        for label, pts in series.items():
+            a1.plot([p for p, _ in pts], [s for _, s in pts], marker="o", label=label)
+            a2.plot([p for p, _ in pts], [s / p for p, s in pts], marker="o", label=label)
+        a1.set(xlabel="world", ylabel="speed-up over one rank", title="speed-up")
+        a2.set(xlabel="world", ylabel="efficiency = speed-up / world", title="parallel efficiency")
+        a1.legend(fontsize=7)
+        figs["scaling_vs_world"] = fig
     if any(k.startswith("bytes_") for r in ok for k in r.metrics):
         fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ok)), 4.5))
         labels = [f"{config(r)} P={r.params.get('plan.world')} {r.params.get('plan.layout')} "
