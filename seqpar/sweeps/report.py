@@ -80,7 +80,12 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
              if r.params.get("plan.algorithm") == "local" and r.status == "FINISHED"}
     columns = ["algorithm", "P", "nodes", "layout", "N", "H/Hkv", "step ms", "tokens/s",
                "x local", "peak MiB", "MB sent", "imbalance", "status"]
-    if metric not in ("step_ms", "tokens_per_s", "peak_mem_bytes", "bytes_total", "load_imbalance"):
+    inter = any(r.metrics.get("bytes_inter", 0) > 0 for r in runs)  # the plan spans nodes
+    if inter:
+        columns.insert(columns.index("MB sent") + 1, "MB inter")
+    extra = metric not in ("step_ms", "tokens_per_s", "peak_mem_bytes", "bytes_total",
+                           "load_imbalance", "bytes_inter")
+    if extra:
         columns.insert(-1, metric)
     rows, scores = [], []
     for r in runs:
@@ -93,9 +98,11 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
                _fmt(m.get("step_ms"), ".1f"), _fmt(m.get("tokens_per_s"), ",.0f"),
                _fmt(m["tokens_per_s"] / base if base and "tokens_per_s" in m else None, ".2f"),
                _fmt(m["peak_mem_bytes"] / 2**20 if "peak_mem_bytes" in m else None, ".1f"),
-               _fmt(m["bytes_total"] / 1e6 if "bytes_total" in m else None, ".2f"),
-               _fmt(m.get("load_imbalance"), ".2f")]
-        if len(columns) == 14:
+               _fmt(m["bytes_total"] / 1e6 if "bytes_total" in m else None, ".2f")]
+        if inter:
+            row.append(_fmt(m["bytes_inter"] / 1e6 if "bytes_inter" in m else None, ".2f"))
+        row.append(_fmt(m.get("load_imbalance"), ".2f"))
+        if extra:
             row.append(_fmt(m.get(metric), ".4g"))
         cause = r.tags.get("seqpar.cause", "")
         row.append(r.status if r.status == "FINISHED" else f"{r.status}: {cause[:80]}")
