@@ -42,13 +42,16 @@ def heads_for(world: int, gqa: bool) -> tuple[int, int]:
 @pytest.mark.parametrize(("world", "team_size"), [(4, 1), (4, 2), (8, 1), (8, 2)])
 def test_wallfacer_matches_reference(gang, world, team_size, seed):
     """Both placements; causal zigzag, causal stripe and full; MHA and GQA. P = 8, C = 2 is Fig. 5;
-    P = 4, C = 2 = sqrt(P) has no ring step. Every rank's bytes equal rank_bytes exactly."""
+    P = 4, C = 2 = sqrt(P) has no ring step. Every rank's bytes equal rank_bytes exactly, and
+    causal zigzag gives every rank the same work."""
     cases = [Case("wallfacer", world, layout, causal, batch=1, seq_len=32, heads=8, kv_heads=kv,
                   seed=seed + kv, options=(("placement", placement), ("team_size", team_size)))
              for placement in WALLFACER_PLACEMENTS
              for layout, causal in (("zigzag", True), ("zigzag", False), ("stripe", True))
              for kv in (8, 2)]
-    check_all(gang, cases)
+    for result in check_all(gang, cases):  # §4.5: zigzag balances the teams' causal work
+        if result.case.layout == "zigzag" and result.case.causal:
+            assert len(set(result.flops_per_rank)) == 1, result.flops_per_rank
 
 
 @pytest.mark.multirank
@@ -61,7 +64,8 @@ def test_burst_matches_reference(gang, world, seed):
                 heads, kv = heads_for(world, gqa)
                 cases.append(Case("burst", world, layout, causal, batch=1, seq_len=48,
                                   heads=heads, kv_heads=kv, seed=seed + kv))
-    check_all(gang, cases)
+    for result in check_all(gang, cases):  # zigzag and stripe balance the causal work (§3.4)
+        assert len(set(result.flops_per_rank)) == 1, (result.case.label(), result.flops_per_rank)
 
 
 @pytest.mark.multirank
