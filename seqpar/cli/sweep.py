@@ -83,6 +83,8 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
     from seqpar.sweeps.runner import run_sweep
 
     tracker = options.tracker()
+    if resume is not None:
+        tracker.sweep(resume)  # an unknown id is bad input: say so before Ray starts
     console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
     with options.trial_runner(device) as runner:
         try:
