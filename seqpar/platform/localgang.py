@@ -22,6 +22,8 @@ from typing import Any
 
 from seqpar.errors import SeqparError
 
+PARENT_CHECK_S = 5.0  # how often an idle rank checks that its driver is still alive
+
 
 class RankFailure(RuntimeError):
     """A rank raised; the message carries its traceback."""
@@ -78,8 +80,14 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...
         if rank < k:
             env.groups[k] = group
     results.put(pickle.dumps((rank, True, "ready")))
+    parent = os.getppid()
     while True:
-        item = tasks.get()
+        try:
+            item = tasks.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if os.getppid() != parent:  # the driver died without closing us: do not linger
+                os._exit(0)
+            continue
         if item is None:
             break
         fn, args = pickle.loads(item)
