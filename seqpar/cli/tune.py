@@ -18,6 +18,8 @@ def tune(
     iters: Annotated[int, typer.Option("--iters", min=1, help="Timed iterations per "
                                                               "configuration.")] = 2,
     device: Annotated[str, typer.Option(help="cpu | cuda | auto.")] = "cpu",
+    dtype: Annotated[str | None, typer.Option(
+        help="float32 | bfloat16 | ...; default bfloat16 on cuda, float32 on cpu.")] = None,
     prune: Annotated[int | None, typer.Option(
         "--prune", help="Profile only the K configurations the cost model ranks fastest.")] = None,
     cluster: Annotated[str, typer.Option(
@@ -29,7 +31,7 @@ def tune(
     from seqpar.sweeps.tune import tuning_plan
 
     plan = tuning_plan(world, model, seq_len, nodes, iters=iters, device=device, prune=prune,
-                       cluster=cluster)
+                       cluster=cluster, dtype=dtype or ("bfloat16" if device == "cuda" else "float32"))
     console.print(f"tuning space: {len(plan.points)} point(s), {len(plan.trials)} valid")
     sweep_id = execute(plan, resume=None, dry_run=dry_run, retries=0, strict=False,
             again=f"seqpar tune -P {world} --model {model} --seq-len {seq_len} --nodes {nodes}")

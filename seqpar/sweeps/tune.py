@@ -56,7 +56,8 @@ def option_space(name: str, world: int) -> list[dict[str, Any]]:
 
 def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal: bool = True,
                 iters: int = 2, device: str = "cpu", layouts: tuple[str, ...] = LAYOUTS,
-                prune: int | None = None, cluster: str = "cpu") -> SweepPlan:
+                prune: int | None = None, cluster: str = "cpu",
+                dtype: str = "float32") -> SweepPlan:
     """The tuning space as a sweep (experiment 'tune'); `prune` keeps the K points the cost model
     ranks fastest on `cluster` and skips the rest with their estimate as the reason."""
     require(prune is None or prune >= 1, "prune", prune, "must be at least 1")
@@ -64,7 +65,8 @@ def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal:
     require(world >= 1, "world", world, "must be at least 1")
     require(model in PRESETS, "model", model, f"must be one of {', '.join(PRESETS)}")
     base = {"model": model, "plan": {"world": world, "nodes": nodes},
-            "workload": {"seq_len": seq_len, "causal": causal, "warmup": 1, "iters": iters},
+            "workload": {"seq_len": seq_len, "causal": causal, "warmup": 1, "iters": iters,
+                         "dtype": dtype},
             "env": {"device": device}}
     plans = []
     for name in algorithms.REGISTRY:
