@@ -12,12 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch.distributed as dist
-
 from seqpar.algorithms.comm import Comm, SubComm
 from seqpar.errors import require
-
-_cache: dict[tuple[int, ...], dist.ProcessGroup] = {}
 
 
 def subgroup(parent: Comm, members: Sequence[int], label: str) -> Comm:
@@ -31,16 +27,6 @@ def subgroup(parent: Comm, members: Sequence[int], label: str) -> Comm:
     if len(members) == 1:
         return Comm.solo(label, global_ranks[0])
     return SubComm(parent, members, label)  # why not dist.new_group: see SubComm
-
-
-def destroy_cached_groups() -> None:
-    """Forget (and destroy) the cached sub-groups, e.g. before the world group is destroyed."""
-    for group in _cache.values():
-        try:
-            dist.destroy_process_group(group)
-        except (RuntimeError, ValueError):
-            pass
-    _cache.clear()
 
 
 # --- LoongTrain 2D (usp, double ring)

@@ -117,7 +117,7 @@ class RankWorker:
     def run_trial(self, trial: RankTrial) -> RankMeasurement:
         import torch.distributed as dist
 
-        from seqpar.algorithms import comm, groups, ledger
+        from seqpar.algorithms import comm, ledger
         from seqpar.workers.bench import measure
 
         cuda = trial.device == "cuda"
@@ -148,7 +148,6 @@ class RankWorker:
         finally:
             ledger.set_topology(None)
             comm.set_link_emulation(None)
-            groups.destroy_cached_groups()
             dist.destroy_process_group()
             self._set_phase("idle")
 
