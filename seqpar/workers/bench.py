@@ -1,14 +1,19 @@
 """One trial on one rank: random shards in the case's layout, warm-up, timed iterations, memory and
 the communication ledger of one iteration.
 
-Memory: on CUDA the allocator's peak (`torch.cuda.max_memory_allocated`) over the timed iterations;
-on CPU the process's resident high-water mark (VmHWM, reset through /proc/self/clear_refs before the
-trial) minus the resident size just before it, i.e. the extra memory the trial touched. Where the
-reset is not permitted the method says 'rss-delta-unreset' and the number is an upper bound.
+Memory is measured over one untimed iteration (the last warm-up one): on CUDA the allocator's peak
+(`torch.cuda.max_memory_allocated`) above what was allocated before it; on CPU the process's resident
+high-water mark (VmHWM, reset through /proc/self/clear_refs after glibc's malloc_trim has handed freed
+heap pages back) minus the resident size just before it, i.e. the memory the iteration touched,
+heap fragmentation included. Where the reset is not permitted the method says 'rss-delta-unreset'
+and the number is an upper bound.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -68,6 +73,22 @@ def _vm_kib(key: str) -> int:
     return 0
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def _release_free_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc malloc_trim), so that memory an earlier, larger
+    trial freed but kept resident is faulted in again when reused and shows in the high-water mark."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 class MemoryMeter:
     """Peak memory of the code between start() and stop(), by the best method the device has."""
 
@@ -82,6 +103,7 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
             return
+        _release_free_heap()
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
@@ -165,10 +187,14 @@ def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
             _sync(device)
         return t1 - t0, time.perf_counter() - t1
 
-    for _ in range(case.warmup):
+    # memory is measured over one untimed iteration (the last warm-up one, or an extra one):
+    # over many iterations the resident high-water mark would add up heap fragmentation
+    for _ in range(max(case.warmup - 1, 0)):
         one_iteration()
-    fwd, bwd = [], []
     meter.start()
+    one_iteration()
+    peak = meter.stop()
+    fwd, bwd = [], []
     with algorithms.recording() as ledger:  # the first timed iteration books the ledger
         f, b = one_iteration()
     fwd.append(f)
@@ -177,7 +203,6 @@ def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
         f, b = one_iteration()
         fwd.append(f)
         bwd.append(b)
-    peak = meter.stop()
     return RankMeasurement(
         rank=rank,
         step_ms=[1e3 * (f + b) for f, b in zip(fwd, bwd, strict=True)],
