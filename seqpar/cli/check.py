@@ -116,7 +116,17 @@ def _median_ms(gang, case, size, threads=None) -> float:
     return max(statistics.median(r.step_ms) for r in results)
 
 
-def run_bench(names, device) -> None:
+def _best_of(rounds: int, runs: dict[str, tuple]) -> dict[str, float]:
+    """Each run's median step, best over `rounds` interleaved rounds: a busy neighbour on this
+    machine slows one round, not the comparison."""
+    best = {name: float("inf") for name in runs}
+    for _ in range(rounds):
+        for name, args in runs.items():
+            best[name] = min(best[name], _median_ms(*args))
+    return best
+
+
+def run_bench(names, device, rounds: int = 3) -> None:
     """The foundation benchmark: every algorithm at P=1 against local, and ring at P=2."""
     from seqpar.platform.localgang import LocalGang
     from seqpar.workers.case import Case
@@ -126,25 +136,27 @@ def run_bench(names, device) -> None:
                           "studies on a GPU cluster")
     start = time.perf_counter()
     with LocalGang(2, sizes=(1,), device="cpu") as gang:
-        console.print(f"ranks ready in {time.perf_counter() - start:.1f} s")
+        console.print(f"ranks ready in {time.perf_counter() - start:.1f} s; "
+                      f"best of {rounds} interleaved rounds")
         base = dict(layout="zigzag", causal=True, batch=1, heads=8, kv_heads=8, head_dim=64,
                     dtype="float32", warmup=1, iters=5)
-        rows = []
-        local_ms = _median_ms(gang, Case("local", 1, seq_len=4096, **base), 1)
-        for name in names:
-            ms = _median_ms(gang, Case(name, 1, seq_len=4096, **base), 1)
-            rows.append([name, 1, 4096, f"{ms:.1f}", f"{ms / local_ms:.3f}", "<= 1.10"])
+        at_one = _best_of(rounds, {name: (gang, Case(name, 1, seq_len=4096, **base), 1)
+                                   for name in dict.fromkeys(["local", *names])})
         display_table("each algorithm at P=1 against local (fwd+bwd, causal, H=8, D=64, fp32)",
-                      ["algorithm", "P", "N", "step ms", "ratio to local", "target"], rows)
+                      ["algorithm", "P", "N", "step ms", "ratio to local", "target"],
+                      [[name, 1, 4096, f"{ms:.1f}", f"{ms / at_one['local']:.3f}", "<= 1.10"]
+                       for name, ms in at_one.items()])
         n = 8192
-        one = _median_ms(gang, Case("local", 1, seq_len=n, **base), 1, threads=1)
-        two_threads = _median_ms(gang, Case("local", 1, seq_len=n, **base), 1, threads=2)
-        ring = _median_ms(gang, Case("ring", 2, seq_len=n, **base), 2, threads=1)
+        two = _best_of(rounds, {
+            "local, 1 thread": (gang, Case("local", 1, seq_len=n, **base), 1, 1),
+            "local, 2 threads": (gang, Case("local", 1, seq_len=n, **base), 1, 2),
+            "ring P=2, 1 thread each": (gang, Case("ring", 2, seq_len=n, **base), 2, 1),
+        })
+        one = two["local, 1 thread"]
         display_table(
             f"ring at P=2 against local (fwd+bwd, causal zigzag, N={n}, H=8, D=64, fp32)",
             ["run", "step ms", "speed-up over local (1 thread)", "parallel efficiency"],
-            [["local, 1 thread", f"{one:.0f}", "1.00", "-"],
-             ["local, 2 threads", f"{two_threads:.0f}", f"{one / two_threads:.2f}",
-              f"{one / two_threads / 2:.2f}"],
-             ["ring P=2, 1 thread each", f"{ring:.0f}", f"{one / ring:.2f}",
-              f"{one / ring / 2:.2f} (target >= 0.8)"]])
+            [[name, f"{ms:.0f}", f"{one / ms:.2f}",
+              "-" if name.startswith("local, 1") else
+              f"{one / ms / 2:.2f}" + (" (target >= 0.8)" if name.startswith("ring") else "")]
+             for name, ms in two.items()])
