@@ -1,4 +1,4 @@
-# Two commands a newcomer needs: `make demo` and `make test`.
+# Two commands a newcomer needs: `make demo` and `make test`. (-qq: pip prints errors only.)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,9 +12,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install -qq --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -qq "$(TORCH_SPEC)"
+	$(BIN)/pip install -qq -e ".[dev]"
 	touch $(STAMP)
 
 # The quickstart sweep (ring vs ulysses vs allgather vs local, ~1-2 min on 2 cores) into the default
@@ -26,11 +26,11 @@ demo: $(STAMP)
 	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db   # then open http://127.0.0.1:5000"
 
 test: $(STAMP)
-	$(BIN)/ruff check seqpar tests
+	$(BIN)/ruff check seqpar tests benchmarks
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check seqpar tests
+	$(BIN)/ruff check seqpar tests benchmarks
 
 clean:
 	rm -rf $(VENV) mlruns mlflow.db mlartifacts .pytest_cache

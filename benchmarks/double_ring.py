@@ -13,9 +13,10 @@ zigzag layout, forward + backward; the median step over the timed iterations, sl
 from __future__ import annotations
 
 import argparse
-import statistics
 
-from seqpar.algorithms import comm, ledger
+from emulated import emulated_nodes, most_bytes, step_ms
+
+from seqpar.algorithms import comm
 from seqpar.platform.localgang import LocalGang
 from seqpar.workers.bench import measure
 from seqpar.workers.case import Case
@@ -24,24 +25,8 @@ NODES = [0, 0, 0, 0, 1, 1, 1, 1]
 
 
 def _rank(env, case: Case, link: comm.LinkModel | None):
-    ledger.set_topology(NODES)
-    comm.set_link_emulation({"inter": link} if link is not None else None)
-    try:
+    with emulated_nodes(NODES, link):
         return measure(case, env.rank, env.group(case.world), env.device)
-    finally:
-        comm.set_link_emulation(None)
-        ledger.set_topology(None)
-
-
-def step_ms(results) -> float:
-    """Median over iterations of the slowest rank's step."""
-    iters = len(results[0].step_ms)
-    return statistics.median(max(r.step_ms[i] for r in results) for i in range(iters))
-
-
-def inter_bytes(results) -> int:
-    return max(sum(e["bytes_sent"] for e in r.ledger["entries"] if e["link"] == "inter")
-               for r in results)
 
 
 def main() -> None:
@@ -73,7 +58,7 @@ def main() -> None:
                 times[(name, emulated)] = step_ms(results)
                 print(f"  {'emulated' if emulated else 'no emulation':>12}  {name:<16} "
                       f"step {times[(name, emulated)]:8.1f} ms   "
-                      f"inter-node bytes/rank {inter_bytes(results):>9}")
+                      f"inter-node bytes/rank {most_bytes(results, link='inter'):>9}")
         for emulated in (False, True):
             ratio = times[("ring", emulated)] / times[("double_ring w=4", emulated)]
             print(f"ring / double_ring step time, {'with' if emulated else 'without'} the "

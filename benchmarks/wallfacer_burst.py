@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
+
+from emulated import emulated_nodes, most_bytes, step_ms
 
 from seqpar import algorithms
-from seqpar.algorithms import comm, ledger
+from seqpar.algorithms import comm
 from seqpar.platform.localgang import LocalGang
 from seqpar.workers.bench import SavedTensorMeter, local_inputs, measure
 from seqpar.workers.case import Case
 
 
 def _rank(env, case: Case, nodes: list[int], link: comm.LinkModel | None):
-    ledger.set_topology(nodes)
-    comm.set_link_emulation({"inter": link} if link is not None else None)
-    try:
+    with emulated_nodes(nodes, link):
         result = measure(case, env.rank, env.group(case.world), env.device)
         q, k, v, _ = (t.requires_grad_() for t in local_inputs(case, env.rank, env.device))
         attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
@@ -38,20 +37,6 @@ def _rank(env, case: Case, nodes: list[int], link: comm.LinkModel | None):
         with SavedTensorMeter() as saved:  # what one forward keeps for backward (Eq. 9-10)
             attn(q, k, v)
         return result, saved.nbytes
-    finally:
-        comm.set_link_emulation(None)
-        ledger.set_topology(None)
-
-
-def step_ms(results) -> float:
-    """Median over iterations of the slowest rank's step."""
-    iters = len(results[0].step_ms)
-    return statistics.median(max(r.step_ms[i] for r in results) for i in range(iters))
-
-
-def most_bytes(results, **match) -> int:
-    return max(sum(e["bytes_sent"] for e in r.ledger["entries"]
-                   if all(e[k] == v for k, v in match.items())) for r in results)
 
 
 def contenders(base: Case) -> dict[str, Case]:

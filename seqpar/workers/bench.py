@@ -1,7 +1,8 @@
 """One trial on one rank: random shards in the case's layout, warm-up, timed iterations, memory and
 the communication ledger of one iteration.
 
-Memory is measured over one untimed iteration (the last warm-up one): on CUDA the allocator's peak
+Memory is measured over one untimed iteration (the last warm-up one, or one more after a single
+warm-up): on CUDA the allocator's peak
 (`torch.cuda.max_memory_allocated`) above what was allocated before it; on CPU the process's resident
 high-water mark (VmHWM, reset through /proc/self/clear_refs after glibc's malloc_trim has handed freed
 heap pages back) minus the resident size just before it, i.e. the memory the iteration touched,
@@ -187,9 +188,10 @@ def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
             _sync(device)
         return t1 - t0, time.perf_counter() - t1
 
-    # memory is measured over one untimed iteration (the last warm-up one, or an extra one):
-    # over many iterations the resident high-water mark would add up heap fragmentation
-    for _ in range(max(case.warmup - 1, 0)):
+    # memory is measured over one untimed iteration: the last warm-up one, or an extra one after a
+    # single warm-up (a process's first iteration also allocates one-time state); over many
+    # iterations the resident high-water mark would add up heap fragmentation
+    for _ in range(case.warmup - 1 if case.warmup >= 2 else case.warmup):
         one_iteration()
     meter.start()
     one_iteration()
