@@ -25,6 +25,28 @@ def kv_replicas(kv_heads: int, world: int) -> int:
     return 1 if kv_heads >= world else world // kv_heads
 
 
+def replicate_kv(k: torch.Tensor, v: torch.Tensor, reps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each K/V head `reps` times over (LoongTrain §4.2), so the all-to-all can split them."""
+    if reps == 1:
+        return k, v
+    return k.repeat_interleave(reps, dim=2), v.repeat_interleave(reps, dim=2)
+
+
+def sum_replicas(dk: torch.Tensor, dv: torch.Tensor, reps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward of replicate_kv: the replicas' gradients belong to one K/V head."""
+    if reps == 1:
+        return dk, dv
+    b, s, h, d = dk.shape
+    return (dk.view(b, s, h // reps, reps, d).sum(3), dv.view(b, s, h // reps, reps, d).sum(3))
+
+
+def check_kv_split(kv_heads: int, ways: int, what: str) -> None:
+    """kv_heads must split `ways` ways, or be replicated up to it."""
+    require(kv_heads % ways == 0 or ways % kv_heads == 0, "kv_heads", kv_heads,
+            f"must be a multiple or a divisor of {what} ({ways}) so K,V heads can be split or "
+            "replicated")
+
+
 def _inverse(order: torch.Tensor) -> torch.Tensor:
     inv = torch.empty_like(order)
     inv[order] = torch.arange(order.numel())
@@ -100,8 +122,7 @@ class _UlyssesAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, c: Context):
         reps = kv_replicas(k.shape[2], c.world)
-        if reps > 1:
-            k, v = k.repeat_interleave(reps, dim=2), v.repeat_interleave(reps, dim=2)
+        k, v = replicate_kv(k, v, reps)
         order = _token_order(c.layout, c.world, q.shape[1] * c.world)
         out, saved = heads_attention_forward(q, k, v, c.comm, order, c.causal, c.backend, c.scale)
         ctx.c, ctx.order, ctx.reps, ctx.saved, ctx.ledgers = c, order, reps, saved, ledger.active()
@@ -114,10 +135,7 @@ class _UlyssesAttention(torch.autograd.Function):
             dq, dk, dv = heads_attention_backward(dout, ctx.saved, c.comm, ctx.order,
                                                   c.backend, c.scale)
         ctx.saved = None
-        if ctx.reps > 1:
-            b, s, h, d = dk.shape
-            dk = dk.view(b, s, h // ctx.reps, ctx.reps, d).sum(3)
-            dv = dv.view(b, s, h // ctx.reps, ctx.reps, d).sum(3)
+        dk, dv = sum_replicas(dk, dv, ctx.reps)
         return dq, dk, dv, None
 
 
@@ -127,9 +145,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: Context) -> torch.
 
 def rules(shape: AttnShape, world: int, options: Mapping[str, Any]) -> None:
     divides("heads", shape.heads, world)
-    require(shape.kv_heads % world == 0 or world % shape.kv_heads == 0, "kv_heads",
-            shape.kv_heads, f"must be a multiple or a divisor of the world size ({world}) "
-            "so K,V heads can be split or replicated")
+    check_kv_split(shape.kv_heads, world, "the world size")
 
 
 def expected_bytes(shape: AttnShape, world: int, options: Mapping[str, Any]) -> dict[str, int]:

@@ -35,11 +35,14 @@ from seqpar.algorithms.base import AlgorithmSpec, AttnShape, Context, divides
 from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.ring import ring_backward, ring_bytes, ring_forward
 from seqpar.algorithms.ulysses import (
+    check_kv_split,
     gathered_positions,
     heads_to_seq,
     kv_replicas,
+    replicate_kv,
     seq_alltoall_bytes,
     seq_to_heads,
+    sum_replicas,
 )
 from seqpar.errors import require
 
@@ -113,8 +116,7 @@ class _UspAttention(torch.autograd.Function):
                              c.causal)
 
         reps = kv_replicas(k.shape[2], dhp)
-        if reps > 1:
-            k, v = k.repeat_interleave(reps, dim=2), v.repeat_interleave(reps, dim=2)
+        k, v = replicate_kv(k, v, reps)
         qh, kh, vh = seq_to_heads([q, k, v], hp, order)
         kv = blocks.pack_kv(kh, vh)
         acc_out, acc_lse = blocks.new_partial(qh)
@@ -138,10 +140,7 @@ class _UspAttention(torch.autograd.Function):
                                 c.scale, inner=ctx.inner)
             dkh, dvh = blocks.unpack_kv(dkv.to(qh.dtype))
             dq, dk, dv = heads_to_seq([dq.to(qh.dtype), dkh, dvh], hp, ctx.order)
-        if ctx.reps > 1:  # the replicas' gradients belong to one K,V head
-            b, s, h, d = dk.shape
-            dk = dk.view(b, s, h // ctx.reps, ctx.reps, d).sum(3)
-            dv = dv.view(b, s, h // ctx.reps, ctx.reps, d).sum(3)
+        dk, dv = sum_replicas(dk, dv, ctx.reps)
         return dq, dk, dv, None
 
 
@@ -152,9 +151,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: Context) -> torch.
 def rules(shape: AttnShape, world: int, options: Mapping[str, Any]) -> None:
     dhp, _, _, _ = grid_of(world, options)
     divides("heads", shape.heads, dhp, "dhp")
-    require(shape.kv_heads % dhp == 0 or dhp % shape.kv_heads == 0, "kv_heads", shape.kv_heads,
-            f"must be a multiple or a divisor of dhp ({dhp}) so K,V heads can be split or "
-            "replicated")
+    check_kv_split(shape.kv_heads, dhp, "dhp")
 
 
 def bytes_by_op(shape: AttnShape, world: int, options: Mapping[str, Any]) -> dict[str, dict]:
