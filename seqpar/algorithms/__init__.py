@@ -4,33 +4,48 @@
     out = attn(q, k, v)          # local shards, (batch, seq, heads, head_dim)
     out.backward(grad)           # distributed and exact, too
 
+`build_attention` lays the algorithm's rank grid on `group` as a mesh (mesh.py): real process groups
+per axis when `group` is the whole world (every rank calls it), point-to-point views otherwise. A
+caller that builds the mesh itself (collectively, once: `mesh_for`) passes `mesh=` instead.
+
 Each algorithm states its rules (`check`) and its analytic bytes per rank per call
 (`expected_bytes`), so a ledger from `ledger.recording()` can be held against it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch.distributed as dist
 
-from seqpar.algorithms import allgather, burst, double_ring, local, ring, ulysses, usp, wallfacer
-from seqpar.algorithms.base import AlgorithmSpec, Attention, AttnShape, group_context
+from seqpar.algorithms.allgather import AllGather
+from seqpar.algorithms.base import Algorithm, Attention, AttnShape
+from seqpar.algorithms.burst import Burst
+from seqpar.algorithms.comm import Comm
+from seqpar.algorithms.double_ring import DoubleRing
 from seqpar.algorithms.layouts import LAYOUTS, check_layout
 from seqpar.algorithms.ledger import Ledger, recording
-from seqpar.errors import require
+from seqpar.algorithms.local import Local
+from seqpar.algorithms.mesh import Grid, Mesh, build_mesh, view_mesh
+from seqpar.algorithms.options import Options
+from seqpar.algorithms.ring import Ring
+from seqpar.algorithms.ulysses import Ulysses
+from seqpar.algorithms.usp import Usp
+from seqpar.algorithms.wallfacer import WallFacer
+from seqpar.errors import SeqparError, require
 
+AlgorithmSpec = type[Algorithm]
 REGISTRY: dict[str, AlgorithmSpec] = {}
 
 
-def register(spec: AlgorithmSpec) -> AlgorithmSpec:
-    REGISTRY[spec.name] = spec
-    return spec
+def register(cls: AlgorithmSpec) -> AlgorithmSpec:
+    REGISTRY[cls.name] = cls
+    return cls
 
 
-for _module in (local, allgather, ulysses, ring, usp, double_ring, wallfacer, burst):
-    register(_module.SPEC)
+for _cls in (Local, AllGather, Ulysses, Ring, Usp, DoubleRing, WallFacer, Burst):
+    register(_cls)
 
 
 def get(name: str) -> AlgorithmSpec:
@@ -38,21 +53,63 @@ def get(name: str) -> AlgorithmSpec:
     return REGISTRY[name]
 
 
+def grid_for(name: str, world: int, nodes: Sequence[int] | None = None,
+             **options: Any) -> Grid:
+    """The rank grid `name` lays on `world` ranks (nodes: each rank's node id)."""
+    cls = get(name)
+    opts = cls.parse(options)
+    opts.check(world)
+    return cls.grid(world, opts, nodes)
+
+
+def mesh_for(name: str, world: int, *, members: Sequence[int] | None = None,
+             nodes: Sequence[int] | None = None, **options: Any) -> Mesh | None:
+    """The mesh of `name` on global ranks `members` (default: the world), with a process group per
+    axis. Collective over the whole world: every rank calls it with the same arguments (ranks
+    outside `members` take part in group creation and get None)."""
+    cls = get(name)
+    return build_mesh(grid_for(name, world, nodes, **options), cls.axes, members=members,
+                      nodes=nodes)
+
+
+def _whole_world(comm: Comm) -> bool:
+    return (comm.group is not None and dist.is_initialized()
+            and comm.size == dist.get_world_size())
+
+
 def build_attention(
     name: str, *, causal: bool, layout: str = "contiguous",
-    group: dist.ProcessGroup | None = None, **options: Any,
+    group: dist.ProcessGroup | None = None, mesh: Mesh | None = None,
+    nodes: Sequence[int] | None = None, **options: Any,
 ) -> Attention:
     """A callable (q, k, v) -> out for this rank's shards; every rank of `group` must build it.
 
-    Raises a SeqparError for an unknown name, layout or option before any communication.
+    `nodes` gives each rank of the group its node id (link classes in the ledger and in link
+    emulation; burst's topology-aware ring). Raises a SeqparError for an unknown name, layout or
+    option before any communication.
     """
-    spec = get(name)
+    cls = get(name)
     check_layout(layout)
-    resolved = spec.resolve_options(options)
-    ctx = group_context(group, causal, layout, resolved)
-    if spec.setup is not None:
-        spec.setup(ctx)
-    return Attention(spec, ctx)
+    opts = cls.parse(options)
+    if mesh is None:
+        if group is not None and not (dist.is_available() and dist.is_initialized()):
+            raise SeqparError("group: torch.distributed is not initialised; "
+                              "call init_process_group first or pass no group at world size 1")
+        base = Comm(group, label="sp")
+        opts.check(base.size)
+        grid = cls.grid(base.size, opts, nodes)
+        if _whole_world(base) and base.size > 1:
+            mesh = build_mesh(grid, cls.axes, nodes=nodes)
+        else:
+            mesh = view_mesh(grid, cls.axes, base, nodes)
+    else:
+        world = mesh.comm("sp").size
+        opts.check(world)
+        want = cls.grid(world, opts, mesh.nodes)
+        got = tuple(d for d in mesh.grid.dims if d[0] != "dp")
+        require(got == want.dims, "mesh", [list(d) for d in got],
+                f"{name} with these options needs the grid {[list(d) for d in want.dims]}")
+    return Attention(cls(mesh, causal, layout, opts))
 
 
 def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
@@ -64,15 +121,22 @@ def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
 
 def expected_bytes(name: str, shape: AttnShape, world: int, **options: Any) -> dict[str, int]:
     """Analytic bytes one rank sends per call, by phase ('forward', 'backward')."""
-    spec = get(name)
-    return spec.expected_bytes(shape, world, spec.resolve_options(options))
+    cls = get(name)
+    return cls.expected_bytes(shape, world, cls.parse(options))
 
 
 def options_of(name: str) -> Mapping[str, Any]:
     """The options an algorithm takes, with their defaults."""
-    return get(name).resolve_options({})
+    return get(name).Options().as_dict()
 
 
-__all__ = ["LAYOUTS", "REGISTRY", "AlgorithmSpec", "Attention", "AttnShape", "Ledger",
-           "build_attention", "check", "expected_bytes", "get", "options_of", "recording",
-           "register"]
+def option_space(name: str, world: int) -> list[dict[str, Any]]:
+    """Every configuration of `name` worth tuning at `world` ranks (its options' `space`), as the
+    options that differ from the defaults."""
+    return [o.changed() for o in get(name).Options.space(world)]
+
+
+__all__ = ["LAYOUTS", "REGISTRY", "Algorithm", "AlgorithmSpec", "Attention", "AttnShape", "Grid",
+           "Ledger", "Mesh", "Options", "build_attention", "build_mesh", "check",
+           "expected_bytes", "get", "grid_for", "mesh_for", "option_space", "options_of",
+           "recording", "register"]

@@ -1,17 +1,29 @@
-"""What every distributed attention shares: its shape, its rules, its entry in the registry."""
+"""What every distributed attention shares: its shape, its rules, its mesh and one autograd shell.
+
+An algorithm is a subclass of `Algorithm` with a typed `Options` class, a `grid` (its rank grid, see
+mesh.py), its rules and analytic bytes (class methods: no process group needed), and a `forward` /
+`backward` pair that reads like its paper's algorithm box:
+
+    forward(q, k, v)            -> (out, tensors to save for backward, other state)
+    backward(dout, saved, state) -> (dq, dk, dv)
+
+`_Shell`, the one `torch.autograd.Function`, does the rest for every algorithm: it saves tensors
+through `save_for_backward` (so saved-tensor hooks and activation meters see them), books backward
+communication into the ledgers that were active in forward, and casts gradients to the inputs' dtypes.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 
-from seqpar.algorithms import kernels, layouts
-from seqpar.algorithms.comm import Comm
-from seqpar.errors import SeqparError, require
+from seqpar.algorithms import kernels, layouts, ledger
+from seqpar.algorithms.mesh import Grid, Mesh
+from seqpar.algorithms.options import Options
+from seqpar.errors import require
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -32,75 +44,117 @@ class AttnShape:
         """u = B * s * D * e: bytes of one head of one rank's shard."""
         return self.batch * (self.seq_len // world) * self.head_dim * self.elem_bytes
 
+    @property
+    def acc_bytes(self) -> int:
+        """Bytes of one element in the accumulation dtype (float64 for float64, else float32)."""
+        return 8 if self.elem_bytes == 8 else 4
 
-@dataclass(frozen=True)
-class Context:
-    """Everything an algorithm needs besides the tensors."""
+    def grad_bytes(self, options: Options) -> int:
+        """Bytes of one element of a gradient message that is summed where it arrives."""
+        return self.acc_bytes if options.grad_dtype == "accumulate" else self.elem_bytes
 
-    comm: Comm
-    world: int
-    rank: int
-    causal: bool
-    layout: str
-    options: Mapping[str, Any]
+    def grad_unit(self, world: int, options: Options) -> int:
+        """u for gradient messages: B * s * D * (bytes of the gradient dtype)."""
+        return self.unit(world) // self.elem_bytes * self.grad_bytes(options)
 
+
+class Algorithm:
+    """A distributed attention (see the module docstring). Built by `build_attention`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Options: ClassVar[type[Options]] = Options
+    axes: ClassVar[tuple[str, ...]] = ()  # the mesh axes it communicates on besides "sp"
+
+    def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options):
+        self.mesh, self.causal, self.layout, self.options = mesh, causal, layout, options
+        self.world, self.rank = mesh.size, mesh.pos
+        self.comm = mesh.comm("sp")
+
+    # -- class level: no process group needed ----------------------------------------------------
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | Options | None) -> Options:
+        return cls.Options.parse(options, cls.name)
+
+    @classmethod
+    def grid(cls, world: int, options: Options, nodes: Sequence[int] | None = None) -> Grid:
+        """The rank grid this algorithm lays on a group of `world` ranks (nodes: each rank's)."""
+        return Grid.line(world)
+
+    @classmethod
+    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
+        """Rules beyond the options' own and the layout's (none by default)."""
+
+    @classmethod
+    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
+        """The most bytes any rank sends per call, by phase."""
+        raise NotImplementedError
+
+    @classmethod
+    def rank_bytes(cls, shape: AttnShape, world: int, options: Options,
+                   rank: int) -> dict[str, int]:
+        """Bytes `rank` sends per call (by default every rank sends the same)."""
+        return cls.expected_bytes(shape, world, options)
+
+    @classmethod
+    def check(cls, shape: AttnShape, world: int, layout: str, causal: bool,
+              options: Mapping[str, Any] | Options | None) -> Options:
+        """Every rule for this configuration; raises ConfigError naming field, value and rule."""
+        opts = cls.parse(options)
+        check_shape(shape)
+        layouts.check_seq_len(layout, world, shape.seq_len)
+        opts.check(world)
+        cls.rules(shape, world, opts)
+        return opts
+
+    @classmethod
+    def bytes_of_rank(cls, shape: AttnShape, world: int,
+                      options: Mapping[str, Any] | Options | None, rank: int) -> dict[str, int]:
+        return cls.rank_bytes(shape, world, cls.parse(options), rank)
+
+    # -- the rank's own work -----------------------------------------------------------------------
     @property
     def backend(self) -> str:
-        return self.options.get("backend", "auto")
+        return self.options.backend
 
     @property
     def scale(self) -> float | None:
-        return self.options.get("scale")
+        return self.options.scale
+
+    def grad_dtype(self, like: torch.Tensor) -> torch.dtype:
+        """The dtype in which gradients that are summed elsewhere travel."""
+        if self.options.grad_dtype == "accumulate":
+            return kernels.acc_dtype(like.dtype)
+        return like.dtype
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], Any]:
+        raise NotImplementedError
+
+    def backward(self, dout: torch.Tensor, saved: tuple[torch.Tensor, ...],
+                 state: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
 
 
-Rule = Callable[[AttnShape, int, Mapping[str, Any]], None]
-Bytes = Callable[[AttnShape, int, Mapping[str, Any]], dict[str, int]]
-RankBytes = Callable[[AttnShape, int, Mapping[str, Any], int], dict[str, int]]
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Context], torch.Tensor]
+class _Shell(torch.autograd.Function):
+    """The one autograd Function: every algorithm's forward and backward run inside it."""
 
-COMMON_OPTIONS: dict[str, Any] = {"backend": "auto", "scale": None}
+    @staticmethod
+    def forward(ctx, algo: Algorithm, q, k, v):
+        out, saved, state = algo.forward(q, k, v)
+        ctx.algo, ctx.state, ctx.ledgers = algo, state, ledger.active()
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+        ctx.save_for_backward(*saved)
+        return out.to(q.dtype)
 
-
-@dataclass(frozen=True)
-class AlgorithmSpec:
-    """An algorithm: how to run it, which options it takes, its rules and its analytic bytes."""
-
-    name: str
-    summary: str
-    run: Forward
-    rules: Rule
-    expected_bytes: Bytes
-    options: Mapping[str, Any] = field(default_factory=dict)
-    setup: Callable[[Context], None] | None = None  # collective set-up (sub-groups), all ranks
-    rank_bytes: RankBytes | None = None  # one rank's bytes, when ranks send different amounts
-
-    def resolve_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        allowed = {**COMMON_OPTIONS, **self.options}
-        for key in options:
-            require(key in allowed, "option", key,
-                    f"{self.name} takes {', '.join(sorted(allowed))}")
-        resolved = {**allowed, **options}
-        scale = resolved["scale"]
-        require(scale is None or (isinstance(scale, int | float) and scale > 0), "scale", scale,
-                "must be a positive number (default 1/sqrt(head_dim))")
-        require(resolved["backend"] in kernels.BACKENDS, "backend", resolved["backend"],
-                f"must be one of {', '.join(kernels.BACKENDS)}")
-        return resolved
-
-    def bytes_of_rank(self, shape: AttnShape, world: int, options: Mapping[str, Any],
-                      rank: int) -> dict[str, int]:
-        """Analytic bytes `rank` sends per call, by phase (expected_bytes is the most any rank sends)."""
-        resolved = self.resolve_options(options)
-        if self.rank_bytes is None:
-            return self.expected_bytes(shape, world, resolved)
-        return self.rank_bytes(shape, world, resolved, rank)
-
-    def check(self, shape: AttnShape, world: int, layout: str, causal: bool,
-              options: Mapping[str, Any]) -> None:
-        """Every rule for this configuration; raises ConfigError naming field, value and rule."""
-        check_shape(shape)
-        layouts.check_seq_len(layout, world, shape.seq_len)
-        self.rules(shape, world, self.resolve_options(options))
+    @staticmethod
+    def backward(ctx, dout):
+        saved, state = ctx.saved_tensors, ctx.state
+        ctx.state = None
+        # autograd may run backward on another thread (CUDA), where forward's context is not set
+        with ledger.backward_of(ctx.ledgers):
+            grads = ctx.algo.backward(dout.contiguous(), saved, state)
+        return (None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))
 
 
 def check_shape(shape: AttnShape) -> None:
@@ -135,34 +189,28 @@ def shape_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> A
 class Attention:
     """A built distributed attention: call it on local shards q, k, v (bshd) -> local out."""
 
-    def __init__(self, spec: AlgorithmSpec, ctx: Context):
-        self.spec, self.ctx = spec, ctx
+    def __init__(self, algo: Algorithm):
+        self.algo = algo
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        return self.algo.name
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.algo.mesh
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        shape = shape_of(q, k, v, self.ctx.world)
-        self.spec.check(shape, self.ctx.world, self.ctx.layout, self.ctx.causal, self.ctx.options)
-        kernels.resolve_backend(self.ctx.backend, q.device, q.dtype)
-        return self.spec.run(q, k, v, self.ctx)
+        a = self.algo
+        shape = shape_of(q, k, v, a.world)
+        type(a).check(shape, a.world, a.layout, a.causal, a.options)
+        kernels.resolve_backend(a.backend, q.device, q.dtype)
+        return _Shell.apply(a, q, k, v)
 
     def expected_bytes(self, shape: AttnShape) -> dict[str, int]:
-        return self.spec.expected_bytes(shape, self.ctx.world, self.ctx.options)
+        return type(self.algo).expected_bytes(shape, self.algo.world, self.algo.options)
 
     def __repr__(self) -> str:
-        opts = {k: v for k, v in self.ctx.options.items() if v != COMMON_OPTIONS.get(k, object())}
-        return (f"Attention({self.name}, world={self.ctx.world}, layout={self.ctx.layout}, "
-                f"causal={self.ctx.causal}, options={opts})")
-
-
-def group_context(group: dist.ProcessGroup | None, causal: bool, layout: str,
-                  options: Mapping[str, Any]) -> Context:
-    """The context of one rank in `group` (the world group by default; a group of one when
-    torch.distributed is not initialised)."""
-    if group is not None and not (dist.is_available() and dist.is_initialized()):
-        raise SeqparError("group: torch.distributed is not initialised; "
-                          "call init_process_group first or pass no group at world size 1")
-    comm = Comm(group, label="sp")
-    return Context(comm, comm.size, comm.rank, causal, layout, options)
+        a = self.algo
+        return (f"Attention({self.name}, world={a.world}, layout={a.layout}, "
+                f"causal={a.causal}, options={a.options.changed()})")

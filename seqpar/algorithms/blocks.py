@@ -64,3 +64,36 @@ def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 def unpack_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     k, v = kv.chunk(2, dim=2)
     return k, v
+
+
+def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Sequence[Task],
+                 backend: str, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of q over (k, v) as planned. One call that covers every query row returns the
+    kernel's result as it is (no accumulator, no merge); otherwise the calls are merged."""
+    if len(tasks) == 1 and tasks[0].q0 == 0 and tasks[0].q1 == q.shape[1]:
+        t = tasks[0]
+        out, lse = kernels.attend(q, k[:, t.k0:t.k1], v[:, t.k0:t.k1], t.mask, backend=backend,
+                                  scale=scale)
+        return out, lse.to(kernels.acc_dtype(q.dtype))
+    acc_out, acc_lse = new_partial(q)
+    forward_tasks(q, k, v, tasks, acc_out, acc_lse, backend, scale)
+    return acc_out.to(q.dtype), acc_lse
+
+
+def grads_tasks(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                out: torch.Tensor, lse: torch.Tensor, tasks: Sequence[Task], backend: str,
+                scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the planned calls. One call over all of q and k returns the kernel's
+    gradients as they are; otherwise they are summed in the accumulation dtype."""
+    if len(tasks) == 1 and (tasks[0].q0, tasks[0].q1, tasks[0].k0, tasks[0].k1) == (
+            0, q.shape[1], 0, k.shape[1]):
+        return kernels.attend_backward(dout, q, k, v, out, lse, tasks[0].mask, backend=backend,
+                                       scale=scale)
+    dq, dk, dv = (zeros_acc(t) for t in (q, k, v))
+    backward_tasks(dout, q, k, v, out, lse, tasks, dq, dk, dv, backend, scale)
+    return dq, dk, dv
+
+
+def permute(t: torch.Tensor, index: torch.Tensor | None, dim: int = 1) -> torch.Tensor:
+    """t reordered along dim by index (None: as it is)."""
+    return t if index is None else t.index_select(dim, index)

@@ -13,9 +13,14 @@ Fig. 5) and after the last step arrives home. With D instead of O on the wire, a
 2Hd + 2H numbers per token plus Hd for dQ: ~(3Nd + 2N) against ring's 4Nd for MHA, but H-headed
 tensors against ring's Hkv-headed ones, so with GQA (H/Hkv = 4) burst sends more than ring.
 
-The node map: option `ranks_per_node` (nodes are blocks of consecutive ranks); by default the process
-topology (`ledger.set_topology`), else one node. A group whose nodes do not hold equal blocks of
-consecutive ranks gets the flat ring (still exact, just not topology-aware).
+The rank grid (mesh.py) is `(outer, inner)` with one inner ring per node: the node map comes from
+option `ranks_per_node` (nodes are blocks of consecutive ranks), else from the mesh's nodes (the
+trial's topology), else one node. A group whose nodes do not hold equal blocks of consecutive ranks
+gets the flat ring (still exact, just not topology-aware).
+
+Packed messages (Q, dO, D, lse in one buffer) put every segment at a 16-byte boundary
+(`pack_bytes`), so a view of any dtype is aligned for vectorised kernels; the padding is booked and
+counted (`packed_size`).
 
 `query_ring_backward` and the byte packing are shared with `wallfacer`, whose sub-rings run the same
 query-moving backward.
@@ -23,31 +28,43 @@ query-moving backward.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from seqpar.algorithms import blocks, groups, layouts, ledger
-from seqpar.algorithms.base import AlgorithmSpec, AttnShape, Context
-from seqpar.algorithms.comm import Comm
-from seqpar.algorithms.groups import DoubleRing
+from seqpar.algorithms import blocks, groups, layouts
+from seqpar.algorithms.base import Algorithm, AttnShape
 from seqpar.algorithms.kernels import acc_dtype
-from seqpar.algorithms.ring import ring_bytes, ring_forward, travel
+from seqpar.algorithms.mesh import Grid
+from seqpar.algorithms.options import Options, is_int
+from seqpar.algorithms.ring import RingComms, pass_grad, ring_bytes, ring_forward, travel
 from seqpar.errors import require
 
-DQ_TAG = 21
+ALIGN = 16  # bytes: every segment of a packed message starts at a multiple of this
 Spec = tuple[tuple[int, ...], torch.dtype]
 
 
 # ----------------------------------------------------------------------------------- byte packing
-def pack_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, tuple[Spec, ...]]:
-    """One uint8 buffer holding tensors of mixed dtypes, so they travel in one message.
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
-    Put the widest dtypes first: a view at a byte offset must be aligned to its element size.
-    """
-    flat = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    return torch.cat(flat), tuple((tuple(t.shape), t.dtype) for t in tensors)
+
+def packed_size(segment_bytes: Sequence[int]) -> int:
+    """Bytes of a packed message whose segments have these sizes (each padded to ALIGN)."""
+    return sum(aligned(n) for n in segment_bytes)
+
+
+def pack_bytes(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, tuple[Spec, ...]]:
+    """One uint8 buffer holding tensors of mixed dtypes, each at a 16-byte boundary, so they
+    travel in one message and every view of it is aligned."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    buf = torch.zeros(packed_size(sizes), dtype=torch.uint8, device=tensors[0].device)
+    offset = 0
+    for t, n in zip(tensors, sizes, strict=True):
+        buf[offset:offset + n] = t.contiguous().reshape(-1).view(torch.uint8)
+        offset += aligned(n)
+    return buf, tuple((tuple(t.shape), t.dtype) for t in tensors)
 
 
 def unpack_bytes(buf: torch.Tensor, specs: Sequence[Spec]) -> list[torch.Tensor]:
@@ -55,7 +72,7 @@ def unpack_bytes(buf: torch.Tensor, specs: Sequence[Spec]) -> list[torch.Tensor]
     for shape, dtype in specs:
         n = torch.Size(shape).numel() * dtype.itemsize
         out.append(buf[offset:offset + n].view(dtype).view(shape))
-        offset += n
+        offset += aligned(n)
     return out
 
 
@@ -79,8 +96,8 @@ def out_for_delta(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 
 def query_parts(q: torch.Tensor, dout: torch.Tensor, delta: torch.Tensor,
                 lse: torch.Tensor) -> list[torch.Tensor]:
-    """What a query block's backward needs elsewhere, widest dtype first (see pack_bytes):
-    D and lse (B, s, H) in the accumulation dtype, then q and dO."""
+    """What a query block's backward needs elsewhere: D and lse (B, s, H) in the accumulation
+    dtype, then q and dO."""
     return [delta, lse.transpose(1, 2), q, dout]
 
 
@@ -96,24 +113,22 @@ def query_backward(parts: Sequence[torch.Tensor], k: torch.Tensor, v: torch.Tens
 
 
 # ---------------------------------------------------------------------------- the query ring
-def query_ring_backward(parts: Sequence[torch.Tensor], comm: Comm, ring: DoubleRing,
+def query_ring_backward(parts: Sequence[torch.Tensor], comms: RingComms,
                         compute: Callable[[list[torch.Tensor], int], torch.Tensor],
                         dq_dtype: torch.dtype) -> torch.Tensor:
-    """BurstAttention Alg. 2 on `ring`: the query blocks (`parts`, packed into one message) visit
-    every rank; compute(parts, src) returns the dq of the block that started at position src and
-    adds its dK,dV into the caller's accumulators. Returns this rank's own dq, arrived home."""
+    """BurstAttention Alg. 2 on a ring: the query blocks (`parts`, packed into one message) visit
+    every position; compute(parts, src) returns the dq of the block that started at position src
+    and adds its dK,dV into the caller's accumulators. Returns this rank's own dq, arrived home."""
     bundle, specs = pack_bytes(parts)
     grad_in = None  # the travelling dq of the block held this step, from its last holder
     dq = None
-    for step, src, block in travel(comm, bundle, ring):
+    for step, src, block in travel(comms, bundle):
         dq = compute(unpack_bytes(block, specs), src)
         if grad_in is not None:
             (arrived,) = grad_in.wait()
             dq += arrived
-        if comm.size > 1:
-            dq = dq.to(dq_dtype)
-            to, frm = ring.grad_peers(step)
-            grad_in = comm.exchange([(dq, to)], [(torch.empty_like(dq), frm)], tag=DQ_TAG)
+        if comms.ring.size > 1:
+            grad_in = pass_grad(comms, step, dq.to(dq_dtype))
     if grad_in is None:
         return dq
     (home,) = grad_in.wait()
@@ -125,78 +140,75 @@ def query_ring_bytes(q_bytes: int, dq_bytes: int, world: int) -> int:
     return 0 if world == 1 else (world - 1) * q_bytes + world * dq_bytes
 
 
-# ---------------------------------------------------------------------------------- the Function
-def ring_of(c: Context) -> DoubleRing:
-    """This rank's topology-aware ring (see the module docstring for where the node map comes from)."""
-    per_node = c.options.get("ranks_per_node")
-    if per_node is not None:
-        nodes = [g // per_node for g in c.comm.global_ranks]
-    elif ledger._topology is not None:
-        nodes = [ledger._topology[g] for g in c.comm.global_ranks]
-    else:
-        nodes = [0] * c.world
-    return groups.burst_ring(nodes, c.rank)
+def query_block_bytes(shape: AttnShape, world: int, tokens_factor: int = 1,
+                      options: Options | None = None) -> tuple[int, int]:
+    """(query block message, dq message) bytes for a block of tokens_factor shards: D and lse in
+    the accumulation dtype, q and dO in the input dtype, packed; dq in the gradient dtype."""
+    options = options or Options()
+    u = shape.unit(world) * tokens_factor
+    stats = shape.batch * (shape.seq_len // world) * tokens_factor * shape.heads * shape.acc_bytes
+    block = packed_size([stats, stats, shape.heads * u, shape.heads * u])
+    return block, shape.heads * shape.grad_unit(world, options) * tokens_factor
 
 
-class _BurstAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, c: Context):
-        seq_len, ring = q.shape[1] * c.world, ring_of(c)
+# ---------------------------------------------------------------------------------- the algorithm
+@dataclass(frozen=True)
+class BurstOptions(Options):
+    ranks_per_node: int | None = None  # nodes are blocks of this many ranks (default: the mesh's)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.ranks_per_node is None or (is_int(self.ranks_per_node)
+                                                and self.ranks_per_node >= 1),
+                "ranks_per_node", self.ranks_per_node,
+                "must be a positive integer (or None: the trial's topology)")
+
+
+class Burst(Algorithm):
+    name = "burst"
+    summary = ("topology-aware ring (intra-node sub-rings + inter-node step); backward moves "
+               "Q, dO, D, lse and dQ, K,V stay home")
+    Options = BurstOptions
+    axes = ("inner", "outer")
+
+    @classmethod
+    def grid(cls, world: int, options: Options, nodes: Sequence[int] | None = None) -> Grid:
+        if options.ranks_per_node is not None:
+            nodes = [r // options.ranks_per_node for r in range(world)]
+        per_node = groups.node_block_size(nodes if nodes is not None else [0] * world)
+        if per_node == world:
+            return Grid.line(world)
+        return Grid((("outer", world // per_node), ("inner", per_node)))
+
+    def forward(self, q, k, v):
+        seq_len = q.shape[1] * self.world
 
         def tasks_for(src: int):  # this rank's queries against the K,V of src
-            return layouts.layout_tasks(c.layout, c.world, seq_len, c.rank, src, c.causal)
+            return layouts.layout_tasks(self.layout, self.world, seq_len, self.rank, src,
+                                        self.causal)
 
         acc_out, acc_lse = blocks.new_partial(q)
-        ring_forward(q, blocks.pack_kv(k, v), c.comm, tasks_for, acc_out, acc_lse, c.backend,
-                     c.scale, inner=ring.inner)
+        ring_forward(q, blocks.pack_kv(k, v), RingComms.of(self.mesh), tasks_for, acc_out,
+                     acc_lse, self.backend, self.scale)
         out = acc_out.to(q.dtype)
-        ctx.c, ctx.ring, ctx.ledgers = c, ring, ledger.active()
-        ctx.save_for_backward(q, k, v, out, acc_lse)
-        return out
+        return out, (q, k, v, out, acc_lse), None
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        c, seq_len = ctx.c, q.shape[1] * ctx.c.world
+    def backward(self, dout, saved, state):
+        q, k, v, out, lse = saved
+        seq_len = q.shape[1] * self.world
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
 
         def compute(parts: list[torch.Tensor], src: int) -> torch.Tensor:
-            tasks = layouts.layout_tasks(c.layout, c.world, seq_len, src, c.rank, c.causal)
-            return query_backward(parts, k, v, tasks, dk, dv, c.backend, c.scale)
+            tasks = layouts.layout_tasks(self.layout, self.world, seq_len, src, self.rank,
+                                         self.causal)
+            return query_backward(parts, k, v, tasks, dk, dv, self.backend, self.scale)
 
-        dout = dout.contiguous()
         parts = query_parts(q, dout, rowsum_delta(dout, out), lse)
-        with ledger.backward_of(ctx.ledgers):
-            dq = query_ring_backward(parts, c.comm, ctx.ring, compute, q.dtype)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+        dq = query_ring_backward(parts, RingComms.of(self.mesh), compute, self.grad_dtype(q))
+        return dq, dk, dv
 
-
-def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: Context) -> torch.Tensor:
-    return _BurstAttention.apply(q, k, v, c)
-
-
-def rules(shape: AttnShape, world: int, options: Mapping[str, Any]) -> None:
-    per_node = options.get("ranks_per_node")
-    require(per_node is None or (isinstance(per_node, int) and per_node >= 1), "ranks_per_node",
-            per_node, "must be a positive integer (or None: the process topology)")
-
-
-def query_block_bytes(shape: AttnShape, world: int, tokens_factor: int = 1) -> tuple[int, int]:
-    """(query block message, dq message) bytes for a block of tokens_factor shards: q and dO in the
-    input dtype, D and lse in the accumulation dtype (float64 for float64, else float32)."""
-    u = shape.unit(world) * tokens_factor
-    acc = 8 if shape.elem_bytes == 8 else 4
-    stats = 2 * shape.batch * (shape.seq_len // world) * tokens_factor * shape.heads * acc
-    return 2 * shape.heads * u + stats, shape.heads * u
-
-
-def expected_bytes(shape: AttnShape, world: int, options: Mapping[str, Any]) -> dict[str, int]:
-    block, dq = query_block_bytes(shape, world)
-    forward = ring_bytes(2 * shape.kv_heads * shape.unit(world), world)["forward"]
-    return {"forward": forward, "backward": query_ring_bytes(block, dq, world)}
-
-
-SPEC = AlgorithmSpec(
-    "burst", "topology-aware ring (intra-node sub-rings + inter-node step); backward moves "
-    "Q, dO, D, lse and dQ, K,V stay home", run, rules, expected_bytes,
-    options={"ranks_per_node": None})
+    @classmethod
+    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
+        block, dq = query_block_bytes(shape, world, options=options)
+        forward = ring_bytes(2 * shape.kv_heads * shape.unit(world), world)["forward"]
+        return {"forward": forward, "backward": query_ring_bytes(block, dq, world)}

@@ -43,6 +43,21 @@ def link_emulation() -> dict[str, LinkModel]:
     return dict(_emulated)
 
 
+def _device_done(tensors: Sequence[torch.Tensor]) -> None:
+    """Block until the device work on `tensors` is done (CUDA only; a CPU op is done on return)."""
+    if any(t.is_cuda for t in tensors):
+        torch.cuda.current_stream().synchronize()
+
+
+def _emulation_start(tensors: Sequence[torch.Tensor]) -> float:
+    """When an emulated transfer of `tensors` starts. On CUDA the tensors are ready only once the
+    kernels queued before them have run: without this sync the emulated clock would start at
+    the CPU enqueue and the link would look faster than it is."""
+    if _emulated:
+        _device_done(tensors)
+    return time.perf_counter()
+
+
 def _elem_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -57,6 +72,8 @@ class Handle:
     def wait(self) -> list[torch.Tensor]:
         for work in self._works:
             work.wait()
+        if self._works and _emulated:
+            _device_done(self._results)  # on CUDA, wait() only orders streams: see the transfer end
         self._works = []
         remaining = self._start + self._emulated_s - time.perf_counter()
         if remaining > 0:
@@ -65,10 +82,15 @@ class Handle:
 
 
 class Comm:
-    """Communication inside one process group, booked under `label` in the ledger."""
+    """Communication inside one process group, booked under `label` in the ledger.
 
-    def __init__(self, group: dist.ProcessGroup | None = None, label: str = "sp"):
-        self.label = label
+    `node_of` maps global ranks to node ids (None: one node): it classifies every transfer as
+    intra- or inter-node, for the ledger and for link emulation. It comes from the trial's mesh.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, label: str = "sp",
+                 node_of: dict[int, int] | None = None):
+        self.label, self.node_of = label, node_of
         if group is None and not (dist.is_available() and dist.is_initialized()):
             # a single process without torch.distributed: a group of one that never communicates
             self.group, self.size, self.rank, self.global_ranks, self._nccl = None, 1, 0, [0], False
@@ -80,11 +102,12 @@ class Comm:
         self._nccl = dist.get_backend(self.group) == "nccl"
 
     @classmethod
-    def solo(cls, label: str = "sp", global_rank: int = 0) -> Comm:
+    def solo(cls, label: str = "sp", global_rank: int = 0,
+             node_of: dict[int, int] | None = None) -> Comm:
         """A group of one (this rank alone): every operation is local, nothing is booked."""
         comm = cls.__new__(cls)
         comm.label, comm.group, comm.size, comm.rank = label, None, 1, 0
-        comm.global_ranks, comm._nccl = [global_rank], False
+        comm.global_ranks, comm._nccl, comm.node_of = [global_rank], False, node_of
         return comm
 
     def relabel(self, label: str) -> Comm:
@@ -92,6 +115,17 @@ class Comm:
         comm = copy.copy(self)
         comm.label = label
         return comm
+
+    def with_nodes(self, node_of: dict[int, int] | None) -> Comm:
+        """The same group with another node map."""
+        comm = copy.copy(self)
+        comm.node_of = node_of
+        return comm
+
+    def link(self, peer: int) -> str:
+        """'intra' or 'inter': the link class between this rank and group rank `peer`."""
+        return _ledger.link_class(self.global_ranks[self.rank], self.global_ranks[peer],
+                                  self.node_of)
 
     def _group_peer(self, peer: int) -> int:
         """The rank of self.group that this Comm's rank `peer` is (the same, but in a SubComm)."""
@@ -113,12 +147,14 @@ class Comm:
         me = self.global_ranks[self.rank]
         for ledger in _ledger.active():
             for peer, nbytes in bytes_per_peer.items():
-                ledger.add(op, self.label, ledger.link(me, self.global_ranks[peer]), nbytes)
+                link = (ledger.link(me, self.global_ranks[peer]) if ledger.node_of_rank is not None
+                        else self.link(peer))
+                ledger.add(op, self.label, link, nbytes)
         if not _emulated:
             return 0.0
         by_link: dict[str, int] = {}
         for peer, nbytes in bytes_per_peer.items():
-            link = _ledger.link_class(me, self.global_ranks[peer])
+            link = self.link(peer)
             by_link[link] = by_link.get(link, 0) + nbytes
         return max(
             (_emulated[link].seconds(n) for link, n in by_link.items() if link in _emulated),
@@ -138,7 +174,7 @@ class Comm:
         tag: int = 0,
     ) -> Handle:
         """Post sends (tensor, group peer) and receives (buffer, group peer) at once; async."""
-        start = time.perf_counter()
+        start = _emulation_start([t for t, _ in sends])
         per_peer: dict[int, int] = {}
         for tensor, peer in sends:
             per_peer[peer] = per_peer.get(peer, 0) + _elem_bytes(tensor)
@@ -155,8 +191,7 @@ class Comm:
     def _recv_seconds(self, buf: torch.Tensor, peer: int) -> float:
         if not _emulated:
             return 0.0
-        link = _ledger.link_class(self.global_ranks[self.rank], self.global_ranks[peer])
-        model = _emulated.get(link)
+        model = _emulated.get(self.link(peer))
         return model.seconds(_elem_bytes(buf)) if model else 0.0
 
     # -- collectives -----------------------------------------------------------------------------
@@ -172,7 +207,7 @@ class Comm:
             return list(tensors)
         shapes = [p[0].shape for p in parts]
         send = torch.stack([torch.cat([p[i].reshape(-1) for p in parts]) for i in range(g)])
-        start = time.perf_counter()
+        start = _emulation_start([send])
         per_peer = _elem_bytes(send[0])
         emulated = self._book("all_to_all", {i: per_peer for i in range(g) if i != self.rank})
         recv = torch.empty_like(send)
@@ -192,7 +227,7 @@ class Comm:
         if g == 1:
             return tensor
         tensor = tensor.contiguous()
-        start = time.perf_counter()
+        start = _emulation_start([tensor])
         emulated = self._book(
             "all_gather", {i: _elem_bytes(tensor) for i in range(g) if i != self.rank}
         )
@@ -212,7 +247,7 @@ class Comm:
         if g == 1:
             return tensor
         chunks = [c.contiguous() for c in tensor.chunk(g, dim)]
-        start = time.perf_counter()
+        start = _emulation_start(chunks)
         per_peer = _elem_bytes(chunks[0])
         emulated = self._book("reduce_scatter", {i: per_peer for i in range(g) if i != self.rank})
         if self._nccl:
@@ -231,7 +266,8 @@ COLLECTIVE_TAG = 1000  # SubComm collectives; far from the tags algorithms give 
 
 
 class SubComm(Comm):
-    """Some members of a parent group, communicating point to point over the parent's group.
+    """Some members of a parent group, communicating point to point over the parent's group: a
+    *view*, used only where a group of its own cannot be created collectively (see mesh.py).
 
     Why not a process group of their own (dist.new_group(..., use_local_synchronization=True)):
     torch names such a group by hashing its ranks together with how many groups the calling
@@ -242,7 +278,7 @@ class SubComm(Comm):
     """
 
     def __init__(self, parent: Comm, members: Sequence[int], label: str):
-        self.label, self.group = label, parent.group
+        self.label, self.group, self.node_of = label, parent.group, parent.node_of
         self._nccl = False  # the native collectives would span the whole parent group
         self._members = [parent._group_peer(m) for m in members]
         self.size, self.rank = len(members), list(members).index(parent.rank)

@@ -1,10 +1,9 @@
-"""Rank maths: one rank grid -> every group an algorithm needs, and the process groups for them.
+"""Rank maths of the algorithms' schedules (pure functions, no torch.distributed): LoongTrain's 2D
+groups and placements, the double ring's positions, WallFacer's Alg. 2 and 3, burst's node blocks.
 
-The pure functions here (no torch.distributed) say which ranks belong together for an algorithm and
-a placement; the algorithm uses them to build its sub-groups, the platform uses them to decide which
-ranks share a node, and the ledger's link classes follow from that. A sub-group is a view of its
-parent group (comm.SubComm): nothing is created, so only its members take part (a P = 4 run inside a
-world of 8 does not need the other 4 ranks).
+The process groups themselves come from one rank grid per algorithm (`mesh.Grid`, built once per
+trial by `mesh.build_mesh`); the functions here describe the same groups in the papers' coordinates,
+and tests hold the two against each other.
 """
 
 from __future__ import annotations
@@ -12,22 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from seqpar.algorithms.comm import Comm, SubComm
 from seqpar.errors import require
-
-
-def subgroup(parent: Comm, members: Sequence[int], label: str) -> Comm:
-    """A Comm over `members` (ranks of the parent group, in ring/rank order) for this rank.
-
-    Every member must call it with the same members; non-members must not.
-    """
-    global_ranks = tuple(parent.global_ranks[m] for m in members)
-    if global_ranks == tuple(parent.global_ranks):
-        return parent.relabel(label)
-    if len(members) == 1:
-        return Comm.solo(label, global_ranks[0])
-    return SubComm(parent, members, label)  # why not dist.new_group: see SubComm
-
 
 # --- LoongTrain 2D (usp, double ring)
 # A sequence-parallel group of P = dhp x dcp ranks is one grid: grid[a][b] is the rank at head-parallel

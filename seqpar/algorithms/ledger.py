@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 PHASES = ("forward", "backward")
 LINKS = ("intra", "inter")
 
-_topology: list[int] | None = None  # this process's view: global rank -> node id
-
-
-def set_topology(node_of_rank: Sequence[int] | None) -> None:
-    """Tell this process which node each global rank is on (None: one node)."""
-    global _topology
-    _topology = list(node_of_rank) if node_of_rank is not None else None
-
-
-def link_class(rank_a: int, rank_b: int, node_of_rank: Sequence[int] | None = None) -> str:
-    """'intra' when both global ranks sit on one node, else 'inter'."""
-    nodes = node_of_rank if node_of_rank is not None else _topology
-    if nodes is None or nodes[rank_a] == nodes[rank_b]:
+def link_class(rank_a: int, rank_b: int,
+               node_of_rank: Sequence[int] | Mapping[int, int] | None = None) -> str:
+    """'intra' when both global ranks sit on one node by `node_of_rank` (None: one node)."""
+    if node_of_rank is None or node_of_rank[rank_a] == node_of_rank[rank_b]:
         return "intra"
     return "inter"
 
@@ -57,7 +48,7 @@ class Ledger:
     flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     def link(self, rank_a: int, rank_b: int) -> str:
-        """Link class by this ledger's node map, else by the process topology."""
+        """Link class by this ledger's own node map (which overrides the mesh's)."""
         return link_class(rank_a, rank_b, self.node_of_rank)
 
     def add(self, op: str, group: str, link: str, nbytes: int, calls: int = 1) -> None:
@@ -103,8 +94,8 @@ def phase(name: str) -> Iterator[None]:
 def recording(node_of_rank: Sequence[int] | None = None) -> Iterator[Ledger]:
     """Record every communication and kernel call made inside the block into a new Ledger.
 
-    node_of_rank maps each global rank to a node id; without it the process topology
-    (`set_topology`) decides, and without that every link is intra-node.
+    node_of_rank maps each global rank to a node id and overrides the node map of the mesh each
+    communication runs on (by default the mesh's map classifies links).
     Recordings nest: an outer ledger sees what an inner one sees.
     """
     ledger = Ledger(node_of_rank=list(node_of_rank) if node_of_rank is not None else None)

@@ -87,7 +87,7 @@ def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim,
 
 def run_cases(cases, world, device):
     from seqpar.platform.localgang import LocalGang
-    from seqpar.workers.check import evaluate, rank_run
+    from seqpar.workers.check import evaluate, run_case
 
     rows, failed = [], 0
     sizes = {c.world for c in cases}
@@ -95,7 +95,7 @@ def run_cases(cases, world, device):
     with LocalGang(world, sizes=sizes, device=device) as gang:
         console.print(f"ranks ready on {gang.device}; running {len(cases)} cases")
         for case in cases:
-            res = evaluate(case, gang.run(rank_run, case, size=case.world))
+            res = evaluate(case, run_case(gang, case))
             failed += not res.ok
             b = res.bytes_measured
             e = res.bytes_expected

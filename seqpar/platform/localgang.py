@@ -4,7 +4,8 @@
 module-level functions, so the cost of start-up (importing torch, forming the group) is paid once.
 On a machine with at least `world` GPUs the ranks use NCCL and one GPU each; elsewhere gloo on CPU.
 Sub-groups of the first k ranks exist for every size in `sizes`, so one gang of 8 also runs P = 2,
-3 and 4.
+3 and 4. `run(..., mesh=key)` first builds (or reuses) a mesh on ranks [0, size) — collectively, on
+every rank of the gang, as `algorithms.mesh.build_mesh` requires — and hands it to fn as `env.mesh`.
 """
 
 from __future__ import annotations
@@ -57,9 +58,24 @@ class RankEnv:
     world: int
     device: str
     groups: dict[int, Any] = field(default_factory=dict)  # size k -> group of ranks [0, k)
+    mesh: Any = None  # the mesh of this run (run(..., mesh=key)), None without one
+    meshes: dict[Any, Any] = field(default_factory=dict)  # (size, key) -> mesh, built once
 
     def group(self, size: int):
         return self.groups[size]
+
+
+MeshKey = tuple  # (grid, axes, nodes): see algorithms.mesh.build_mesh
+
+
+def _mesh(env: RankEnv, size: int, key: MeshKey):
+    """The mesh `key` on ranks [0, size), built on every rank of the gang the first time."""
+    if (size, key) not in env.meshes:
+        from seqpar.algorithms.mesh import build_mesh
+
+        grid, axes, nodes = key
+        env.meshes[size, key] = build_mesh(grid, axes, members=range(size), nodes=nodes)
+    return env.meshes[size, key]
 
 
 def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...],
@@ -90,8 +106,11 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...
             continue
         if item is None:
             break
-        fn, args = pickle.loads(item)
+        fn, args, size, mesh_key = pickle.loads(item)
         try:
+            env.mesh = None if mesh_key is None else _mesh(env, size, mesh_key)
+            if rank >= size:
+                continue  # took part in building the mesh only
             payload = (rank, True, fn(env, *args))
         except BaseException:  # report every failure with its traceback
             payload = (rank, False, traceback.format_exc())
@@ -145,13 +164,16 @@ class LocalGang:
         return [got[r] for r in sorted(got)]
 
     def run(self, fn: Callable[..., Any], *args: Any, size: int | None = None,
-            timeout_s: float = 300.0) -> list[Any]:
-        """Run fn(env, *args) on ranks [0, size) (all by default); results in rank order."""
+            mesh: MeshKey | None = None, timeout_s: float = 300.0) -> list[Any]:
+        """Run fn(env, *args) on ranks [0, size) (all by default); results in rank order.
+
+        With `mesh` = (grid, axes, nodes) every rank of the gang first builds that mesh on ranks
+        [0, size) (once per key), and fn finds it as env.mesh."""
         size = self.world if size is None else size
         if size not in self.sizes:
             raise SeqparError(f"size={size}: this gang has groups of {self.sizes}")
-        message = pickle.dumps((fn, args))
-        for r in range(size):
+        message = pickle.dumps((fn, args, size, mesh))
+        for r in range(self.world if mesh is not None else size):
             self._tasks[r].put(message)
         return self._collect(range(size), timeout_s)
 

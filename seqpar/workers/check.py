@@ -68,7 +68,8 @@ def rank_run(env, case: Case) -> RankResult:
              for name, t in full.items()}
     q, k, v = (local[n].requires_grad_() for n in ("q", "k", "v"))
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                      group=env.group(case.world), **dict(case.options))
+                                      group=env.group(case.world), mesh=env.mesh,
+                                      **dict(case.options))
     with algorithms.recording() as ledger:
         start = time.perf_counter()
         out = attn(q, k, v)
@@ -80,6 +81,18 @@ def rank_run(env, case: Case) -> RankResult:
         bytes_sent={p: ledger.total(phase=p) for p in ("forward", "backward")},
         flops=dict(ledger.flops), ledger=ledger.to_dict(), seconds=seconds,
     )
+
+
+def mesh_key(case: Case, nodes: tuple[int, ...] | None = None) -> tuple:
+    """The LocalGang mesh key (grid, axes, nodes) of a case: its algorithm's grid."""
+    grid = algorithms.grid_for(case.algorithm, case.world, nodes, **dict(case.options))
+    return grid, algorithms.get(case.algorithm).axes, nodes
+
+
+def run_case(gang, case: Case, nodes: tuple[int, ...] | None = None) -> list[RankResult]:
+    """`rank_run` on the first case.world ranks of a LocalGang, on the case's mesh (real process
+    groups per axis, built once per grid on every rank of the gang)."""
+    return gang.run(rank_run, case, size=case.world, mesh=mesh_key(case, nodes))
 
 
 def reference(case: Case) -> dict[str, torch.Tensor]:

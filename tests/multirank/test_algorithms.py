@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from seqpar.workers.case import Case
-from seqpar.workers.check import evaluate, rank_run
+from seqpar.workers.check import evaluate
+from seqpar.workers.check import run_case as run_on_gang
 
 WORLDS = (1, 2, 3, 4, 8)
 LAYOUTS = ("contiguous", "zigzag", "stripe")
@@ -38,7 +39,7 @@ def cases(algorithm: str, worlds=WORLDS):
 
 def run_case(gang, case: Case, seed: int):
     case = dataclasses.replace(case, seed=seed)
-    result = evaluate(case, gang.run(rank_run, case, size=case.world))
+    result = evaluate(case, run_on_gang(gang, case))
     assert result.ok, f"{case.label()}: {result.failures}"
     return result
 

@@ -1,0 +1,199 @@
+"""One rank grid -> a trial's sequence-parallel mesh: named axes as real process groups.
+
+A `Grid` is the rank grid of picotron / torchtitan: `arange(size).view(*sizes)` with a name per dim,
+slowest first. An *axis* names one dim, or several dims together (usp's context-parallel ring `cp`
+is `outer` x `inner`; `sp` is every dim). The group of an axis through a position is the positions
+that differ from it only along the axis's dims, ordered by their coordinates on those dims, so a
+rank's group rank is its coordinate. Every algorithm states its grid (`Algorithm.grid`):
+
+    ring, ulysses, allgather    ("sp", P)
+    usp head-first              ("outer", P/dhp/w) ("inner", w) ("hp", dhp)      cp = outer x inner
+    usp context-first           ("hp", dhp) ("outer", dcp/w) ("inner", w)
+    double_ring                 usp with dhp = 1
+    burst                       ("outer", nodes) ("inner", ranks per node)     an inner ring a node
+    wallfacer collective-intra  ("group", C) ("subring", P/C²) ("team", C)     a team per node block
+    wallfacer p2p-intra         ("group", C) ("team", C) ("subring", P/C²)     a sub-ring per block
+
+A `Mesh` is that grid laid on the ranks of a process group, with one `Comm` per axis this rank needs.
+`build_mesh` creates the axes' process groups with `dist.new_group`, on every rank of the world, in
+one fixed order (axes in the order given, groups in grid order), so each axis gets its own
+communicator: native sub-group collectives, and on NCCL the outer ring's prefetch runs on another
+communicator (another stream) than the inner ring. Where that cannot be done — a group that is not
+the whole world, whose other ranks do not take part — the axes are point-to-point *views* of the
+group (`comm.SubComm`), booked in the ledger as `axis(view)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+
+from seqpar.algorithms.comm import Comm, SubComm
+from seqpar.errors import require
+
+ALL = "sp"  # the axis of every dim: the whole sequence-parallel group
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A rank grid: named dims, slowest first, and named axes made of several dims."""
+
+    dims: tuple[tuple[str, int], ...]
+    axes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.dims]
+        require(len(set(names)) == len(names), "grid", names, "dim names must be distinct")
+        for name, size in self.dims:
+            require(isinstance(size, int) and size >= 1, f"grid.{name}", size,
+                    "must be a positive integer")
+        for axis, over in self.axes:
+            require(set(over) <= set(names), f"grid.{axis}", over, f"must name dims of {names}")
+
+    @classmethod
+    def line(cls, size: int) -> Grid:
+        """One dim: every rank in one group (ring, ulysses, allgather)."""
+        return cls(((ALL, size),))
+
+    @property
+    def size(self) -> int:
+        out = 1
+        for _, n in self.dims:
+            out *= n
+        return out
+
+    def over(self, axis: str) -> tuple[str, ...]:
+        """The dims an axis spans, in grid order."""
+        if axis == ALL:
+            return tuple(n for n, _ in self.dims)
+        if any(n == axis for n, _ in self.dims):
+            return (axis,)
+        for name, over in self.axes:
+            if name == axis:
+                order = [n for n, _ in self.dims]
+                return tuple(sorted(over, key=order.index))
+        raise KeyError(f"grid has no axis {axis!r}")
+
+    def axis_size(self, axis: str) -> int:
+        sizes = dict(self.dims)
+        out = 1
+        for n in self.over(axis):
+            out *= sizes[n]
+        return out
+
+    def groups(self, axis: str) -> tuple[tuple[int, ...], ...]:
+        """Every group of the axis (positions, by coordinate), in grid order of the other dims."""
+        return _groups(self, axis)
+
+    def group_of(self, axis: str, pos: int) -> tuple[int, ...]:
+        return next(g for g in self.groups(axis) if pos in g)
+
+    def coord(self, axis: str, pos: int) -> int:
+        """pos's coordinate on the axis: its rank in the axis's group."""
+        return self.group_of(axis, pos).index(pos)
+
+
+@lru_cache(maxsize=256)
+def _groups(grid: Grid, axis: str) -> tuple[tuple[int, ...], ...]:
+    names = [n for n, _ in grid.dims]
+    over = grid.over(axis)
+    cube = torch.arange(grid.size).view(*[n for _, n in grid.dims])
+    rest = [names.index(n) for n in names if n not in over]
+    moved = cube.permute(*rest, *[names.index(n) for n in over])
+    rows = moved.reshape(-1, grid.axis_size(axis))
+    return tuple(tuple(int(p) for p in row) for row in rows)
+
+
+@dataclass
+class Mesh:
+    """A grid laid on `ranks` (global rank of each grid position): this rank's Comm per axis."""
+
+    grid: Grid
+    ranks: tuple[int, ...]
+    pos: int
+    nodes: tuple[int, ...] | None = None  # node id of each grid position (None: one node)
+    comms: dict[str, Comm] = field(default_factory=dict)
+    real: bool = True  # axes are process groups of their own (False: views of one group)
+
+    @property
+    def size(self) -> int:
+        return self.grid.size
+
+    def comm(self, axis: str) -> Comm:
+        require(axis in self.comms, "mesh axis", axis,
+                f"this mesh was built with axes {', '.join(self.comms)}")
+        return self.comms[axis]
+
+    def coord(self, axis: str) -> int:
+        return self.grid.coord(axis, self.pos)
+
+    def node_of_global(self) -> dict[int, int] | None:
+        if self.nodes is None:
+            return None
+        return dict(zip(self.ranks, self.nodes, strict=True))
+
+
+def _check_nodes(nodes: Sequence[int] | None, size: int) -> tuple[int, ...] | None:
+    if nodes is None:
+        return None
+    require(len(nodes) == size, "nodes", list(nodes), f"must give one node id per rank ({size})")
+    return tuple(int(n) for n in nodes)
+
+
+def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None = None,
+               nodes: Sequence[int] | None = None) -> Mesh | None:
+    """The mesh of `grid` on the global ranks `members` (default: the whole world), with a process
+    group per axis. Collective: every rank of the world calls it with the same arguments; ranks
+    outside `members` take part in group creation and get None.
+    """
+    world, me = dist.get_world_size(), dist.get_rank()
+    members = tuple(range(world)) if members is None else tuple(members)
+    require(len(members) == grid.size, "members", list(members),
+            f"must hold one rank per grid position ({grid.size})")
+    require(list(members) == sorted(set(members)), "members", list(members),
+            "must be distinct ranks in ascending order (group rank = grid coordinate)")
+    node_tuple = _check_nodes(nodes, grid.size)
+    node_of = dict(zip(members, node_tuple, strict=True)) if node_tuple is not None else None
+    whole = len(members) == world
+    base_pg = dist.group.WORLD if whole else dist.new_group(list(members))
+    comms: dict[str, Comm] = {}
+    for axis in (ALL, *(a for a in axes if a != ALL)):
+        for group in grid.groups(axis):
+            ranks = [members[p] for p in group]
+            if len(ranks) == grid.size:
+                pg = base_pg
+            elif len(ranks) == 1:
+                pg = None
+            else:
+                pg = dist.new_group(ranks)  # every rank, every group, one order
+            if me in ranks:
+                comms[axis] = (Comm(pg, axis, node_of=node_of) if pg is not None
+                               else Comm.solo(axis, me, node_of))
+    if me not in members:
+        return None
+    return Mesh(grid, members, members.index(me), node_tuple, comms, real=True)
+
+
+def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,
+              nodes: Sequence[int] | None = None) -> Mesh:
+    """The mesh of `grid` on the ranks of `base` (grid position = group rank), each axis a
+    point-to-point view of `base`: nothing is created, only `base`'s members take part."""
+    require(base.size == grid.size, "group size", base.size,
+            f"must equal the grid's size ({grid.size})")
+    node_tuple = _check_nodes(nodes, grid.size)
+    if node_tuple is not None:
+        base = base.with_nodes(dict(zip(base.global_ranks, node_tuple, strict=True)))
+    comms: dict[str, Comm] = {}
+    for axis in (ALL, *(a for a in axes if a != ALL)):
+        group = grid.group_of(axis, base.rank)
+        if len(group) == grid.size:
+            comms[axis] = base.relabel(axis)
+        elif len(group) == 1:
+            comms[axis] = Comm.solo(axis, base.global_ranks[base.rank], base.node_of)
+        else:
+            comms[axis] = SubComm(base, group, f"{axis}(view)")
+    return Mesh(grid, tuple(base.global_ranks), base.rank, node_tuple, comms, real=False)

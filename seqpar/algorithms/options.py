@@ -1,0 +1,85 @@
+"""Typed algorithm options: one frozen, validated dataclass per algorithm, defaults in one place.
+
+    opts = UspOptions.parse({"dhp": 2})         # unknown key or bad value: ConfigError, one line
+    opts.check(world=8)                         # the rules that need the world size
+    UspOptions.space(8)                          # every configuration worth tuning at P = 8
+
+Rules that need no world size run in `__post_init__`; `check(world)` adds those that do. Every error
+is a `ConfigError(field, value, rule)`. `space(world)` enumerates the tuning space, so the tuner
+needs no per-algorithm tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from seqpar.algorithms.kernels import BACKENDS
+from seqpar.errors import require
+
+GRAD_DTYPES = ("accumulate", "input")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What every algorithm takes: the local kernel, the softmax scale and the dtype in which
+    gradients that are summed elsewhere travel ('accumulate': float32, float64 for float64 inputs,
+    so a bf16 ring does not round its dK,dV at every hop; 'input': the input dtype)."""
+
+    backend: str = "auto"
+    scale: float | None = None
+    grad_dtype: str = "accumulate"
+
+    def __post_init__(self) -> None:
+        require(self.backend in BACKENDS, "backend", self.backend,
+                f"must be one of {', '.join(BACKENDS)}")
+        require(self.scale is None or (isinstance(self.scale, int | float)
+                                       and not isinstance(self.scale, bool) and self.scale > 0),
+                "scale", self.scale, "must be a positive number (default 1/sqrt(head_dim))")
+        require(self.grad_dtype in GRAD_DTYPES, "grad_dtype", self.grad_dtype,
+                f"must be one of {', '.join(GRAD_DTYPES)}")
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any] | Options | None, algorithm: str = "") -> Options:
+        """Options from a mapping; an unknown key names the keys this algorithm takes."""
+        if isinstance(options, cls):
+            return options
+        if isinstance(options, Options):
+            options = options.as_dict()
+        options = dict(options or {})
+        for key in options:
+            require(key in cls.names(), "option", key,
+                    f"{algorithm or cls.__name__} takes {', '.join(sorted(cls.names()))}")
+        return cls(**options)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults."""
+        default = type(self)()
+        return {k: v for k, v in self.as_dict().items() if getattr(default, k) != v}
+
+    # -- rules and tuning space ----------------------------------------------------------------
+    def check(self, world: int) -> None:
+        """Rules that need the world size (none by default)."""
+
+    @classmethod
+    def space(cls, world: int) -> list[Options]:
+        """Every configuration worth tuning at this world size (default: the defaults)."""
+        return [cls()]
