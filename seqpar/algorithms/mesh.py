@@ -78,6 +78,10 @@ class Grid:
                 return tuple(sorted(over, key=order.index))
         raise KeyError(f"grid has no axis {axis!r}")
 
+    def has(self, axis: str) -> bool:
+        return axis == ALL or any(n == axis for n, _ in self.dims) or any(
+            n == axis for n, _ in self.axes)
+
     def axis_size(self, axis: str) -> int:
         sizes = dict(self.dims)
         out = 1
@@ -161,7 +165,7 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
     whole = len(members) == world
     base_pg = dist.group.WORLD if whole else dist.new_group(list(members))
     comms: dict[str, Comm] = {}
-    for axis in (ALL, *(a for a in axes if a != ALL)):
+    for axis in (ALL, *(a for a in axes if a != ALL and grid.has(a))):
         for group in grid.groups(axis):
             ranks = [members[p] for p in group]
             if len(ranks) == grid.size:
@@ -188,7 +192,7 @@ def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,
     if node_tuple is not None:
         base = base.with_nodes(dict(zip(base.global_ranks, node_tuple, strict=True)))
     comms: dict[str, Comm] = {}
-    for axis in (ALL, *(a for a in axes if a != ALL)):
+    for axis in (ALL, *(a for a in axes if a != ALL and grid.has(a))):
         group = grid.group_of(axis, base.rank)
         if len(group) == grid.size:
             comms[axis] = base.relabel(axis)

@@ -14,9 +14,9 @@ from seqpar.algorithms import AttnShape, usp
 from seqpar.algorithms.groups import PLACEMENTS
 from seqpar.errors import SeqparError
 from seqpar.workers.case import Case
-from seqpar.workers.check import evaluate, rank_run
+from seqpar.workers.check import evaluate, mesh_key, rank_run
 
-NODES = [0, 0, 0, 0, 1, 1, 1, 1]  # 2 nodes x 4 ranks
+NODES = (0, 0, 0, 0, 1, 1, 1, 1)  # 2 nodes x 4 ranks
 LAYOUTS = ("contiguous", "zigzag", "stripe")
 
 
@@ -56,15 +56,15 @@ def test_usp_matches_reference_for_every_grid(gang, world, dhp, placement, inner
                   seed=seed + kv, options=options)
              for layout, causal in [*((lay, True) for lay in LAYOUTS), (full_layout, False)]
              for kv in (8, 2)]
-    per_rank = gang.run(_batch, cases, size=world)
+    per_rank = gang.run(_batch, cases, size=world, mesh=mesh_key(cases[0]))
     for i, case in enumerate(cases):
         result = evaluate(case, [rank[i] for rank in per_rank])
         assert result.ok, f"{case.label()}: {result.failures}"
 
 
-def _links(env, case: Case, nodes: list[int]):
-    """rank_run under a ledger that knows the nodes: bytes by (op, link, phase) for this rank."""
-    with algorithms.recording(node_of_rank=nodes) as ledger:
+def _links(env, case: Case):
+    """rank_run on a mesh that knows the nodes: bytes by (op, link, phase) for this rank."""
+    with algorithms.recording() as ledger:
         rank_run(env, case)
     split: dict[tuple[str, str, str], int] = {}
     for e in ledger.entries.values():
@@ -88,7 +88,7 @@ def test_placement_decides_which_traffic_crosses_nodes(gang, dhp, seed):
     for placement in PLACEMENTS:
         case = _link_case(dhp, placement, seed)
         want = usp.bytes_by_op(case.shape, 8, dict(case.options))
-        splits = gang.run(_links, case, NODES, size=8)
+        splits = gang.run(_links, case, size=8, mesh=mesh_key(case, NODES))
         for split in splits:
             for phase, ops in want.items():
                 for op, nbytes in ops.items():
@@ -115,15 +115,17 @@ def test_double_ring_sends_only_outer_steps_across_nodes(gang, seed):
     case = Case("double_ring", 8, "zigzag", True, batch=1, seq_len=32, heads=8, kv_heads=2,
                 seed=seed, options=(("inner_ring", 4),))
     kv = 2 * case.kv_heads * case.shape.unit(8)
-    for split in gang.run(_links, case, NODES, size=8):
+    for split in gang.run(_links, case, size=8, mesh=mesh_key(case, NODES)):
         assert split.get(("p2p", "inter", "forward")) == 1 * kv
         assert split.get(("p2p", "intra", "forward")) == 6 * kv
         assert split.get(("p2p", "inter", "backward")) == 3 * kv
         assert split.get(("p2p", "intra", "backward")) == 12 * kv
 
 
-def _same_as(env, cases):
-    return [rank_run(env, case) for case in cases]
+def _same_as(gang, cases):
+    """rank_run of each case on its own mesh, per rank: [rank][case]."""
+    runs = [gang.run(rank_run, case, size=case.world, mesh=mesh_key(case)) for case in cases]
+    return [list(per_case) for per_case in zip(*runs, strict=True)]
 
 
 @pytest.mark.multirank
@@ -137,7 +139,7 @@ def test_usp_reduces_to_ring_and_ulysses(gang, base, options, seed):
     cases = [Case(base, 4, layout, True, batch=1, seq_len=32, heads=8, kv_heads=2, seed=seed)
              for layout in LAYOUTS]
     cases += [dataclasses.replace(c, algorithm="usp", options=options) for c in cases]
-    per_rank = gang.run(_same_as, cases, size=4)
+    per_rank = _same_as(gang, cases)
     n = len(LAYOUTS)
     for rank in per_rank:
         for theirs, ours in zip(rank[:n], rank[n:], strict=True):

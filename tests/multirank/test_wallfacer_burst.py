@@ -9,24 +9,19 @@ import dataclasses
 import pytest
 
 from seqpar import algorithms
-from seqpar.algorithms import burst, layouts, ledger
+from seqpar.algorithms import burst, layouts
 from seqpar.algorithms.groups import WALLFACER_PLACEMENTS, WallFacerGrid
 from seqpar.workers.bench import SavedTensorMeter
 from seqpar.workers.case import Case
-from seqpar.workers.check import evaluate, make_inputs, rank_run
+from seqpar.workers.check import evaluate, make_inputs, mesh_key, rank_run, run_case
 
-NODES = [0, 0, 0, 0, 1, 1, 1, 1]  # 2 virtual nodes x 4 ranks
-
-
-def _batch(env, cases):
-    return [rank_run(env, case) for case in cases]
+NODES = (0, 0, 0, 0, 1, 1, 1, 1)  # 2 virtual nodes x 4 ranks
 
 
 def check_all(gang, cases: list[Case]):
-    per_rank = gang.run(_batch, cases, size=cases[0].world)
     results = []
-    for i, case in enumerate(cases):
-        result = evaluate(case, [rank[i] for rank in per_rank])
+    for case in cases:
+        result = evaluate(case, run_case(gang, case))
         assert result.ok, f"{case.label()}: {result.failures}"
         results.append(result)
     return results
@@ -88,17 +83,10 @@ def test_wallfacer_c1_is_ring_in_outputs_and_forward_bytes(gang, seed):
     assert wf.errors["out"] == pytest.approx(ring.errors["out"], rel=1e-3, abs=1e-15)
 
 
-def _links(env, case: Case, nodes: list[int], from_topology: bool = False):
-    """rank_run with the node map in the ledger (or as the process topology): (result, bytes by
-    (op, link, phase))."""
-    if from_topology:
-        ledger.set_topology(nodes)
-    try:
-        with algorithms.recording(node_of_rank=nodes) as book:
-            result = rank_run(env, case)
-    finally:
-        if from_topology:
-            ledger.set_topology(None)
+def _links(env, case: Case):
+    """rank_run on a mesh that knows the nodes: (result, bytes by (op, link, phase))."""
+    with algorithms.recording() as book:
+        result = rank_run(env, case)
     split: dict[tuple[str, str, str], int] = {}
     for e in book.entries.values():
         split[(e.op, e.link, e.phase)] = split.get((e.op, e.link, e.phase), 0) + e.bytes_sent
@@ -106,16 +94,16 @@ def _links(env, case: Case, nodes: list[int], from_topology: bool = False):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("from_topology", [False, True])
-def test_burst_ring_crosses_nodes_once_per_node_ring_does_every_step(gang, seed, from_topology):
+@pytest.mark.parametrize("from_mesh", [False, True])
+def test_burst_ring_crosses_nodes_once_per_node_ring_does_every_step(gang, seed, from_mesh):
     """P = 8 on 2 nodes x 4: burst's rank sends 1 of its 7 K,V blocks across nodes (and in backward
     1 query block + 2 dq hops); ring's ranks 3 and 7 send all 7 across, the others none."""
-    options = () if from_topology else (("ranks_per_node", 4),)
+    options = () if from_mesh else (("ranks_per_node", 4),)  # the node map, or the option
     case = Case("burst", 8, "stripe", True, batch=1, seq_len=32, heads=8, kv_heads=2, seed=seed,
                 options=options)
     kv = 2 * case.kv_heads * case.shape.unit(8)
     qb, dq = burst.query_block_bytes(case.shape, 8)
-    runs = gang.run(_links, case, NODES, from_topology, size=8)
+    runs = gang.run(_links, case, size=8, mesh=mesh_key(case, NODES))
     assert evaluate(case, [r for r, _ in runs]).ok
     for _, split in runs:
         assert split[("p2p", "inter", "forward")] == kv
@@ -123,7 +111,8 @@ def test_burst_ring_crosses_nodes_once_per_node_ring_does_every_step(gang, seed,
         assert split[("p2p", "inter", "backward")] == qb + 2 * dq
         assert split[("p2p", "intra", "backward")] == 6 * qb + 6 * dq
     ring = dataclasses.replace(case, algorithm="ring", options=())
-    inter = [s.get(("p2p", "inter", "forward"), 0) for _, s in gang.run(_links, ring, NODES, size=8)]
+    inter = [s.get(("p2p", "inter", "forward"), 0)
+             for _, s in gang.run(_links, ring, size=8, mesh=mesh_key(ring, NODES))]
     assert inter == [0, 0, 0, 7 * kv, 0, 0, 0, 7 * kv]
 
 
@@ -135,7 +124,7 @@ def test_wallfacer_bytes_by_op_follow_eq6_and_eq7(gang, seed):
     case = Case("wallfacer", 8, "zigzag", True, batch=1, seq_len=32, heads=8, kv_heads=8,
                 seed=seed, options=(("placement", "collective-intra"), ("team_size", 2)))
     u, s, h = case.shape.unit(8), 32 // 8, 8
-    runs = gang.run(_links, case, NODES, size=8)
+    runs = gang.run(_links, case, size=8, mesh=mesh_key(case, NODES))
     assert evaluate(case, [r for r, _ in runs]).ok
     for rank, (_, split) in enumerate(runs):
         def fwd(op, split=split):
@@ -172,7 +161,7 @@ def _saved_bytes(env, case: Case) -> int:
     local = {n: layouts.shard(t, case.layout, env.rank, case.world) for n, t in full.items()}
     q, k, v = (local[n].requires_grad_() for n in ("q", "k", "v"))
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                      group=env.group(case.world), **dict(case.options))
+                                      mesh=env.mesh, **dict(case.options))
     with SavedTensorMeter() as saved:
         out = attn(q, k, v)
     out.backward(local["dout"])
@@ -186,8 +175,8 @@ def test_wallfacer_saves_3c_activations_against_ring_3(gang, seed):
     ring = Case("ring", 8, "zigzag", True, batch=2, seq_len=64, heads=4, kv_heads=4, seed=seed)
     wall = dataclasses.replace(ring, algorithm="wallfacer", options=(("team_size", 2),))
     a = ring.shape.unit(8) * ring.heads
-    per_ring = gang.run(_saved_bytes, ring, size=8)
-    per_wall = gang.run(_saved_bytes, wall, size=8)
+    per_ring = gang.run(_saved_bytes, ring, size=8, mesh=mesh_key(ring))
+    per_wall = gang.run(_saved_bytes, wall, size=8, mesh=mesh_key(wall))
     for r, w in zip(per_ring, per_wall, strict=True):
         assert (w - r) == pytest.approx(3 * (2 - 1) * a, rel=0.1)
         assert r == pytest.approx(4 * a, rel=0.1)  # q, k, v, out (+ a small lse)

@@ -10,10 +10,16 @@ SHAPE = AttnShape(batch=1, seq_len=64, heads=8, kv_heads=2, head_dim=16, elem_by
 
 
 def test_ring_and_allgather_analytic_bytes_follow_the_design_table():
-    u = 1 * 16 * 16 * 2  # B * s * D * e with s = 64 / 4
+    u = 1 * 16 * 16 * 2  # B * s * D * e with s = 64 / 4 (a 2-byte dtype)
+    g = 2 * u            # the same in float32: summed gradients travel in the accumulation dtype
     assert algorithms.expected_bytes("ring", SHAPE, 4) == {
-        "forward": 3 * 2 * 2 * u, "backward": (3 + 4) * 2 * 2 * u}
+        "forward": 3 * 2 * 2 * u, "backward": 3 * 2 * 2 * u + 4 * 2 * 2 * g}
     assert algorithms.expected_bytes("allgather", SHAPE, 4) == {
+        "forward": 3 * 2 * 2 * u, "backward": 3 * 2 * 2 * g}
+    # grad_dtype='input' sends them in the input dtype: the design table's plain counts
+    assert algorithms.expected_bytes("ring", SHAPE, 4, grad_dtype="input") == {
+        "forward": 3 * 2 * 2 * u, "backward": (3 + 4) * 2 * 2 * u}
+    assert algorithms.expected_bytes("allgather", SHAPE, 4, grad_dtype="input") == {
         "forward": 3 * 2 * 2 * u, "backward": 3 * 2 * 2 * u}
 
 

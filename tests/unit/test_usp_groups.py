@@ -92,9 +92,13 @@ def test_usp_bytes_follow_loongtrain_performance_model():
     # dhp = 4 > Hkv = 2: K,V replicated to 4 heads. AlltoAll_Volume = (dhp-1)/dhp * (2H + 2*4) * u
     a2a = 3 * (2 * 8 + 2 * 4) * u // 4
     kv = 2 * 4 * u  # Size(kv): H/dhp heads of N/dcp tokens, replicated K,V
-    got = usp.bytes_by_op(SHAPE, 8, {"dhp": 4, "placement": "context-first"})
+    got = usp.bytes_by_op(SHAPE, 8, {"dhp": 4, "placement": "context-first",
+                                     "grad_dtype": "input"})
     assert got == {"forward": {"all_to_all": a2a, "p2p": 1 * kv},
                    "backward": {"all_to_all": a2a, "p2p": 3 * kv}}
+    # by default the dK,dV messages (2 of the 3) travel in float32, twice the 2-byte input
+    got = usp.bytes_by_op(SHAPE, 8, {"dhp": 4, "placement": "context-first"})
+    assert got["backward"] == {"all_to_all": a2a, "p2p": 1 * kv + 2 * 2 * kv}
     assert algorithms.expected_bytes("usp", SHAPE, 8, dhp=4) == {
         "forward": a2a + kv, "backward": a2a + 3 * kv}
 
