@@ -1,25 +1,23 @@
-"""What the benchmark scripts share: virtual nodes with an emulated inter-node link, and the
-numbers read off the ranks' measurements."""
+"""What the benchmark scripts share: an emulated inter-node link, and the numbers read off the
+ranks' measurements. (The node map itself goes into the trial's mesh: `measure(..., nodes=)`.)"""
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
-from seqpar.algorithms import comm, ledger
+from seqpar.algorithms import comm
 
 
 @contextlib.contextmanager
-def emulated_nodes(nodes: Sequence[int], link: comm.LinkModel | None) -> Iterator[None]:
-    """In this rank: node map `nodes` (rank -> node) and, when given, `link` on inter-node hops."""
-    ledger.set_topology(nodes)
+def emulated_link(link: comm.LinkModel | None) -> Iterator[None]:
+    """In this rank, when given: `link` on inter-node hops (which hops those are, the mesh says)."""
     comm.set_link_emulation({"inter": link} if link is not None else None)
     try:
         yield
     finally:
         comm.set_link_emulation(None)
-        ledger.set_topology(None)
 
 
 def step_ms(results) -> float:

@@ -131,9 +131,11 @@ def options_of(name: str) -> Mapping[str, Any]:
 
 
 def option_space(name: str, world: int) -> list[dict[str, Any]]:
-    """Every configuration of `name` worth tuning at `world` ranks (its options' `space`), as the
-    options that differ from the defaults."""
-    return [o.changed() for o in get(name).Options.space(world)]
+    """Every configuration of `name` worth tuning at `world` ranks (its options' `space`): the
+    algorithm's own options (not the kernel, scale and gradient dtype every algorithm takes)."""
+    common = Options.names()
+    return [{k: v for k, v in o.as_dict().items() if k not in common}
+            for o in get(name).Options.space(world)]
 
 
 __all__ = ["LAYOUTS", "REGISTRY", "Algorithm", "AlgorithmSpec", "Attention", "AttnShape", "Grid",

@@ -79,8 +79,16 @@ class WallFacerOptions(Options):
 
     @classmethod
     def space(cls, world: int) -> list[Options]:
-        return [cls(team_size=c, placement=p) for c in divisors(world) if world % (c * c) == 0
-                for p in groups.WALLFACER_PLACEMENTS]
+        """Every C with C² | P, both placements where they differ (C = 1 and C² = P have one
+        team group or one-rank sub-rings: the two placements are the same ranks)."""
+        out: list[Options] = []
+        for c in divisors(world):
+            if world % (c * c):
+                continue
+            both = 1 < c and c * c < world
+            places = groups.WALLFACER_PLACEMENTS if both else (cls.placement,)
+            out += [cls(team_size=c, placement=p) for p in places]
+        return out
 
 
 def grid_of(world: int, options: WallFacerOptions) -> WallFacerGrid:

@@ -111,8 +111,9 @@ def run_cases(cases, world, device):
 
 def _median_ms(gang, case, size, threads=None) -> float:
     from seqpar.workers.bench import gang_measure
+    from seqpar.workers.check import mesh_key
 
-    results = gang.run(gang_measure, case, threads, size=size)
+    results = gang.run(gang_measure, case, threads, size=size, mesh=mesh_key(case))
     return max(statistics.median(r.step_ms) for r in results)
 
 

@@ -1,57 +1,31 @@
 """Profile-and-pick auto-tuning (WallFacer §4.4, Eq. 11): every valid configuration of a world
 size, a few iterations each, ranked by throughput — arg max tokens/s over the tuning space.
 
-The space is every registered algorithm x its tunable options x layout (x placement). Which options
-an algorithm takes comes from the algorithm registry (`options_of`), so an algorithm that lands
-later is tuned without edits here; the values tried for an option come from TUNABLE below, and
-points that break an algorithm's rules are skipped with the reason the algorithm gives.
+The space is every registered algorithm x its tuning space x layout. Each algorithm's typed options
+enumerate their own space at a world size (`Options.space`, through `algorithms.option_space`), so
+nothing here knows an algorithm's options; points that break an algorithm's rules are skipped with
+the reason the algorithm gives.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
 from typing import Any
 
 from seqpar import algorithms
 from seqpar.algorithms.layouts import LAYOUTS
+from seqpar.algorithms.options import divisors
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.costmodel import CLUSTERS, estimate
 from seqpar.experiments.grid import Point, expand
 from seqpar.experiments.spec import PRESETS
 from seqpar.sweeps.spec import SweepPlan
 
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-# option name -> the values worth trying at world P
-TUNABLE: dict[str, Callable[[int], list[Any]]] = {
-    "dhp": divisors,
-    "inner_ring": divisors,
-    "team_size": lambda p: [c for c in divisors(p) if c * c <= p],
-}
-# placements are named per algorithm (the one list of each lives in algorithms.groups)
-PLACEMENTS = {"usp": "PLACEMENTS", "wallfacer": "WALLFACER_PLACEMENTS"}
-DERIVED = {"dcp": lambda world, opts: world // opts["dhp"] if "dhp" in opts else None}
+__all__ = ["divisors", "option_space", "pruned", "tuning_plan"]
 
 
 def option_space(name: str, world: int) -> list[dict[str, Any]]:
     """Every combination of the algorithm's tunable options at this world size."""
-    from seqpar.algorithms import groups
-
-    takes = algorithms.options_of(name)
-    axes = {key: TUNABLE[key](world) for key in takes if key in TUNABLE}
-    if "placement" in takes:
-        axes["placement"] = list(getattr(groups, PLACEMENTS.get(name, ""), [takes["placement"]]))
-    combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
-    for combo in combos:
-        for key, derive in DERIVED.items():
-            value = derive(world, combo) if key in takes else None
-            if value is not None:
-                combo[key] = value
-    return combos or [{}]
+    return algorithms.option_space(name, world)
 
 
 def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal: bool = True,

@@ -17,6 +17,7 @@ import ctypes.util
 import functools
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch.distributed as dist
 
 from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES
+from seqpar.algorithms.mesh import Mesh
 from seqpar.workers.case import Case
 
 
@@ -165,11 +167,15 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
-            device: torch.device | str = "cpu") -> RankMeasurement:
-    """Run the case on this rank: warm-up, then `iters` timed iterations (fwd, or fwd+bwd)."""
+            device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
+            mesh: Mesh | None = None) -> RankMeasurement:
+    """Run the case on this rank: warm-up, then `iters` timed iterations (fwd, or fwd+bwd).
+
+    The algorithm's mesh is built from `group` with the node map `nodes` (every rank of the group
+    calls this), unless a prebuilt `mesh` is given."""
     device = torch.device(device)
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                      group=group, **case.option_dict)
+                                      group=group, mesh=mesh, nodes=nodes, **case.option_dict)
     q0, k0, v0, dout = local_inputs(case, rank, device)
     backward = case.mode == "fwd+bwd"
     meter = MemoryMeter(device)
@@ -221,6 +227,6 @@ def gang_measure(env, case: Case, threads: int | None = None) -> RankMeasurement
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return measure(case, env.rank, env.group(case.world), env.device)
+        return measure(case, env.rank, env.group(case.world), env.device, mesh=env.mesh)
     finally:
         torch.set_num_threads(before)

@@ -1,9 +1,9 @@
-"""The Ray actor that is one rank: a process group per trial, the trial itself, dashboard metrics.
-
-A gang (platform.cluster) holds P of these. For each trial every rank joins a fresh process group at
-rank 0's address (nccl on CUDA, gloo on CPU, with the trial's timeout), sets the ledger topology and
-the link emulation, runs `bench.measure`, publishes its numbers as `ray.util.metrics`, and destroys
-its groups and resets the process-wide settings whatever happened, so the next trial starts clean.
+"""The Ray actor that is one rank: a process group per trial, the trial itself, dashboard metrics. A
+gang (platform.cluster) holds P of these. For each trial every rank joins a fresh process group at
+rank 0's address (nccl on CUDA, gloo on CPU, with the trial's timeout), sets the link emulation,
+runs `bench.measure` (which builds the trial's mesh, with the trial's node map, on every rank),
+publishes its numbers as `ray.util.metrics`, and destroys its groups and resets the process-wide
+settings whatever happened, so the next trial starts clean.
 
 The actor runs with two threads: the trial occupies one, the other still answers `heartbeat()`, so a
 hung collective can be reported (which phase, since when) before the gang is killed.
@@ -117,7 +117,7 @@ class RankWorker:
     def run_trial(self, trial: RankTrial) -> RankMeasurement:
         import torch.distributed as dist
 
-        from seqpar.algorithms import comm, ledger
+        from seqpar.algorithms import comm
         from seqpar.workers.bench import measure
 
         cuda = trial.device == "cuda"
@@ -133,20 +133,19 @@ class RankWorker:
             # (timeout_s) fires first, so a hang reads "timeout", not a gloo/NCCL error
             timeout=timedelta(seconds=2 * trial.timeout_s + 10))
         try:
-            ledger.set_topology(trial.node_of_rank)
             comm.set_link_emulation(trial.link_emulation)
             self._maybe_fault()
             self._set_phase("measure")
             t1 = time.perf_counter()
             # Ray gives each rank its own GPU as CUDA_VISIBLE_DEVICES, so it is always cuda:0
-            m = measure(trial.case, self.rank, dist.group.WORLD, "cuda:0" if cuda else "cpu")
+            m = measure(trial.case, self.rank, dist.group.WORLD, "cuda:0" if cuda else "cpu",
+                        nodes=trial.node_of_rank)
             m.extra.update(self.info())
             m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")
             self._report(trial, m)
             return m
         finally:
-            ledger.set_topology(None)
             comm.set_link_emulation(None)
             dist.destroy_process_group()
             self._set_phase("idle")
