@@ -164,3 +164,44 @@ def test_bad_grid_is_refused_at_build_before_any_communication(gang):
         assert message == "inner_ring=4: must be a positive divisor of dcp (2)" and nbytes == 0
     shape = AttnShape(1, 32, 8, 2, 8)
     assert algorithms.expected_bytes("usp", shape, 4, dhp=2, inner_ring=1)["forward"] > 0
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_usp_and_double_ring_within_low_precision_tolerance(gang, dtype, seed):
+    """GQA 8/2 at P = 4: usp 2 x 2 with a double ring (w = 1), context-first, and the double ring
+    of 2; bf16 gradients ride the rings in float32."""
+    cases = [Case(algorithm, 4, "zigzag", True, batch=1, seq_len=64, heads=8, kv_heads=2,
+                  dtype=dtype, seed=seed, options=options)
+             for algorithm, options in (
+                 ("usp", (("dhp", 2), ("inner_ring", 1))),
+                 ("usp", (("dhp", 2), ("placement", "context-first"))),
+                 ("double_ring", (("inner_ring", 2),)))]
+    for case in cases:
+        result = evaluate(case, gang.run(rank_run, case, size=4, mesh=mesh_key(case)))
+        assert result.ok, f"{case.label()}: {result.failures}"
+
+
+def _labels(env, case: Case, use_mesh: bool) -> set[str]:
+    attn = algorithms.build_attention(case.algorithm, causal=True, layout=case.layout,
+                                      group=env.group(case.world),
+                                      mesh=env.mesh if use_mesh else None, **dict(case.options))
+    q = torch.randn(1, case.seq_len // case.world, case.heads, case.head_dim, dtype=torch.float64)
+    k = torch.randn(1, case.seq_len // case.world, case.kv_heads, case.head_dim,
+                    dtype=torch.float64)
+    with algorithms.recording() as book:
+        attn(q, k, k.clone())
+    return {e.group for e in book.entries.values()}
+
+
+@pytest.mark.multirank
+def test_mesh_axes_are_process_groups_and_views_say_so(gang):
+    """Built collectively (the gang's mesh) every axis is a group of its own and is booked by its
+    name; built from a group that is not the whole world (P = 4 in a gang of 8) the axes are views
+    of that group, booked as such."""
+    case = Case("usp", 4, "zigzag", True, batch=1, seq_len=32, heads=8, kv_heads=2,
+                options=(("dhp", 2), ("inner_ring", 1)))
+    real = gang.run(_labels, case, True, size=4, mesh=mesh_key(case))
+    views = gang.run(_labels, case, False, size=4)
+    assert all(labels == {"hp", "outer"} for labels in real), real
+    assert all(labels == {"hp(view)", "outer(view)"} for labels in views), views
