@@ -348,17 +348,18 @@ def _pad_head_dim(t: torch.Tensor) -> torch.Tensor:
     return F.pad(t, (0, pad)) if pad else t
 
 
-def op_parameters(fn) -> tuple[list[str], set[str]]:
+@cache
+def op_parameters(fn) -> tuple[tuple[str, ...], frozenset[str]]:
     """(parameter names in order, those without a default) of a Python function or a
     torch.library op. A custom op (`torch.library.custom_op`, as flash-attn >= 2.7 wraps
     `_flash_attn_backward`) shows `(*args, **kwargs)` to inspect.signature; its schema has the
-    real parameters."""
+    real parameters. Cached per function (the backward asks on every call)."""
     op = getattr(fn, "_opoverload", None) or getattr(fn, "default", None)
     schema = getattr(op, "_schema", None)
     if schema is not None:
-        return ([a.name for a in schema.arguments],
-                {a.name for a in schema.arguments if not a.has_default_value()})
+        return (tuple(a.name for a in schema.arguments),
+                frozenset(a.name for a in schema.arguments if not a.has_default_value()))
     params = inspect.signature(fn).parameters.values()
-    return ([p.name for p in params],
-            {p.name for p in params if p.default is inspect.Parameter.empty
-             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)})
+    return (tuple(p.name for p in params),
+            frozenset(p.name for p in params if p.default is inspect.Parameter.empty
+                      and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)))

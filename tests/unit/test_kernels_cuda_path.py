@@ -176,7 +176,7 @@ def test_a_custom_op_hides_its_parameters_from_inspect_but_not_from_op_parameter
 
     assert list(inspect.signature(_flash_attn_backward).parameters) == ["args", "kwargs"]
     names, required = kernels.op_parameters(_flash_attn_backward)
-    assert names == FLASH_2_8_BACKWARD and required == set(FLASH_2_8_BACKWARD) - {"rng_state"}
+    assert list(names) == FLASH_2_8_BACKWARD and required == set(FLASH_2_8_BACKWARD) - {"rng_state"}
     packet = torch.ops.seqpar_test_flashattn._flash_attn_backward
     assert kernels.op_parameters(packet) == (names, required)
 
