@@ -341,3 +341,29 @@ def test_torch_backend_refuses_bf16_before_ampere(monkeypatch):
     with pytest.raises(ConfigError, match="bfloat16"):
         kernels.resolve_backend("torch", torch.device("cuda", 0), torch.bfloat16)
     assert kernels.resolve_backend("torch", torch.device("cuda", 0), torch.float16) == "torch"
+
+
+def test_flash_backward_binds_the_older_plain_python_signature_with_a_window_pair(monkeypatch):
+    """flash-attn 2.5/2.6: `_flash_attn_backward` is a plain function taking window_size=(l, r)."""
+    seen = {}
+
+    def _flash_attn_backward_2_6(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                                 softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                 deterministic, rng_state=None):
+        seen.update(locals())
+        for t in (dq, dk, dv):
+            t.zero_()
+
+    iface = types.ModuleType("flash_attn.flash_attn_interface")
+    iface._flash_attn_backward = _flash_attn_backward_2_6
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", iface)
+    kernels._flash_attn.cache_clear()
+    try:
+        q = torch.randn(1, 4, 2, 12, dtype=torch.float16)
+        lse = torch.randn(1, 2, 4)
+        dq, dk, dv = kernels._flash_backward(q, q, q, q, q, lse, True, 0.5)
+    finally:
+        kernels._flash_attn.cache_clear()
+    assert seen["window_size"] == (-1, -1) and seen["rng_state"] is None
+    assert seen["q"].shape[-1] == 16 and dq.shape == (1, 4, 2, 12)
