@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # On a machine without CUDA take the CPU wheel of torch first; an unpinned torch pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test lint setup clean gpu-check
 
 setup: $(STAMP)
 
@@ -28,6 +28,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# On a machine with CUDA GPUs: `seqpar check` in bfloat16 and float32 on all of them, then a one-trial
+# sweep (examples/gpu-check.yaml: ring on every GPU); elsewhere it says it needs CUDA and exits 0.
+gpu-check: $(STAMP)
+	@n=$$($(BIN)/python -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"); \
+	if [ "$${n:-0}" -lt 1 ]; then \
+		echo "make gpu-check needs CUDA GPUs; this torch sees none: nothing to check"; exit 0; fi; \
+	echo "make gpu-check: $$n GPU(s)"; \
+	$(BIN)/seqpar check --world $$n --device cuda --dtype bfloat16 && \
+	$(BIN)/seqpar check --world $$n --device cuda --dtype float32 && \
+	$(BIN)/seqpar sweep examples/gpu-check.yaml --set plan.world=$$n
 
 lint: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks

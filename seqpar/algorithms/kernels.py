@@ -8,18 +8,20 @@ Masks: 'full'; 'causal' (top-left aligned: query i sees keys j <= i); 'shifted' 
 j < i, the stripe layout's block above the diagonal). A query that sees no key gets lse = -inf and
 out = 0. lse is float64 for float64 inputs and float32 otherwise.
 
-Backends: 'flash' (flash-attn on CUDA), 'torch' (aten kernels: the CPU flash kernel, or the
+Backends: 'flash' (flash-attn 2 on CUDA), 'torch' (aten kernels: the CPU flash kernel, or the
 memory-efficient kernel on CUDA), 'math' (explicit float32/float64 reference). 'auto' picks flash on
-CUDA when flash-attn is installed, else torch.
+CUDA where flash-attn 2 runs (installed; fp16/bf16; head dim <= 256; compute capability 8.x or 9.0),
+else torch's kernels where they take the dtype, else math.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import torch
+import torch.nn.functional as F
 
 from seqpar.algorithms import ledger
 from seqpar.errors import require
@@ -49,25 +51,72 @@ def _flash_attn():
     return fa
 
 
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str:
-    """The backend that will run: 'auto' takes flash-attn for fp16/bf16 on CUDA when installed,
-    torch's kernels where they support the dtype, and the math kernel for float64 on CUDA."""
+FLASH_MAX_HEAD_DIM = 256  # flash-attn 2's forward and backward kernels
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device (looked up once per device)."""
+    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@cache
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _supports_flash(major: int, minor: int) -> bool:
+    """flash-attn 2 runs on sm8x (Ampere, Ada) and sm90 (Hopper) only: mha_fwd/mha_bwd check
+    `major == 8 || (major == 9 && minor == 0)`."""
+    return major == 8 or (major, minor) == (9, 0)
+
+
+def flash_unsupported(device: torch.device, dtype: torch.dtype,
+                      head_dim: int | None = None) -> str | None:
+    """Why flash-attn 2 cannot run q of `dtype` and `head_dim` on `device`, or None if it can."""
+    if device.type != "cuda":
+        return f"needs a CUDA device, not {device.type}"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"takes float16/bfloat16 inputs, not {str(dtype).removeprefix('torch.')}"
+    if head_dim is not None and head_dim > FLASH_MAX_HEAD_DIM:
+        return f"takes head_dim <= {FLASH_MAX_HEAD_DIM}, not {head_dim}"
+    major, minor = _capability(device)
+    if not _supports_flash(major, minor):
+        return (f"needs compute capability 8.x or 9.0 (Ampere, Ada, Hopper); {device} is "
+                f"sm_{major}{minor}")
+    if _flash_attn() is None:
+        return "needs the flash-attn package (pip install seqpar[gpu])"
+    return None
+
+
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = torch.float32, *,
+                    head_dim: int | None = None) -> str:
+    """The backend that will run: 'auto' takes flash-attn where it runs (see flash_unsupported),
+    else torch's kernels where they take the dtype (on CUDA: fp32/fp16 anywhere, bf16 on sm80+),
+    else the math kernel. An explicit backend the device cannot run is a ConfigError."""
     require(backend in BACKENDS, "backend", backend, f"must be one of {', '.join(BACKENDS)}")
-    half = dtype in (torch.float16, torch.bfloat16)
+    cuda = device.type == "cuda"
     if backend == "auto":
-        if device.type == "cuda":
-            if half and _flash_attn() is not None:
-                return "flash"
-            return "math" if dtype == torch.float64 else "torch"
-        return "torch"
+        if not cuda:
+            return "torch"
+        if flash_unsupported(device, dtype, head_dim) is None:
+            return "flash"
+        return "torch" if _torch_cuda_takes(device, dtype) else "math"
     if backend == "flash":
-        require(device.type == "cuda" and _flash_attn() is not None and half, "backend", backend,
-                "needs a CUDA device, fp16/bf16 inputs and the flash-attn package "
-                "(pip install seqpar[gpu])")
-    if backend == "torch" and device.type == "cuda":
-        require(dtype != torch.float64, "backend", backend,
-                "torch's CUDA attention kernels do not take float64; use 'math' or 'auto'")
+        why = flash_unsupported(device, dtype, head_dim)
+        require(why is None, "backend", backend, str(why))
+    if backend == "torch" and cuda:
+        require(_torch_cuda_takes(device, dtype), "backend", backend,
+                f"torch's CUDA attention kernels do not take {str(dtype).removeprefix('torch.')} "
+                f"on {device}; use 'math' or 'auto'")
     return backend
+
+
+def _torch_cuda_takes(device: torch.device, dtype: torch.dtype) -> bool:
+    """The memory-efficient kernel has fp32 and fp16 kernels from sm50, bf16 ones from sm80, and
+    no float64 ones."""
+    if dtype == torch.float64:
+        return False
+    return dtype != torch.bfloat16 or _capability(device)[0] >= 8
 
 
 def _record(q: torch.Tensor, k: torch.Tensor, mask: str, factor: float) -> None:
@@ -82,7 +131,7 @@ def attend(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over (k, v) under `mask`; returns (out, lse)."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    backend = resolve_backend(backend, q.device, q.dtype)
+    backend = resolve_backend(backend, q.device, q.dtype, head_dim=q.shape[-1])
     _record(q, k, mask, 1.0)
     return _forward(q, k, v, mask, backend, scale)
 
@@ -101,13 +150,30 @@ def _forward(q, k, v, mask, backend, scale):
 def _shifted_forward(q, k, v, backend, scale):
     """Query i sees keys j < i: query rows 1.. against keys ..-1 under a causal mask."""
     b, s, h, d = q.shape
-    out = torch.zeros_like(q)
-    lse = torch.full((b, h, s), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
-    if s > 1:
-        o, lse_rest = _forward(q[:, 1:], k[:, : s - 1], v[:, : s - 1], "causal", backend, scale)
-        out[:, 1:] = o
-        lse[:, :, 1:] = lse_rest.to(lse.dtype)
-    return out, lse
+    if s == 1:
+        lse = torch.full((b, h, s), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
+        return torch.zeros_like(q), lse
+    o, lse_rest = _forward(_rows(q, 1), _rows(k, 0, s - 1), _rows(v, 0, s - 1), "causal",
+                           backend, scale)
+    return _pad_rows(o, 1, 0), F.pad(lse_rest.to(acc_dtype(q.dtype)), (1, 0), value=float("-inf"))
+
+
+# narrow(), pad() and clone() rather than [] indexing, copy_() and contiguous(): the tests run these
+# CUDA paths on fake CUDA tensors, which a CPU-only torch cannot index with [], copy_ into or make
+# contiguous (each wants a CUDA device guard)
+def _rows(t: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
+    """t[:, start:stop] (sequence rows of a bshd tensor)."""
+    stop = t.shape[1] if stop is None else stop
+    return t.narrow(1, start, stop - start)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+
+
+def _pad_rows(t: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """t (bshd) with zero rows added before and after its sequence rows."""
+    return F.pad(t, (0, 0, 0, 0, before, after))
 
 
 def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -152,15 +218,25 @@ def _torch_forward(q, k, v, causal, scale):
     else:
         out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
             qt, kt, vt, None, True, 0.0, causal, scale=scale)
-        lse = lse[..., : q.shape[1]]
+        lse = lse.narrow(-1, 0, q.shape[1])  # the kernel pads it to a multiple of 32
     return out.transpose(1, 2), lse.to(acc_dtype(q.dtype))
 
 
 def _flash_forward(q, k, v, causal, scale):
-    fa = _flash_attn()
-    out, lse, _ = fa.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
-                                     return_attn_probs=True)
+    _check_square(q, k, causal)
+    # flash_attn_func pads the head dim to a multiple of 8 itself and, with return_attn_probs,
+    # returns (out, softmax_lse (B, H, Sq) float32, S_dmask) in 2.5 .. 2.8
+    out, lse, _ = _flash_attn().flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
+                                                return_attn_probs=True)
     return out, lse.float()
+
+
+def _check_square(q, k, causal):
+    """flash-attn aligns a causal mask bottom-right when Sq != Sk; 'causal' here is top-left
+    (query i sees keys j <= i). They agree on square blocks, the only causal blocks layouts plan."""
+    if causal and q.shape[1] != k.shape[1]:
+        raise ValueError(f"flash backend: a causal block must be square, got Sq={q.shape[1]} "
+                         f"Sk={k.shape[1]}")
 
 
 # --------------------------------------------------------------------------------------- backward
@@ -175,7 +251,7 @@ def attend_backward(
     gradients of all blocks simply add up (the ring-attention backward identity).
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    backend = resolve_backend(backend, q.device, q.dtype)
+    backend = resolve_backend(backend, q.device, q.dtype, head_dim=q.shape[-1])
     _record(q, k, mask, 2.5)
     return _backward(dout, q, k, v, out, lse, mask, backend, scale)
 
@@ -193,12 +269,11 @@ def _backward(dout, q, k, v, out, lse, mask, backend, scale):
 
 def _shifted_backward(dout, q, k, v, out, lse, backend, scale):
     s = q.shape[1]
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if s > 1:
-        g = _backward(dout[:, 1:], q[:, 1:], k[:, : s - 1], v[:, : s - 1], out[:, 1:],
-                      lse[:, :, 1:], "causal", backend, scale)
-        dq[:, 1:], dk[:, : s - 1], dv[:, : s - 1] = g
-    return dq, dk, dv
+    if s == 1:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    gq, gk, gv = _backward(_rows(dout, 1), _rows(q, 1), _rows(k, 0, s - 1), _rows(v, 0, s - 1),
+                           _rows(out, 1), lse.narrow(2, 1, s - 1), "causal", backend, scale)
+    return _pad_rows(gq, 1, 0), _pad_rows(gk, 0, 1), _pad_rows(gv, 0, 1)
 
 
 def _math_backward(dout, q, k, v, out, lse, causal, scale):
@@ -226,21 +301,65 @@ def _torch_backward(dout, q, k, v, out, lse, causal, scale):
             dot, qt, kt, vt, ot, lse_k, 0.0, causal, scale=scale)
     else:
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            dot, qt, kt, vt, None, ot, lse.float().contiguous(), torch.tensor(0), torch.tensor(0),
+            dot, qt, kt, vt, None, ot, efficient_lse(lse), torch.tensor(0), torch.tensor(0),
             0.0, [True, True, True, False], causal, scale=scale)
     dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
     return dq, _reduce_kv(dk, hkv), _reduce_kv(dv, hkv)
 
 
+def efficient_lse(lse: torch.Tensor) -> torch.Tensor:
+    """lse (B, H, Sq) laid out as the memory-efficient forward returns it, the layout its backward
+    takes: float32 (B, H, ceil(Sq / 32) * 32) on CUDA (the kernel requires its head and batch
+    strides to be multiples of 8: an lse of stride Sq fails for most Sq), (B, H, Sq) on ROCm."""
+    sq = lse.shape[-1]
+    width = sq if torch.version.hip else -(-sq // 32) * 32
+    return F.pad(lse.float(), (0, width - sq))
+
+
 def _flash_backward(dout, q, k, v, out, lse, causal, scale):
-    fa = _flash_attn()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    wanted = {
-        "dout": dout, "q": q, "k": k, "v": v, "out": out, "softmax_lse": lse.float().contiguous(),
-        "dq": dq, "dk": dk, "dv": dv, "dropout_p": 0.0, "softmax_scale": scale, "causal": causal,
-        "window_size": (-1, -1), "window_size_left": -1, "window_size_right": -1, "softcap": 0.0,
-        "alibi_slopes": None, "deterministic": False, "rng_state": None,
+    """flash-attn's `_flash_attn_backward`, called as flash_attn_func's backward calls it: q, k,
+    v, out (and dout) with the head dim padded to a multiple of 8, dq, dk, dv allocated padded and
+    sliced back."""
+    _check_square(q, k, causal)
+    fn = _flash_attn()._flash_attn_backward
+    d = q.shape[-1]
+    dout_p, q_p, k_p, v_p, out_p = (_pad_head_dim(t) for t in (dout, q, k, v, out))
+    dq, dk, dv = torch.empty_like(q_p), torch.empty_like(k_p), torch.empty_like(v_p)
+    known = {
+        "dout": dout_p, "q": q_p, "k": k_p, "v": v_p, "out": out_p,
+        "softmax_lse": _contiguous(lse.float()), "dq": dq, "dk": dk, "dv": dv,
+        "dropout_p": 0.0, "softmax_scale": scale, "causal": causal,
+        "window_size": (-1, -1),  # <= 2.6
+        "window_size_left": -1, "window_size_right": -1,  # >= 2.7
+        "softcap": 0.0, "alibi_slopes": None, "deterministic": False, "rng_state": None,
     }
-    params = inspect.signature(fa._flash_attn_backward).parameters
-    fa._flash_attn_backward(**{name: wanted[name] for name in params if name in wanted})
-    return dq, dk, dv
+    names, required = op_parameters(fn)
+    unknown = sorted(required - known.keys())
+    if unknown:
+        raise RuntimeError(f"flash-attn's _flash_attn_backward takes {', '.join(unknown)}, which "
+                           f"seqpar does not know: unsupported flash-attn version")
+    fn(**{name: known[name] for name in names if name in known})
+    return tuple(t.narrow(-1, 0, d) for t in (dq, dk, dv))
+
+
+def _pad_head_dim(t: torch.Tensor) -> torch.Tensor:
+    """t with its last dim zero-padded to a multiple of 8 (flash-attn's kernels need it)."""
+    pad = -t.shape[-1] % 8
+    return F.pad(t, (0, pad)) if pad else t
+
+
+@cache
+def op_parameters(fn) -> tuple[tuple[str, ...], frozenset[str]]:
+    """(parameter names in order, those without a default) of a Python function or a
+    torch.library op. A custom op (`torch.library.custom_op`, as flash-attn >= 2.7 wraps
+    `_flash_attn_backward`) shows `(*args, **kwargs)` to inspect.signature; its schema has the
+    real parameters. Cached per function (the backward asks on every call)."""
+    op = getattr(fn, "_opoverload", None) or getattr(fn, "default", None)
+    schema = getattr(op, "_schema", None)
+    if schema is not None:
+        return (tuple(a.name for a in schema.arguments),
+                frozenset(a.name for a in schema.arguments if not a.has_default_value()))
+    params = inspect.signature(fn).parameters.values()
+    return (tuple(p.name for p in params),
+            frozenset(p.name for p in params if p.default is inspect.Parameter.empty
+                      and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)))

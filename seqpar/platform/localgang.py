@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from seqpar.errors import SeqparError
+from seqpar.platform.devices import process_group_kwargs
 
 PARENT_CHECK_S = 5.0  # how often an idle rank checks that its driver is still alive
 
@@ -85,16 +86,17 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...
 
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    backend = "nccl" if device == "cuda" else "gloo"
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=300))
-    env = RankEnv(rank, world, f"cuda:{rank}" if device == "cuda" else "cpu")
+    index = rank if device == "cuda" else None  # rank r of a local gang uses GPU r
+    if index is not None:
+        torch.cuda.set_device(index)
+    dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300), **process_group_kwargs(device, index))
+    env = RankEnv(rank, world, f"cuda:{index}" if index is not None else "cpu")
     for k in sizes:
         group = dist.group.WORLD if k == world else dist.new_group(list(range(k)))
         if rank < k:
             env.groups[k] = group
+    dist.barrier()  # every group exists on every rank before the first task
     results.put(pickle.dumps((rank, True, "ready")))
     parent = os.getppid()
     while True:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from seqpar import algorithms
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES
+from seqpar.workers.bench import _sync
 from seqpar.workers.case import Case
 
 # relative tolerance (max |error| / max |reference|) by dtype
@@ -70,10 +71,13 @@ def rank_run(env, case: Case) -> RankResult:
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
                                       group=env.group(case.world), mesh=env.mesh,
                                       **dict(case.options))
+    device = torch.device(env.device)
     with algorithms.recording() as ledger:
-        start = time.perf_counter()
+        _sync(device)  # on CUDA the clock must start after the inputs landed and stop after the
+        start = time.perf_counter()  # kernels ran, not when they were queued
         out = attn(q, k, v)
         out.backward(local["dout"])
+        _sync(device)
         seconds = time.perf_counter() - start
     shards = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
     return RankResult(

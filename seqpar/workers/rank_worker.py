@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from seqpar.algorithms.comm import LinkModel
+from seqpar.platform.devices import cuda_index, process_group_kwargs
 from seqpar.workers.bench import RankMeasurement
 from seqpar.workers.case import Case
 
@@ -93,10 +94,16 @@ class RankWorker:
         import ray
         import torch
 
-        cuda = torch.cuda.is_available()
+        cuda = torch.cuda.is_available() and bool(ray.get_gpu_ids())
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
                 "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "device_name": torch.cuda.get_device_name(0) if cuda else "cpu"}
+                "device_name": torch.cuda.get_device_name(self._cuda_index()) if cuda else "cpu"}
+
+    def _cuda_index(self) -> int:
+        """This actor's GPU as a torch index (see platform.devices.cuda_index)."""
+        import ray
+
+        return cuda_index(ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def heartbeat(self) -> dict[str, Any]:
         with self._lock:
@@ -125,21 +132,26 @@ class RankWorker:
             dist.destroy_process_group()
         self._set_phase("rendezvous")
         t0 = time.perf_counter()
+        index = self._cuda_index() if cuda else None
+        if index is not None:
+            import torch
+
+            torch.cuda.set_device(index)  # per thread: the trial's thread, before any CUDA work
         dist.init_process_group(
-            "nccl" if cuda else "gloo",
             init_method=f"tcp://{trial.master_addr}:{trial.master_port}",
             rank=self.rank, world_size=self.world,
             # a safety net for a rank whose driver is gone; with the driver alive its deadline
             # (timeout_s) fires first, so a hang reads "timeout", not a gloo/NCCL error
-            timeout=timedelta(seconds=2 * trial.timeout_s + 10))
+            timeout=timedelta(seconds=2 * trial.timeout_s + 10),
+            **process_group_kwargs(trial.device, index))
         try:
+            dist.barrier()  # every rank joined (and on NCCL the communicator is up) before timing
             comm.set_link_emulation(trial.link_emulation)
             self._maybe_fault()
             self._set_phase("measure")
             t1 = time.perf_counter()
-            # Ray gives each rank its own GPU as CUDA_VISIBLE_DEVICES, so it is always cuda:0
-            m = measure(trial.case, self.rank, dist.group.WORLD, "cuda:0" if cuda else "cpu",
-                        nodes=trial.node_of_rank)
+            m = measure(trial.case, self.rank, dist.group.WORLD,
+                        f"cuda:{index}" if index is not None else "cpu", nodes=trial.node_of_rank)
             m.extra.update(self.info())
             m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")
