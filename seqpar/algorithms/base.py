@@ -204,7 +204,7 @@ class Attention:
         a = self.algo
         shape = shape_of(q, k, v, a.world)
         type(a).check(shape, a.world, a.layout, a.causal, a.options)
-        kernels.resolve_backend(a.backend, q.device, q.dtype)
+        kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
         return _Shell.apply(a, q, k, v)
 
     def expected_bytes(self, shape: AttnShape) -> dict[str, int]:

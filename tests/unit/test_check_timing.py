@@ -18,6 +18,7 @@ class _Env:
     rank: int = 0
     world: int = 1
     device: str = "cpu"
+    mesh = None
 
     def group(self, size: int):
         return None
