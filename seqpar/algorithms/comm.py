@@ -206,7 +206,14 @@ class Comm:
         if g == 1:
             return list(tensors)
         shapes = [p[0].shape for p in parts]
-        send = torch.stack([torch.cat([p[i].reshape(-1) for p in parts]) for i in range(g)])
+        sizes = [shape.numel() for shape in shapes]
+        # one copy of each chunk straight into its slot of the send buffer
+        send = torch.empty((g, sum(sizes)), dtype=tensors[0].dtype, device=tensors[0].device)
+        for i in range(g):
+            offset = 0
+            for p, shape, n in zip(parts, shapes, sizes, strict=True):
+                send[i, offset:offset + n].view(shape).copy_(p[i])
+                offset += n
         start = _emulation_start([send])
         per_peer = _elem_bytes(send[0])
         emulated = self._book("all_to_all", {i: per_peer for i in range(g) if i != self.rank})
