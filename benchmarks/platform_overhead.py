@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from seqpar.workers.case import Case
+    from seqpar.case import Case
     from seqpar.workers.trial import TrialRunner
 
     case = Case("ring", world=args.world, batch=1, seq_len=16 * args.world, heads=2, kv_heads=2,

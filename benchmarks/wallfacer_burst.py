@@ -23,9 +23,9 @@ from emulated import emulated_link, most_bytes, step_ms
 
 from seqpar import algorithms
 from seqpar.algorithms import comm
+from seqpar.case import Case
 from seqpar.platform.localgang import LocalGang
 from seqpar.workers.bench import SavedTensorMeter, local_inputs, measure
-from seqpar.workers.case import Case
 
 
 def _rank(env, case: Case, nodes: list[int], link: comm.LinkModel | None):

@@ -66,7 +66,7 @@ def check(
 
 def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim, dtype, seed):
     from seqpar import algorithms
-    from seqpar.workers.case import Case
+    from seqpar.case import Case
 
     cases, skipped = [], []
     for name in names:
@@ -129,8 +129,8 @@ def _best_of(rounds: int, runs: dict[str, tuple]) -> dict[str, float]:
 
 def run_bench(names, device, rounds: int = 3) -> None:
     """The foundation benchmark: every algorithm at P=1 against local, and ring at P=2."""
+    from seqpar.case import Case
     from seqpar.platform.localgang import LocalGang
-    from seqpar.workers.case import Case
 
     if device == "cuda":
         raise SeqparError("device='cuda': --bench here measures the CPU path; use `seqpar run` "

@@ -21,8 +21,8 @@ from pydantic_core import PydanticCustomError
 
 from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES, AttnShape
+from seqpar.case import Case
 from seqpar.errors import ConfigError
-from seqpar.workers.case import Case
 
 Scalar = bool | int | float | str | None
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.mesh import Mesh
-from seqpar.workers.case import Case
+from seqpar.case import Case
 
 
 @dataclass

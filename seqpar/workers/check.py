@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from seqpar import algorithms
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES
+from seqpar.case import Case
 from seqpar.workers.bench import _sync
-from seqpar.workers.case import Case
 
 # relative tolerance (max |error| / max |reference|) by dtype
 TOLERANCE = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}

@@ -20,9 +20,9 @@ from datetime import timedelta
 from typing import Any
 
 from seqpar.algorithms.comm import LinkModel
+from seqpar.case import Case
 from seqpar.platform.devices import cuda_index, process_group_kwargs
 from seqpar.workers.bench import RankMeasurement
-from seqpar.workers.case import Case
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from seqpar.case import Case
 from seqpar.workers.bench import RankMeasurement, percentile
-from seqpar.workers.case import Case
 
 # Dense (no sparsity) tensor-core peak FLOP/s of one device for fp16/bf16 inputs, from the vendors'
 # datasheets (a sheet that gives only "with sparsity" figures is halved), matched by the whole name

@@ -21,9 +21,9 @@ from typing import Any
 from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
+from seqpar.case import MODES, Case
 from seqpar.errors import require
 from seqpar.platform import cluster, topology
-from seqpar.workers.case import MODES, Case
 from seqpar.workers.rank_worker import RankTrial, RankWorker
 from seqpar.workers.result import TrialResult
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from seqpar.workers.case import Case
+from seqpar.case import Case
 from seqpar.workers.check import evaluate
 from seqpar.workers.check import run_case as run_on_gang
 

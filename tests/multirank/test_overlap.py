@@ -12,8 +12,8 @@ import statistics
 import pytest
 
 from seqpar.algorithms import comm
+from seqpar.case import Case
 from seqpar.workers.bench import measure
-from seqpar.workers.case import Case
 from seqpar.workers.check import mesh_key
 
 NODES = (0, 0, 1, 1)

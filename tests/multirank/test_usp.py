@@ -12,8 +12,8 @@ import torch
 from seqpar import algorithms
 from seqpar.algorithms import AttnShape, usp
 from seqpar.algorithms.groups import PLACEMENTS
+from seqpar.case import Case
 from seqpar.errors import SeqparError
-from seqpar.workers.case import Case
 from seqpar.workers.check import evaluate, mesh_key, rank_run
 
 NODES = (0, 0, 0, 0, 1, 1, 1, 1)  # 2 nodes x 4 ranks

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from seqpar.algorithms.comm import LinkModel
+from seqpar.case import Case
 from seqpar.platform import cluster
-from seqpar.workers.case import Case
 
 pytestmark = pytest.mark.ray
 

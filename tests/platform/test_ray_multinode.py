@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     import ray
     from ray.cluster_utils import Cluster
     from seqpar.platform import cluster as cluster_api
-    from seqpar.workers.case import Case
+    from seqpar.case import Case
     from seqpar.workers.trial import TrialRunner
 
     with socket.socket() as s:  # 8265 may belong to another Ray on this machine

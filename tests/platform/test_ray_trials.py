@@ -8,9 +8,9 @@ import pytest
 
 from seqpar import algorithms
 from seqpar.algorithms.comm import LinkModel
+from seqpar.case import Case
 from seqpar.errors import ConfigError, SeqparError
 from seqpar.platform import cluster
-from seqpar.workers.case import Case
 from seqpar.workers.result import link_bytes
 
 pytestmark = pytest.mark.ray

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from seqpar.case import Case
 from seqpar.workers.bench import RankMeasurement
-from seqpar.workers.case import Case
 from seqpar.workers.result import TrialResult
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from seqpar.case import Case
 from seqpar.workers import check
-from seqpar.workers.case import Case
 
 
 @dataclass

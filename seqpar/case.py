@@ -1,0 +1,48 @@
+"""One attention experiment on one process group, as plain data: what a rank needs to run it.
+
+The pydantic ExperimentSpec (experiments/spec.py) validates user input and becomes a Case; the
+check, the benchmark and the Ray rank workers (workers/) all run Cases. It lives at the top of the
+package, beside the errors, so that both layers use it without either importing the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seqpar.algorithms.base import DTYPES, AttnShape
+
+MODES = ("fwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class Case:
+    algorithm: str
+    world: int
+    layout: str = "zigzag"
+    causal: bool = True
+    batch: int = 2
+    seq_len: int = 48          # tokens in the whole sequence (all ranks together)
+    heads: int = 4
+    kv_heads: int = 4
+    head_dim: int = 8
+    dtype: str = "float64"
+    seed: int = 0
+    options: tuple[tuple[str, object], ...] = ()  # algorithm options, sorted (key, value) pairs
+    mode: str = "fwd+bwd"
+    warmup: int = 1
+    iters: int = 3
+
+    @property
+    def shape(self) -> AttnShape:
+        return AttnShape(self.batch, self.seq_len, self.heads, self.kv_heads, self.head_dim,
+                         DTYPES[self.dtype].itemsize)
+
+    @property
+    def option_dict(self) -> dict[str, object]:
+        return dict(self.options)
+
+    def label(self) -> str:
+        opts = "".join(f" {k}={v}" for k, v in self.options)
+        mask = "causal" if self.causal else "full"
+        return (f"{self.algorithm}{opts} P={self.world} {self.layout} {mask} N={self.seq_len} "
+                f"H={self.heads}/{self.kv_heads} {self.dtype}")
