@@ -50,16 +50,19 @@ def test_transfer_hides_behind_compute(gang, options):
     case = Case(algorithm, 4, "zigzag", True, batch=1, seq_len=2048, heads=4, kv_heads=4,
                 head_dim=64, dtype="float32", warmup=1, iters=3, options=options)
     key = mesh_key(case, NODES)
-    compute_ms = _step_ms(gang.run(_measure, case, None, size=4, mesh=key))
     # size the link: probe the inter-node traffic once at a known speed, then pick the bandwidth
     # that makes the busiest rank's transfer time equal its compute time
     probe = comm.LinkModel(0.0, 1e12)
     runs = gang.run(_measure, dataclasses.replace(case, iters=1), probe, size=4, mesh=key)
     inter_bytes = _waited_ms(runs, probe) * 1e-3 * probe.bandwidth_bytes_per_s
     assert inter_bytes > 0
+    compute_ms = _step_ms(gang.run(_measure, case, None, size=4, mesh=key))
     link = comm.LinkModel(50e-6, inter_bytes / (compute_ms * 1e-3))
+    step_ms = float("inf")
+    for _ in range(2):  # interleaved rounds, best of each: a busy neighbour hurts both alike
+        step_ms = min(step_ms, _step_ms(gang.run(_measure, case, link, size=4, mesh=key)))
+        compute_ms = min(compute_ms, _step_ms(gang.run(_measure, case, None, size=4, mesh=key)))
     transfer_ms = _waited_ms(runs, link)
-    step_ms = _step_ms(gang.run(_measure, case, link, size=4, mesh=key))
     serial_ms = compute_ms + transfer_ms
     print(f"{algorithm}: compute {compute_ms:.0f} ms, transfer {transfer_ms:.0f} ms, "
           f"step {step_ms:.0f} ms = {step_ms / serial_ms:.2f} x (compute + transfer)")

@@ -61,20 +61,28 @@ def test_gang_is_reused_and_its_actors_are_named_by_experiment_and_rank(
 
 def test_inter_node_link_emulation_makes_the_ring_slower_on_2x2_than_on_1x4(
         ray_runner, experiment, seed):
-    links = {"inter": LinkModel(latency_s=0.02)}
-    flat = ray_runner.run(ring_case(seed), nodes=1, link_emulation=links,
-                          experiment_id=experiment)
-    split = ray_runner.run(ring_case(seed), nodes=2, link_emulation=links,
-                           experiment_id=experiment)
+    """Latency and bandwidth: a K,V (or dK,dV) message takes 10 ms + 10 ms on the inter-node link.
+    The ring waits for its slowest link: 3 forward steps, and 4 backward ones in which the K,V and
+    gradient messages travel at once; a schedule that sent them one after the other would need 3 +
+    3 + 4 = 10 messages' time, which the upper bound rules out."""
+    case = ring_case(seed)
+    kv_bytes = 2 * case.kv_heads * case.shape.unit(4)
+    link = LinkModel(latency_s=0.01, bandwidth_bytes_per_s=kv_bytes / 0.01)
+    message_ms = 1e3 * link.seconds(kv_bytes)
+    links = {"inter": link}
+    flat = ray_runner.run(case, nodes=1, link_emulation=links, experiment_id=experiment)
+    split = ray_runner.run(case, nodes=2, link_emulation=links, experiment_id=experiment)
     assert flat.status == split.status == "FINISHED", (flat.cause, split.cause)
-    assert split.link_emulation == {"inter": {"latency_s": 0.02,
-                                              "bandwidth_bytes_per_s": float("inf")}}
-    assert json.loads(json.dumps(split.to_dict(), allow_nan=False))["link_emulation"] == {
+    assert split.link_emulation == {"inter": {"latency_s": 0.01,
+                                              "bandwidth_bytes_per_s": kv_bytes / 0.01}}
+    unlimited = ray_runner.run(case, nodes=2, link_emulation={"inter": LinkModel(0.02)},
+                               experiment_id=experiment)
+    assert json.loads(json.dumps(unlimited.to_dict(), allow_nan=False))["link_emulation"] == {
         "inter": {"latency_s": 0.02, "bandwidth_bytes_per_s": None}}
-    # 2x2: every ring step crosses a node somewhere, and the ring waits for its slowest link:
-    # 3 forward steps and 4 backward ones (K,V and gradient messages overlap) of >= 20 ms; 1x4: none
     slow, fast = split.metrics()["step_ms"], flat.metrics()["step_ms"]
-    assert slow >= 7 * 20 * 0.95
+    assert message_ms == pytest.approx(20.0)
+    assert slow >= 7 * message_ms * 0.95              # overlapped: 3 + 4 messages on the path
+    assert slow <= 0.9 * 10 * message_ms, slow        # serialised: 10 messages, ruled out
     assert slow > 1.5 * fast, (slow, fast)
 
 
