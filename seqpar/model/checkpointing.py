@@ -90,11 +90,16 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
+def _recomputed(fn: Callable, *args):
+    """fn(*args) keeping only its inputs; the model draws no random numbers, so no RNG state."""
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+
+
 def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor, mode: str, fraction: float) -> torch.Tensor:
     """One block's output under a checkpointing mode (see the module docstring)."""
     if mode == "full":
-        return checkpoint(run_block, pre, post, attend, x, cos, sin, "none", 0.0, use_reentrant=False)
+        return _recomputed(run_block, pre, post, attend, x, cos, sin, "none", 0.0)
     s = x.shape[1]
     m = recomputed_tokens(mode, fraction, s)
     spans = [(a, b) for a, b in ((0, m), (m, s)) if b > a]
@@ -103,8 +108,7 @@ def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, 
         outs = []
         for a, b in spans:
             args = (xx[:, a:b], cos[:, a:b], sin[:, a:b])
-            outs.append(checkpoint(pre, *args, use_reentrant=False) if a < m and xx.requires_grad
-                        else pre(*args))
+            outs.append(_recomputed(pre, *args) if a < m and xx.requires_grad else pre(*args))
         return tuple(_cat([o[i] for o in outs]).contiguous() for i in range(3))
 
     q, k, v = pre_parts(x)
@@ -116,5 +120,5 @@ def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, 
     outs = []
     for a0, b0 in spans:
         args = (x[:, a0:b0], a[:, a0:b0])
-        outs.append(checkpoint(post, *args, use_reentrant=False) if a0 < m else post(*args))
+        outs.append(_recomputed(post, *args) if a0 < m else post(*args))
     return _cat(outs)

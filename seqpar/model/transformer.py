@@ -110,7 +110,7 @@ class Transformer(nn.Module):
         """Norm weights 1, every matrix N(0, 0.02^2) drawn in float64 from one generator in parameter
         order: the same seed gives the same parameters on every rank and at every world size."""
         gen = torch.Generator().manual_seed(seed)
-        for name, p in self.named_parameters():
+        for p in self.parameters():
             if p.dim() == 1:
                 p.fill_(1.0)
             else:

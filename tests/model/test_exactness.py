@@ -115,12 +115,14 @@ def _dp_sp_groups(env):
     if not _DPSP:
         for name, ranks in (("sp0", [0, 1]), ("sp1", [2, 3]), ("dp0", [0, 2]), ("dp1", [1, 3])):
             _DPSP[name] = dist.new_group(ranks)
+    if env.rank >= 4:
+        return None, None
     return _DPSP[f"sp{env.rank // 2}"], _DPSP[f"dp{env.rank % 2}"]
 
 
 def _dp_sp_runs(env, runs, seed):
     sp, dp = _dp_sp_groups(env)
-    if env.rank >= 4:
+    if sp is None:
         return None
     replica = env.rank // 2
     out = []
