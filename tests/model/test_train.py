@@ -34,7 +34,6 @@ def test_two_ranks_follow_the_one_process_trajectory(gang):
             assert abs(a - b) < 1e-10, (r.losses, ref.losses)
         assert r.summary["recomputed_flops"] > 0
         assert any(k.startswith("forward_") for k in r.ledger) and r.summary["tgs"] > 0
-    assert ref.losses[-1] < ref.losses[0]
 
 
 def test_build_uses_the_seed():
