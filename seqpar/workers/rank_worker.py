@@ -139,7 +139,12 @@ class RankWorker:
             self._set_phase("measure")
             t1 = time.perf_counter()
             # Ray gives each rank its own GPU as CUDA_VISIBLE_DEVICES, so it is always cuda:0
-            m = measure(trial.case, self.rank, dist.group.WORLD, "cuda:0" if cuda else "cpu")
+            if getattr(trial.case, "mode", None) == "train":  # a model training trial (issue 10)
+                from seqpar.workers.train import measure_training
+
+                m = measure_training(trial.case, self.rank, str(self.info()["device_name"]))
+            else:
+                m = measure(trial.case, self.rank, dist.group.WORLD, "cuda:0" if cuda else "cpu")
             m.extra.update(self.info())
             m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")
