@@ -196,7 +196,39 @@ def figures(runs: list[RunRecord]) -> dict[str, Any]:
         ax.legend()
         fig.tight_layout()
         figs["bytes_by_link"] = fig
+    train = [r for r in ok if "train.model" in r.params]
+    if train:  # model training trials (issue 10): what each configuration keeps and what it costs
+        figs["train_memory_and_time"] = _train_figure(plt, train)
     return figs
+
+
+def _train_label(r: RunRecord) -> str:
+    p = r.params
+    ckpt = p.get("train.checkpoint", "")
+    if "sequence" in ckpt:
+        ckpt += f"({p.get('train.seq_fraction')})"
+    head = " fused" if str(p.get("train.fused_head")) == "True" else ""
+    return (f"{config(r)} SP={_int(r, 'plan.world') // max(_int(r, 'train.dp'), 1)} "
+            f"DP={p.get('train.dp')} N={p.get('workload.seq_len')} {ckpt}{head} "
+            f"V={p.get('train.vocab') or p.get('train.model')}")
+
+
+def _train_figure(plt: Any, runs: list[RunRecord]) -> Any:
+    """Activation and peak bytes, and step time, per training configuration (horizontal bars)."""
+    labels = [_train_label(r) for r in runs]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(runs) + 1.5)), sharey=True)
+    y = range(len(runs))
+    a1.barh([i + 0.2 for i in y], [r.metrics.get("peak_mem_bytes", 0) / 2**20 for r in runs],
+            height=0.4, label="peak (RSS high-water)")
+    a1.barh([i - 0.2 for i in y], [r.metrics.get("activation_bytes", 0) / 2**20 for r in runs],
+            height=0.4, label="kept for backward")
+    a1.set(xlabel="MiB per rank", title="memory")
+    a1.set_yticks(list(y), labels, fontsize=6)
+    a1.legend(fontsize=7)
+    a2.barh(list(y), [r.metrics.get("step_ms", 0) for r in runs])
+    a2.set(xlabel="step ms (slowest rank, median)", title="time")
+    fig.tight_layout()
+    return fig
 
 
 def log_plots(tracker: Tracker, sweep_id: str) -> list[str]:
