@@ -95,7 +95,8 @@ class TrainCase:
         dp = f" DP={self.dp}" if self.dp > 1 else ""
         head = " fused-head" if self.fused_head else ""
         ckpt = self.checkpoint + (f"({self.seq_fraction})" if "sequence" in self.checkpoint else "")
-        return (f"train {self.model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "
+        model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
+        return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "
                 f"N={self.seq_len} ckpt={ckpt}{head} {self.dtype}")
 
 
