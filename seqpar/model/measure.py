@@ -103,9 +103,10 @@ def head_memory(tokens: int, hidden: int, vocab: int, token_tile: int = 256,
 
 
 def main() -> None:
-    cfg = ModelConfig(vocab=97, hidden=32, layers=2, heads=4, kv_heads=2, ffn=64)
-    print("checkpointing, bytes per block (B=2, N=64, float64, one process, local attention)")
-    for r in checkpoint_bytes(cfg):
+    cfg = ModelConfig(vocab=512, hidden=128, layers=2, heads=8, kv_heads=2, ffn=344)
+    print("checkpointing, bytes per block (B=1, N=512, float32, one process, local attention; "
+          "step = forward + backward of the 2-layer model, best of 5)")
+    for r in checkpoint_bytes(cfg, batch=1, seq_len=512, dtype=torch.float32, repeats=5):
         print(f"  {r['mode']:>14} f={r['fraction']}: measured {r['measured']:>8} analytic "
               f"{r['analytic']:>8}  step {r['step_s'] * 1e3:7.1f} ms  recompute "
               f"{r['recompute_s'] * 1e3:+7.1f} ms")

@@ -33,7 +33,10 @@ def config(run: RunRecord) -> str:
     """algorithm and its options: 'usp dcp=2 dhp=2'."""
     opts = sorted((k.removeprefix("plan.options."), v) for k, v in run.params.items()
                   if k.startswith("plan.options."))
-    return " ".join([run.params.get("plan.algorithm", "?")] + [f"{k}={v}" for k, v in opts])
+    words = [run.params.get("plan.algorithm", "?")] + [f"{k}={v}" for k, v in opts]
+    if "train.model" in run.params:  # a training trial: its memory levers and DP x SP split
+        words.append(_train_bits(run))
+    return " ".join(words)
 
 
 def _sort_key(run: RunRecord) -> tuple:
@@ -202,15 +205,20 @@ def figures(runs: list[RunRecord]) -> dict[str, Any]:
     return figs
 
 
-def _train_label(r: RunRecord) -> str:
+def _train_bits(r: RunRecord) -> str:
     p = r.params
     ckpt = p.get("train.checkpoint", "")
     if "sequence" in ckpt:
         ckpt += f"({p.get('train.seq_fraction')})"
-    head = " fused" if str(p.get("train.fused_head")) == "True" else ""
-    return (f"{config(r)} SP={_int(r, 'plan.world') // max(_int(r, 'train.dp'), 1)} "
-            f"DP={p.get('train.dp')} N={p.get('workload.seq_len')} {ckpt}{head} "
-            f"V={p.get('train.vocab') or p.get('train.model')}")
+    head = " fused-head" if str(p.get("train.fused_head")) == "True" else ""
+    vocab = p.get("train.vocab")
+    vocab = f" V={vocab}" if vocab not in (None, "", "None") else ""
+    return (f"SP={_int(r, 'plan.world') // max(_int(r, 'train.dp'), 1)} DP={p.get('train.dp')} "
+            f"ckpt={ckpt}{head}{vocab}")
+
+
+def _train_label(r: RunRecord) -> str:
+    return f"{config(r)} N={r.params.get('workload.seq_len')}"
 
 
 def _train_figure(plt: Any, runs: list[RunRecord]) -> Any:
