@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from seqpar.model import checkpointing, head
+from seqpar.model import checkpointing, flops, head
 from seqpar.model.config import ModelConfig
 from seqpar.model.memory import AllocationMeter
 from seqpar.model.transformer import Transformer
@@ -52,7 +52,8 @@ def analytic_block_bytes(cfg: ModelConfig, batch: int, s: int, mode: str, fracti
 
 def checkpoint_bytes(cfg: ModelConfig, batch: int = 2, seq_len: int = 64, fraction: float = 0.5,
                      dtype: torch.dtype = torch.float64, repeats: int = 3) -> list[dict]:
-    """Per mode: measured and analytic bytes per block, and the best of `repeats` step times (s)."""
+    """Per mode: measured and analytic bytes per block, and the best of `repeats` step times (s),
+    the modes interleaved round by round so that a busy machine slows them alike."""
     tokens = torch.randint(0, cfg.vocab, (batch, seq_len + 1),
                            generator=torch.Generator().manual_seed(0))
     elem = torch.empty((), dtype=dtype).element_size()
@@ -62,19 +63,19 @@ def checkpoint_bytes(cfg: ModelConfig, batch: int = 2, seq_len: int = 64, fracti
                for n in (1, 3)]
         measured = (per[1] - per[0]) // 2
         none = measured if mode == "none" else none
-        net = Transformer(cfg, checkpoint=mode, seq_fraction=fraction, dtype=dtype)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            net.loss(tokens).backward()
-            times.append(time.perf_counter() - t0)
         rows.append({"mode": mode, "fraction": fraction, "measured": measured,
                      "analytic": analytic_block_bytes(cfg, batch, seq_len, mode, fraction, elem,
-                                                      none),
-                     "step_s": min(times)})
-    base = rows[0]["step_s"]
-    for r in rows:
-        r["recompute_s"] = r["step_s"] - base
+                                                      none)})
+    nets = [Transformer(cfg, checkpoint=r["mode"], seq_fraction=fraction, dtype=dtype) for r in rows]
+    times: list[list[float]] = [[] for _ in rows]
+    for _ in range(repeats):
+        for net, series in zip(nets, times, strict=True):
+            t0 = time.perf_counter()
+            net.loss(tokens).backward()
+            series.append(time.perf_counter() - t0)
+    for r, series in zip(rows, times, strict=True):
+        r["step_s"] = min(series)
+        r["recompute_s"] = r["step_s"] - min(times[0])
     return rows
 
 
@@ -105,11 +106,13 @@ def head_memory(tokens: int, hidden: int, vocab: int, token_tile: int = 256,
 def main() -> None:
     cfg = ModelConfig(vocab=512, hidden=128, layers=2, heads=8, kv_heads=2, ffn=344)
     print("checkpointing, bytes per block (B=1, N=512, float32, one process, local attention; "
-          "step = forward + backward of the 2-layer model, best of 5)")
-    for r in checkpoint_bytes(cfg, batch=1, seq_len=512, dtype=torch.float32, repeats=5):
+          "step = forward + backward of the 2-layer model, best of 7 interleaved)")
+    torch.set_num_threads(1)
+    for r in checkpoint_bytes(cfg, batch=1, seq_len=512, dtype=torch.float32, repeats=7):
+        recomputed = flops.recomputed_flops(cfg, 1, 512, 1, r["mode"], r["fraction"])
         print(f"  {r['mode']:>14} f={r['fraction']}: measured {r['measured']:>8} analytic "
               f"{r['analytic']:>8}  step {r['step_s'] * 1e3:7.1f} ms  recompute "
-              f"{r['recompute_s'] * 1e3:+7.1f} ms")
+              f"{r['recompute_s'] * 1e3:+7.1f} ms  recomputed {recomputed / 1e6:6.1f} MFLOP")
     print("LM head + loss forward, float32, peak bytes")
     for vocab in (8192, 32768):
         r = head_memory(1024, 64, vocab)
