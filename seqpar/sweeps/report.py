@@ -15,7 +15,7 @@ from seqpar.errors import ConfigError
 from seqpar.platform.tracking import RunRecord, Tracker
 
 LOWER_IS_BETTER = ("step_ms", "fwd_ms", "bwd_ms", "peak_mem", "bytes", "load_imbalance", "setup_s",
-                   "run_s")
+                   "run_s", "activation_bytes", "recomputed_flops")
 
 
 def higher_is_better(metric: str) -> bool:
