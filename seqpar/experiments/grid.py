@@ -24,7 +24,7 @@ from seqpar.errors import ConfigError, require
 if TYPE_CHECKING:
     from seqpar.experiments.spec import ExperimentSpec
 
-SECTIONS = ("model", "plan", "workload", "env")
+SECTIONS = ("model", "plan", "workload", "env", "train")
 
 
 def set_path(data: dict[str, Any], path: str, value: Any) -> None:

@@ -181,6 +181,62 @@ def _burst_backward(preset: str) -> Sweep:
             {"plan.algorithm": ["ring", "burst"], "model.kv_heads": kv})
 
 
+# ------------------------------------------------------------------ model training studies (issue 10)
+def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A training trial's base: the decoder preset (`seqpar.model.PRESETS`) and its attention shape."""
+    from seqpar.model import PRESETS as MODELS
+
+    name = model or ("tiny" if preset == "cpu" else "llama2-7b")
+    cfg = MODELS[name]
+    base = _base(preset, model={"heads": cfg.heads, "kv_heads": cfg.kv_heads,
+                                "head_dim": cfg.head_dim},
+                 workload={"batch": 1, "warmup": 1, "iters": 3 if preset == "cpu" else 5})
+    base["train"] = {"model": name, **sections.pop("train", {})}
+    for key, values in sections.items():
+        base[key] = {**base.get(key, {}), **values}
+    return base
+
+
+def _e2e_throughput(preset: str) -> Sweep:
+    if preset == "cpu":
+        return _train_base(preset), {"plan": ALL, "workload.seq_len": [256, 512, 1024]}
+    return (_train_base(preset, plan={"world": 16, "nodes": 2}, train={"checkpoint": "sc++"}),
+            {"plan": gpu_all(16), "workload.seq_len": [131072, 262144, 524288]})
+
+
+CHECKPOINT_AXIS = [{"train.checkpoint": "none"}, {"train.checkpoint": "full"},
+                   {"train.checkpoint": "sc++"},
+                   *({"train.checkpoint": "sequence", "train.seq_fraction": f} for f in (0.25, 0.5)),
+                   {"train.checkpoint": "sc++,sequence", "train.seq_fraction": 0.5}]
+
+
+def _checkpointing(preset: str) -> Sweep:
+    if preset == "cpu":
+        return (_train_base(preset, plan={"algorithm": "ring"}),
+                {"ckpt": CHECKPOINT_AXIS, "workload.seq_len": [512, 1024]})
+    return (_train_base(preset, model="14b", plan={"algorithm": "burst", "world": 32, "nodes": 4}),
+            {"ckpt": CHECKPOINT_AXIS, "workload.seq_len": [262144, 1048576]})
+
+
+def _lm_head(preset: str) -> Sweep:
+    vocabs = [8192, 32768, 131072]
+    if preset == "cpu":
+        return (_train_base(preset, plan={"algorithm": "ring", "world": 2},
+                            workload={"seq_len": 512}, train={"checkpoint": "sc++"}),
+                {"train.vocab": vocabs, "train.fused_head": [False, True]})
+    return (_train_base(preset, model="llama3-8b", plan={"algorithm": "ring", "world": 8},
+                        workload={"seq_len": 131072}, train={"checkpoint": "sc++"}),
+            {"train.vocab": vocabs, "train.fused_head": [False, True]})
+
+
+def _e2e_scaling(preset: str) -> Sweep:
+    world = 4 if preset == "cpu" else 32
+    splits = [{"train.dp": d} for d in (1, 2, 4) + (() if preset == "cpu" else (8,))]
+    n = 1024 if preset == "cpu" else 262144
+    return (_train_base(preset, plan={"world": world}, workload={"seq_len": n}),
+            {"plan.algorithm": ["ring", "ulysses"], "split": splits})
+
+
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("throughput", "tokens/s of every algorithm against local as the sequence grows",
           "tokens_per_s", True, "throughput", _throughput),
@@ -200,6 +256,15 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "step_ms", False, "bytes_by_link", _ring_size, requires=("double_ring",)),
     Study("wallfacer-c", "WallFacer team size C (C=1 ring, C=sqrt(P) collectives) x placement",
           "step_ms", False, "bytes_by_link", _wallfacer_c, requires=("wallfacer",)),
+    Study("e2e-throughput", "the model trained with every algorithm: TGS and MFU as N grows",
+          "tgs", True, "throughput", _e2e_throughput),
+    Study("checkpointing", "activation memory vs step time: none, full, sc++, sequence(f), "
+          "sc++ + sequence (LoongTrain §5.2, BurstEngine §3.2)", "activation_bytes", False,
+          "train", _checkpointing),
+    Study("lm-head", "fused vs unfused LM head + loss: peak memory and time vs vocabulary "
+          "(BurstEngine §3.3)", "peak_mem_bytes", False, "train", _lm_head),
+    Study("e2e-scaling", "DP x SP splits of a fixed number of ranks: TGS", "tgs", True, "train",
+          _e2e_scaling),
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
           "bytes_total", False, "bar", _burst_backward, requires=("burst",)),
 )}

@@ -119,6 +119,22 @@ class Environment(_Strict):
                 for k, v in self.link_emulation.items()}
 
 
+class TrainSpec(_Strict):
+    """A model training trial (issue 10) instead of one attention call: `train.model` is the
+    decoder (a `seqpar.model` preset), trained with the plan's algorithm over world / dp ranks."""
+
+    model: str = Field("tiny", description="tiny | llama2-7b | llama3-8b | 14b (seqpar.model)")
+    vocab: int | None = Field(None, gt=0, description="override the preset's vocabulary")
+    checkpoint: str = Field("none", description="none | full | sc++ | sequence | sc++,sequence")
+    seq_fraction: float = Field(0.5, ge=0, le=1, description="sequence: part recomputed")
+    fused_head: bool = False
+    dp: int = Field(1, gt=0, description="data-parallel replicas; SP = world / dp")
+    lr: float = Field(1e-3, gt=0)
+
+    def overrides(self) -> tuple[tuple[str, int], ...]:
+        return (("vocab", self.vocab),) if self.vocab is not None else ()
+
+
 # Algorithms the studies name that are still being written; a point that needs one says so.
 PENDING = {"usp": "LoongTrain 2D attention, issue 5", "double_ring": "LoongTrain double ring, issue 5",
            "wallfacer": "WallFacer multi-ring, issue 6", "burst": "BurstAttention, issue 6"}
@@ -135,10 +151,14 @@ class ExperimentSpec(_Strict):
     plan: ParallelPlan
     workload: Workload
     env: Environment = Field(default_factory=Environment)
+    train: TrainSpec | None = None
 
     @model_validator(mode="after")
     def _rules(self) -> ExperimentSpec:
         p = self.plan
+        if self.train is not None:
+            _train_rules(self)
+            return self
         try:
             rpn = p.ranks_per_node
             if rpn is None and p.world % p.nodes:
@@ -183,6 +203,8 @@ class ExperimentSpec(_Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def to_case(self) -> Case:
+        if self.train is not None:
+            return _train_case(self)
         w, m = self.workload, self.model
         return Case(self.plan.algorithm, self.plan.world, self.plan.layout, w.causal, w.batch,
                     w.seq_len, m.heads, m.hkv, m.head_dim, w.dtype, w.seed,
@@ -214,6 +236,44 @@ class ExperimentSpec(_Strict):
             return cls.model_validate(data)
         except ValidationError as err:
             raise config_error(err, where) from None
+
+
+def _train_case(spec: ExperimentSpec) -> Any:
+    from seqpar.workers.train import TrainCase
+
+    t, w, p = spec.train, spec.workload, spec.plan
+    assert t is not None
+    return TrainCase(algorithm=p.algorithm, sp=p.world // t.dp, dp=t.dp, layout=p.layout,
+                     model=t.model, model_overrides=t.overrides(), seq_len=w.seq_len, batch=w.batch,
+                     dtype=w.dtype, checkpoint=t.checkpoint, seq_fraction=t.seq_fraction,
+                     fused_head=t.fused_head, options=tuple(sorted(spec.options.items())),
+                     warmup=w.warmup, iters=w.iters, seed=w.seed, lr=t.lr)
+
+
+_TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkpoint",
+               "seq_fraction": "train.seq_fraction", "model": "train.model"}
+
+
+def _train_rules(spec: ExperimentSpec) -> None:
+    """A training trial: dp divides world, the model section is the decoder's attention shape,
+    and every rule of the case (checkpoint mode, the algorithm on SP = world / dp ranks)."""
+    t, p = spec.train, spec.plan
+    assert t is not None
+    try:
+        if p.world % t.dp:
+            raise ConfigError("train.dp", t.dp, f"must divide plan.world={p.world}")
+        case = _train_case(spec)
+        cfg = case.config()
+        shape = (cfg.heads, cfg.kv_heads, cfg.head_dim)
+        if (spec.model.heads, spec.model.hkv, spec.model.head_dim) != shape:
+            raise ConfigError("model.shape", spec.model.preset or "custom",
+                              f"a training trial's model section must be {t.model}'s attention "
+                              f"shape (heads, kv_heads, head_dim) = {shape}")
+        case.check()
+    except ConfigError as err:
+        home = _TRAIN_HOME.get(err.field) or _FIELD_HOME.get(err.field, err.field)
+        raise PydanticCustomError("seqpar_rule", "{rule}", {
+            "field": home, "value": err.value, "rule": err.rule}) from None
 
 
 def config_error(err: ValidationError, where: str = "") -> ConfigError:

@@ -15,7 +15,7 @@ from seqpar.errors import ConfigError
 from seqpar.platform.tracking import RunRecord, Tracker
 
 LOWER_IS_BETTER = ("step_ms", "fwd_ms", "bwd_ms", "peak_mem", "bytes", "load_imbalance", "setup_s",
-                   "run_s")
+                   "run_s", "activation_bytes", "recomputed_flops")
 
 
 def higher_is_better(metric: str) -> bool:
@@ -33,7 +33,10 @@ def config(run: RunRecord) -> str:
     """algorithm and its options: 'usp dcp=2 dhp=2'."""
     opts = sorted((k.removeprefix("plan.options."), v) for k, v in run.params.items()
                   if k.startswith("plan.options."))
-    return " ".join([run.params.get("plan.algorithm", "?")] + [f"{k}={v}" for k, v in opts])
+    words = [run.params.get("plan.algorithm", "?")] + [f"{k}={v}" for k, v in opts]
+    if "train.model" in run.params:  # a training trial: its memory levers and DP x SP split
+        words.append(_train_bits(run))
+    return " ".join(words)
 
 
 def _sort_key(run: RunRecord) -> tuple:
@@ -196,7 +199,44 @@ def figures(runs: list[RunRecord]) -> dict[str, Any]:
         ax.legend()
         fig.tight_layout()
         figs["bytes_by_link"] = fig
+    train = [r for r in ok if "train.model" in r.params]
+    if train:  # model training trials (issue 10): what each configuration keeps and what it costs
+        figs["train_memory_and_time"] = _train_figure(plt, train)
     return figs
+
+
+def _train_bits(r: RunRecord) -> str:
+    p = r.params
+    ckpt = p.get("train.checkpoint", "")
+    if "sequence" in ckpt:
+        ckpt += f"({p.get('train.seq_fraction')})"
+    head = " fused-head" if str(p.get("train.fused_head")) == "True" else ""
+    vocab = p.get("train.vocab")
+    vocab = f" V={vocab}" if vocab not in (None, "", "None") else ""
+    return (f"SP={_int(r, 'plan.world') // max(_int(r, 'train.dp'), 1)} DP={p.get('train.dp')} "
+            f"ckpt={ckpt}{head}{vocab}")
+
+
+def _train_label(r: RunRecord) -> str:
+    return f"{config(r)} N={r.params.get('workload.seq_len')}"
+
+
+def _train_figure(plt: Any, runs: list[RunRecord]) -> Any:
+    """Activation and peak bytes, and step time, per training configuration (horizontal bars)."""
+    labels = [_train_label(r) for r in runs]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, max(3.0, 0.35 * len(runs) + 1.5)), sharey=True)
+    y = range(len(runs))
+    a1.barh([i + 0.2 for i in y], [r.metrics.get("peak_mem_bytes", 0) / 2**20 for r in runs],
+            height=0.4, label="peak (RSS high-water)")
+    a1.barh([i - 0.2 for i in y], [r.metrics.get("activation_bytes", 0) / 2**20 for r in runs],
+            height=0.4, label="kept for backward")
+    a1.set(xlabel="MiB per rank", title="memory")
+    a1.set_yticks(list(y), labels, fontsize=6)
+    a1.legend(fontsize=7)
+    a2.barh(list(y), [r.metrics.get("step_ms", 0) for r in runs])
+    a2.set(xlabel="step ms (slowest rank, median)", title="time")
+    fig.tight_layout()
+    return fig
 
 
 def log_plots(tracker: Tracker, sweep_id: str) -> list[str]:

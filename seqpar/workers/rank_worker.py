@@ -150,8 +150,14 @@ class RankWorker:
             self._maybe_fault()
             self._set_phase("measure")
             t1 = time.perf_counter()
-            m = measure(trial.case, self.rank, dist.group.WORLD,
-                        f"cuda:{index}" if index is not None else "cpu", nodes=trial.node_of_rank)
+            if getattr(trial.case, "mode", None) == "train":  # a model training trial
+                from seqpar.workers.train import measure_training
+
+                m = measure_training(trial.case, self.rank, str(self.info()["device_name"]))
+            else:
+                m = measure(trial.case, self.rank, dist.group.WORLD,
+                            f"cuda:{index}" if index is not None else "cpu",
+                            nodes=trial.node_of_rank)
             m.extra.update(self.info())
             m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")

@@ -128,6 +128,10 @@ class TrialResult:
         out["bytes_intra"] = float(sum(link_bytes(m, "intra") for m in ranks))
         out["bytes_inter"] = float(sum(link_bytes(m, "inter") for m in ranks))
         out["bytes_total"] = out["bytes_intra"] + out["bytes_inter"]
+        if case.mode == "train":  # a model training trial (issue 10): TGS, MFU, memory levers
+            from seqpar.workers.train import train_metrics
+
+            out.update(train_metrics(case, ranks, step_ms, str(ranks[0].extra.get("device_name", ""))))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -35,6 +35,13 @@ FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to report
 def validate(case: Case, nodes: int, ranks_per_node: int | None,
              link_emulation: dict[str, LinkModel] | None, timeout_s: float) -> int:
     """Every rule a trial's input must keep; returns ranks_per_node. Raises ConfigError."""
+    from seqpar.workers.train import TrainCase
+
+    if isinstance(case, TrainCase):  # a model training trial (issue 10) states its own rules
+        case.check()
+        _, rpn = topology.plan_shape(case.world, nodes, ranks_per_node)
+        require(timeout_s > 0, "timeout_s", timeout_s, "must be > 0")
+        return rpn
     require(isinstance(case, Case), "case", type(case).__name__, "must be a seqpar Case")
     require(isinstance(case.world, int) and case.world >= 1, "world", case.world,
             "must be a positive integer")

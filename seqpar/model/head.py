@@ -1,0 +1,56 @@
+"""The LM head with cross-entropy: unfused (logits in full) and fused (BurstEngine §3.3, Alg. 3).
+
+The fused head walks the tokens in tiles and, per token tile, the vocabulary in tiles twice: once
+for the log-sum-exp (online over vocabulary tiles), once for the softmax gradient. The gradients of
+the hidden states and of the head weight are accumulated during the forward pass, so no logits are
+kept for backward and at most one (token tile x vocabulary tile) block of them exists at a time;
+backward only scales the stored gradients by the incoming one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def unfused_loss_sum(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of token cross-entropies of logits h @ weight^T (all logits materialised)."""
+    logits = F.linear(h.reshape(-1, h.shape[-1]), weight)
+    return F.cross_entropy(logits, labels.reshape(-1), reduction="sum")
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, labels, token_tile: int, vocab_tile: int):
+        m, vocab = h.shape[0], weight.shape[0]
+        dh = torch.zeros_like(h)
+        dw = torch.zeros_like(weight)
+        total = torch.zeros((), dtype=h.dtype, device=h.device)
+        for t0 in range(0, m, token_tile):
+            ht, lt = h[t0:t0 + token_tile], labels[t0:t0 + token_tile]
+            lse = torch.full((ht.shape[0],), float("-inf"), dtype=h.dtype, device=h.device)
+            for v0 in range(0, vocab, vocab_tile):
+                lse = torch.logaddexp(lse, torch.logsumexp(ht @ weight[v0:v0 + vocab_tile].T, -1))
+            total += (lse - (ht * weight[lt]).sum(-1)).sum()
+            for v0 in range(0, vocab, vocab_tile):
+                wv = weight[v0:v0 + vocab_tile]
+                p = torch.exp(ht @ wv.T - lse[:, None])
+                inside = (lt >= v0) & (lt < v0 + wv.shape[0])
+                rows = inside.nonzero().squeeze(1)
+                p[rows, lt[rows] - v0] -= 1.0
+                dh[t0:t0 + token_tile] += p @ wv
+                dw[v0:v0 + vocab_tile] += p.T @ ht
+        ctx.save_for_backward(dh, dw)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        dh, dw = ctx.saved_tensors
+        return dh * grad, dw * grad, None, None, None
+
+
+def fused_loss_sum(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                   token_tile: int = 1024, vocab_tile: int = 8192) -> torch.Tensor:
+    """Sum of token cross-entropies, tiled; equal to `unfused_loss_sum` with gradients for h, weight."""
+    flat = h.reshape(-1, h.shape[-1])
+    return _FusedHeadLoss.apply(flat, weight, labels.reshape(-1), token_tile, vocab_tile)

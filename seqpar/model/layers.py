@@ -1,0 +1,41 @@
+"""The token-wise pieces of a LLaMA block: RMSNorm, rotary embeddings at global positions, SwiGLU.
+
+Every function here acts on each token independently, which is what lets the checkpointing modes
+split a shard's tokens into a recomputed and a stored part (`checkpointing.py`) exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(pos: torch.Tensor, head_dim: int, theta: float,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (1, s, 1, head_dim) for the tokens at global positions `pos` (float64 math).
+
+    Computed from the positions themselves, so a zigzag or stripe shard rotates each token by the
+    angle of its place in the whole sequence, as the one-process model does.
+    """
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = pos.to(torch.float64)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return (angles.cos().to(dtype)[None, :, None, :], angles.sin().to(dtype)[None, :, None, :])
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (batch, s, heads, head_dim) by the tables (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """W2 (silu(W1 x) * W3 x)."""
+    return torch.nn.functional.linear(
+        torch.nn.functional.silu(torch.nn.functional.linear(x, w1))
+        * torch.nn.functional.linear(x, w3), w2)

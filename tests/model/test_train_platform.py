@@ -1,0 +1,60 @@
+"""Training trials on the platform: the spec's `train` section, the four studies' points, and one
+DP x SP trial through the Ray rank workers with its metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from seqpar.errors import ConfigError
+from seqpar.experiments.registry import STUDIES
+from seqpar.experiments.spec import ExperimentSpec
+from seqpar.workers.train import TrainCase
+
+TINY_SHAPE = {"heads": 4, "kv_heads": 2, "head_dim": 16}
+
+
+def spec(**train):
+    return {"model": TINY_SHAPE, "plan": {"algorithm": "ring", "world": 4},
+            "workload": {"seq_len": 256}, "train": train}
+
+
+def test_train_section_becomes_a_train_case():
+    case = ExperimentSpec.parse(spec(checkpoint="sc++", dp=2, vocab=512)).to_case()
+    assert isinstance(case, TrainCase)
+    assert (case.sp, case.dp, case.world, case.config().vocab) == (2, 2, 4, 512)
+
+
+@pytest.mark.parametrize(("train", "model", "field"), [
+    ({"dp": 3}, TINY_SHAPE, "train.dp"),
+    ({"checkpoint": "some"}, TINY_SHAPE, "train.checkpoint"),
+    ({"model": "llama9"}, TINY_SHAPE, "train.model"),
+    ({}, {"heads": 8, "kv_heads": 8, "head_dim": 32}, "model.shape"),
+])
+def test_bad_train_sections_name_their_field(train, model, field):
+    data = spec(**train)
+    data["model"] = model
+    with pytest.raises(ConfigError, match=field):
+        ExperimentSpec.parse(data)
+
+
+@pytest.mark.parametrize("preset", ("cpu", "gpu-cluster"))
+@pytest.mark.parametrize("name", ("e2e-throughput", "checkpointing", "lm-head", "e2e-scaling"))
+def test_training_studies_have_only_valid_points(name, preset):
+    points = STUDIES[name].points(preset)
+    assert points and all(p.spec is not None for p in points), [str(p.error) for p in points]
+    assert all(isinstance(p.spec.to_case(), TrainCase) for p in points)
+
+
+@pytest.mark.ray
+def test_dp2_training_trial_runs_on_ray(ray_runner):
+    case = TrainCase(algorithm="ring", sp=1, dp=2, layout="zigzag", seq_len=64, checkpoint="sc++",
+                     fused_head=True, iters=2)
+    result = ray_runner.run(case, timeout_s=300)
+    assert result.status == "FINISHED", result.cause
+    m = result.metrics()
+    for key in ("tgs", "tokens_per_s", "model_flops_per_s_halved", "model_flops_per_s_full",
+                "activation_bytes", "recomputed_flops", "peak_mem_bytes"):
+        assert m[key] > 0, key
+    assert m["tokens_per_s"] == pytest.approx(2 * 64 / (m["step_ms"] / 1e3))
+    losses = [r.extra["losses"] for r in result.per_rank]
+    assert losses[0] == losses[1]  # the loss is averaged over the two replicas' batches
