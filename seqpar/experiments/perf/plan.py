@@ -1,0 +1,131 @@
+"""Every valid configuration ranked by predicted time (what `seqpar plan` prints), and predictions
+held against a finished sweep's measurements (`seqpar plan --validate`)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from seqpar import algorithms
+from seqpar.algorithms.base import AttnShape
+from seqpar.algorithms.layouts import LAYOUTS
+from seqpar.errors import ConfigError, SeqparError, require
+from seqpar.experiments.clusters import Cluster
+from seqpar.experiments.perf.api import Prediction, predict, predict_spec
+from seqpar.experiments.perf.step import CHECKPOINTS, shape_of, step
+
+Space = Iterable[tuple[str, Mapping[str, Any]]]
+
+
+def model_shape(model: str, seq_len: int, dtype: str = "bfloat16") -> tuple[AttnShape, Any]:
+    """(attention shape, ModelConfig or None) for a model name: a ModelConfig preset, else an
+    attention-shape preset of experiments.spec (attention scope only)."""
+    from seqpar.algorithms.base import DTYPES
+    from seqpar.experiments.spec import PRESETS as SHAPES
+    from seqpar.model.config import PRESETS
+
+    elem = DTYPES[dtype].itemsize
+    if model in PRESETS:
+        return shape_of(PRESETS[model], seq_len, elem_bytes=elem), PRESETS[model]
+    require(model in SHAPES, "model", model, f"must be one of {', '.join({*PRESETS, *SHAPES})}")
+    s = SHAPES[model]
+    return AttnShape(1, seq_len, s["heads"], s["kv_heads"], s["head_dim"], elem), None
+
+
+def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *, nodes: int = 1,
+         scope: str = "attention", layouts: Sequence[str] = LAYOUTS, causal: bool = True,
+         dtype: str = "bfloat16") -> list[Prediction]:
+    """Predictions for every valid (algorithm, options, layout), fitting ones first by time."""
+    require(scope in ("attention", "model"), "scope", scope, "must be attention or model")
+    require(world >= 1, "world", world, "must be at least 1")
+    require(nodes >= 1 and world % nodes == 0, "nodes", nodes, f"must divide world={world}")
+    shape, cfg = model_shape(model, seq_len, dtype)
+    require(scope == "attention" or cfg is not None, "model", model,
+            "--scope model needs a model preset of seqpar.model.config")
+    out: list[Prediction] = []
+    for name, options in space:
+        for layout in layouts:
+            try:
+                algorithms.check(name, shape, world, layout, causal, **options)
+            except ConfigError:
+                continue
+            p = predict(cluster, name, shape, world, nodes=nodes, options=options, layout=layout,
+                        causal=causal, dtype=dtype)
+            if scope == "model":
+                for ck in CHECKPOINTS:
+                    q = step(p, cfg, cluster, shape, world, ck, dtype)
+                    q.options = {**q.options, "checkpoint": ck}
+                    out.append(q)
+            else:
+                out.append(p)
+    key = (lambda p: p.step_ms) if scope == "model" else (lambda p: p.attention_ms)
+    return sorted(out, key=lambda p: (not p.fits, key(p)))
+
+
+# ------------------------------------------------------------------------------- validation
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def spec_of_params(params: Mapping[str, str]) -> Any:
+    """Rebuild an ExperimentSpec from a trial's flat MLflow params (plan.options.dhp, ...)."""
+    from seqpar.experiments.spec import ExperimentSpec
+
+    data: dict[str, Any] = {}
+    for key, text in params.items():
+        parts = key.split(".")
+        if parts[0] not in ("model", "plan", "workload", "env"):
+            continue
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = _value(text)
+    data.get("model", {}).pop("preset", None)
+    return ExperimentSpec.parse(data)
+
+
+@dataclass
+class Check:
+    label: str
+    measured_ms: float
+    predicted_ms: float
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+
+def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
+             cluster: Cluster) -> list[Check]:
+    """(params, metrics) of finished trials -> predicted vs measured step time."""
+    out = []
+    for params, metrics in trials:
+        if "step_ms" not in metrics:
+            continue
+        try:
+            spec = spec_of_params(params)
+        except SeqparError:
+            continue
+        if spec.plan.algorithm not in algorithms.REGISTRY:
+            continue
+        p = predict_spec(spec, cluster)
+        out.append(Check(spec.label(), float(metrics["step_ms"]), p.attention_ms))
+    return out
+
+
+def summary(checks: Sequence[Check]) -> dict[str, Any]:
+    """Median absolute error, and the measured time of the predicted best over the measured best."""
+    if not checks:
+        return {"trials": 0}
+    best_pred = min(checks, key=lambda c: c.predicted_ms)
+    best = min(c.measured_ms for c in checks)
+    return {"trials": len(checks),
+            "median_abs_error": statistics.median(abs(c.error) for c in checks),
+            "predicted_best": best_pred.label,
+            "regret": best_pred.measured_ms / best - 1}
