@@ -57,10 +57,17 @@ class Cluster(_Strict):
                                           description="datasheet peak per dtype (for MFU)")
     kernel_half_tokens: int = Field(FLASH_HALF_TOKENS, ge=0,
                                     description="query tokens at which the kernel runs at half rate")
+    kernel_call_us: float = Field(0.0, ge=0, description="fixed cost of one kernel call (a CPU's "
+                                  "dispatch; negligible on GPUs at these sizes)")
     memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
     intra: Link = Field(description="one GPU's link to the others of its node")
     nics_per_node: int = Field(1, gt=0)
     inter: Link = Field(description="one NIC: bandwidth and latency between nodes")
+    cores: int | None = Field(None, gt=0, description="a host whose ranks share its cores (local): "
+                              "P ranks get min(1, cores / P) of the one-thread rate each")
+
+    def share(self, world: int) -> float:
+        return 1.0 if self.cores is None else min(1.0, self.cores / world)
 
     def rate(self, dtype: str, kind: str = "attention") -> float:
         """FLOP/s of one device for `kind` (attention | gemm) in `dtype` (nearest known dtype)."""
@@ -138,6 +145,24 @@ def load(name_or_path: str) -> Cluster:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"cluster {path.name}: {where}", first.get("input"), first["msg"]) from None
+
+
+def twin(cluster: Cluster, local: Cluster, dtype: str = "float32") -> Cluster:
+    """`local` with `cluster`'s links slowed by local / cluster kernel throughput (bandwidth times
+    the ratio, latency over it): a run here then has the cluster's compute/communication balance
+    per rank. One rank per NIC: the emulation delays each transfer on its own, so each GPU gets
+    its fair share of its node's NICs."""
+    ratio = local.rate(dtype) / cluster.rate("bfloat16")
+    per_gpu = cluster.inter.bandwidth_gb_per_s * cluster.nics_per_node / cluster.gpus_per_node
+
+    def scaled(bw: float, lat: float) -> Link:
+        return Link(bandwidth_gb_per_s=bw * ratio, latency_us=lat / ratio)
+
+    return local.model_copy(update={
+        "name": f"{cluster.name}@{local.name}", "source": f"{cluster.name} scaled to {local.name}",
+        "intra": scaled(cluster.intra.bandwidth_gb_per_s, cluster.intra.latency_us),
+        "inter": scaled(per_gpu, cluster.inter.latency_us),
+        "nics_per_node": local.gpus_per_node})
 
 
 def save(cluster: Cluster, path: str | Path | None = None) -> Path:

@@ -46,19 +46,25 @@ def kernel_rates(dtype: torch.dtype = torch.float32,
     return out
 
 
-def fit_rate(rates: dict[int, float]) -> tuple[float, int]:
-    """(R FLOP/s at large blocks, t_half tokens) of rate(t) = R t / (t + t_half), least relative
-    error over a grid of t_half (R in closed form for each)."""
-    best = (float("inf"), 0.0, 0)
-    for half in range(0, 16385, 16):
-        shape = {t: t / (t + half) for t in rates}
-        # minimise sum((R s - r)/r)^2 -> R = sum(s/r) / sum(s^2/r^2)
-        big_r = sum(shape[t] / r for t, r in rates.items()) / \
-            sum((shape[t] / r) ** 2 for t, r in rates.items())
-        err = sum(((big_r * shape[t] - r) / r) ** 2 for t, r in rates.items())
-        if err < best[0]:
-            best = (err, big_r, half)
-    return best[1], best[2]
+def fit_rate(rates: dict[int, float]) -> tuple[float, int, float]:
+    """(R FLOP/s, t_half tokens, call overhead s) of time(t) = c + F(t) (1 + t_half/t) / R, the
+    least relative error in time over a grid of (c, t_half), R in closed form for each."""
+    flops = {t: 3.5 * attention_flops(1, t, t, HEADS, HEAD_DIM, "causal") for t in rates}
+    times = {t: flops[t] / r for t, r in rates.items()}
+    best = (float("inf"), 1.0, 0, 0.0)
+    for c in [i * 1e-5 for i in range(0, 200)]:
+        if c >= min(times.values()):
+            break
+        for half in range(0, 4097, 32):
+            a = {t: flops[t] * (1 + half / t) for t in rates}
+            x = sum(a[t] * (times[t] - c) / times[t] ** 2 for t in rates) / \
+                sum((a[t] / times[t]) ** 2 for t in rates)
+            if x <= 0:
+                continue
+            err = sum(((c + a[t] * x - times[t]) / times[t]) ** 2 for t in rates)
+            if err < best[0]:
+                best = (err, 1 / x, half, c)
+    return best[1], best[2], best[3]
 
 
 def gemm_rate(dtype: torch.dtype = torch.float32, n: int = 512) -> float:
@@ -100,9 +106,14 @@ def link(repeats: int = 10) -> Link:
 
 
 def measure(name: str = "local", with_link: bool = True) -> tuple[Cluster, dict[int, float]]:
-    """This machine as a Cluster (one node; ranks are processes sharing its cores)."""
-    rates = kernel_rates()
-    peak, half = fit_rate(rates)
+    """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what one rank of a LocalGang or a Ray trial gets
+    try:
+        rates = kernel_rates()
+    finally:
+        torch.set_num_threads(threads)
+    peak, half, call = fit_rate(rates)
     gemm = gemm_rate()
     lk = link() if with_link else Link(bandwidth_gb_per_s=1.0, latency_us=50.0)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
@@ -113,5 +124,6 @@ def measure(name: str = "local", with_link: bool = True) -> tuple[Cluster, dict[
                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; ranks share the cores",
         attention_tflops={"float32": round(peak / 1e12, 6)},
         gemm_tflops={"float32": round(gemm / 1e12, 6)},
-        kernel_half_tokens=half, memory_gb=round(mem, 1), intra=lk, nics_per_node=1, inter=lk)
+        kernel_half_tokens=half, kernel_call_us=round(call * 1e6, 1), memory_gb=round(mem, 1), intra=lk, nics_per_node=1, inter=lk,
+        cores=cores)
     return cluster, rates

@@ -4,7 +4,8 @@ The block's kernel calls come from `layouts.block_tasks` (the one place the caus
 live) on a small proxy of the sequence (PROXY tokens per layout chunk), scaled to the real size: so
 causal imbalance per layout (contiguous vs zigzag vs stripe) and the kernel's size per call follow
 from the layout itself. FLOPs per call are `kernels.attention_flops`; a call of t query tokens runs
-at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5).
+at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), plus
+the cluster's fixed cost per call (a CPU's dispatch).
 """
 
 from __future__ import annotations
@@ -42,14 +43,15 @@ def block_calls(layout: str, world: int, q_members: tuple[int, ...], k_members: 
 
 
 def block_seconds(cluster: Cluster, dtype: str, batch: int, seq_len: int, heads: int,
-                  head_dim: int, calls: tuple[tuple[float, float, str], ...]) -> tuple[float, float]:
-    """(seconds, flops) of one forward over the calls."""
-    rate, half = cluster.rate(dtype), cluster.kernel_half_tokens
+                  head_dim: int, calls: tuple[tuple[float, float, str], ...],
+                  world: int = 1) -> tuple[float, float]:
+    """(seconds, flops) of one forward over the calls, on one of `world` ranks."""
+    rate, half = cluster.rate(dtype) * cluster.share(world), cluster.kernel_half_tokens
     seconds = flops = 0.0
     for fq, fk, mask in calls:
         sq, sk = fq * seq_len, fk * seq_len
         f = attention_flops(batch, 1, 1, heads, head_dim, mask) * sq * sk
         eff = sq / (sq + half) if half else 1.0
-        seconds += f / (rate * eff)
+        seconds += f / (rate * eff) + cluster.kernel_call_us * 1e-6
         flops += f
     return seconds, flops

@@ -49,13 +49,14 @@ def unit_bytes(shape: AttnShape, world: int) -> int:
 
 def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
                    sched: Schedule) -> int:
-    """Bytes one rank holds at the attention's peak: inputs (q, k, v), out, what it keeps for
-    backward beyond its inputs, fp32 accumulators (out, dq) and two in-flight messages per ring."""
+    """Bytes one rank holds at the backward's peak: q, k, v, out, dout and dq, dk, dv of its shard,
+    what it keeps for backward beyond its inputs, an fp32 dq accumulator and two in-flight
+    messages per ring."""
     a = unit_bytes(shape, world)
     kv = shape.kv_heads / shape.heads
-    inputs = (2 + 2 * kv) * a                       # q, k, v and out of this rank's shard
+    inputs = 2 * (2 + 2 * kv) * a                   # q, k, v, out and their gradients
     kept = max(0.0, held(name, shape, world, options) - (1 + 2 * kv)) * a
-    acc = 2 * a * 4 // shape.elem_bytes             # out / dq accumulators in fp32
+    acc = a * 4 // shape.elem_bytes                 # dq accumulated in fp32
     msgs = max((2 * (st.msg + st.grad) for ph in sched.phases.values() for st in ph
                 if isinstance(st, Ring)), default=0)
     return int(inputs + kept + acc + msgs)

@@ -70,7 +70,7 @@ class Job:
     def block(self, q: tuple[int, ...], k: tuple[int, ...], heads: int) -> tuple[float, float]:
         calls = kernel.block_calls(self.layout, self.world, q, k, self.causal)
         return kernel.block_seconds(self.cluster, self.dtype, self.shape.batch, self.shape.seq_len,
-                                    heads, self.shape.head_dim, calls)
+                                    heads, self.shape.head_dim, calls, self.world)
 
 
 def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
