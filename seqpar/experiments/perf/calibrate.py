@@ -124,6 +124,6 @@ def measure(name: str = "local", with_link: bool = True) -> tuple[Cluster, dict[
                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; ranks share the cores",
         attention_tflops={"float32": round(peak / 1e12, 6)},
         gemm_tflops={"float32": round(gemm / 1e12, 6)},
-        kernel_half_tokens=half, kernel_call_us=round(call * 1e6, 1), memory_gb=round(mem, 1), intra=lk, nics_per_node=1, inter=lk,
-        cores=cores)
+        kernel_half_tokens=half, kernel_call_us=round(call * 1e6, 1), memory_gb=round(mem, 1),
+        intra=lk, nics_per_node=1, inter=lk, cores=cores)
     return cluster, rates

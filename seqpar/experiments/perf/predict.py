@@ -78,11 +78,15 @@ def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
     outer = n // w
     steps = [(o, i) for o in range(outer) for i in range(w)]
     comp, flops = [], []
+    memo: dict[tuple, tuple[float, float]] = {}
     for o, i in steps:  # the slowest rank of every ring sets each step
         worst, worst_f = 0.0, 0.0
-        for r, ring in enumerate(st.rings):
+        for r in range(len(st.rings)):
             for pos in range(n):
-                sec, f = job.block(*st.blocks(r, pos, st.source(pos, o, i)), st.heads)
+                qk = st.blocks(r, pos, st.source(pos, o, i))
+                if qk not in memo:
+                    memo[qk] = job.block(*qk, st.heads)
+                sec, f = memo[qk]
                 if sec > worst:
                     worst, worst_f = sec, f
         comp.append(worst * st.factor)
