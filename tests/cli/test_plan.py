@@ -68,3 +68,25 @@ def test_tune_prune_keeps_exactly_the_models_top_k():
     best = sorted((times[id(p)], p.spec.hash) for p in full.trials)[:3]
     pruned = tuning_plan(4, "tiny", 1024, prune=3, cluster="loongtrain-a100")
     assert sorted(p.spec.hash for p in pruned.trials) == sorted(h for _, h in best)
+
+
+def test_validate_rebuilds_specs_from_flat_params_and_scores():
+    from seqpar.experiments import clusters
+    from seqpar.experiments.perf import plan as perf_plan
+    from seqpar.experiments.registry import STUDIES
+
+    local = clusters.load("local")
+    trials = []
+    for p in STUDIES["placement"].points("cpu"):
+        if p.spec is None:
+            continue
+        params = {k: str(v) if isinstance(v, str) else __import__("json").dumps(v)
+                  for k, v in p.spec.flat().items()}
+        pred = perf_plan.predict_spec(p.spec, perf_plan.emulated(p.spec, local)).attention_ms
+        trials.append((params, {"step_ms": pred * 1.1}))
+    checks = perf_plan.validate(trials, local)
+    assert len(checks) == len(trials) >= 4
+    s = perf_plan.summary(checks)
+    assert s["median_abs_error"] == __import__("pytest").approx(1 / 1.1 - 1 + 0.0, abs=1) and \
+        abs(s["median_abs_error"] - (1 - 1 / 1.1)) < 1e-6
+    assert s["regret"] == 0

@@ -101,6 +101,19 @@ class Check:
         return (self.predicted_ms - self.measured_ms) / self.measured_ms
 
 
+def emulated(spec: Any, cluster: Cluster) -> Cluster:
+    """The cluster a trial ran on: `cluster` (this machine), with the trial's emulated links when
+    it had any (each rank's transfers delayed on their own: one NIC per rank)."""
+    links = spec.env.emulated_links(spec.workload.dtype)
+    if not links:
+        return cluster
+    from seqpar.experiments.clusters import Link
+
+    return cluster.model_copy(update={
+        k: Link(bandwidth_gb_per_s=v.bandwidth_gb_per_s, latency_us=v.latency_us)
+        for k, v in links.items()} | {"nics_per_node": cluster.gpus_per_node})
+
+
 def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
              cluster: Cluster) -> list[Check]:
     """(params, metrics) of finished trials -> predicted vs measured step time."""
@@ -114,7 +127,7 @@ def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
             continue
         if spec.plan.algorithm not in algorithms.REGISTRY:
             continue
-        p = predict_spec(spec, cluster)
+        p = predict_spec(spec, emulated(spec, cluster))
         out.append(Check(spec.label(), float(metrics["step_ms"]), p.attention_ms))
     return out
 
