@@ -48,7 +48,7 @@ def plan(
         return
     rows = []
     for i, p in enumerate(ranked[:top]):
-        opts = ", ".join(f"{k}={v}" for k, v in p.options.items())
+        opts = " ".join(f"{k}={v}" for k, v in p.options.items() if k != "dcp")
         rows.append([i + 1 if p.fits else "no fit", p.algorithm, opts, p.layout,
                      f"{p.attention_ms:.2f}", "-" if p.step_ms is None else f"{p.step_ms:.1f}",
                      f"{p.compute_ms:.2f}", f"{p.exposed_ms['intra']:.2f}",

@@ -151,3 +151,19 @@ def test_wallfacer_holds_3c_activations_and_memory_rises():
     one, four = (perf.predict(A100, "wallfacer", shape, 64, options={"team_size": c}).peak_mem_bytes
                  for c in (1, 4))
     assert four > one
+
+
+def test_checkpoint_policies_trade_memory_for_recompute():
+    from seqpar.experiments.perf.step import shape_of, step
+    from seqpar.model.config import PRESETS
+
+    cfg = PRESETS["llama2-7b"]
+    shape = shape_of(cfg, 131072)
+    p = perf.predict(A100, "usp", shape, 16, nodes=2, options={"dhp": 8})
+    none, full, scpp, half = (step(p, cfg, A100, shape, 16, ck)
+                              for ck in ("none", "full", "sc++", "seq:0.5"))
+    assert none.step_ms < half.step_ms < full.step_ms
+    assert scpp.step_ms < full.step_ms  # SC++ does not recompute attention
+    assert none.peak_mem_bytes > half.peak_mem_bytes > full.peak_mem_bytes
+    assert full.peak_mem_bytes < scpp.peak_mem_bytes < none.peak_mem_bytes
+    assert 0 < full.mfu < none.mfu < 1
