@@ -80,6 +80,7 @@ def _validate(sweep_id: str, cluster, as_json: bool) -> None:
     display_table(f"sweep {sweep_id} on {cluster.name}: predicted vs measured step",
                   ["trial", "measured ms", "predicted ms", "error"], rows)
     if s["trials"]:
-        console.print(f"median |error| {100 * s['median_abs_error']:.1f}% over {s['trials']} "
-                      f"trials; predicted best {s['predicted_best']} is "
-                      f"{100 * s['regret']:.1f}% off the measured best")
+        console.print(f"median |error| {100 * s['median_abs_error']:.1f}% over {s['trials']} trials")
+        for group, regret in s["regret"].items():
+            console.print(f"  {group}: predicted best {s['predicted_best'][group]} is "
+                          f"{100 * regret:.1f}% off the measured best")

@@ -80,13 +80,11 @@ def test_validate_rebuilds_specs_from_flat_params_and_scores():
     for p in STUDIES["placement"].points("cpu"):
         if p.spec is None:
             continue
-        params = {k: str(v) if isinstance(v, str) else __import__("json").dumps(v)
-                  for k, v in p.spec.flat().items()}
+        params = {k: str(v) for k, v in p.spec.flat().items()}  # as MLflow stores them
         pred = perf_plan.predict_spec(p.spec, perf_plan.emulated(p.spec, local)).attention_ms
         trials.append((params, {"step_ms": pred * 1.1}))
     checks = perf_plan.validate(trials, local)
     assert len(checks) == len(trials) >= 4
     s = perf_plan.summary(checks)
-    assert s["median_abs_error"] == __import__("pytest").approx(1 / 1.1 - 1 + 0.0, abs=1) and \
-        abs(s["median_abs_error"] - (1 - 1 / 1.1)) < 1e-6
-    assert s["regret"] == 0
+    assert abs(s["median_abs_error"] - (1 - 1 / 1.1)) < 1e-6
+    assert s["max_regret"] == 0 and len(s["regret"]) == 1

@@ -67,6 +67,9 @@ def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *
 
 # ------------------------------------------------------------------------------- validation
 def _value(text: str) -> Any:
+    """A param as MLflow stores it (str(value)) back to the value."""
+    if text in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[text]
     try:
         return json.loads(text)
     except (TypeError, ValueError):
@@ -95,6 +98,7 @@ class Check:
     label: str
     measured_ms: float
     predicted_ms: float
+    group: str = ""  # trials that answer one question (same workload and shape): best is chosen here
 
     @property
     def error(self) -> float:
@@ -128,17 +132,26 @@ def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
         if spec.plan.algorithm not in algorithms.REGISTRY:
             continue
         p = predict_spec(spec, emulated(spec, cluster))
-        out.append(Check(spec.label(), float(metrics["step_ms"]), p.attention_ms))
+        w, m = spec.workload, spec.model
+        group = f"N={w.seq_len} B={w.batch} H={m.heads}/{m.hkv} D={m.head_dim} {w.dtype} {w.mode}"
+        out.append(Check(spec.label(), float(metrics["step_ms"]), p.attention_ms, group))
     return out
 
 
 def summary(checks: Sequence[Check]) -> dict[str, Any]:
-    """Median absolute error, and the measured time of the predicted best over the measured best."""
+    """Median absolute error over the trials; per group of comparable trials (same workload and
+    shape), the measured time of the predicted best over the measured best (the regret)."""
     if not checks:
         return {"trials": 0}
-    best_pred = min(checks, key=lambda c: c.predicted_ms)
-    best = min(c.measured_ms for c in checks)
+    groups: dict[str, list[Check]] = {}
+    for c in checks:
+        groups.setdefault(c.group, []).append(c)
+    regrets = {}
+    for name, members in groups.items():
+        pick = min(members, key=lambda c: c.predicted_ms)
+        regrets[name] = (pick.label, pick.measured_ms / min(c.measured_ms for c in members) - 1)
     return {"trials": len(checks),
             "median_abs_error": statistics.median(abs(c.error) for c in checks),
-            "predicted_best": best_pred.label,
-            "regret": best_pred.measured_ms / best - 1}
+            "regret": {g: r for g, (_, r) in regrets.items()},
+            "predicted_best": {g: label for g, (label, _) in regrets.items()},
+            "max_regret": max(r for _, r in regrets.values())}
