@@ -63,6 +63,8 @@ class Cluster(_Strict):
     intra: Link = Field(description="one GPU's link to the others of its node")
     nics_per_node: int = Field(1, gt=0)
     inter: Link = Field(description="one NIC: bandwidth and latency between nodes")
+    shared_links: bool = Field(True, description="concurrent transfers on one link share it (real "
+                               "links); False: each is delayed on its own (link emulation)")
     cores: int | None = Field(None, gt=0, description="a host whose ranks share its cores (local): "
                               "P ranks get min(1, cores / P) of the one-thread rate each")
 
@@ -162,7 +164,7 @@ def twin(cluster: Cluster, local: Cluster, dtype: str = "float32") -> Cluster:
         "name": f"{cluster.name}@{local.name}", "source": f"{cluster.name} scaled to {local.name}",
         "intra": scaled(cluster.intra.bandwidth_gb_per_s, cluster.intra.latency_us),
         "inter": scaled(per_gpu, cluster.inter.latency_us),
-        "nics_per_node": local.gpus_per_node})
+        "nics_per_node": local.gpus_per_node, "shared_links": False})
 
 
 def save(cluster: Cluster, path: str | Path | None = None) -> Path:

@@ -61,13 +61,11 @@ class Net:
     def collective(self, groups: Sequence[Sequence[int]], nbytes: int) -> Cost:
         """All groups at once, each rank sending nbytes spread evenly over its group's other
         members (all-to-all, all-gather, reduce-scatter alike): per rank, the intra share over
-        NVLink and the inter share over its NIC (shared by its NIC's other senders), one latency per
-        peer."""
+        NVLink and the inter share over its NIC (shared by its NIC's other senders), both at once."""
         if nbytes <= 0:
             return Cost(0.0)
         inter_of: dict[int, float] = {}
         intra_of: dict[int, float] = {}
-        peers_off: dict[int, int] = {}
         for group in groups:
             m = len(group)
             if m < 2:
@@ -76,16 +74,12 @@ class Net:
                 off = sum(1 for o in group if self.node(o) != self.node(r))
                 inter_of[r] = nbytes * off / (m - 1)
                 intra_of[r] = nbytes - inter_of[r]
-                peers_off[r] = off
         if not inter_of:
             return Cost(0.0)
         share = Counter(self.nic(r) for r, b in inter_of.items() if b > 0)
         c = self.cluster
         worst, busiest = 0.0, max(inter_of, key=lambda r: (inter_of[r], r))
-        for r in inter_of:
-            m_on = len(groups[0]) - 1 - peers_off[r]
-            t = max(intra_of[r] / (c.intra.bandwidth_gb_per_s * 1e9) + m_on * c.intra.latency_us * 1e-6,
-                    inter_of[r] * share[self.nic(r)] / (c.inter.bandwidth_gb_per_s * 1e9)
-                    + peers_off[r] * c.inter.latency_us * 1e-6)
+        for r in inter_of:  # every peer posted at once: one latency per link class
+            t = max(c.intra.seconds(intra_of[r]), c.inter.seconds(inter_of[r], share[self.nic(r)]))
             worst = max(worst, t)
         return Cost(worst, round(intra_of[busiest]), round(inter_of[busiest]))

@@ -115,7 +115,7 @@ def emulated(spec: Any, cluster: Cluster) -> Cluster:
 
     return cluster.model_copy(update={
         k: Link(bandwidth_gb_per_s=v.bandwidth_gb_per_s, latency_us=v.latency_us)
-        for k, v in links.items()} | {"nics_per_node": cluster.gpus_per_node})
+        for k, v in links.items()} | {"nics_per_node": cluster.gpus_per_node, "shared_links": False})
 
 
 def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],

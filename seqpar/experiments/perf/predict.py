@@ -99,8 +99,14 @@ def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
                    for p in range(n)]
     outer_pairs = [(ring[p], ring[DoubleRing(n, w, p).next_outer]) for ring in st.rings
                    for p in range(n)]
-    x_in = net.p2p(inner_pairs, st.msg + st.grad) if w > 1 else Cost(0.0)
-    x_out = net.p2p(outer_pairs, st.msg + st.grad) if outer > 1 else Cost(0.0)
+    def both(pairs):  # the block and the gradient behind it: one link, or (emulated) each its own
+        if job.cluster.shared_links or not st.grad:
+            return net.p2p(pairs, st.msg + st.grad)
+        a, b = net.p2p(pairs, st.msg), net.p2p(pairs, st.grad)
+        return Cost(max(a.seconds, b.seconds), a.intra + b.intra, a.inter + b.inter)
+
+    x_in = both(inner_pairs) if w > 1 else Cost(0.0)
+    x_out = both(outer_pairs) if outer > 1 else Cost(0.0)
     home = net.p2p(outer_pairs if outer > 1 else inner_pairs, st.grad)
     seconds = 0.0
     for o in range(outer):
