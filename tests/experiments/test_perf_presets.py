@@ -49,3 +49,20 @@ def test_local_cluster_ships_measured():
     local = clusters.load("local")
     assert local.cores and local.attention_tflops["float32"] > 0
     assert "seqpar calibrate" in local.source
+
+
+def test_validation_predicts_on_the_trials_emulated_links():
+    from seqpar.experiments.perf.plan import emulated
+    from seqpar.experiments.spec import ExperimentSpec
+
+    spec = ExperimentSpec.parse({
+        "model": "tiny", "plan": {"algorithm": "ring", "world": 4, "nodes": 2},
+        "workload": {"seq_len": 1024},
+        "env": {"link_emulation": {"inter": {"latency_us": 50.0, "bandwidth_gb_per_s": 1.0},
+                                   "intra": {"latency_us": 5.0, "bandwidth_gb_per_s": 10.0}}}})
+    local = clusters.load("local")
+    c = emulated(spec, local)
+    assert (c.inter.latency_us, c.inter.bandwidth_gb_per_s) == (50.0, 1.0)
+    assert not c.shared_links and c.attention_tflops == local.attention_tflops
+    slow = perf.predict_spec(spec, c)
+    assert slow.attention_ms > perf.predict_spec(spec, local).attention_ms
