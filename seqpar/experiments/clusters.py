@@ -65,11 +65,15 @@ class Cluster(_Strict):
     inter: Link = Field(description="one NIC: bandwidth and latency between nodes")
     shared_links: bool = Field(True, description="concurrent transfers on one link share it (real "
                                "links); False: each is delayed on its own (link emulation)")
-    cores: int | None = Field(None, gt=0, description="a host whose ranks share its cores (local): "
-                              "P ranks get min(1, cores / P) of the one-thread rate each")
+    cores: int | None = Field(None, gt=0, description="a host whose ranks share its cores (local); "
+                              "rates are one thread's")
 
     def share(self, world: int) -> float:
-        return 1.0 if self.cores is None else min(1.0, self.cores / world)
+        """One rank's multiple of the one-thread rate when `world` ranks share the host: cores / P
+        of a core when P > cores, else cores // P threads (the platform's CPU share per rank)."""
+        if self.cores is None:
+            return 1.0
+        return self.cores / world if world > self.cores else float(self.cores // world)
 
     def rate(self, dtype: str, kind: str = "attention") -> float:
         """FLOP/s of one device for `kind` (attention | gemm) in `dtype` (nearest known dtype)."""
