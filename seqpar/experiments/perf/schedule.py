@@ -186,10 +186,10 @@ def _local(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int)
 
 
 def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.algorithms import wallfacer
     from seqpar.experiments.perf.kernel import BACKWARD
 
-    grid: WallFacerGrid = wallfacer.grid_of(world, options)
+    grid = WallFacerGrid(world, options.get("team_size", 1),
+                         options.get("placement", "collective-intra"))
     c, t = grid.team_size, grid.ring_size
     spec = algorithms.get("wallfacer")
     placing = [r for r in range(world) if grid.init_send(r) != r]
@@ -242,7 +242,7 @@ BUILDERS: dict[str, Callable[[AttnShape, int, Mapping[str, Any], int], Schedule]
 def schedule(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
              nodes: int = 1) -> Schedule:
     """The stages of `name` at this shape and world; options resolved by the algorithm."""
-    resolved = algorithms.get(name).resolve_options(options)
+    resolved = {**algorithms.options_of(name), **options}  # the algorithm's defaults, then ours
     if name not in BUILDERS:  # an algorithm that lands later: its bytes, as one collective
         b = algorithms.expected_bytes(name, shape, world, **options)
         s = Schedule()
