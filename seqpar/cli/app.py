@@ -44,6 +44,9 @@ def _register() -> None:
     app.command("sweep", rich_help_panel="Experiments")(sweep.sweep)
     app.command("tune", rich_help_panel="Experiments")(tune.tune)
     app.command("compare", rich_help_panel="Results")(compare.compare)
+    app.command("plan", rich_help_panel="Experiments")(__import__("seqpar.cli.plan").cli.plan.plan)
+    app.command("calibrate", rich_help_panel="Experiments")(
+        __import__("seqpar.cli.calibrate").cli.calibrate.calibrate)
 
 
 _register()

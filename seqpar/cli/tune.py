@@ -21,9 +21,11 @@ def tune(
     dtype: Annotated[str | None, typer.Option(
         help="float32 | bfloat16 | ...; default bfloat16 on cuda, float32 on cpu.")] = None,
     prune: Annotated[int | None, typer.Option(
-        "--prune", help="Profile only the K configurations the cost model ranks fastest.")] = None,
+        "--prune", help="Profile only the K configurations the performance model ranks fastest.")
+    ] = None,
     cluster: Annotated[str, typer.Option(
-        "--cluster", help="Cost-model cluster for --prune: cpu | a100-ib | h100-ib.")] = "cpu",
+        "--cluster", help="Performance-model cluster for --prune and the predicted column: local "
+                          "(this machine, measured), loongtrain-a100, ... or a YAML file.")] = "local",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the tuning space only.")] = False,
 ) -> None:
     """Profile every valid (algorithm, options, layout) for this world and rank by tokens/s."""
@@ -36,19 +38,27 @@ def tune(
     sweep_id = execute(plan, resume=None, dry_run=dry_run, retries=0, strict=False,
             again=f"seqpar tune -P {world} --model {model} --seq-len {seq_len} --nodes {nodes}")
     if sweep_id is not None:
-        _ranking(sweep_id)
+        _ranking(sweep_id, cluster)
 
 
-def _ranking(sweep_id: str) -> None:
+def _ranking(sweep_id: str, cluster: str = "local") -> None:
+    """Measured ranking by tokens/s, with the performance model's prediction next to each."""
     from seqpar.cli import options
-    from seqpar.sweeps import report
+    from seqpar.experiments import clusters
+    from seqpar.experiments.perf import plan as perf_plan
 
-    cmp = report.comparison(options.tracker(), sweep=sweep_id, metric="tokens_per_s")
-    col = cmp.columns.index("tokens/s")
-
-    def tps(row: list) -> float:
-        return float(row[col].replace(",", "")) if row[col] != "-" else -1.0
-
-    ranked = sorted(cmp.rows, key=tps, reverse=True)
-    display_table("tuning ranking: arg max tokens/s (WallFacer Eq. 11)", ["rank", *cmp.columns],
-                  [[i + 1, *r] for i, r in enumerate(ranked)], highlight_row=0)
+    trials = [t for t in options.tracker().trials(sweep_id) if "tokens_per_s" in t.metrics]
+    checks = perf_plan.validate(((t.params, t.metrics) for t in trials), clusters.load(cluster))
+    predicted = {c.label: c.predicted_ms for c in checks}
+    rows = []
+    for t in sorted(trials, key=lambda t: -t.metrics["tokens_per_s"]):
+        pred = predicted.get(t.name)
+        rows.append([t.name, f"{t.metrics['step_ms']:.2f}", "-" if pred is None else f"{pred:.2f}",
+                     f"{t.metrics['tokens_per_s']:,.0f}"])
+    display_table(f"tuning ranking: arg max tokens/s (WallFacer Eq. 11), predicted on {cluster}",
+                  ["rank", "configuration", "measured ms", "predicted ms", "tokens/s"],
+                  [[i + 1, *r] for i, r in enumerate(rows)], highlight_row=0)
+    s = perf_plan.summary(checks)
+    if s["trials"]:
+        console.print(f"model: median |error| {100 * s['median_abs_error']:.1f}%; its pick is "
+                      f"{100 * s['max_regret']:.1f}% off the measured best")

@@ -83,7 +83,30 @@ class Study:
         return "waits for " + ", ".join(f"{a} ({PENDING.get(a, 'not registered')})" for a in missing)
 
     def points(self, preset: str = "cpu") -> list[Point]:
-        return expand(*self.sweep(preset))
+        return fitting(expand(*self.sweep(preset)), MEMORY_CLUSTER[preset])
+
+
+# the device whose memory a preset's points must fit (issue 9, item 12)
+MEMORY_CLUSTER = {"cpu": "local", "gpu-cluster": "loongtrain-a100"}
+
+
+def fitting(points: list[Point], cluster: str) -> list[Point]:
+    """Points whose predicted peak memory per rank exceeds the cluster's device memory become
+    skipped, with the arithmetic as the reason."""
+    from seqpar.errors import ConfigError
+    from seqpar.experiments import clusters, perf
+
+    c = clusters.load(cluster)
+    out = []
+    for p in points:
+        if p.spec is not None:
+            peak = perf.predict_spec(p.spec, c).peak_mem_bytes
+            if peak > c.memory_gb * 1e9:
+                why = (f"predicted peak {peak / 1e9:.1f} GB per rank exceeds the {c.memory_gb:g} GB "
+                       f"of a {cluster} device")
+                p = Point(p.overrides, None, ConfigError("memory", p.spec.label(), why))
+        out.append(p)
+    return out
 
 
 def _throughput(preset: str) -> Sweep:
@@ -141,10 +164,14 @@ def _load_balance(preset: str) -> Sweep:
             {"plan.algorithm": ["ring", "allgather"], "plan.layout": ["contiguous", "zigzag", "stripe"]})
 
 
+# the emulated twin of LoongTrain's testbed: its links slowed by this machine's compute over an A100's
+TWIN = {"cluster": "loongtrain-a100"}
+
+
 def _nodes(preset: str) -> dict[str, Any]:
     if preset == "cpu":
         return {"plan": {"world": 4, "nodes": 2, "layout": "zigzag"},
-                "env": {"link_emulation": CPU_LINKS}}
+                "env": {"link_emulation": TWIN}}
     return {"plan": {"world": 32, "nodes": 4, "layout": "zigzag"}}
 
 

@@ -104,19 +104,41 @@ class LinkSpec(_Strict):
     bandwidth_gb_per_s: float = Field(gt=0, description="GB/s = 1e9 bytes per second")
 
 
+class ClusterTwin(_Strict):
+    """Links of a cluster description scaled to this machine's compute (clusters.twin)."""
+
+    cluster: str = Field(description="a cluster preset or YAML file, e.g. loongtrain-a100")
+    local: str = Field("local", description="the measured cluster file of this machine")
+
+
 class Environment(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: str = Field("auto", description="local attention kernel: auto | flash | torch | math")
-    link_emulation: dict[Literal["intra", "inter"], LinkSpec] | None = None
+    link_emulation: dict[Literal["intra", "inter"], LinkSpec] | ClusterTwin | None = None
     timeout_s: float = Field(300.0, gt=0)
 
-    def link_models(self) -> dict[str, Any] | None:
+    def emulated_links(self, dtype: str = "float32") -> dict[str, LinkSpec] | None:
+        """The emulated link classes; a ClusterTwin becomes its cluster's links scaled here."""
         if not self.link_emulation:
+            return None
+        if isinstance(self.link_emulation, ClusterTwin):
+            from seqpar.experiments import clusters
+
+            tw = clusters.twin(clusters.load(self.link_emulation.cluster),
+                               clusters.load(self.link_emulation.local), dtype)
+            return {k: LinkSpec(latency_us=getattr(tw, k).latency_us,
+                                bandwidth_gb_per_s=getattr(tw, k).bandwidth_gb_per_s)
+                    for k in ("intra", "inter")}
+        return dict(self.link_emulation)
+
+    def link_models(self, dtype: str = "float32") -> dict[str, Any] | None:
+        links = self.emulated_links(dtype)
+        if not links:
             return None
         from seqpar.algorithms.comm import LinkModel
 
         return {k: LinkModel(v.latency_us / 1e6, v.bandwidth_gb_per_s * 1e9)
-                for k, v in self.link_emulation.items()}
+                for k, v in links.items()}
 
 
 class TrainSpec(_Strict):

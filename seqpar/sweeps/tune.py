@@ -15,7 +15,6 @@ from seqpar import algorithms
 from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.algorithms.options import divisors
 from seqpar.errors import ConfigError, require
-from seqpar.experiments.costmodel import CLUSTERS, estimate
 from seqpar.experiments.grid import Point, expand
 from seqpar.experiments.spec import PRESETS
 from seqpar.sweeps.spec import SweepPlan
@@ -30,12 +29,12 @@ def option_space(name: str, world: int) -> list[dict[str, Any]]:
 
 def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal: bool = True,
                 iters: int = 2, device: str = "cpu", layouts: tuple[str, ...] = LAYOUTS,
-                prune: int | None = None, cluster: str = "cpu",
+                prune: int | None = None, cluster: str = "local",
                 dtype: str = "float32") -> SweepPlan:
-    """The tuning space as a sweep (experiment 'tune'); `prune` keeps the K points the cost model
-    ranks fastest on `cluster` and skips the rest with their estimate as the reason."""
+    """The tuning space as a sweep (experiment 'tune'); `prune` keeps the K points the performance
+    model (experiments.perf) ranks fastest on `cluster` and skips the rest with their prediction as
+    the reason."""
     require(prune is None or prune >= 1, "prune", prune, "must be at least 1")
-    require(cluster in CLUSTERS, "cluster", cluster, f"must be one of {', '.join(CLUSTERS)}")
     require(world >= 1, "world", world, "must be at least 1")
     require(model in PRESETS, "model", model, f"must be one of {', '.join(PRESETS)}")
     base = {"model": model, "plan": {"world": world, "nodes": nodes},
@@ -55,10 +54,19 @@ def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal:
                      headline="tokens_per_s", points=points, source="seqpar tune")
 
 
+def predicted_ms(points: list[Point], cluster: str) -> dict[int, float]:
+    """id(point) -> the performance model's attention time (fwd [+ bwd]) on `cluster`, valid points."""
+    from seqpar.experiments import clusters, perf
+
+    c = clusters.load(cluster)
+    return {id(p): perf.predict_spec(p.spec, c).attention_ms for p in points if p.spec is not None}
+
+
 def pruned(points: list[Point], keep: int, cluster: str) -> list[Point]:
-    """Valid points beyond the `keep` fastest by the cost model become skipped, with the reason."""
+    """Valid points beyond the `keep` fastest by the performance model become skipped, with the
+    reason."""
+    times = predicted_ms(points, cluster)
     valid = [p for p in points if p.spec is not None]
-    times = {id(p): estimate(p.spec, CLUSTERS[cluster]).step_s for p in valid}
     ranked = sorted(valid, key=lambda p: times[id(p)])
     rank = {id(p): i + 1 for i, p in enumerate(ranked)}
     out = []
@@ -66,7 +74,7 @@ def pruned(points: list[Point], keep: int, cluster: str) -> list[Point]:
         if p.spec is None or rank[id(p)] <= keep:
             out.append(p)
             continue
-        why = (f"pruned by the cost model: est. {1e3 * times[id(p)]:.3g} ms on {cluster}, "
+        why = (f"pruned by the performance model: predicted {times[id(p)]:.3g} ms on {cluster}, "
                f"rank {rank[id(p)]} of {len(valid)} (--prune {keep})")
         out.append(Point(p.overrides, None, ConfigError("costmodel", p.spec.label(), why)))
     return out

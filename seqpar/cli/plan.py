@@ -1,0 +1,86 @@
+"""`seqpar plan`: every valid configuration ranked by the performance model on a cluster."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from seqpar.cli.display import console, display_table
+
+
+def plan(
+    cluster: Annotated[str, typer.Option("--cluster", help="A cluster preset (loongtrain-a100, "
+                                         "burst-a800, wallfacer-h100, ..., local) or a YAML file.")
+                       ] = "local",
+    model: Annotated[str, typer.Option("--model", help="llama2-7b, llama3-8b, 14b, tiny, ...")
+                     ] = "llama2-7b",
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens in the sequence.")] = 131072,
+    world: Annotated[int, typer.Option("--world", "-P", help="Ranks in the group.")] = 8,
+    nodes: Annotated[int | None, typer.Option(
+        "--nodes", help="Nodes the ranks span (default: world / GPUs per node).")] = None,
+    scope: Annotated[str, typer.Option(help="attention (one layer fwd+bwd) | model (a step)")
+                     ] = "attention",
+    dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | ...")] = "bfloat16",
+    top: Annotated[int, typer.Option("--top", help="Rows in the table.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    validate: Annotated[str | None, typer.Option(
+        "--validate", help="A finished sweep's id: predicted vs measured per trial.")] = None,
+) -> None:
+    """Rank every valid configuration by predicted time; or --validate a finished sweep."""
+    from seqpar.experiments import clusters
+    from seqpar.experiments.perf import plan as perf_plan
+
+    c = clusters.load(cluster)
+    if validate is not None:
+        _validate(validate, c, as_json)
+        return
+    from seqpar import algorithms
+    from seqpar.sweeps.tune import option_space
+
+    nodes = nodes or max(1, -(-world // c.gpus_per_node))
+    space = [(name, opts) for name in algorithms.REGISTRY if (name == "local") == (world == 1)
+             for opts in option_space(name, world)]
+    ranked = perf_plan.rank(c, model, seq_len, world, space, nodes=nodes, scope=scope, dtype=dtype)
+    if as_json:
+        print(json.dumps({"cluster": c.name, "configs": [p.json() for p in ranked]}, indent=1))
+        return
+    rows = []
+    for i, p in enumerate(ranked[:top]):
+        opts = " ".join(f"{k}={v}" for k, v in p.options.items() if k != "dcp")
+        rows.append([i + 1 if p.fits else "no fit", p.algorithm, opts, p.layout,
+                     f"{p.attention_ms:.2f}", "-" if p.step_ms is None else f"{p.step_ms:.1f}",
+                     f"{p.compute_ms:.2f}", f"{p.exposed_ms['intra']:.2f}",
+                     f"{p.exposed_ms['inter']:.2f}", f"{p.bytes_intra / 1e6:.1f}",
+                     f"{p.bytes_inter / 1e6:.1f}", f"{p.peak_mem_bytes / 1e9:.2f}",
+                     "-" if p.mfu is None else f"{100 * p.mfu:.1f}%", p.bottleneck])
+    display_table(f"{model} N={seq_len} P={world} on {c.name} ({nodes} node(s)), scope {scope}",
+                  ["rank", "algorithm", "options", "layout", "attn ms", "step ms", "compute ms",
+                   "exposed intra", "exposed inter", "MB intra", "MB inter", "mem GB", "MFU",
+                   "bottleneck"], rows, highlight_row=0)
+    unfit = sum(not p.fits for p in ranked)
+    console.print(f"{len(ranked)} configurations, {unfit} do not fit in {c.memory_gb:g} GB")
+
+
+def _validate(sweep_id: str, cluster, as_json: bool) -> None:
+    from seqpar.cli import options
+    from seqpar.experiments.perf import plan as perf_plan
+
+    tracker = options.tracker()
+    checks = perf_plan.validate(((t.params, t.metrics) for t in tracker.trials(sweep_id)), cluster)
+    s = perf_plan.summary(checks)
+    rows = [[c.label, f"{c.measured_ms:.2f}", f"{c.predicted_ms:.2f}", f"{100 * c.error:+.1f}%"]
+            for c in sorted(checks, key=lambda c: c.measured_ms)]
+    if as_json:
+        print(json.dumps({"cluster": cluster.name, "summary": s, "trials": [
+            {"label": c.label, "measured_ms": c.measured_ms, "predicted_ms": c.predicted_ms}
+            for c in checks]}, indent=1))
+        return
+    display_table(f"sweep {sweep_id} on {cluster.name}: predicted vs measured step",
+                  ["trial", "measured ms", "predicted ms", "error"], rows)
+    if s["trials"]:
+        console.print(f"median |error| {100 * s['median_abs_error']:.1f}% over {s['trials']} trials")
+        for group, regret in s["regret"].items():
+            console.print(f"  {group}: predicted best {s['predicted_best'][group]} is "
+                          f"{100 * regret:.1f}% off the measured best")

@@ -1,0 +1,177 @@
+"""What a cluster is to the performance model: devices, links, NICs (pydantic, YAML-loadable).
+
+    c = load("loongtrain-a100")          # a preset (the papers' testbeds, from their text)
+    c = load("local")                    # this machine, measured by `seqpar calibrate`
+    c = load("my_cluster.yaml")          # any file of the same shape
+
+Throughputs are sustained rates at large blocks. The attention kernel's rate falls at small
+blocks: rate(t) = attention_tflops * t / (t + kernel_half_tokens) for a kernel call of t query
+tokens. The presets take peak numbers from the vendor datasheets and one documented efficiency
+for FlashAttention-2 on Ampere (FLASH_EFFICIENCY, below); nothing is fitted to the papers' tables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from seqpar.errors import ConfigError, require
+
+FILES = Path(__file__).parent / "cluster_files"
+
+# FlashAttention-2 (Dao 2023, Fig. 5-6): causal fwd+bwd, head_dim 128, 16K tokens on an A100 reaches
+# ~190 TFLOP/s of the 312 bf16 peak; forward alone is faster, backward slower. One number, ~0.6.
+FLASH_EFFICIENCY = 0.6
+# the same paper: at 512 tokens the rate is about 2/3 of the 16K rate -> t/(t + 256)
+FLASH_HALF_TOKENS = 256
+# NCCL reaches ~80% of a link's stated bandwidth on large messages (nccl-tests bus bandwidth)
+LINK_EFFICIENCY = 0.8
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Link(_Strict):
+    bandwidth_gb_per_s: float = Field(gt=0, description="GB/s (1e9 bytes/s) one GPU sends at")
+    latency_us: float = Field(5.0, ge=0)
+
+    def seconds(self, nbytes: float, share: int = 1) -> float:
+        """A transfer of nbytes while `share` senders share this link."""
+        if nbytes <= 0:
+            return 0.0
+        return self.latency_us * 1e-6 + nbytes * share / (self.bandwidth_gb_per_s * 1e9)
+
+
+class Cluster(_Strict):
+    name: str
+    source: str = Field("", description="where the numbers come from")
+    nodes: int = Field(1, gt=0)
+    gpus_per_node: int = Field(8, gt=0)
+    attention_tflops: dict[str, float] = Field(
+        description="sustained attention-kernel TFLOP/s per device at large blocks, by dtype")
+    gemm_tflops: dict[str, float] = Field(description="sustained GEMM TFLOP/s per device, by dtype")
+    peak_tflops: dict[str, float] = Field(default_factory=dict,
+                                          description="datasheet peak per dtype (for MFU)")
+    kernel_half_tokens: int = Field(FLASH_HALF_TOKENS, ge=0,
+                                    description="query tokens at which the kernel runs at half rate")
+    kernel_call_us: float = Field(0.0, ge=0, description="fixed cost of one kernel call (a CPU's "
+                                  "dispatch; negligible on GPUs at these sizes)")
+    memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
+    intra: Link = Field(description="one GPU's link to the others of its node")
+    nics_per_node: int = Field(1, gt=0)
+    inter: Link = Field(description="one NIC: bandwidth and latency between nodes")
+    shared_links: bool = Field(True, description="concurrent transfers on one link share it (real "
+                               "links); False: each is delayed on its own (link emulation)")
+    cores: int | None = Field(None, gt=0, description="a host whose ranks share its cores (local); "
+                              "rates are one thread's")
+
+    def share(self, world: int) -> float:
+        """One rank's multiple of the one-thread rate when `world` ranks share the host: cores / P
+        of a core when P > cores, else cores // P threads (the platform's CPU share per rank)."""
+        if self.cores is None:
+            return 1.0
+        return self.cores / world if world > self.cores else float(self.cores // world)
+
+    def rate(self, dtype: str, kind: str = "attention") -> float:
+        """FLOP/s of one device for `kind` (attention | gemm) in `dtype` (nearest known dtype)."""
+        table = self.attention_tflops if kind == "attention" else self.gemm_tflops
+        value = table.get(dtype) or table.get("bfloat16") or next(iter(table.values()))
+        return value * 1e12
+
+    def peak(self, dtype: str) -> float:
+        table = self.peak_tflops or self.gemm_tflops
+        return (table.get(dtype) or table.get("bfloat16") or next(iter(table.values()))) * 1e12
+
+    def nic_of(self, local_gpu: int, ranks_per_node: int) -> int:
+        """The NIC a GPU's inter-node traffic leaves by (GPUs share NICs in blocks)."""
+        per_nic = max(1, ranks_per_node // self.nics_per_node)
+        return min(local_gpu // per_nic, self.nics_per_node - 1)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _ampere(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: float, nics: int,
+            nic_gbit: float, peak_bf16: float = 312.0, inter_latency: float = 10.0) -> Cluster:
+    return Cluster(
+        name=name, source=source, nodes=nodes, gpus_per_node=gpn,
+        attention_tflops={"bfloat16": FLASH_EFFICIENCY * peak_bf16,
+                          "float16": FLASH_EFFICIENCY * peak_bf16,
+                          "float32": FLASH_EFFICIENCY * peak_bf16 / 16},
+        gemm_tflops={"bfloat16": 0.7 * peak_bf16, "float16": 0.7 * peak_bf16,
+                     "float32": 0.7 * peak_bf16 / 16},
+        peak_tflops={"bfloat16": peak_bf16, "float16": peak_bf16, "float32": peak_bf16 / 16},
+        memory_gb=mem, intra=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nvlink, latency_us=5.0),
+        nics_per_node=nics,
+        inter=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nic_gbit / 8, latency_us=inter_latency))
+
+
+# NVLink figures are per direction per GPU (A100/A800 NVLink3: 600 GB/s both ways = 300 each way;
+# BurstEngine states 400 GB/s for its A800 nodes, i.e. 200 each way); H100 NVLink4 450 each way.
+PRESETS: dict[str, Cluster] = {
+    "loongtrain-a100": _ampere(
+        "loongtrain-a100", "LoongTrain §5 testbed: 8 nodes x 8 Ampere 80 GB, NVLink, "
+        "4 x HDR 200 Gb/s NICs per node, no SHARP", 8, 8, 80, 300, 4, 200),
+    "burst-a800": _ampere(
+        "burst-a800", "BurstEngine §4.1: A800-SXM4-80GB nodes, 400 GB/s NVLink, "
+        "8 x HDR 200 Gb/s NICs per node", 8, 8, 80, 200, 8, 200),
+    "wallfacer-h100": _ampere(
+        "wallfacer-h100", "WallFacer §5: 8 nodes x 8 H100 80 GB, NVLink, InfiniBand with 8 "
+        "ConnectX-7 (400 Gb/s) per node", 8, 8, 80, 450, 8, 400, peak_bf16=989.0),
+    "wallfacer-a100-16": _ampere(
+        "wallfacer-a100-16", "WallFacer §5: Google Cloud, 2 machines x 16 A100 40 GB, NVLink, "
+        "Ethernet between (100 Gb/s assumed: the paper gives no rate)", 2, 16, 40, 300, 1, 100,
+        inter_latency=30.0),
+    "wallfacer-a100-8": _ampere(
+        "wallfacer-a100-8", "WallFacer §5: Google Cloud, 4 machines x 8 A100 40 GB, NVLink, "
+        "Ethernet between (100 Gb/s assumed: the paper gives no rate)", 4, 8, 40, 300, 1, 100,
+        inter_latency=30.0),
+}
+
+
+def names() -> list[str]:
+    return [*PRESETS, *sorted(p.stem for p in FILES.glob("*.yaml") if p.stem not in PRESETS)]
+
+
+def load(name_or_path: str) -> Cluster:
+    """A preset name, a file in cluster_files/ (`local`), or a YAML path."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = FILES / f"{name_or_path}.yaml"
+    require(path.is_file(), "cluster", name_or_path,
+            f"must be one of {', '.join(names())} or a YAML file")
+    try:
+        return Cluster.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"cluster {path.name}: {where}", first.get("input"), first["msg"]) from None
+
+
+def twin(cluster: Cluster, local: Cluster, dtype: str = "float32") -> Cluster:
+    """`local` with `cluster`'s links slowed by local / cluster kernel throughput (bandwidth times
+    the ratio, latency over it): a run here then has the cluster's compute/communication balance
+    per rank. One rank per NIC: the emulation delays each transfer on its own, so each GPU gets
+    its fair share of its node's NICs."""
+    ratio = local.rate(dtype) / cluster.rate("bfloat16")
+    per_gpu = cluster.inter.bandwidth_gb_per_s * cluster.nics_per_node / cluster.gpus_per_node
+
+    def scaled(bw: float, lat: float) -> Link:
+        return Link(bandwidth_gb_per_s=bw * ratio, latency_us=lat / ratio)
+
+    return local.model_copy(update={
+        "name": f"{cluster.name}@{local.name}", "source": f"{cluster.name} scaled to {local.name}",
+        "intra": scaled(cluster.intra.bandwidth_gb_per_s, cluster.intra.latency_us),
+        "inter": scaled(per_gpu, cluster.inter.latency_us),
+        "nics_per_node": local.gpus_per_node, "shared_links": False})
+
+
+def save(cluster: Cluster, path: str | Path | None = None) -> Path:
+    path = Path(path) if path is not None else FILES / f"{cluster.name}.yaml"
+    path.write_text(cluster.to_yaml())
+    return path

@@ -1,0 +1,17 @@
+"""The performance model: time, traffic and memory of a configuration on a cluster we may not have.
+
+    from seqpar.experiments import perf
+    p = perf.predict(clusters.load("loongtrain-a100"), "usp", shape, world=64, nodes=8,
+                     options={"dhp": 8, "placement": "context-first"}, layout="zigzag")
+    p.attention_ms, p.bytes_inter, p.peak_mem_bytes, p.bottleneck
+
+One place per concern: `schedule` (each algorithm's stages, bytes from the algorithm's own analytic
+functions), `net` (links, NICs, contention), `kernel` (attention kernel time by block, from the
+layout's blocks), `predict` (overlap structure), `memory` (per rank), `step` (--scope model).
+"""
+
+from __future__ import annotations
+
+from seqpar.experiments.perf.api import Prediction, predict, predict_spec
+
+__all__ = ["Prediction", "predict", "predict_spec"]

@@ -1,0 +1,73 @@
+"""`predict`: one configuration -> a Prediction (what `seqpar plan` ranks and prints)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqpar.algorithms.base import AttnShape
+from seqpar.experiments.clusters import Cluster
+from seqpar.experiments.perf import memory
+from seqpar.experiments.perf.predict import Job, attention
+from seqpar.experiments.perf.schedule import schedule
+
+
+@dataclass
+class Prediction:
+    algorithm: str
+    options: dict[str, Any]
+    layout: str
+    attention_ms: float                 # one attention layer, forward + backward
+    forward_ms: float
+    compute_ms: float
+    exposed_ms: dict[str, float]        # exposed communication by link class
+    bytes_intra: int
+    bytes_inter: int
+    peak_mem_bytes: int
+    fits: bool
+    bottleneck: str
+    step_ms: float | None = None
+    mfu: float | None = None
+    stages: list[tuple[str, float]] = field(default_factory=list)
+
+    def json(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "options": self.options, "layout": self.layout,
+                "predicted": {"attention_ms": round(self.attention_ms, 4),
+                              "step_ms": None if self.step_ms is None else round(self.step_ms, 4),
+                              "bytes_intra": self.bytes_intra, "bytes_inter": self.bytes_inter,
+                              "peak_mem_bytes": self.peak_mem_bytes,
+                              "mfu": None if self.mfu is None else round(self.mfu, 4)},
+                "fits": self.fits, "bottleneck": self.bottleneck}
+
+
+def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes: int = 1,
+            options: Mapping[str, Any] | None = None, layout: str = "zigzag", causal: bool = True,
+            dtype: str = "bfloat16", mode: str = "fwd+bwd") -> Prediction:
+    """Attention scope: one layer's forward (+ backward) on `cluster` with P = world ranks."""
+    options = dict(options or {})
+    job = Job(cluster, shape, world, nodes, layout, causal, dtype)
+    fwd, bwd = attention(job, name, options)
+    both = mode == "fwd+bwd"
+    seconds = fwd.seconds + (bwd.seconds if both else 0.0)
+    exposed = {k: 1e3 * (fwd.exposed[k] + (bwd.exposed[k] if both else 0.0)) for k in fwd.exposed}
+    peak = memory.attention_peak(name, shape, world, options,
+                                 schedule(name, shape, world, options, nodes))
+    worst = max(exposed, key=lambda k: exposed[k])
+    bottleneck = (f"{worst}-node communication" if exposed[worst] > 0.1e3 * seconds else "compute")
+    return Prediction(
+        name, options, layout, 1e3 * seconds, 1e3 * fwd.seconds,
+        1e3 * (fwd.compute_s + (bwd.compute_s if both else 0.0)), exposed,
+        fwd.bytes_intra + (bwd.bytes_intra if both else 0),
+        fwd.bytes_inter + (bwd.bytes_inter if both else 0), peak,
+        peak <= cluster.memory_gb * 1e9, bottleneck,
+        stages=[(f"fwd {label}", s) for label, s in fwd.stages]
+        + ([(f"bwd {label}", s) for label, s in bwd.stages] if both else []))
+
+
+def predict_spec(spec: Any, cluster: Cluster) -> Prediction:
+    """A Prediction for an ExperimentSpec (the sweeps' and tune's unit)."""
+    p, w = spec.plan, spec.workload
+    return predict(cluster, p.algorithm, spec.shape, p.world, nodes=p.nodes,
+                   options=dict(p.options), layout=p.layout, causal=w.causal, dtype=w.dtype,
+                   mode=w.mode)

@@ -1,0 +1,57 @@
+"""Attention kernel time for one block of queries against one block of keys.
+
+The block's kernel calls come from `layouts.block_tasks` (the one place the causal block relations
+live) on a small proxy of the sequence (PROXY tokens per layout chunk), scaled to the real size: so
+causal imbalance per layout (contiguous vs zigzag vs stripe) and the kernel's size per call follow
+from the layout itself. FLOPs per call are `kernels.attention_flops`; a call of t query tokens runs
+at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), plus
+the cluster's fixed cost per call (a CPU's dispatch).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from seqpar.algorithms import layouts
+from seqpar.algorithms.kernels import attention_flops
+from seqpar.experiments.clusters import Cluster
+
+PROXY = 4  # proxy tokens per layout chunk (>= 2 so diagonal runs are seen)
+BACKWARD = 2.5  # backward FLOPs / forward FLOPs (the papers' convention, kernels.attention_flops)
+
+
+@lru_cache(maxsize=8192)
+def proxy_positions(layout: str, world: int, members: tuple[int, ...]) -> tuple[int, ...]:
+    """Sorted proxy positions of the union of `members`' shards."""
+    n = layouts.chunk_count(layout, world) * PROXY
+    pos = torch.cat([layouts.positions(layout, r, world, n) for r in members])
+    return tuple(sorted(pos.tolist()))
+
+
+@lru_cache(maxsize=65536)
+def block_calls(layout: str, world: int, q_members: tuple[int, ...], k_members: tuple[int, ...],
+                causal: bool) -> tuple[tuple[float, float, str], ...]:
+    """Kernel calls (query fraction of the sequence, key fraction, mask) for the queries held by
+    q_members against the keys held by k_members."""
+    n = layouts.chunk_count(layout, world) * PROXY
+    q = torch.tensor(proxy_positions(layout, world, q_members))
+    k = torch.tensor(proxy_positions(layout, world, k_members))
+    return tuple(((t.q1 - t.q0) / n, (t.k1 - t.k0) / n, t.mask)
+                 for t in layouts.block_tasks(q, k, causal))
+
+
+def block_seconds(cluster: Cluster, dtype: str, batch: int, seq_len: int, heads: int,
+                  head_dim: int, calls: tuple[tuple[float, float, str], ...],
+                  world: int = 1) -> tuple[float, float]:
+    """(seconds, flops) of one forward over the calls, on one of `world` ranks."""
+    rate, half = cluster.rate(dtype) * cluster.share(world), cluster.kernel_half_tokens
+    seconds = flops = 0.0
+    for fq, fk, mask in calls:
+        sq, sk = fq * seq_len, fk * seq_len
+        f = attention_flops(batch, 1, 1, heads, head_dim, mask) * sq * sk
+        eff = sq / (sq + half) if half else 1.0
+        seconds += f / (rate * eff) + cluster.kernel_call_us * 1e-6
+        flops += f
+    return seconds, flops

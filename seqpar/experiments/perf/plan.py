@@ -1,0 +1,157 @@
+"""Every valid configuration ranked by predicted time (what `seqpar plan` prints), and predictions
+held against a finished sweep's measurements (`seqpar plan --validate`)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from seqpar import algorithms
+from seqpar.algorithms.base import AttnShape
+from seqpar.algorithms.layouts import LAYOUTS
+from seqpar.errors import ConfigError, SeqparError, require
+from seqpar.experiments.clusters import Cluster
+from seqpar.experiments.perf.api import Prediction, predict, predict_spec
+from seqpar.experiments.perf.step import CHECKPOINTS, shape_of, step
+
+Space = Iterable[tuple[str, Mapping[str, Any]]]
+
+
+def model_shape(model: str, seq_len: int, dtype: str = "bfloat16") -> tuple[AttnShape, Any]:
+    """(attention shape, ModelConfig or None) for a model name: a ModelConfig preset, else an
+    attention-shape preset of experiments.spec (attention scope only)."""
+    from seqpar.algorithms.base import DTYPES
+    from seqpar.experiments.spec import PRESETS as SHAPES
+    from seqpar.model.config import PRESETS
+
+    elem = DTYPES[dtype].itemsize
+    if model in PRESETS:
+        return shape_of(PRESETS[model], seq_len, elem_bytes=elem), PRESETS[model]
+    require(model in SHAPES, "model", model, f"must be one of {', '.join({*PRESETS, *SHAPES})}")
+    s = SHAPES[model]
+    return AttnShape(1, seq_len, s["heads"], s["kv_heads"], s["head_dim"], elem), None
+
+
+def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *, nodes: int = 1,
+         scope: str = "attention", layouts: Sequence[str] = LAYOUTS, causal: bool = True,
+         dtype: str = "bfloat16") -> list[Prediction]:
+    """Predictions for every valid (algorithm, options, layout), fitting ones first by time."""
+    require(scope in ("attention", "model"), "scope", scope, "must be attention or model")
+    require(world >= 1, "world", world, "must be at least 1")
+    require(nodes >= 1 and world % nodes == 0, "nodes", nodes, f"must divide world={world}")
+    shape, cfg = model_shape(model, seq_len, dtype)
+    require(scope == "attention" or cfg is not None, "model", model,
+            "--scope model needs a model preset of seqpar.model.config")
+    out: list[Prediction] = []
+    for name, options in space:
+        for layout in layouts:
+            try:
+                algorithms.check(name, shape, world, layout, causal, **options)
+            except ConfigError:
+                continue
+            p = predict(cluster, name, shape, world, nodes=nodes, options=options, layout=layout,
+                        causal=causal, dtype=dtype)
+            if scope == "model":
+                for ck in CHECKPOINTS:
+                    q = step(p, cfg, cluster, shape, world, ck, dtype)
+                    q.options = {**q.options, "checkpoint": ck}
+                    out.append(q)
+            else:
+                out.append(p)
+    key = (lambda p: p.step_ms) if scope == "model" else (lambda p: p.attention_ms)
+    return sorted(out, key=lambda p: (not p.fits, key(p)))
+
+
+# ------------------------------------------------------------------------------- validation
+def _value(text: str) -> Any:
+    """A param as MLflow stores it (str(value)) back to the value."""
+    if text in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[text]
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def spec_of_params(params: Mapping[str, str]) -> Any:
+    """Rebuild an ExperimentSpec from a trial's flat MLflow params (plan.options.dhp, ...)."""
+    from seqpar.experiments.spec import ExperimentSpec
+
+    data: dict[str, Any] = {}
+    for key, text in params.items():
+        parts = key.split(".")
+        if parts[0] not in ("model", "plan", "workload", "env"):
+            continue
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = _value(text)
+    data.get("model", {}).pop("preset", None)
+    return ExperimentSpec.parse(data)
+
+
+@dataclass
+class Check:
+    label: str
+    measured_ms: float
+    predicted_ms: float
+    group: str = ""  # trials that answer one question (same workload and shape): best is chosen here
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+
+def emulated(spec: Any, cluster: Cluster) -> Cluster:
+    """The cluster a trial ran on: `cluster` (this machine), with the trial's emulated links when
+    it had any (each rank's transfers delayed on their own: one NIC per rank)."""
+    links = spec.env.emulated_links(spec.workload.dtype)
+    if not links:
+        return cluster
+    from seqpar.experiments.clusters import Link
+
+    return cluster.model_copy(update={
+        k: Link(bandwidth_gb_per_s=v.bandwidth_gb_per_s, latency_us=v.latency_us)
+        for k, v in links.items()} | {"nics_per_node": cluster.gpus_per_node, "shared_links": False})
+
+
+def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
+             cluster: Cluster) -> list[Check]:
+    """(params, metrics) of finished trials -> predicted vs measured step time."""
+    out = []
+    for params, metrics in trials:
+        if "step_ms" not in metrics:
+            continue
+        try:
+            spec = spec_of_params(params)
+        except SeqparError:
+            continue
+        if spec.plan.algorithm not in algorithms.REGISTRY:
+            continue
+        p = predict_spec(spec, emulated(spec, cluster))
+        w, m = spec.workload, spec.model
+        group = f"N={w.seq_len} B={w.batch} H={m.heads}/{m.hkv} D={m.head_dim} {w.dtype} {w.mode}"
+        out.append(Check(spec.label(), float(metrics["step_ms"]), p.attention_ms, group))
+    return out
+
+
+def summary(checks: Sequence[Check]) -> dict[str, Any]:
+    """Median absolute error over the trials; per group of comparable trials (same workload and
+    shape), the measured time of the predicted best over the measured best (the regret)."""
+    if not checks:
+        return {"trials": 0}
+    groups: dict[str, list[Check]] = {}
+    for c in checks:
+        groups.setdefault(c.group, []).append(c)
+    regrets = {}
+    for name, members in groups.items():
+        pick = min(members, key=lambda c: c.predicted_ms)
+        regrets[name] = (pick.label, pick.measured_ms / min(c.measured_ms for c in members) - 1)
+    return {"trials": len(checks),
+            "median_abs_error": statistics.median(abs(c.error) for c in checks),
+            "regret": {g: r for g, (_, r) in regrets.items()},
+            "predicted_best": {g: label for g, (label, _) in regrets.items()},
+            "max_regret": max(r for _, r in regrets.values())}

@@ -1,0 +1,252 @@
+"""Each algorithm's schedule: its stages per phase, with the bytes taken from the algorithm's own
+analytic functions (the numbers the ledger is checked against) and the structure added here.
+
+A stage is a collective (not overlapped with compute), a set of concurrent point-to-point sends (not
+overlapped), a kernel (compute only), or a ring: steps of compute, each overlapped with the transfer
+that brings the next block (and, backward, the gradient that follows one step behind), with inner
+rings and an outer prefetch that overlaps a whole inner ring (LoongTrain Alg. 2, BurstAttention's
+topology-aware ring). `phase_bytes` sums a schedule's bytes per phase: it equals
+`algorithms.expected_bytes` for every algorithm (tests/experiments/test_perf_model.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqpar import algorithms
+from seqpar.algorithms import burst, groups, usp
+from seqpar.algorithms.base import AttnShape
+from seqpar.algorithms.groups import DoubleRing, WallFacerGrid
+
+Members = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Collective:
+    label: str
+    groups: list[list[int]]
+    nbytes: int  # the busiest rank's bytes
+
+
+@dataclass(frozen=True)
+class P2P:
+    label: str
+    pairs: list[tuple[int, int]]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Kernel:
+    label: str
+    q_members: Members
+    k_members: Members
+    heads: int
+    factor: float = 1.0  # 1 forward, kernel.BACKWARD backward
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Rings of equal structure running at once; blocks(ring, pos, src) -> (q_members, k_members):
+    whose queries meet whose keys when ring position `pos` holds the block that started at `src`."""
+
+    label: str
+    rings: list[list[int]]
+    inner: int
+    msg: int
+    grad: int
+    heads: int
+    blocks: Callable[[int, int, int], tuple[Members, Members]]
+    factor: float = 1.0
+
+    @property
+    def size(self) -> int:
+        return len(self.rings[0])
+
+    @property
+    def nbytes(self) -> int:
+        n = self.size
+        return 0 if n == 1 else (n - 1) * self.msg + n * self.grad
+
+    def source(self, pos: int, outer_step: int, inner_step: int) -> int:
+        return DoubleRing(self.size, self.inner, pos).source(outer_step, inner_step)
+
+
+Stage = Collective | P2P | Kernel | Ring
+
+
+@dataclass
+class Schedule:
+    phases: dict[str, list[Stage]] = field(default_factory=lambda: {"forward": [], "backward": []})
+
+
+def phase_bytes(s: Schedule) -> dict[str, int]:
+    return {ph: sum(getattr(st, "nbytes", 0) for st in stages) for ph, stages in s.phases.items()}
+
+
+def _per_msg(total: int, count: int) -> int:
+    return total // count if count else 0
+
+
+ALL = lambda world: tuple(range(world))  # noqa: E731
+
+
+def _ring(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    from seqpar.experiments.perf.kernel import BACKWARD
+
+    b = algorithms.expected_bytes("ring", shape, world, **options)
+    msg = _per_msg(b["forward"], world - 1)
+    grad = _per_msg(b["backward"] - (world - 1) * msg, world)
+    ring = [list(range(world))]
+
+    def blocks(_r: int, pos: int, src: int) -> tuple[Members, Members]:
+        return (pos,), (src,)
+
+    s = Schedule()
+    s.phases["forward"].append(Ring("ring", ring, world, msg, 0, shape.heads, blocks))
+    s.phases["backward"].append(Ring("ring", ring, world, msg, grad, shape.heads, blocks, BACKWARD))
+    return s
+
+
+def _burst(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    from seqpar.experiments.perf.kernel import BACKWARD
+
+    per_node = options.get("ranks_per_node") or max(1, world // nodes)
+    inner = groups.node_block_size([r // per_node for r in range(world)])
+    b = algorithms.expected_bytes("burst", shape, world, **options)
+    msg = _per_msg(b["forward"], world - 1)
+    q_block, dq = burst.query_block_bytes(shape, world)
+    ring = [list(range(world))]
+    s = Schedule()
+    s.phases["forward"].append(Ring("burst ring", ring, inner, msg, 0, shape.heads,
+                                    lambda _r, pos, src: ((pos,), (src,))))
+    s.phases["backward"].append(Ring("query ring", ring, inner, q_block, dq, shape.heads,
+                                     lambda _r, pos, src: ((src,), (pos,)), BACKWARD))
+    return s
+
+
+def _usp(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    from seqpar.experiments.perf.kernel import BACKWARD
+
+    dhp, dcp, placement, inner = usp.grid_of(world, options)
+    ops = usp.bytes_by_op(shape, world, options)
+    hp = groups.usp_hp_groups(dhp, dcp, placement)
+    cp = groups.usp_cp_groups(dhp, dcp, placement)
+    union = [tuple(members) for members in hp]  # CP position b holds HP group b's tokens
+    msg = _per_msg(ops["forward"]["p2p"], dcp - 1)
+    grad = _per_msg(ops["backward"]["p2p"] - (dcp - 1) * msg, dcp)
+    heads = shape.heads // dhp
+
+    def blocks(_r: int, pos: int, src: int) -> tuple[Members, Members]:
+        return union[pos], union[src]
+
+    s = Schedule()
+    for phase, factor, g in (("forward", 1.0, 0), ("backward", BACKWARD, grad)):
+        a2a = ops[phase]["all_to_all"]
+        s.phases[phase] += [Collective("seq all-to-all", hp, a2a // 2),
+                            Ring("cp ring", cp, inner, msg, g, heads, blocks, factor),
+                            Collective("seq all-to-all", hp, a2a - a2a // 2)]
+    return s
+
+
+def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    from seqpar.experiments.perf.kernel import BACKWARD
+
+    b = algorithms.expected_bytes("ulysses", shape, world, **options)
+    group = [list(range(world))]
+    s = Schedule()
+    for phase, factor in (("forward", 1.0), ("backward", BACKWARD)):
+        s.phases[phase] += [Collective("all-to-all", group, b[phase] // 2),
+                            Kernel("attention", ALL(world), ALL(world), shape.heads // world, factor),
+                            Collective("all-to-all", group, b[phase] - b[phase] // 2)]
+    return s
+
+
+def _allgather(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    from seqpar.experiments.perf.kernel import BACKWARD
+
+    b = algorithms.expected_bytes("allgather", shape, world, **options)
+    group = [list(range(world))]
+    s = Schedule()
+    s.phases["forward"] += [Collective("all-gather K,V", group, b["forward"]),
+                            Kernel("attention", (world - 1,), ALL(world), shape.heads)]
+    s.phases["backward"] += [Kernel("attention", (world - 1,), ALL(world), shape.heads, BACKWARD),
+                             Collective("reduce-scatter dK,dV", group, b["backward"])]
+    return s
+
+
+def _local(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    from seqpar.experiments.perf.kernel import BACKWARD
+
+    s = Schedule()
+    s.phases["forward"].append(Kernel("attention", (0,), (0,), shape.heads))
+    s.phases["backward"].append(Kernel("attention", (0,), (0,), shape.heads, BACKWARD))
+    return s
+
+
+def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    from seqpar.experiments.perf.kernel import BACKWARD
+
+    grid = WallFacerGrid(world, options.get("team_size", 1),
+                         options.get("placement", "collective-intra"))
+    c, t = grid.team_size, grid.ring_size
+    spec = algorithms.get("wallfacer")
+    placing = [r for r in range(world) if grid.init_send(r) != r]
+    busiest = placing[0] if placing else 0
+    rb = spec.bytes_of_rank(shape, world, options, busiest)
+    teams = world // c
+    ring_fwd = algorithms.expected_bytes("ring", shape, teams, **{})["forward"]
+    block = _per_msg(ring_fwd, teams - 1)  # a team's K,V: the ring message of P/C team-sized shards
+    placed = block if placing else 0
+    q_block, dq = burst.query_block_bytes(shape, world, tokens_factor=c)
+    team_groups = [grid.members(i) for i in range(teams)]
+    rings = [grid.subring(grid.rank(g * t * c + a)) for g in range(c) for a in range(c)]
+    pairs = [(r, grid.init_send(r)) for r in range(world)]
+
+    def q_of(rank: int) -> Members:
+        return tuple(grid.team(rank))
+
+    def held(rank: int) -> Members:
+        return tuple(grid.members(grid.block_team(rank)))
+
+    def fwd_blocks(r: int, pos: int, src: int) -> tuple[Members, Members]:
+        ring = rings[r]
+        return q_of(ring[pos]), held(ring[src])
+
+    def bwd_blocks(r: int, pos: int, src: int) -> tuple[Members, Members]:
+        ring = rings[r]
+        return q_of(ring[src]), held(ring[pos])
+
+    fwd_coll = rb["forward"] - placed - (t - 1) * block
+    bwd_ring = burst.query_ring_bytes(q_block, dq, t)
+    bwd_coll = rb["backward"] - bwd_ring - placed
+    s = Schedule()
+    s.phases["forward"] += [Collective("team all-gather q,k,v + combine", team_groups, fwd_coll),
+                            P2P("initial placement", pairs, placed),
+                            Ring("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks)]
+    s.phases["backward"] += [Ring("query sub-ring", rings, t, q_block, dq, shape.heads, bwd_blocks,
+                                  BACKWARD),
+                             P2P("placement back", pairs, placed),
+                             Collective("team all-gather dO,D,lse + reduce-scatter", team_groups,
+                                        bwd_coll)]
+    return s
+
+
+BUILDERS: dict[str, Callable[[AttnShape, int, Mapping[str, Any], int], Schedule]] = {
+    "local": _local, "allgather": _allgather, "ulysses": _ulysses, "ring": _ring, "usp": _usp,
+    "double_ring": _usp, "wallfacer": _wallfacer, "burst": _burst,
+}
+
+
+def schedule(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
+             nodes: int = 1) -> Schedule:
+    """The stages of `name` at this shape and world; options resolved by the algorithm."""
+    resolved = {**algorithms.options_of(name), **options}  # the algorithm's defaults, then ours
+    if name not in BUILDERS:  # an algorithm that lands later: its bytes, as one collective
+        b = algorithms.expected_bytes(name, shape, world, **options)
+        s = Schedule()
+        for ph in s.phases:
+            s.phases[ph].append(Collective(name, [list(range(world))], b[ph]))
+        return s
+    return BUILDERS[name](shape, world, resolved, nodes)
