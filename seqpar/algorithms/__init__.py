@@ -62,14 +62,19 @@ def grid_for(name: str, world: int, nodes: Sequence[int] | None = None,
     return cls.grid(world, opts, nodes)
 
 
-def mesh_for(name: str, world: int, *, members: Sequence[int] | None = None,
+def mesh_for(name: str, world: int, *, dp: int = 1, members: Sequence[int] | None = None,
              nodes: Sequence[int] | None = None, **options: Any) -> Mesh | None:
     """The mesh of `name` on global ranks `members` (default: the world), with a process group per
-    axis. Collective over the whole world: every rank calls it with the same arguments (ranks
-    outside `members` take part in group creation and get None)."""
+    axis; `dp` > 1 replicates it along a data-parallel axis "dp" (DP x SP, `world` ranks each).
+    Collective over the whole world: every rank calls it with the same arguments (ranks outside
+    `members` take part in group creation and get None). `nodes`: each member's node id."""
     cls = get(name)
-    return build_mesh(grid_for(name, world, nodes, **options), cls.axes, members=members,
-                      nodes=nodes)
+    sp_nodes = None if nodes is None else list(nodes)[:world]
+    grid = grid_for(name, world, sp_nodes, **options)
+    if dp == 1:
+        return build_mesh(grid, cls.axes, members=members, nodes=nodes)
+    require(isinstance(dp, int) and dp > 1, "dp", dp, "must be a positive integer")
+    return build_mesh(grid.with_dp(dp), (*cls.axes, "dp"), members=members, nodes=nodes)
 
 
 def _whole_world(comm: Comm) -> bool:
@@ -106,7 +111,7 @@ def build_attention(
         world = mesh.comm("sp").size
         opts.check(world)
         want = cls.grid(world, opts, mesh.nodes)
-        got = tuple(d for d in mesh.grid.dims if d[0] != "dp")
+        got = mesh.grid.sp_dims()
         require(got == want.dims, "mesh", [list(d) for d in got],
                 f"{name} with these options needs the grid {[list(d) for d in want.dims]}")
     return Attention(cls(mesh, causal, layout, opts))

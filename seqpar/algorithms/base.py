@@ -68,8 +68,8 @@ class Algorithm:
 
     def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options):
         self.mesh, self.causal, self.layout, self.options = mesh, causal, layout, options
-        self.world, self.rank = mesh.size, mesh.pos
         self.comm = mesh.comm("sp")
+        self.world, self.rank = self.comm.size, self.comm.rank  # the sequence-parallel group
 
     # -- class level: no process group needed ----------------------------------------------------
     @classmethod

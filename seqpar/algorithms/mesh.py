@@ -35,7 +35,8 @@ import torch.distributed as dist
 from seqpar.algorithms.comm import Comm, SubComm
 from seqpar.errors import require
 
-ALL = "sp"  # the axis of every dim: the whole sequence-parallel group
+ALL = "sp"  # the axis of every dim but "dp": the whole sequence-parallel group
+DP = "dp"   # the data-parallel dim, slowest, when a mesh has one (Grid.with_dp)
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,18 @@ class Grid:
             out *= n
         return out
 
+    def with_dp(self, dp: int) -> Grid:
+        """This grid replicated `dp` times along a slowest data-parallel dim: DP x SP."""
+        return Grid(((DP, dp), *self.dims), self.axes)
+
+    def sp_dims(self) -> tuple[tuple[str, int], ...]:
+        """The sequence-parallel dims: all but "dp"."""
+        return tuple(d for d in self.dims if d[0] != DP)
+
     def over(self, axis: str) -> tuple[str, ...]:
         """The dims an axis spans, in grid order."""
         if axis == ALL:
-            return tuple(n for n, _ in self.dims)
+            return tuple(n for n, _ in self.sp_dims())
         if any(n == axis for n, _ in self.dims):
             return (axis,)
         for name, over in self.axes:
@@ -125,6 +134,7 @@ class Mesh:
 
     @property
     def size(self) -> int:
+        """Ranks in the whole mesh (DP x SP)."""
         return self.grid.size
 
     def comm(self, axis: str) -> Comm:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from seqpar.algorithms import build_attention
+from seqpar.algorithms import Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len, positions
 from seqpar.errors import require
 from seqpar.model import checkpointing, head
@@ -85,8 +85,13 @@ class Transformer(nn.Module):
                  group: dist.ProcessGroup | None = None, checkpoint: str = "none",
                  fused_head: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32,
                  dp_group: dist.ProcessGroup | None = None, seq_fraction: float = 0.5,
-                 head_tiles: tuple[int, int] = (1024, 8192), **attention_options: Any):
+                 head_tiles: tuple[int, int] = (1024, 8192), mesh: Mesh | None = None,
+                 **attention_options: Any):
         super().__init__()
+        if mesh is not None:  # a prebuilt DP x SP mesh (algorithms.mesh_for(..., dp=)) gives both
+            require(mesh.real, "mesh", "views", "must be built collectively (algorithms.mesh_for)")
+            group = mesh.comm("sp").group
+            dp_group = mesh.comm("dp").group if "dp" in mesh.comms else None
         checkpointing.check_mode(checkpoint, seq_fraction)
         require(len(head_tiles) == 2 and all(isinstance(t, int) and t > 0 for t in head_tiles),
                 "head_tiles", head_tiles, "must be two positive integers (tokens, vocabulary)")
@@ -97,7 +102,7 @@ class Transformer(nn.Module):
         self.rank = 0 if group is None else dist.get_rank(group)
         self.dp = 1 if dp_group is None else dist.get_world_size(dp_group)
         self.attend = build_attention(attention, causal=True, layout=layout, group=group,
-                                      **attention_options)
+                                      mesh=mesh, **attention_options)
         d = cfg.hidden
         self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=dtype))
         self.blocks = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.layers))

@@ -116,19 +116,22 @@ def batch_tokens(case: TrainCase, step: int, replica: int) -> torch.Tensor:
 
 
 def build(case: TrainCase, sp_group: dist.ProcessGroup | None,
-          dp_group: dist.ProcessGroup | None = None) -> Transformer:
+          dp_group: dist.ProcessGroup | None = None, mesh: algorithms.Mesh | None = None
+          ) -> Transformer:
     return Transformer(case.config(), attention=case.algorithm, layout=case.layout, group=sp_group,
                        dp_group=dp_group, checkpoint=case.checkpoint, seq_fraction=case.seq_fraction,
                        fused_head=case.fused_head, head_tiles=case.head_tiles, seed=case.seed,
-                       dtype=DTYPES[case.dtype], **dict(case.options))
+                       dtype=DTYPES[case.dtype], mesh=mesh, **dict(case.options))
 
 
 def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
                 dp_group: dist.ProcessGroup | None = None, replica: int = 0,
-                device_name: str = "cpu") -> TrainResult:
-    """Warm-up, then `iters` timed AdamW steps on this rank; metrics per step and a summary."""
+                device_name: str = "cpu", mesh: algorithms.Mesh | None = None) -> TrainResult:
+    """Warm-up, then `iters` timed AdamW steps on this rank; metrics per step and a summary.
+    With `mesh` (DP x SP), the groups come from it."""
     cfg = case.config()
-    net = build(case, sp_group, dp_group)
+    net = build(case, sp_group, dp_group, mesh)
+    sp_group = net.group
     opt = torch.optim.AdamW(net.parameters(), lr=case.lr)
     losses: list[float] = []
 
@@ -190,21 +193,19 @@ def step_metrics(case: TrainCase, step_s: float, peak_device: float | None) -> d
     return row
 
 
-def dp_sp_groups(sp: int, dp: int, rank: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup | None, int]:
-    """(SP group, DP group or None, replica) of `rank`: replica d holds ranks [d*sp, (d+1)*sp);
-    every rank of the world takes part in creating every group (torch's rule)."""
-    if dp == 1 and sp == dist.get_world_size():
-        return dist.group.WORLD, None, 0
-    sp_groups = [dist.new_group(list(range(d * sp, (d + 1) * sp))) for d in range(dp)]
-    dp_groups = [dist.new_group(list(range(i, sp * dp, sp))) for i in range(sp)] if dp > 1 else []
-    return sp_groups[rank // sp], (dp_groups[rank % sp] if dp > 1 else None), rank // sp
+def dp_sp_mesh(case: TrainCase, nodes=None) -> algorithms.Mesh:
+    """The trial's DP x SP mesh: the attention's rank grid per replica, replica d on ranks
+    [d*sp, (d+1)*sp), built on every rank of the world (algorithms.mesh_for)."""
+    return algorithms.mesh_for(case.algorithm, case.sp, dp=case.dp, nodes=nodes,
+                               **dict(case.options))
 
 
 def measure_training(case: TrainCase, rank: int, device_name: str = "cpu") -> RankMeasurement:
     """`train_steps` on a rank of an initialised world of sp x dp ranks, as a RankMeasurement (the
     Ray rank worker's currency); the training metrics ride in `extra`."""
-    sp_group, dp_group, replica = dp_sp_groups(case.sp, case.dp, rank)
-    out = train_steps(case, rank, sp_group, dp_group, replica, device_name)
+    mesh = dp_sp_mesh(case)
+    replica = mesh.coord("dp") if "dp" in mesh.comms else 0
+    out = train_steps(case, rank, None, None, replica, device_name, mesh=mesh)
     ledger = out.ledger
     return RankMeasurement(
         rank=rank, step_ms=[1e3 * r["step_s"] for r in out.steps],

@@ -13,8 +13,8 @@ import functools
 
 import pytest
 import torch
-import torch.distributed as dist
 
+from seqpar import algorithms
 from seqpar.algorithms import recording
 from seqpar.model import CHECKPOINT_MODES, ModelConfig, Transformer
 
@@ -107,27 +107,12 @@ def test_model_matches_one_process(gang, algorithm, world, seed):
             assert replay == (bytes_["forward"] if mode == "full" else 0), (mode, bytes_)
 
 
-_DPSP: dict[str, object] = {}
-
-
-def _dp_sp_groups(env):
-    """SP groups {0,1}, {2,3} and DP groups {0,2}, {1,3}: created once per process by all 8 ranks."""
-    if not _DPSP:
-        for name, ranks in (("sp0", [0, 1]), ("sp1", [2, 3]), ("dp0", [0, 2]), ("dp1", [1, 3])):
-            _DPSP[name] = dist.new_group(ranks)
-    if env.rank >= 4:
-        return None, None
-    return _DPSP[f"sp{env.rank // 2}"], _DPSP[f"dp{env.rank % 2}"]
-
-
 def _dp_sp_runs(env, runs, seed):
-    sp, dp = _dp_sp_groups(env)
-    if sp is None:
-        return None
-    replica = env.rank // 2
+    """On the gang's DP x SP mesh (replica d on ranks {2d, 2d+1}, DP groups {0,2} and {1,3})."""
+    replica = env.mesh.coord("dp")
     out = []
     for algorithm, layout, mode in runs:
-        net = Transformer(CONFIGS["gqa"], attention=algorithm, layout=layout, group=sp, dp_group=dp,
+        net = Transformer(CONFIGS["gqa"], attention=algorithm, layout=layout, mesh=env.mesh,
                           checkpoint=mode, seed=3, dtype=torch.float64,
                           **({"dhp": 2} if algorithm == "usp" else {}))
         # replica d trains on rows [2d, 2d + 2) of the 4-row batch the reference sees whole
@@ -136,10 +121,17 @@ def _dp_sp_runs(env, runs, seed):
 
 
 @pytest.mark.multirank
-def test_dp2_x_sp2_matches_one_process(gang, seed):
-    runs = [(alg, layout, CHECKPOINT_MODES[(i + j) % len(CHECKPOINT_MODES)])
-            for i, alg in enumerate(("ring", "ulysses", "usp")) for j, layout in enumerate(LAYOUTS)]
-    per_rank = gang.run(_dp_sp_runs, runs, seed, size=8)[:4]
+@pytest.mark.parametrize("algorithm", ["ring", "ulysses", "usp"])
+def test_dp2_x_sp2_matches_one_process(gang, seed, algorithm):
+    """DP = 2 x SP = 2 on one mesh (algorithms' grid with a data-parallel axis): loss and every
+    gradient equal the one-process model on the whole 4-row batch."""
+    options = {"dhp": 2} if algorithm == "usp" else {}
+    grid = algorithms.grid_for(algorithm, 2, **options).with_dp(2)
+    key = (grid, (*algorithms.get(algorithm).axes, "dp"), None)
+    first = ("ring", "ulysses", "usp").index(algorithm)  # so the modes rotate over algorithms
+    runs = [(algorithm, layout, CHECKPOINT_MODES[(first + j) % len(CHECKPOINT_MODES)])
+            for j, layout in enumerate(LAYOUTS)]
+    per_rank = gang.run(_dp_sp_runs, runs, seed, size=4, mesh=key)
     for i, (alg, layout, mode) in enumerate(runs):
         want = reference("gqa", False, seed, 2 * BATCH)
         for rank, results in enumerate(per_rank):
