@@ -30,6 +30,7 @@ CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S = "SEQPAR_CONNECT_TIMEOUT_S",
 DASHBOARD_ENV_VAR = "SEQPAR_RAY_DASHBOARD"  # "0": embedded Ray without dashboard (no state API)
 
 _embedded_users = 0  # TrialRunners sharing the embedded Ray this process started
+_guard: Any = None   # the embedded Ray's watchdog (platform.reaper): its processes die with ours
 
 
 class GangStartupError(RuntimeError):
@@ -83,10 +84,13 @@ def connect(address: str | None = None) -> bool:
     """Join Ray (address 'auto', 'ray://...', 'host:port') or start an embedded local one (None).
 
     Returns True when this call started (or shares) the embedded instance, which `disconnect`
-    shuts down when its last user leaves. A process already connected keeps its connection.
+    shuts down when its last user leaves; a watchdog (platform.reaper) stops every process of it
+    should this process die without doing so (a SIGKILL). A process already connected keeps its
+    connection.
     An address where nothing answers within SEQPAR_CONNECT_TIMEOUT_S (5 s) is a ConfigError.
     """
-    global _embedded_users
+    global _embedded_users, _guard
+    import psutil
     import ray
 
     if ray.is_initialized():
@@ -96,10 +100,15 @@ def connect(address: str | None = None) -> bool:
         return False
     if address is None:
         dashboard = os.environ.get(DASHBOARD_ENV_VAR, "1") != "0"
+        me = psutil.Process()
+        before = {p.pid for p in me.children()}
         # "local": always a fresh instance, never a cluster someone else started with `ray start`
         ray.init(address="local", namespace=NAMESPACE, include_dashboard=dashboard,
                  log_to_driver=False)
         _embedded_users = 1
+        from seqpar.platform import reaper
+
+        _guard = reaper.watch([p.pid for p in me.children() if p.pid not in before])
         return True
     _probe(address, _env_float(CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
     try:
@@ -113,7 +122,7 @@ def connect(address: str | None = None) -> bool:
 
 def disconnect(embedded: bool) -> None:
     """Leave the embedded Ray; the last user shuts it down. Joined clusters stay up."""
-    global _embedded_users
+    global _embedded_users, _guard
     import ray
 
     if not embedded or _embedded_users == 0:
@@ -121,6 +130,9 @@ def disconnect(embedded: bool) -> None:
     _embedded_users -= 1
     if _embedded_users == 0 and ray.is_initialized():
         ray.shutdown()
+    if _embedded_users == 0 and _guard is not None:
+        _guard.close()  # the watchdog stops what the shutdown left behind, then exits
+        _guard = None
 
 
 def detect_device(override: str | None = None) -> str:
