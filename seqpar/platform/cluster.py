@@ -80,6 +80,19 @@ def _probe(address: str, timeout_s: float) -> None:
                           f"no Ray cluster answers at {host}:{port} ({why})") from None
 
 
+def _token_auth_if_available() -> None:
+    """Ray >= 2.5x starts a `ray start` cluster with token authentication (~/.ray/auth_token), but
+    a driver joining it sends the token only with RAY_AUTH_MODE=token: without it the GCS answers
+    "Authentication token is missing". Turn it on, as Ray's own CLI does, when a token is there
+    and the user has not chosen a mode."""
+    try:
+        from ray._private.authentication import authentication_token_setup as auth
+    except ImportError:  # a Ray without token authentication
+        return
+    logging.getLogger(auth.__name__).setLevel(logging.ERROR)  # "token auth is enabled" is noise
+    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 def connect(address: str | None = None) -> bool:
     """Join Ray (address 'auto', 'ray://...', 'host:port') or start an embedded local one (None).
 
@@ -111,6 +124,7 @@ def connect(address: str | None = None) -> bool:
         _guard = reaper.watch([p.pid for p in me.children() if p.pid not in before])
         return True
     _probe(address, _env_float(CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
+    _token_auth_if_available()
     try:
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  logging_level=logging.WARNING)
