@@ -113,3 +113,17 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(cli, monkeypatch):
     assert "interrupted" in out and "--resume <sweep id>" in out
     sweep = cli.tracker.latest_sweep()
     assert sweep.status == "KILLED" and cli.tracker.trials(sweep.run_id) == []
+
+
+def test_tune_without_dry_run_profiles_ranks_and_logs_the_configurations(cli):
+    code, out, err = cli("tune", "-P", "2", "--seq-len", "64", "--iters", "1", "--prune", "2")
+    assert code == 0, out + err
+    assert "tuning space" in out and "tuning ranking: arg max tokens/s" in out
+    sweep = cli.tracker.latest_sweep()
+    assert cli.tracker.experiment_name(sweep) == "tune" and sweep.status == "FINISHED"
+    runs = cli.tracker.trials(sweep.run_id)
+    assert len(runs) == 2 and {r.status for r in runs} == {"FINISHED"}
+    ranking = out[out.index("tuning ranking"):]
+    best = max(runs, key=lambda r: r.metrics["tokens_per_s"])
+    first_row = next(ln for ln in ranking.splitlines() if ln.strip().startswith("│ 1 "))
+    assert best.params["plan.algorithm"] in first_row
