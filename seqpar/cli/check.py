@@ -45,6 +45,7 @@ def check(
 
     require(world >= 1, "world", world, "must be at least 1")
     require(dtype in DTYPES, "dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    require(device in (None, "cpu", "cuda"), "device", device, "must be 'cpu' or 'cuda'")
     names = _split(algorithms_, "algorithms", tuple(algorithms.REGISTRY)) or list(algorithms.REGISTRY)
     chosen_layouts = _split(layouts_, "layouts", LAYOUTS)
     if bench:

@@ -72,7 +72,7 @@ def test_a_wrong_result_exits_1_and_names_the_failure(monkeypatch, capsys):
 @pytest.mark.parametrize(("args", "needle"), [
     (["-P", "0"], "world=0"), (["--dtype", "int4"], "dtype='int4'"),
     (["--layouts", "spiral"], "layouts='spiral'"), (["--seq-len", "-1"], "seq_len=-1"),
-    (["-P", "x"], "Invalid value for '--world'"),
+    (["-P", "x"], "Invalid value for '--world'"), (["--device", "tpu"], "device='tpu'"),
 ])
 def test_bad_input_exits_2_on_one_line(monkeypatch, capsys, args, needle):
     code, out, err = seqpar(monkeypatch, capsys, "check", *args)
