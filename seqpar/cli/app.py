@@ -53,16 +53,37 @@ _register()
 
 
 def main() -> None:
-    """Entry point: a user error prints one line and exits 2."""
+    """Entry point: a user error (ours or a usage error: unknown option, -1 where a count goes, a
+    missing argument) prints one line and exits 2; otherwise the command's exit code."""
+    try:  # typer >= 0.22 vendors click
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
     from seqpar.cli.display import err_console
 
-    try:
-        app()
-    except SeqparError as err:
+    def fail(message: str) -> None:
         from rich.markup import escape  # a value like [1, 2] is data, not a style tag
 
-        err_console.print(f"[red]error:[/red] {escape(str(err))}", highlight=False, soft_wrap=True)
+        line = " ".join(message.split())
+        err_console.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
         sys.exit(2)
+
+    try:
+        code = app(standalone_mode=False)
+    except SeqparError as err:
+        fail(str(err))
+    except click_errors.NoArgsIsHelpError as err:  # `seqpar` or `seqpar cluster` alone
+        err.show()
+        sys.exit(err.exit_code)
+    except click_errors.UsageError as err:
+        command = err.ctx.command_path if err.ctx is not None else "seqpar"
+        fail(f"{err.format_message()} (see `{command} --help`)")
+    except typer.Abort:  # Ctrl-C or end of input outside a command that handles it
+        sys.exit(130)
+    except click_errors.ClickException as err:
+        fail(err.format_message())
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from seqpar.cli.display import console, display_table
+from seqpar.cli.display import console, display_table, err_console
 from seqpar.errors import ConfigError, SeqparError, require
 
 
@@ -45,6 +45,7 @@ def check(
 
     require(world >= 1, "world", world, "must be at least 1")
     require(dtype in DTYPES, "dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    require(device in (None, "cpu", "cuda"), "device", device, "must be 'cpu' or 'cuda'")
     names = _split(algorithms_, "algorithms", tuple(algorithms.REGISTRY)) or list(algorithms.REGISTRY)
     chosen_layouts = _split(layouts_, "layouts", LAYOUTS)
     if bench:
@@ -60,8 +61,17 @@ def check(
                   ["algorithm", "layout", "mask", "H/Hkv", "P", "max rel err", "fwd bytes",
                    "bwd bytes", "ms", "status"], rows, as_json=as_json)
     if failed:
-        console.print(f"[red]{failed} case(s) failed[/red]")
+        err_console.print(f"[red]{failed} case(s) failed[/red]")
         raise typer.Exit(1)
+
+
+# Left at their defaults usp (dhp=1), double_ring (one inner ring of P) and wallfacer (team_size=1)
+# are a plain ring; `check` holds each in its first real form the world size allows.
+CHECK_FORMS = {
+    "usp": lambda p: {"dhp": 2} if p >= 4 and p % 2 == 0 else {},
+    "double_ring": lambda p: {"inner_ring": 2} if p >= 4 and p % 2 == 0 else {},
+    "wallfacer": lambda p: {"team_size": 2} if p % 4 == 0 else {},
+}
 
 
 def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim, dtype, seed):
@@ -74,14 +84,20 @@ def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim,
         for layout in layouts:
             for causal in (True, False):
                 for hkv in dict.fromkeys((heads, kv_heads)):
-                    case = Case(name, p, layout, causal, batch, seq_len, heads, hkv, head_dim,
-                                dtype, seed)
-                    try:
-                        algorithms.check(name, case.shape, p, layout, causal)
-                    except ConfigError as err:
-                        skipped.append((case, str(err)))
-                        continue
-                    cases.append(case)
+                    form = CHECK_FORMS[name](p) if name in CHECK_FORMS else {}
+                    case, why = None, ""
+                    for options in ([form, {}] if form else [{}]):  # the real form, else defaults
+                        case = Case(name, p, layout, causal, batch, seq_len, heads, hkv, head_dim,
+                                    dtype, seed, options=tuple(sorted(options.items())))
+                        try:
+                            algorithms.check(name, case.shape, p, layout, causal, **options)
+                        except ConfigError as err:
+                            why = str(err)
+                            continue
+                        cases.append(case)
+                        break
+                    else:
+                        skipped.append((case, why))
     return cases, skipped
 
 
@@ -91,16 +107,17 @@ def run_cases(cases, world, device):
 
     rows, failed = [], 0
     sizes = {c.world for c in cases}
-    console.print(f"starting {world} local ranks ...")
+    err_console.print(f"starting {world} local ranks ...")  # stdout: the table or JSON only
     with LocalGang(world, sizes=sizes, device=device) as gang:
-        console.print(f"ranks ready on {gang.device}; running {len(cases)} cases")
+        err_console.print(f"ranks ready on {gang.device}; running {len(cases)} cases")
         for case in cases:
             res = evaluate(case, run_case(gang, case))
             failed += not res.ok
             b = res.bytes_measured
             e = res.bytes_expected
             rows.append([
-                case.algorithm, case.layout, "causal" if case.causal else "full",
+                case.algorithm + "".join(f" {k}={v}" for k, v in case.options), case.layout,
+                "causal" if case.causal else "full",
                 f"{case.heads}/{case.kv_heads}", case.world, f"{max(res.errors.values()):.1e}",
                 f"{b['forward']}" + (" ✓" if b["forward"] == e["forward"] else f" ≠ {e['forward']}"),
                 f"{b['backward']}" + (" ✓" if b["backward"] == e["backward"] else f" ≠ {e['backward']}"),

@@ -1,4 +1,4 @@
-"""`seqpar studies`: the named studies, what each measures and whether it can run yet."""
+"""`seqpar studies`: the named studies, what each measures and how many trials each has."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def studies(
     for study in STUDIES.values():
         points = study.points(preset)
         ok = sum(p.spec is not None for p in points)
-        rows.append([study.name, study.description, study.headline, f"{ok}/{len(points)}",
-                     study.status()])
+        rows.append([study.name, study.description, study.headline, f"{ok}/{len(points)}"])
     display_table(f"studies ({preset} preset): seqpar run <study> [--set key=value] [--preset P]",
-                  ["study", "what it measures", "headline", "trials", "status"], rows,
+                  ["study", "what it measures", "headline", "trials"], rows,
                   as_json=as_json)

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from seqpar.cli.display import console, display_table
-from seqpar.errors import ConfigError
+from seqpar.errors import ConfigError, require
 
 if TYPE_CHECKING:
     from seqpar.sweeps.spec import SweepPlan
@@ -19,8 +19,8 @@ Resume = Annotated[str | None, typer.Option(
                      "are skipped.")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="List the trials and skipped points; "
                                                         "run nothing.")]
-Retries = Annotated[int, typer.Option("--retries", min=0, help="Re-run a FAILED trial up to N "
-                                                               "times.")]
+Retries = Annotated[int, typer.Option("--retries", help="Re-run a trial that FAILED by a rank dying, "
+                                                        "a timeout or start-up up to N times.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Fail the whole sweep on any invalid "
                                                        "point, before anything runs.")]
 Sets = Annotated[list[str] | None, typer.Option(
@@ -66,6 +66,7 @@ def _device(plan: SweepPlan) -> str | None:
 def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
             again: str) -> str | None:
     """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id."""
+    require(retries >= 0, "--retries", retries, "must be >= 0")
     plan.check(strict)
     device = _device(plan)
     for point in plan.skipped:

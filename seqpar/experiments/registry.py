@@ -5,8 +5,8 @@
     points = study.points("cpu")            # validated specs, or the reason a point cannot run
 
 The `cpu` preset is sized for 2 CPU cores (1-2 minutes); `gpu-cluster` is the papers' scale (7B/8B
-shapes, 128K-1M tokens, world 8-64) for a Ray cluster with GPUs. Points whose algorithm is not
-registered yet are skipped with that reason, so a study starts working the day its algorithm lands.
+shapes, 128K-1M tokens, world 8-64) for a Ray cluster with GPUs. A point that breaks a rule (a
+shape an algorithm cannot split) is skipped with that reason.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqpar import algorithms
 from seqpar.errors import require
 from seqpar.experiments.grid import Point, expand
-from seqpar.experiments.spec import PENDING
 
 PRESET_NAMES = ("cpu", "gpu-cluster")
 Sweep = tuple[dict[str, Any], dict[str, Any]]
@@ -65,22 +63,11 @@ class Study:
     higher_is_better: bool
     plot: str                        # throughput | memory | scaling | bytes_by_link | bar
     build: Callable[[str], Sweep]    # preset -> (base, grid)
-    requires: tuple[str, ...] = ()   # algorithms the study is about
     notes: dict[str, str] = field(default_factory=dict)
 
     def sweep(self, preset: str = "cpu") -> Sweep:
         require(preset in PRESET_NAMES, "preset", preset, f"must be one of {', '.join(PRESET_NAMES)}")
         return self.build(preset)
-
-    def missing(self) -> list[str]:
-        """Required algorithms that are not registered yet."""
-        return [a for a in self.requires if a not in algorithms.REGISTRY]
-
-    def status(self) -> str:
-        missing = self.missing()
-        if not missing:
-            return "ready"
-        return "waits for " + ", ".join(f"{a} ({PENDING.get(a, 'not registered')})" for a in missing)
 
     def points(self, preset: str = "cpu") -> list[Point]:
         return fitting(expand(*self.sweep(preset)), MEMORY_CLUSTER[preset])
@@ -278,11 +265,11 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("load-balance", "max/mean FLOPs over ranks for contiguous, zigzag and stripe (causal)",
           "load_imbalance", False, "bar", _load_balance),
     Study("placement", "USP head-first vs context-first over 2 nodes (LoongTrain §4.4)",
-          "step_ms", False, "bytes_by_link", _placement, requires=("usp",)),
+          "step_ms", False, "bytes_by_link", _placement),
     Study("ring-size", "double ring: inner ring size w over 2 nodes (LoongTrain §4.3)",
-          "step_ms", False, "bytes_by_link", _ring_size, requires=("double_ring",)),
+          "step_ms", False, "bytes_by_link", _ring_size),
     Study("wallfacer-c", "WallFacer team size C (C=1 ring, C=sqrt(P) collectives) x placement",
-          "step_ms", False, "bytes_by_link", _wallfacer_c, requires=("wallfacer",)),
+          "step_ms", False, "bytes_by_link", _wallfacer_c),
     Study("e2e-throughput", "the model trained with every algorithm: TGS and MFU as N grows",
           "tgs", True, "throughput", _e2e_throughput),
     Study("checkpointing", "activation memory vs step time: none, full, sc++, sequence(f), "
@@ -293,5 +280,5 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("e2e-scaling", "DP x SP splits of a fixed number of ranks: TGS", "tgs", True, "train",
           _e2e_scaling),
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
-          "bytes_total", False, "bar", _burst_backward, requires=("burst",)),
+          "bytes_total", False, "bar", _burst_backward),
 )}

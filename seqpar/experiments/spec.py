@@ -157,10 +157,6 @@ class TrainSpec(_Strict):
         return (("vocab", self.vocab),) if self.vocab is not None else ()
 
 
-# Algorithms the studies name that are still being written; a point that needs one says so.
-PENDING = {"usp": "LoongTrain 2D attention, issue 5", "double_ring": "LoongTrain double ring, issue 5",
-           "wallfacer": "WallFacer multi-ring, issue 6", "burst": "BurstAttention, issue 6"}
-
 # ConfigError fields from algorithms.check -> where they live in an ExperimentSpec
 _FIELD_HOME = {"batch": "workload.batch", "seq_len": "workload.seq_len", "heads": "model.heads",
                "kv_heads": "model.kv_heads", "head_dim": "model.head_dim",
@@ -188,10 +184,6 @@ class ExperimentSpec(_Strict):
             if rpn is not None and rpn * p.nodes != p.world:
                 raise ConfigError("plan.ranks_per_node", rpn,
                                   f"nodes x ranks_per_node must equal world={p.world}")
-            if p.algorithm not in algorithms.REGISTRY and p.algorithm in PENDING:
-                raise ConfigError("algorithm", p.algorithm,
-                                  f"not available yet ({PENDING[p.algorithm]}); the point runs "
-                                  "once it is registered")
             algorithms.check(p.algorithm, self.shape, p.world, p.layout, self.workload.causal,
                              **self.options)
         except ConfigError as err:

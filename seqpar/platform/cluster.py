@@ -11,22 +11,26 @@ node) with one bundle per rank; actors are named `seqpar:<experiment-id>:rank-<r
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqpar.errors import SeqparError, require
+from seqpar.errors import ConfigError, SeqparError, require
 
 NAMESPACE = "seqpar"
 ACTOR_PREFIX = "seqpar:"
 # every tunable: an env var and its default
 READY_TIMEOUT_ENV_VAR, DEFAULT_READY_TIMEOUT_S = "SEQPAR_GANG_READY_TIMEOUT_S", 180.0
 KILL_WAIT_ENV_VAR, DEFAULT_KILL_WAIT_S = "SEQPAR_GANG_KILL_WAIT_S", 20.0
+CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S = "SEQPAR_CONNECT_TIMEOUT_S", 5.0
 DASHBOARD_ENV_VAR = "SEQPAR_RAY_DASHBOARD"  # "0": embedded Ray without dashboard (no state API)
 
 _embedded_users = 0  # TrialRunners sharing the embedded Ray this process started
+_guard: Any = None   # the embedded Ray's watchdog (platform.reaper): its processes die with ours
 
 
 class GangStartupError(RuntimeError):
@@ -41,13 +45,65 @@ def actor_name(experiment_id: str, rank: int) -> str:
     return f"{ACTOR_PREFIX}{experiment_id}:rank-{rank}"
 
 
+def _ray_target(address: str) -> tuple[str, int]:
+    """The host and port `ray.init(address)` will dial: the GCS for 'auto' / 'host:port' (as Ray
+    resolves them: RAY_ADDRESS, the last `ray start` here, localhost -> this node's IP), the Ray
+    Client server for 'ray://host:port'."""
+    from ray._private import services  # Ray's own resolution, so the probe dials what Ray dials
+
+    if address.startswith("ray://"):
+        hostport = address[len("ray://"):].split("/", 1)[0]
+    else:
+        try:
+            hostport = services.canonicalize_bootstrap_address_or_die(address)
+        except (ConnectionError, ValueError) as err:
+            raise ConfigError("address", address, f"no Ray cluster found ({_first_line(err)})") from None
+    host, sep, port = hostport.rpartition(":")
+    require(bool(sep and host) and port.isdigit() and 0 < int(port) < 65536, "address", address,
+            "must be 'auto', 'host:port' or 'ray://host:port'")
+    return host.strip("[]"), int(port)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _probe(address: str, timeout_s: float) -> None:
+    """Fail fast, on one line, when nothing listens where Ray would dial: left to itself ray.init
+    retries an unreachable GCS for minutes, printing a warning every few seconds."""
+    host, port = _ray_target(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or _first_line(err))
+        raise ConfigError("address", address,
+                          f"no Ray cluster answers at {host}:{port} ({why})") from None
+
+
+def _token_auth_if_available() -> None:
+    """Ray >= 2.5x starts a `ray start` cluster with token authentication (~/.ray/auth_token), but
+    a driver joining it sends the token only with RAY_AUTH_MODE=token: without it the GCS answers
+    "Authentication token is missing". Turn it on, as Ray's own CLI does, when a token is there
+    and the user has not chosen a mode."""
+    try:
+        from ray._private.authentication import authentication_token_setup as auth
+    except ImportError:  # a Ray without token authentication
+        return
+    logging.getLogger(auth.__name__).setLevel(logging.ERROR)  # "token auth is enabled" is noise
+    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 def connect(address: str | None = None) -> bool:
     """Join Ray (address 'auto', 'ray://...', 'host:port') or start an embedded local one (None).
 
     Returns True when this call started (or shares) the embedded instance, which `disconnect`
-    shuts down when its last user leaves. A process already connected keeps its connection.
+    shuts down when its last user leaves; a watchdog (platform.reaper) stops every process of it
+    should this process die without doing so (a SIGKILL). A process already connected keeps its
+    connection.
+    An address where nothing answers within SEQPAR_CONNECT_TIMEOUT_S (5 s) is a ConfigError.
     """
-    global _embedded_users
+    global _embedded_users, _guard
+    import psutil
     import ray
 
     if ray.is_initialized():
@@ -57,21 +113,30 @@ def connect(address: str | None = None) -> bool:
         return False
     if address is None:
         dashboard = os.environ.get(DASHBOARD_ENV_VAR, "1") != "0"
+        me = psutil.Process()
+        before = {p.pid for p in me.children()}
         # "local": always a fresh instance, never a cluster someone else started with `ray start`
         ray.init(address="local", namespace=NAMESPACE, include_dashboard=dashboard,
                  log_to_driver=False)
         _embedded_users = 1
+        from seqpar.platform import reaper
+
+        _guard = reaper.watch([p.pid for p in me.children() if p.pid not in before])
         return True
+    _probe(address, _env_float(CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S))
+    _token_auth_if_available()
     try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                 logging_level=logging.WARNING)
     except (ConnectionError, ValueError) as err:
-        raise SeqparError(f"address={address!r}: no Ray cluster answered there ({err})") from err
+        raise ConfigError("address", address,
+                          f"no Ray cluster answered there ({_first_line(err)})") from None
     return False
 
 
 def disconnect(embedded: bool) -> None:
     """Leave the embedded Ray; the last user shuts it down. Joined clusters stay up."""
-    global _embedded_users
+    global _embedded_users, _guard
     import ray
 
     if not embedded or _embedded_users == 0:
@@ -79,6 +144,9 @@ def disconnect(embedded: bool) -> None:
     _embedded_users -= 1
     if _embedded_users == 0 and ray.is_initialized():
         ray.shutdown()
+    if _embedded_users == 0 and _guard is not None:
+        _guard.close()  # the watchdog stops what the shutdown left behind, then exits
+        _guard = None
 
 
 def detect_device(override: str | None = None) -> str:

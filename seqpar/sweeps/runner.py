@@ -5,8 +5,12 @@
 
 Trials are run grouped by world size (stable within a group), so one gang of rank actors serves
 every trial of its size instead of being restarted when the grid alternates between sizes.
-A FAILED trial is retried `retries` times; only its last attempt is logged (tag seqpar.attempts).
-Resume skips the trials whose spec hash already FINISHED in that sweep, so nothing is logged twice.
+A trial that FAILED for a reason a fresh gang may not meet again (a rank died, a timeout, start-up)
+is retried up to `retries` times; one that FAILED because a rank raised is deterministic and is not.
+Only the last attempt is logged (tags seqpar.attempts and seqpar.failure, the kind).
+Resume skips the trials whose spec hash already FINISHED in that sweep, so nothing is logged twice;
+a trial it re-runs replaces that trial's earlier unfinished runs (soft-deleted: `mlflow runs restore`
+brings them back), so the sweep holds one run per trial.
 Ctrl-C marks the sweep KILLED and leaves it resumable.
 """
 
@@ -90,9 +94,23 @@ def _start(plan: SweepPlan, tracker: Tracker, resume: str | None) -> tuple[str, 
     return resume, done
 
 
+def _unfinished(tracker: Tracker, sweep_id: str | None) -> dict[str, list[str]]:
+    """Run ids of the sweep's FAILED / KILLED trials, by spec hash (what a resume re-runs)."""
+    from seqpar.platform.tracking import HASH_TAG
+
+    if sweep_id is None:
+        return {}
+    out: dict[str, list[str]] = {}
+    for run in tracker.trials(sweep_id):
+        if run.status != "FINISHED" and HASH_TAG in run.tags:
+            out.setdefault(run.tags[HASH_TAG], []).append(run.run_id)
+    return out
+
+
 def run_one(point: Point, runner: TrialRunner, retries: int,
             gang_id: str) -> tuple[TrialResult, int]:
-    """A trial, retried while it FAILS; returns the last result and the attempts it took."""
+    """A trial, retried while it FAILS retryably (see FailureKind); returns the last result and
+    the attempts it took."""
     spec = point.spec
     assert spec is not None
     attempt = 0
@@ -102,7 +120,7 @@ def run_one(point: Point, runner: TrialRunner, retries: int,
                             ranks_per_node=spec.plan.ranks_per_node,
                             link_emulation=spec.env.link_models(), timeout_s=spec.env.timeout_s,
                             experiment_id=gang_id)
-        if result.status == "FINISHED" or attempt > retries:
+        if result.ok or attempt > retries or not (result.failure and result.failure.retryable):
             return result, attempt
 
 
@@ -113,6 +131,8 @@ def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, resu
     tags = {"seqpar.device": result.device, "seqpar.attempts": str(attempts),
             "seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
             "seqpar.topology": getattr(result, "topology", ""), "seqpar.label": spec.label()}
+    if result.failure is not None:
+        tags["seqpar.failure"] = result.failure.value
     return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=spec.flat(),
                              metrics=result.metrics(), tags=tags, status=result.status,
                              cause=result.cause, detail=result.to_dict())
@@ -138,6 +158,7 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
               on_trial_end: Callable[[TrialOutcome], None] | None = None) -> SweepOutcome:
     """Run every trial of `plan` not yet FINISHED in the sweep; see the module docstring."""
     sweep_id, done = _start(plan, tracker, resume)
+    stale = _unfinished(tracker, resume)
     outcome = SweepOutcome(sweep_id, plan.experiment)
     todo = [p for p in plan.trials if p.spec is not None and p.spec.hash not in done]
     outcome.resumed = len(plan.trials) - len(todo)
@@ -154,6 +175,8 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                 bar.update(task, description=label)
             result, attempts = run_one(point, runner, retries, gang_id)
             run_id = log_one(tracker, sweep_id, plan, point, result, attempts)
+            for old in stale.pop(point.spec.hash if point.spec else "", []):
+                tracker.client.delete_run(old)  # this trial's run is now `run_id`
             trial = TrialOutcome(point, result, run_id, attempts)
             outcome.trials.append(trial)
             console.print(_line(result, label, attempts), highlight=False)

@@ -117,7 +117,12 @@ def load(path: str | Path, sets: dict[str, Any] | None = None) -> SweepPlan:
     p = Path(path)
     require(p.is_file(), "file", str(path), "does not exist (or is not a file)")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise ConfigError("file", str(path), f"cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError("file", str(path), f"is not UTF-8 text (byte 0x{err.object[err.start]:02x} "
+                                             f"at offset {err.start})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"

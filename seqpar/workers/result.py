@@ -12,6 +12,7 @@ import math
 import re
 import statistics
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from seqpar.case import Case
@@ -76,6 +77,21 @@ def link_bytes(m: RankMeasurement, link: str) -> int:
     return sum(e["bytes_sent"] for e in m.ledger.get("entries", []) if e["link"] == link)
 
 
+class FailureKind(str, Enum):
+    """Why a trial FAILED, in the spirit of Ray Train's WorkerGroupError / ControllerError: a
+    rank's own exception is deterministic (the same input raises again); the rest are the cluster's
+    and a fresh gang may well succeed, so `--retries` re-runs only those."""
+
+    RANK_RAISED = "rank_raised"  # the trial's code raised on a rank (ValueError, OOM, ...)
+    RANK_DIED = "rank_died"      # a rank's process or node went away, or a collective broke
+    TIMEOUT = "timeout"          # the trial outlived timeout_s (a hang, a lost peer)
+    STARTUP = "startup"          # the gang or its process-group rendezvous did not come up
+
+    @property
+    def retryable(self) -> bool:
+        return self is not FailureKind.RANK_RAISED
+
+
 @dataclass
 class TrialResult:
     case: Case
@@ -91,6 +107,7 @@ class TrialResult:
     topology: str = "virtual"  # "virtual" nodes on one machine | "real" Ray nodes
     gang_reused: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    failure: FailureKind | None = None  # set exactly when status is FAILED
 
     @property
     def ok(self) -> bool:
@@ -141,6 +158,7 @@ class TrialResult:
         d["case"] = {**asdict(self.case), "options": dict(self.case.options)}
         d["per_rank"] = [m.to_dict() for m in self.per_rank]
         d["metrics"] = self.metrics()
+        d["failure"] = self.failure.value if self.failure is not None else None
         return _finite(d)
 
 

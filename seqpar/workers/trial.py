@@ -5,10 +5,11 @@
                             link_emulation={"inter": LinkModel(1e-3, 1e9)})
         print(result.status, result.metrics()["step_ms"])
 
-Bad input raises a SeqparError before any actor starts; anything that goes wrong after that (a rank
-raising or dying, a hung collective past `timeout_s`) ends the trial FAILED with its cause, kills
-the gang and leaves nothing behind; the next trial gets a fresh gang. A healthy gang is kept for the
-next trial of the same experiment, world size and device kind (start-up is the expensive part).
+Bad input raises a SeqparError before any actor starts; anything that goes wrong after that ends
+the trial FAILED with its cause and its kind (`result.failure`: a rank raised, a rank died, a
+timeout, or start-up), kills the gang and leaves nothing behind; the next trial gets a fresh gang.
+A healthy gang is kept for the next trial of the same experiment, world size and device kind
+(start-up is the expensive part).
 Ctrl-C tears the gang down before the KeyboardInterrupt propagates.
 """
 
@@ -25,9 +26,9 @@ from seqpar.case import MODES, Case
 from seqpar.errors import require
 from seqpar.platform import cluster, topology
 from seqpar.workers.rank_worker import RankTrial, RankWorker
-from seqpar.workers.result import TrialResult
+from seqpar.workers.result import FailureKind, TrialResult
 
-__all__ = ["TrialResult", "TrialRunner", "validate"]
+__all__ = ["FailureKind", "TrialResult", "TrialRunner", "validate"]
 
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
 
@@ -86,6 +87,46 @@ def _error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"[:300]
 
 
+def _cause(err: BaseException) -> BaseException:
+    import ray.exceptions as rex
+
+    return err.cause if isinstance(err, rex.RayTaskError) and err.cause is not None else err
+
+
+def _is_echo(err: BaseException) -> bool:
+    """A rank's communication error: a peer failed under it (a gloo read on a closed pair, a broken
+    NCCL communicator, torch.distributed's DistError), not the rank's own fault."""
+    cause = _cause(err)
+    if "DistError" in {t.__name__ for t in type(cause).__mro__}:
+        return True
+    text = str(cause).lower()
+    return isinstance(cause, RuntimeError) and ("gloo" in text or "nccl" in text)
+
+
+def failure_kind(err: BaseException) -> FailureKind:
+    """A rank's failure, typed: its process went away (RayActorError), or its code raised. A raise
+    from torch.distributed's layers is not the trial's code: a store or network error is the
+    rendezvous failing (start-up), any other communication error a collective broken by a peer."""
+    import ray.exceptions as rex
+
+    if isinstance(err, rex.RayActorError):
+        return FailureKind.RANK_DIED
+    names = {t.__name__ for t in type(_cause(err)).__mro__}
+    if names & {"DistNetworkError", "DistStoreError"}:
+        return FailureKind.STARTUP
+    return FailureKind.RANK_DIED if _is_echo(err) else FailureKind.RANK_RAISED
+
+
+def first_failure(errors: dict[int, BaseException]) -> int:
+    """The rank whose failure is the trial's cause: a death first, then a rank's own exception,
+    then a communication error (the echo on its peers of one of the former)."""
+    import ray.exceptions as rex
+
+    died = [r for r, e in errors.items() if isinstance(e, rex.RayActorError)]
+    raised = [r for r, e in errors.items() if r not in died and not _is_echo(e)]
+    return min(died or raised or errors)
+
+
 class TrialRunner:
     """Runs trials on a Ray cluster; see the module docstring."""
 
@@ -138,7 +179,7 @@ class TrialRunner:
         try:
             gang, result.gang_reused = self._acquire(key, rpn)
         except cluster.GangStartupError as err:
-            result.cause = f"gang start-up failed: {err}"
+            result.cause, result.failure = f"gang start-up failed: {err}", FailureKind.STARTUP
             result.setup_s = time.perf_counter() - start
             return result
         try:
@@ -165,23 +206,26 @@ class TrialRunner:
             addr, port = ray.get(gang.actors[0].rendezvous_address.remote(), timeout=wait_s)
         except ray.exceptions.GetTimeoutError:
             result.cause = f"timeout: rank 0 gave no rendezvous address within {wait_s:g} s"
+            result.failure = FailureKind.STARTUP
             return
         except Exception as err:
             result.cause = f"rendezvous failed: rank 0 {_error_text(err)}"
+            result.failure = (FailureKind.RANK_DIED if isinstance(err, ray.exceptions.RayActorError)
+                              else FailureKind.STARTUP)
             return
         result.setup_s = time.perf_counter() - start
         trial = RankTrial(result.case, result.experiment_id or "", addr, port, topo.node_of_rank,
                           links, self.device, timeout_s)
         t0 = time.perf_counter()
         refs = {a.run_trial.remote(trial): r for r, a in enumerate(gang.actors)}
-        per_rank, result.cause = self._collect(gang, refs, deadline, timeout_s)
+        per_rank, result.cause, result.failure = self._collect(gang, refs, deadline, timeout_s)
         result.run_s = time.perf_counter() - t0
         if result.cause is None:
             result.per_rank, result.status = per_rank, "FINISHED"
 
     def _collect(self, gang: cluster.Gang, refs: dict[Any, int], deadline: float,
-                 timeout_s: float) -> tuple[list[Any], str | None]:
-        """Every rank's measurement, or the cause of the first failure (a death ranks first)."""
+                 timeout_s: float) -> tuple[list[Any], str | None, FailureKind | None]:
+        """Every rank's measurement, or the cause and kind of the failure (see first_failure)."""
         import ray
 
         done: dict[int, Any] = {}
@@ -200,15 +244,15 @@ class TrialRunner:
                 except Exception as err:
                     errors[refs[ref]] = err
         if errors:
-            died = [r for r, e in errors.items() if isinstance(e, ray.exceptions.RayActorError)]
-            first = min(died) if died else min(errors)
+            first = first_failure(errors)
             others = len(errors) - 1
             more = f" (+{others} more rank{'s' if others > 1 else ''} failed)" if others else ""
-            return [], f"rank {first} {_error_text(errors[first])}{more}"
+            return [], f"rank {first} {_error_text(errors[first])}{more}", failure_kind(errors[first])
         if pending:
             stuck = sorted(refs[p] for p in pending)
-            return [], f"timeout: trial exceeded {timeout_s:g} s; {self._phases(gang, stuck)}"
-        return [done[r] for r in sorted(done)], None
+            return ([], f"timeout: trial exceeded {timeout_s:g} s; {self._phases(gang, stuck)}",
+                    FailureKind.TIMEOUT)
+        return [done[r] for r in sorted(done)], None, None
 
     @staticmethod
     def _phases(gang: cluster.Gang, ranks: list[int]) -> str:

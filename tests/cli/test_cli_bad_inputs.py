@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ def base_with(plan: str = "{algorithm: ring, world: 4}", workload: str = "{seq_l
     return f"model: {model}\n  plan: {plan}\n  workload: {workload}\n  env: {env}"
 
 
-# (name, yaml text or None, CLI args after `seqpar`, text the one line must contain)
+# (name, yaml text (or bytes) or None, CLI args after `seqpar`, text the one line must contain)
 CASES = [
     ("missing file", None, ["sweep", "no/such/file.yaml"], "file='no/such/file.yaml'"),
     ("malformed yaml", "base: {model: tiny\n grid: [", ["sweep", "{f}"], "malformed YAML at line"),
@@ -70,6 +71,31 @@ CASES = [
      "workload.seq_len=102"),
     ("tune with an unknown model", None, ["tune", "--model", "gpt5"], "model='gpt5'"),
     ("compare with both filters", None, ["compare", "--study", "a", "--sweep", "b"], "--study='a'"),
+    ("non-UTF-8 bytes", sweep_file().encode() + b"# caf\xe9\n", ["sweep", "{f}"],
+     "is not UTF-8 text (byte 0xe9"),
+    ("a NUL byte", b"base: {model: tiny}\x00\n", ["sweep", "{f}"], "malformed YAML"),
+    ("a directory", None, ["sweep", "."], "file='.': does not exist (or is not a file)"),
+    ("negative --retries", sweep_file(), ["sweep", "{f}", "--retries", "-1"], "--retries=-1: must be"),
+    ("negative --retries on run", None, ["run", "throughput", "--retries", "-2"], "--retries=-2"),
+    ("--retries not a number", sweep_file(), ["sweep", "{f}", "--retries", "x"],
+     "Invalid value for '--retries'"),
+    ("unknown option", sweep_file(), ["sweep", "{f}", "--colour"], "No such option: --colour"),
+    ("missing sweep file argument", None, ["sweep"], "Missing argument 'file'"),
+    ("an extra argument", sweep_file(), ["sweep", "{f}", "more.yaml"], "unexpected extra argument"),
+    ("unknown command", None, ["swep"], "No such command 'swep'"),
+    ("tune --iters 0", None, ["tune", "--iters", "0"], "'--iters'"),
+    ("tune -P 0", None, ["tune", "-P", "0"], "world=0"),
+    ("tune negative --prune", None, ["tune", "--prune", "-1"], "prune=-1"),
+    ("tune negative --seq-len", None, ["tune", "--seq-len", "-8"], "workload.seq_len=-8"),
+    ("tune unknown cluster", None, ["tune", "--prune", "2", "--cluster", "moon"], "cluster='moon'"),
+    ("check -P 0", None, ["check", "-P", "0"], "world=0"),
+    ("check unknown dtype", None, ["check", "--dtype", "int8"], "dtype='int8'"),
+    ("check unknown algorithm", None, ["check", "--algorithms", "tree"], "algorithms='tree'"),
+    ("check negative seq_len", None, ["check", "--seq-len", "-4"], "seq_len=-4"),
+    ("cluster status malformed address", None, ["cluster", "status", "--address", "1.2.3"],
+     "address='1.2.3'"),
+    ("unreachable --address", None, ["--address", "127.0.0.1:1", "cluster", "status"],
+     "address='127.0.0.1:1': no Ray cluster answers"),
 ]
 if "usp" in algorithms.REGISTRY:
     CASES.append(("dhp x dcp != world", sweep_file(base_with(
@@ -107,7 +133,9 @@ def test_there_are_at_least_fifteen_distinct_bad_inputs():
 @pytest.mark.parametrize(("name", "text", "args", "needle"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_touches_nothing(no_backends, monkeypatch, capsys,
                                                           name, text, args, needle):
-    if text is not None:
+    if isinstance(text, bytes):
+        (no_backends / "bad.yaml").write_bytes(text)
+    elif text is not None:
         (no_backends / "bad.yaml").write_text(text)
     args = [a.replace("{f}", "bad.yaml") for a in args]
     code, err = invoke(monkeypatch, capsys, args)
@@ -142,3 +170,18 @@ def test_unknown_resume_id_is_refused_before_ray_starts(monkeypatch, capsys, tmp
                                              str(ROOT / "examples" / "quickstart.yaml"),
                                              "--resume", "0123abcd"])
     assert code == 2 and err.strip() == f"error: resume='0123abcd': no sweep with this id in {uri}"
+
+
+def test_an_unreachable_address_fails_fast_on_one_line_without_ray_noise(tmp_path):
+    # before: ray.init retried the GCS for ~40 s, printing a warning every 5 s
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    start = time.perf_counter()
+    out = subprocess.run([str(Path(sys.executable).parent / "seqpar"), "--address", "127.0.0.1:1",
+                          "cluster", "status"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: address='127.0.0.1:1': no Ray cluster answers at "), line
+    assert elapsed < 30, elapsed

@@ -75,20 +75,3 @@ def test_bad_specs_raise_one_line_naming_field_value_and_rule(data, field, rule)
     assert info.value.field == field
     assert rule in info.value.rule
     assert "\n" not in str(info.value)
-
-
-def test_an_algorithm_still_being_written_says_so(monkeypatch):
-    from seqpar.experiments import spec as spec_module
-    from seqpar.experiments.registry import Study
-
-    monkeypatch.setitem(spec_module.PENDING, "hyper_ring", "issue 42")
-    with pytest.raises(ConfigError, match=r"plan.algorithm='hyper_ring': not available yet \(issue 42"):
-        ExperimentSpec.parse(spec_data(plan__algorithm="hyper_ring"))
-    study = Study("hyper", "d", "step_ms", False, "bar",
-                  lambda preset: ({"model": "tiny", "workload": {"seq_len": 64}},
-                                  {"plan": [{"algorithm": "hyper_ring", "world": 2},
-                                            {"algorithm": "ring", "world": 2}]}),
-                  requires=("hyper_ring",))
-    assert study.status() == "waits for hyper_ring (issue 42)"
-    bad, good = study.points()
-    assert "not available yet" in str(bad.error) and good.spec is not None

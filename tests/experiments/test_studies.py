@@ -25,12 +25,7 @@ def test_study_expands_into_specs_or_reasons(name, preset):
     assert pts, name
     for p in pts:
         assert (p.spec is None) != (p.error is None)
-    if not study.missing():
-        assert any(p.spec is not None for p in pts)
-    for missing in study.missing():  # the points of an absent algorithm say so plainly
-        reasons = [str(p.error) for p in pts if p.error and f"'{missing}'" in str(p.error)]
-        assert reasons and all("not available yet" in r or "must be one of" in r for r in reasons)
-        assert missing in study.status()
+    assert any(p.spec is not None for p in pts)
 
 
 def test_cpu_presets_include_the_local_baseline_and_stay_small():

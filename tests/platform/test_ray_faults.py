@@ -13,6 +13,7 @@ import pytest
 from seqpar.algorithms.comm import LinkModel
 from seqpar.case import Case
 from seqpar.platform import cluster
+from seqpar.workers.result import FailureKind
 
 pytestmark = pytest.mark.ray
 
@@ -60,6 +61,7 @@ def test_injected_hang_is_caught_by_the_timeout_and_the_gang_is_killed(
     result = ray_runner.run(ring_case(seed), timeout_s=3.0, experiment_id=experiment)
     assert result.status == "FAILED"
     assert result.cause.startswith("timeout"), result.cause
+    assert result.failure is FailureKind.TIMEOUT and result.failure.retryable
     assert "1 in 'hang (injected)'" in result.cause
     assert time.monotonic() - start < 3.0 + 20.0
     assert_no_leaks()
@@ -84,6 +86,7 @@ def test_rank_killed_mid_trial_fails_with_its_cause_and_leaks_nothing(
     assert killed_at, "the trial ended before rank 1 could be killed"
     assert result.status == "FAILED"
     assert result.cause.startswith("rank 1 died"), result.cause
+    assert result.failure is FailureKind.RANK_DIED
     assert time.monotonic() - killed_at[0] < 30.0
     assert_no_leaks()
     again = ray_runner.run(ring_case(seed), experiment_id=experiment)
@@ -97,4 +100,34 @@ def test_ctrl_c_during_a_trial_tears_the_gang_down(ray_runner, experiment, seed,
         ray_runner.run(ring_case(seed, iters=60), link_emulation=SLOW_LINKS,
                        experiment_id=experiment)
     watcher.join(timeout=5)
+    assert_no_leaks()
+
+
+def test_a_rank_that_raises_fails_the_trial_as_rank_raised_and_leaks_nothing(
+        ray_runner, experiment, seed, arm_fault, assert_no_leaks):
+    arm_fault("raise", rank=1)
+    result = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    assert result.status == "FAILED" and result.failure is FailureKind.RANK_RAISED
+    assert not result.failure.retryable
+    assert result.cause.startswith("rank 1 raised ValueError: injected"), result.cause
+    assert result.to_dict()["failure"] == "rank_raised"
+    assert_no_leaks()
+    again = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    assert again.ok and again.failure is None and not again.gang_reused, again.cause
+
+
+def test_a_rank_that_dies_is_rank_died(ray_runner, experiment, seed, arm_fault, assert_no_leaks):
+    arm_fault("die", rank=0)
+    result = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    assert result.status == "FAILED" and result.failure is FailureKind.RANK_DIED, result.cause
+    assert result.cause.startswith("rank 0 died") and result.failure.retryable
+    assert_no_leaks()
+
+
+def test_a_gang_that_cannot_start_in_time_is_startup(ray_runner, seed, monkeypatch,
+                                                     assert_no_leaks):
+    monkeypatch.setenv(cluster.READY_TIMEOUT_ENV_VAR, "0.001")
+    result = ray_runner.run(ring_case(seed), experiment_id="platform-startup")
+    assert result.status == "FAILED" and result.failure is FailureKind.STARTUP, result.cause
+    assert result.cause.startswith("gang start-up failed") and result.failure.retryable
     assert_no_leaks()

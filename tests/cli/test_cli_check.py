@@ -1,0 +1,98 @@
+"""`seqpar check`, the README's first command, run as a user runs it (in this process, tiny shapes):
+its exit codes, --json, --bench, and the real forms it gives usp, double_ring and wallfacer."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from seqpar.cli import app as cli_app
+from seqpar.cli import check as check_cli
+
+pytestmark = pytest.mark.multirank
+
+TINY = ["--seq-len", "16", "--batch", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "4",
+        "--layouts", "zigzag", "--seed", "7"]
+
+
+def seqpar(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["seqpar", *args])
+    with pytest.raises(SystemExit) as info:
+        cli_app.main()
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
+
+
+def test_check_passes_with_exit_0_and_prints_only_json_on_stdout(monkeypatch, capsys):
+    code, out, err = seqpar(monkeypatch, capsys, "check", "-P", "4", "--algorithms",
+                            "local,ring,usp,double_ring,wallfacer", "--json", *TINY)
+    assert code == 0, out + err
+    rows = json.loads(out)  # progress goes to stderr: stdout is the JSON alone
+    assert "starting 4 local ranks" in err
+    names = {r["algorithm"] for r in rows}
+    # defaults reduce these three to a plain ring: check holds them in their real forms
+    assert names == {"local", "ring", "usp dhp=2", "double_ring inner_ring=2", "wallfacer team_size=2"}
+    assert len(rows) == 5 * 2 * 2  # causal and full, MHA and GQA
+    for r in rows:
+        assert r["status"] == "ok" and float(r["max rel err"]) < 1e-10, r
+        assert r["fwd bytes"].endswith("✓") and r["bwd bytes"].endswith("✓"), r
+        assert r["P"] == (1 if r["algorithm"] == "local" else 4)
+
+
+def test_the_forms_check_gives_each_algorithm():
+    forms = {name: {p: make(p) for p in (2, 4, 8)} for name, make in check_cli.CHECK_FORMS.items()}
+    assert forms == {"usp": {2: {}, 4: {"dhp": 2}, 8: {"dhp": 2}},
+                     "double_ring": {2: {}, 4: {"inner_ring": 2}, 8: {"inner_ring": 2}},
+                     "wallfacer": {2: {}, 4: {"team_size": 2}, 8: {"team_size": 2}}}
+    cases, skipped = check_cli.plan_cases(["usp", "wallfacer"], ["zigzag"], 2, 16, 1, 4, 2, 4,
+                                          "float64", 0)
+    assert not skipped and {c.options for c in cases} == {()}  # P=2: the defaults, not skipped
+
+
+def test_a_wrong_result_exits_1_and_names_the_failure(monkeypatch, capsys):
+    from seqpar.workers import check as check_worker
+
+    evaluate = check_worker.evaluate
+
+    def corrupted(case, results):  # one element of rank 1's dq is off: the reference must see it
+        results[1].shards["dq"].view(-1)[0] += 1.0
+        return evaluate(case, results)
+
+    monkeypatch.setattr(check_worker, "evaluate", corrupted)
+    code, out, err = seqpar(monkeypatch, capsys, "check", "-P", "2", "--algorithms", "ring",
+                            "--json", *TINY)
+    assert code == 1, out + err
+    rows = json.loads(out)
+    assert rows and all(r["status"].startswith("FAIL: dq error") for r in rows), rows
+    assert f"{len(rows)} case(s) failed" in err
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["-P", "0"], "world=0"), (["--dtype", "int4"], "dtype='int4'"),
+    (["--layouts", "spiral"], "layouts='spiral'"), (["--seq-len", "-1"], "seq_len=-1"),
+    (["-P", "x"], "Invalid value for '--world'"), (["--device", "tpu"], "device='tpu'"),
+])
+def test_bad_input_exits_2_on_one_line(monkeypatch, capsys, args, needle):
+    code, out, err = seqpar(monkeypatch, capsys, "check", *args)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: ") and needle in line
+
+
+def test_bench_times_every_algorithm_against_local(monkeypatch, capsys):
+    import dataclasses
+
+    median_ms = check_cli._median_ms
+
+    def tiny(gang, case, *args):  # the benchmark's shapes, shrunk: this tests the command
+        return median_ms(gang, dataclasses.replace(case, seq_len=64, heads=2, kv_heads=2,
+                                                   head_dim=8, warmup=0, iters=1), *args)
+
+    monkeypatch.setattr(check_cli, "_median_ms", tiny)
+    code, out, err = seqpar(monkeypatch, capsys, "check", "--bench", "--algorithms", "ring,ulysses")
+    assert code == 0, out + err
+    assert "each algorithm at P=1 against local" in out and "ring at P=2 against local" in out
+    for row in ("local, 1 thread", "local, 2 threads", "ring P=2, 1 thread each"):
+        assert row in out
