@@ -37,13 +37,14 @@ def _register() -> None:
 
     app.command("check", rich_help_panel="Verify")(check.check)
     app.add_typer(__import__("seqpar.cli.cluster").cli.cluster.app, rich_help_panel="Ray")
-    from seqpar.cli import compare, studies, sweep, tune
+    from seqpar.cli import compare, report, studies, sweep, tune
 
     app.command("studies", rich_help_panel="Experiments")(studies.studies)
     app.command("run", rich_help_panel="Experiments")(sweep.run)
     app.command("sweep", rich_help_panel="Experiments")(sweep.sweep)
     app.command("tune", rich_help_panel="Experiments")(tune.tune)
     app.command("compare", rich_help_panel="Results")(compare.compare)
+    app.command("report", rich_help_panel="Results")(report.report)
 
 
 _register()
