@@ -134,7 +134,11 @@ class Tracker:
                 if self.uri.startswith("sqlite:"):
                     self.client.search_experiments(max_results=1)
         except Exception as err:  # an unknown scheme, an unreadable file: bad input, one line
-            raise ConfigError("tracking-uri", self.uri, _first_line(err)) from None
+            rule = _first_line(err)
+            if "unsupported URI" in rule:
+                rule = ("unsupported scheme; MLflow takes sqlite:///PATH, http(s)://SERVER, "
+                        "postgresql://, mysql://, mssql:// or databricks")
+            raise ConfigError("tracking-uri", self.uri, rule) from None
 
     @property
     def local_artifact_root(self) -> Path | None:

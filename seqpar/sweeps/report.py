@@ -224,7 +224,7 @@ def _line_styles(labels: list[str]) -> dict[str, str]:
 
 
 def _vs_seq_len(ok: list[RunRecord], metric: str, title: str, ylabel: str,
-                scale: float = 1.0) -> Any:
+                scale: float = 1.0, mark: bool = True) -> Any:
     from seqpar.sweeps import style
 
     fig, axes = style.new_figure()
@@ -245,7 +245,7 @@ def _vs_seq_len(ok: list[RunRecord], metric: str, title: str, ylabel: str,
         if all(b is not None for b in bands) and len(rs) > 1:
             ax.fill_between(xs, [b[0] * scale for b in bands], [b[1] * scale for b in bands],
                             color=c, alpha=0.15, lw=0)
-        over = [(x, y) for x, y, r in zip(xs, ys, rs, strict=True) if oversubscribed(r)]
+        over = [(x, y) for x, y, r in zip(xs, ys, rs, strict=True) if mark and oversubscribed(r)]
         style.mark_oversubscribed(ax, [x for x, _ in over], [y for _, y in over], not flagged)
         flagged = flagged or bool(over)
     style.seq_len_axis(ax, [_int(r, "workload.seq_len") for r in ok])
@@ -400,10 +400,10 @@ def _per_rank_figure(items: list[tuple[RunRecord, list[dict[str, float]]]]) -> A
         ax.set(xlabel="rank", ylabel="ms per step")
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].set_visible(False)
-    fig.legend(loc="upper center", ncol=3, fontsize=8)
-    fig.suptitle("per rank: compute (FLOPs at the one-rank rate), waiting (imbalance), "
-                 "communication (the rest)", fontsize=9, y=0.995)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.suptitle("each rank's median step: compute (its FLOPs at the one-rank rate), waiting "
+                 "(load imbalance), communication (the rest, exposed)", fontsize=9, y=0.99)
+    fig.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 0.955))
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
 
 
@@ -424,7 +424,7 @@ def figures(runs: list[RunRecord],
         figs["throughput_vs_seq_len"] = _vs_seq_len(ok, "tokens_per_s", "throughput (p10-p90 band)",
                                                     "tokens/s")
         figs["memory_vs_seq_len"] = _vs_seq_len(ok, "peak_mem_bytes", "peak memory per rank",
-                                                "MiB", 1 / 2**20)
+                                                "MiB", 1 / 2**20, mark=False)
     points = _scaling_points(ok)
     if points:
         figs["scaling_vs_world"] = _scaling_figure(points)
@@ -436,7 +436,8 @@ def figures(runs: list[RunRecord],
         figs["bytes_measured_vs_analytic"] = _bytes_vs_analytic(analytic)
     if details:
         rate = _one_rank_rate(ok)
-        items = [(r, parts) for r in ok if r.run_id in details
+        ordered = sorted(ok, key=lambda r: (_algorithm(r), _sort_key(r)))
+        items = [(r, parts) for r in ordered if r.run_id in details
                  for parts in [rank_breakdown(details[r.run_id], rate)] if parts]
         if items:
             figs["per_rank_breakdown"] = _per_rank_figure(items[:12])
