@@ -201,17 +201,20 @@ class Tracker:
     def log_trial(self, sweep_id: str, *, name: str, spec_hash: str, params: dict[str, Any],
                   metrics: dict[str, float], tags: dict[str, str], status: str,
                   cause: str | None, detail: dict[str, Any],
-                  series: dict[str, list[float]] | None = None) -> str:
+                  series: dict[str, list[float]] | None = None,
+                  start_time_ms: int | None = None) -> str:
         """One finished (or failed) trial as a run linked to its sweep, logged in one go.
 
         `series` are per-iteration values (e.g. the step time of each timed iteration), logged with
-        steps 1..n so MLflow draws them as curves."""
+        steps 1..n so MLflow draws them as curves; `start_time_ms` (epoch ms) makes the run's
+        duration in the UI the trial's, not the logging's."""
         parent = self.client.get_run(sweep_id)
         run_tags = {**environment_tags(), **tags, SWEEP_TAG: sweep_id, HASH_TAG: spec_hash,
                     KIND_TAG: "trial"}
         if cause:
             run_tags["seqpar.cause"] = cause[:4000]  # a traceback's last lines; tags hold 8000
-        run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=run_tags)
+        run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=run_tags,
+                                     start_time=start_time_ms)
         run_id = run.info.run_id
         self._log(run_id, params=params, metrics=metrics, series=series)
         self.client.log_dict(run_id, detail, "per_rank.json")

@@ -132,7 +132,8 @@ def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, resu
               if result.ok and result.per_rank else None)
     return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=spec.flat(),
                              metrics=metrics, tags=tags, status=result.status,
-                             cause=result.cause, detail=result.to_dict(), series=series)
+                             cause=result.cause, detail=result.to_dict(), series=series,
+                             start_time_ms=int((time.time() - result.setup_s - result.run_s) * 1e3))
 
 
 def _analytic_bytes(spec: Any) -> float | None:

@@ -15,9 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +28,8 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
+# screenshots for docs/ (each costs a second page load): SEQPAR_SCREENSHOTS=1 pytest tests/ui
+SCREENSHOTS = os.environ.get("SEQPAR_SCREENSHOTS") == "1"
 MLFLOW_START_TIMEOUT_S = 240.0  # one worker; a loaded 2-core machine imports MLflow slowly
 
 
@@ -47,11 +51,14 @@ def chromium() -> str:
 
 def run_chromium(binary: str, url: str, *, budget_ms: int = 20000, window: str = "1400,1000",
                  screenshot: Path | None = None, timeout_s: float = 180) -> str:
-    """The DOM after the page settled (virtual time), or a screenshot when `screenshot` is set."""
-    args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--hide-scrollbars", f"--window-size={window}", f"--virtual-time-budget={budget_ms}"]
-    args += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
-    out = subprocess.run(args + [url], capture_output=True, text=True, timeout=timeout_s)
+    """The DOM after the page settled (virtual time), or a screenshot when `screenshot` is set.
+    Each call has a fresh profile: no local storage carries a view from one page to the next."""
+    with tempfile.TemporaryDirectory(prefix="seqpar-chromium-") as profile:
+        args = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--hide-scrollbars", "--no-first-run", f"--user-data-dir={profile}",
+                f"--window-size={window}", f"--virtual-time-budget={budget_ms}"]
+        args += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
+        out = subprocess.run(args + [url], capture_output=True, text=True, timeout=timeout_s)
     return out.stdout
 
 
@@ -120,30 +127,78 @@ SWEEP = {
              "workload": {"causal": True, "batch": 1, "dtype": "float32", "mode": "fwd+bwd",
                           "warmup": 1, "iters": 2, "seq_len": 512},
              "env": {"device": "cpu"}},
-    "grid": {"plan": [{"algorithm": "local", "world": 1}, {"algorithm": "ulysses"},
-                      {"algorithm": "ring"}],
-             "workload.seq_len": [512, 1024]},
 }
-# the last trial runs long enough for the dashboard to be looked at while it runs
-LONG_TRIAL = {"plan.algorithm": "ring", "workload.seq_len": 2048, "workload.iters": 12}
+# two lengths for the throughput plot; the last trial runs long enough (a few seconds) for the
+# dashboard to be looked at while it runs
+POINTS = [
+    {"plan.algorithm": "local", "plan.world": 1, "workload.seq_len": 512},
+    {"plan.algorithm": "local", "plan.world": 1, "workload.seq_len": 1024},
+    {"plan.algorithm": "ulysses", "workload.seq_len": 512},
+    {"plan.algorithm": "ring", "workload.seq_len": 512},
+    {"plan.algorithm": "ring", "workload.seq_len": 1024},
+    {"plan.algorithm": "ulysses", "workload.seq_len": 2048, "workload.iters": 12},
+]
 
 
 @pytest.fixture(scope="session")
-def ui_sweep(chromium, ray_runner, tmp_path_factory) -> UiSweep:
-    """The sweep, logged to a temporary store; the dashboard's actors page captured mid-trial."""
+def ui_store(tmp_path_factory) -> str:
+    """A fresh SQLite store (its schema created now, so a server can open it at once)."""
+    from seqpar.platform.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'mlflow.db'}"
+    Tracker(uri)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(chromium, ui_store) -> Iterator[tuple[str, subprocess.Popen]]:
+    """One `mlflow server` (one worker) on the store, on a free port; it starts while the sweep
+    runs (ui_sweep waits for it)."""
+    port = free_port()
+    exe = Path(sys.executable).with_name("mlflow")
+    cmd = [str(exe) if exe.exists() else "mlflow", "server", "--backend-store-uri", ui_store,
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        yield f"http://127.0.0.1:{port}", proc
+    finally:  # the server and its uvicorn worker: the process group this fixture started
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _two_ranks_alive(timeout_s: float, running: threading.Thread) -> bool:
+    """Wait (state API, no browser) until a seqpar gang of two ranks is ALIVE."""
+    from seqpar.platform import cluster
+
+    deadline = time.monotonic() + timeout_s
+    while running.is_alive() and time.monotonic() < deadline:
+        try:
+            actors = cluster.seqpar_actors()
+        except Exception:
+            actors = []
+        names = {getattr(a, "name", "") for a in actors if getattr(a, "state", "") == "ALIVE"}
+        if any(n.endswith(":rank-1") for n in names):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.fixture(scope="session")
+def ui_sweep(chromium, ray_runner, ui_store, mlflow_server) -> Iterator[UiSweep]:
+    """The sweep, logged to the store; the dashboard's actors page captured while a trial runs."""
     from seqpar.platform import cluster, dashboard
     from seqpar.platform.tracking import Tracker
     from seqpar.sweeps import spec
     from seqpar.sweeps.runner import run_sweep
 
-    root = tmp_path_factory.mktemp("ui")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
     sweep = dict(SWEEP)
-    sweep["grid"] = {"point": [
-        {"plan.algorithm": p["algorithm"], "plan.world": p.get("world", 2), "workload.seq_len": n}
-        for p in SWEEP["grid"]["plan"] for n in SWEEP["grid"]["workload.seq_len"]] + [LONG_TRIAL]}
+    sweep["grid"] = {"point": POINTS}
     plan = spec.parse(sweep, "ui-test")
-    tracker = Tracker(uri)
+    tracker = Tracker(ui_store)
     result: dict[str, object] = {}
 
     def work() -> None:
@@ -155,28 +210,25 @@ def ui_sweep(chromium, ray_runner, tmp_path_factory) -> UiSweep:
     t0 = time.monotonic()
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
-    info = UiSweep(uri, "", "", [])
-    # the dashboard, through a proxy that presents the token, while the trials run
+    info = UiSweep(ui_store, "", "", [])
     address = dashboard.url()
     proxy = None
-    if address is not None:
+    if address is not None and _two_ranks_alive(300, thread):
+        # the dashboard through a proxy that presents the token, as its login page would
         host, port = address.removeprefix("http://").split(":")
         handler = type("Proxy", (_TokenProxy,), {"target": (host, int(port)),
                                                  "token": dashboard.read_token()})
         proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         info.dashboard_url = f"http://127.0.0.1:{proxy.server_address[1]}/#/actors"
-        while thread.is_alive():
-            alive = thread.is_alive()
-            t1 = time.monotonic()
-            dom = run_chromium(chromium, info.dashboard_url, budget_ms=15000)
-            info.timings["dashboard_dump_s"] = time.monotonic() - t1
-            if f"{cluster.ACTOR_PREFIX}sweep-" in dom:
-                info.dashboard_dom, info.dashboard_seen_while_running = dom, alive
-                DOCS.mkdir(exist_ok=True)
-                run_chromium(chromium, info.dashboard_url, budget_ms=15000,
-                             screenshot=DOCS / "ray-dashboard-actors.png", window="1400,700")
-                break
+        t1 = time.monotonic()
+        alive = thread.is_alive()
+        info.dashboard_dom = run_chromium(chromium, info.dashboard_url, budget_ms=15000)
+        info.dashboard_seen_while_running = alive and "rank-1" in info.dashboard_dom
+        info.timings["dashboard_page_s"] = time.monotonic() - t1
+        if SCREENSHOTS:
+            run_chromium(chromium, info.dashboard_url, budget_ms=15000,
+                         screenshot=DOCS / "ray-dashboard-actors.png", window="1400,600")
     thread.join(timeout=600)
     if proxy is not None:
         proxy.shutdown()
@@ -192,23 +244,9 @@ def ui_sweep(chromium, ray_runner, tmp_path_factory) -> UiSweep:
 
 
 @pytest.fixture(scope="session")
-def mlflow_ui(ui_sweep) -> str:
-    """One `mlflow server` (one worker) on the sweep's store, on a free port."""
-    port = free_port()
-    exe = Path(sys.executable).with_name("mlflow")
-    cmd = [str(exe) if exe.exists() else "mlflow", "server", "--backend-store-uri", ui_sweep.uri,
-           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ}, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        t0 = time.monotonic()
-        wait_http(url + "/health", MLFLOW_START_TIMEOUT_S, proc)
-        ui_sweep.timings["mlflow_start_s"] = time.monotonic() - t0
-        yield url
-    finally:  # the server and its uvicorn worker: the process group this fixture started
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+def mlflow_ui(ui_sweep, mlflow_server) -> str:
+    url, proc = mlflow_server
+    t0 = time.monotonic()
+    wait_http(url + "/health", MLFLOW_START_TIMEOUT_S, proc)
+    ui_sweep.timings["mlflow_wait_after_sweep_s"] = time.monotonic() - t0
+    return url

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 
-from tests.ui.conftest import DOCS, run_chromium
+from tests.ui.conftest import DOCS, SCREENSHOTS, run_chromium
 
 ML_VIEW = "workflowType=machine_learning"  # MLflow 3.17's runs view (its default is GenAI traces)
 
@@ -25,20 +25,25 @@ def test_mlflow_experiment_page_lists_every_trial(chromium, ui_sweep, mlflow_ui)
     missing = [name for name in ui_sweep.trial_names if name not in page]
     assert not missing, f"trials not on the page: {missing}"
     assert "ui-test" in page  # the sweep's parent run, beside its trials
-    run_chromium(chromium, url, budget_ms=25000, screenshot=DOCS / "mlflow-runs.png",
-                 window="1400,800")
+    if SCREENSHOTS:
+        run_chromium(chromium, url, budget_ms=25000, screenshot=DOCS / "mlflow-runs.png",
+                     window="1400,800")
 
 
 def test_mlflow_chart_view_shows_trials_and_the_headline(chromium, ui_sweep, mlflow_ui):
     url = (f"{mlflow_ui}/#/experiments/{ui_sweep.experiment_id}/runs?{ML_VIEW}"
            "&compareRunsMode=CHART")
-    page = text(run_chromium(chromium, url, budget_ms=30000, window="1400,2400"))
+    for _ in range(3):  # a loaded machine may not have drawn the charts within the budget
+        page = text(run_chromium(chromium, url, budget_ms=30000, window="1400,2400"))
+        if "tokens_per_s" in page:
+            break
     missing = [name for name in ui_sweep.trial_names if name not in page]
     assert not missing, f"trials not in the chart view: {missing}"
     assert "tokens_per_s" in page  # the headline metric: the parent's best and per algorithm
     assert "Model metrics (0)" not in page
-    run_chromium(chromium, url, budget_ms=30000, screenshot=DOCS / "mlflow-charts.png",
-                 window="1400,1000")
+    if SCREENSHOTS:
+        run_chromium(chromium, url, budget_ms=30000, screenshot=DOCS / "mlflow-charts.png",
+                     window="1400,1000")
 
 
 CHECK_IMAGES = """<script>
@@ -59,7 +64,7 @@ def test_report_page_renders_tables_and_images(chromium, ui_sweep, tmp_path):
                                       "-o", str(out)])
     assert result.exit_code == 0, result.output
     page = out.read_text()
-    assert "http://" not in page.split("<h2>Environment")[0].replace("http://www.w3.org", "")
+    assert not re.search(r'(src|href)="(?!data:|#)', page), "the page must not load other files"
     probe = tmp_path / "probe.html"  # a copy that reports whether each image decoded
     probe.write_text(page.replace("</body>", CHECK_IMAGES))
     dom = run_chromium(chromium, probe.as_uri(), budget_ms=5000)
@@ -69,8 +74,9 @@ def test_report_page_renders_tables_and_images(chromium, ui_sweep, tmp_path):
     rows = re.search(r'<table id="comparison">.*?</table>', dom, flags=re.S)
     assert rows and all(name.split(" ")[0] in rows.group(0) for name in ui_sweep.trial_names)
     assert '<table id="environment">' in dom and "torch" in text(dom)
-    run_chromium(chromium, out.as_uri(), budget_ms=5000, screenshot=DOCS / "report.png",
-                 window="1200,1400")
+    if SCREENSHOTS:
+        run_chromium(chromium, out.as_uri(), budget_ms=5000, screenshot=DOCS / "report.png",
+                     window="1200,1400")
 
 
 def test_ray_dashboard_shows_the_rank_actors_while_a_trial_runs(ui_sweep):
