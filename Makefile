@@ -35,7 +35,9 @@ demo: $(STAMP)
 	$(BIN)/seqpar sweep examples/quickstart.yaml
 	$(BIN)/seqpar compare
 	@echo "Every run, its params, metrics, per-rank JSON and plots:"
-	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db   # then open http://127.0.0.1:5000"
+	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --workers 1"
+	@echo "  then open http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning  (Model training view)"
+	@echo "  and $(BIN)/seqpar report   -> report.html (tables, plots, environment in one page)"
 
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
