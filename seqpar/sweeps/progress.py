@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn
 
 GANG_START_S = 3.0  # a trial's fixed cost beside its iterations (gang reuse, rendezvous, logging)
 
@@ -78,10 +79,12 @@ class SweepProgress:
                  poll_s: float = 1.0):
         self.enabled, self.gang_id, self.poll_s = enabled, gang_id, poll_s
         self.eta = Eta([predicted_s(s) for s in specs])
-        self.bar = Progress(TextColumn("trials"), MofNCompleteColumn(), BarColumn(bar_width=24),
-                            TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
-                            TextColumn("{task.description}"), console=console, transient=True)
-        self.task = self.bar.add_task("", total=len(specs), eta=_clock(self.eta.remaining_s()))
+        self._t0 = time.monotonic()
+        self.bar = Progress(TextColumn("{task.fields[left]}"), BarColumn(bar_width=20),
+                            TextColumn("{task.fields[right]}"), console=console, transient=True)
+        self.task = self.bar.add_task("", total=len(specs), left=f"trials 0/{len(specs)}",
+                                      right=self._overall())
+        self.trial = self.bar.add_task("", total=None, left="", right="", visible=False)
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._label = ""
@@ -97,10 +100,15 @@ class SweepProgress:
         if self.enabled:
             self.bar.stop()
 
+    def _overall(self) -> str:
+        return (f"elapsed {_clock(time.monotonic() - self._t0)}  "
+                f"ETA {_clock(self.eta.remaining_s())}")
+
     def start_trial(self, spec: Any, label: str) -> None:
         w = spec.workload
         self._label = label
         self._iterations = f"{w.warmup} warm-up + 1 memory + {w.iters} timed iterations"
+        self.bar.update(self.trial, visible=True)
         self._show("starting")
         if self.enabled:
             self._stop.clear()
@@ -110,10 +118,13 @@ class SweepProgress:
     def end_trial(self, seconds: float) -> None:
         self._halt_poller()
         self.eta.done(seconds)
-        self.bar.update(self.task, advance=1, eta=_clock(self.eta.remaining_s()))
+        done = int(self.bar.tasks[0].completed) + 1
+        self.bar.update(self.task, advance=1, left=f"trials {done}/{self.bar.tasks[0].total:g}",
+                        right=self._overall())
 
     def _show(self, phase: str) -> None:
-        self.bar.update(self.task, description=f"{self._label}  [{phase}; {self._iterations}]")
+        self.bar.update(self.trial, left=f"  {phase:<12} {self._label}", right=self._iterations)
+        self.bar.update(self.task, right=self._overall())
 
     def _halt_poller(self) -> None:
         self._stop.set()
