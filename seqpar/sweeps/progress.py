@@ -80,6 +80,7 @@ class SweepProgress:
         self.enabled, self.gang_id, self.poll_s = enabled, gang_id, poll_s
         self.eta = Eta([predicted_s(s) for s in specs])
         self._t0 = time.monotonic()
+        self._trial_t0: float | None = None
         self.bar = Progress(TextColumn("{task.fields[left]}"), BarColumn(bar_width=20),
                             TextColumn("{task.fields[right]}"), console=console, transient=True)
         self.task = self.bar.add_task("", total=len(specs), left=f"trials 0/{len(specs)}",
@@ -101,13 +102,18 @@ class SweepProgress:
             self.bar.stop()
 
     def _overall(self) -> str:
-        return (f"elapsed {_clock(time.monotonic() - self._t0)}  "
-                f"ETA {_clock(self.eta.remaining_s())}")
+        """Elapsed and ETA; the ETA counts down while a trial runs (never below 0)."""
+        now = time.monotonic()
+        left = self.eta.remaining_s()
+        if left is not None and self._trial_t0 is not None:
+            left = max(0.0, left - (now - self._trial_t0))
+        return f"elapsed {_clock(now - self._t0)}  ETA {_clock(left)}"
 
     def start_trial(self, spec: Any, label: str) -> None:
         w = spec.workload
         self._label = label
         self._iterations = f"{w.warmup} warm-up + 1 memory + {w.iters} timed iterations"
+        self._trial_t0 = time.monotonic()
         self.bar.update(self.trial, visible=True)
         self._show("starting")
         if self.enabled:
@@ -118,6 +124,7 @@ class SweepProgress:
     def end_trial(self, seconds: float) -> None:
         self._halt_poller()
         self.eta.done(seconds)
+        self._trial_t0 = None
         done = int(self.bar.tasks[0].completed) + 1
         self.bar.update(self.task, advance=1, left=f"trials {done}/{self.bar.tasks[0].total:g}",
                         right=self._overall())
