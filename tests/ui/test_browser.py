@@ -42,7 +42,7 @@ def test_mlflow_chart_view_shows_trials_and_the_headline(chromium, ui_sweep, mlf
     assert "tokens_per_s" in page  # the headline metric: the parent's best and per algorithm
     assert "Model metrics (0)" not in page
     if SCREENSHOTS:
-        run_chromium(chromium, url, budget_ms=30000, screenshot=DOCS / "mlflow-charts.png",
+        run_chromium(chromium, url, budget_ms=90000, screenshot=DOCS / "mlflow-charts.png",
                      window="1400,1000")
 
 
