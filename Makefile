@@ -5,16 +5,28 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # On a machine without CUDA take the CPU wheel of torch first; an unpinned torch pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# Every package pinned to what CI tested; `make constraints` refreshes the pins.
+CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint setup clean gpu-check
+.PHONY: demo test lint setup clean gpu-check constraints
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -qq "$(TORCH_SPEC)"
-	$(BIN)/pip install -qq -e ".[dev]"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -qq -c $(CONSTRAINTS) "$(TORCH_SPEC)"
+	$(BIN)/pip install -qq -c $(CONSTRAINTS) -e ".[dev]"
+	touch $(STAMP)
+
+# Refresh the pins: the newest versions pyproject.toml allows (torch stays TORCH_SPEC), written to
+# constraints.txt. Run `make test` on the result before committing it.
+constraints:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -qq --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH_SPEC)"
+	{ sed -n '1,2p' $(CONSTRAINTS); $(BIN)/pip freeze --exclude-editable | \
+	  grep -v -i -e '^seqpar' -e '^-e' | sed -e 's/+cpu$$//'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	touch $(STAMP)
 
 # The quickstart sweep (ring vs ulysses vs allgather vs local, ~1-2 min on 2 cores) into the default
@@ -23,7 +35,9 @@ demo: $(STAMP)
 	$(BIN)/seqpar sweep examples/quickstart.yaml
 	$(BIN)/seqpar compare
 	@echo "Every run, its params, metrics, per-rank JSON and plots:"
-	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db   # then open http://127.0.0.1:5000"
+	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --workers 1"
+	@echo "  then open http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning  (Model training view)"
+	@echo "  and $(BIN)/seqpar report   -> report.html (tables, plots, environment in one page)"
 
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks

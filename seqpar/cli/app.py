@@ -37,7 +37,7 @@ def _register() -> None:
 
     app.command("check", rich_help_panel="Verify")(check.check)
     app.add_typer(__import__("seqpar.cli.cluster").cli.cluster.app, rich_help_panel="Ray")
-    from seqpar.cli import compare, studies, sweep, tune
+    from seqpar.cli import compare, report, studies, sweep, tune
 
     app.command("studies", rich_help_panel="Experiments")(studies.studies)
     app.command("run", rich_help_panel="Experiments")(sweep.run)
@@ -47,6 +47,7 @@ def _register() -> None:
     app.command("plan", rich_help_panel="Experiments")(__import__("seqpar.cli.plan").cli.plan.plan)
     app.command("calibrate", rich_help_panel="Experiments")(
         __import__("seqpar.cli.calibrate").cli.calibrate.calibrate)
+    app.command("report", rich_help_panel="Results")(report.report)
 
 
 _register()

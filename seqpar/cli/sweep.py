@@ -63,6 +63,14 @@ def _device(plan: SweepPlan) -> str | None:
     return None if device == "auto" else device
 
 
+def _print_dashboard() -> None:
+    """Where to watch the ranks while the sweep runs (gang id: sweep-<first 8 of the sweep id>)."""
+    from seqpar.platform import dashboard
+
+    for line in dashboard.how_to_look("seqpar:sweep-<sweep id[:8]>:rank-"):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+
+
 def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
             again: str) -> str | None:
     """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id."""
@@ -88,6 +96,7 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
         tracker.sweep(resume)  # an unknown id is bad input: say so before Ray starts
     console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
     with options.trial_runner(device) as runner:
+        _print_dashboard()
         try:
             outcome = run_sweep(plan, tracker=tracker, runner=runner, retries=retries,
                                 resume=resume)

@@ -11,6 +11,7 @@ shape an algorithm cannot split) is skipped with that reason.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,7 +116,11 @@ def _memory(preset: str) -> Sweep:
 
 def _scaling(weak: bool) -> Callable[[str], Sweep]:
     def build(preset: str) -> Sweep:
-        worlds, n, algos = ((1, 2, 4), 1024, ("allgather", "ulysses", "ring")) if preset == "cpu" \
+        # cpu: worlds up to the cores this machine has (at least 1 and 2), so no point measures
+        # ranks contending for a core
+        cores = max(2, os.cpu_count() or 1)
+        worlds, n, algos = (tuple(w for w in (1, 2, 4, 8) if w <= cores), 1024,
+                            ("allgather", "ulysses", "ring")) if preset == "cpu" \
             else ((8, 16, 32, 64), 32768, ("ulysses", "ring", "usp", "double_ring"))
         per_node = 8
 

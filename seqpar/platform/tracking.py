@@ -5,17 +5,32 @@ Where results go: `--tracking-uri`, else `MLFLOW_TRACKING_URI`, else an embedded
 (`mlflow ui --backend-store-uri sqlite:///mlflow.db` in that directory shows them). MLflow 3
 refuses the old ./mlruns file store by default, and SQLite needs no server.
 
+Layout in the MLflow UI: experiments are tagged as model-training experiments
+(`mlflow.experimentKind`), so the UI opens on runs, not on GenAI traces. A sweep's parent run carries
+the summary (headline metrics, the comparison table, the figures, the sweep file); its trials are
+top-level runs linked to it by the tag `seqpar.sweep_id` (not nested under it: MLflow's runs table
+and chart view hide nested runs until the parent is expanded), so every trial is in the chart view
+and grouping by `seqpar.algorithm` works without clicks. Stores written before this layout (trials
+nested with `mlflow.parentRunId`) are still read.
+
+A SQLite store is created under a file lock (`<db>.lock`): two sweeps started together in a fresh
+directory would otherwise both run MLflow's schema migrations and one would die on
+`duplicate column name`.
+
 This module knows runs, params, metrics and tags; it never sees an experiment spec (the platform
 does not import experiments or sweeps), so callers hand it flat dicts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
@@ -24,7 +39,10 @@ from typing import Any
 
 from seqpar.errors import ConfigError
 
-PARENT_TAG = "mlflow.parentRunId"
+PARENT_TAG = "mlflow.parentRunId"  # how older stores linked a trial to its sweep
+SWEEP_TAG = "seqpar.sweep_id"       # how a trial names its sweep's parent run
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"  # MLflow 3's UI: runs view, not the GenAI traces view
 HASH_TAG = "seqpar.spec_hash"
 KIND_TAG = "seqpar.kind"  # "sweep" | "trial"
 
@@ -35,6 +53,27 @@ def default_uri(workdir: str | Path | None = None) -> str:
 
 def resolve_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_uri()
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """An exclusive lock on `<db>.lock` beside a SQLite store (nothing for other stores)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(getattr(err, "message", None) or err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
 
 
 @lru_cache(maxsize=1)
@@ -59,7 +98,7 @@ def environment_tags() -> dict[str, str]:
 
     return {"seqpar.git_commit": commit, "seqpar.torch_version": version("torch"),
             "seqpar.ray_version": version("ray"), "seqpar.mlflow_version": version("mlflow"),
-            "seqpar.host": socket.gethostname()}
+            "seqpar.host": socket.gethostname(), "seqpar.cpu_count": str(os.cpu_count() or 0)}
 
 
 @dataclass
@@ -89,7 +128,17 @@ class Tracker:
             logging.getLogger(name).setLevel(logging.WARNING)
 
         self.uri = resolve_uri(uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        try:
+            with _store_lock(self.uri):  # a new SQLite store's schema is created once, here
+                self.client = MlflowClient(tracking_uri=self.uri)
+                if self.uri.startswith("sqlite:"):
+                    self.client.search_experiments(max_results=1)
+        except Exception as err:  # an unknown scheme, an unreadable file: bad input, one line
+            rule = _first_line(err)
+            if "unsupported URI" in rule:
+                rule = ("unsupported scheme; MLflow takes sqlite:///PATH, http(s)://SERVER, "
+                        "postgresql://, mysql://, mssql:// or databricks")
+            raise ConfigError("tracking-uri", self.uri, rule) from None
 
     @property
     def local_artifact_root(self) -> Path | None:
@@ -102,12 +151,23 @@ class Tracker:
     def experiment_id(self, name: str, create: bool = True) -> str | None:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            if create and exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # a store from before
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
             return exp.experiment_id
         if not create:
             return None
         root = self.local_artifact_root
         location = (root / name).as_uri() if root is not None else None
-        return self.client.create_experiment(name, artifact_location=location)
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.create_experiment(name, artifact_location=location,
+                                                 tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        except MlflowException:  # a concurrent sweep created it first
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def start_sweep(self, experiment: str, name: str, params: dict[str, Any],
                     tags: dict[str, str]) -> str:
@@ -140,24 +200,33 @@ class Tracker:
     # ---------------------------------------------------------------------------- trials
     def log_trial(self, sweep_id: str, *, name: str, spec_hash: str, params: dict[str, Any],
                   metrics: dict[str, float], tags: dict[str, str], status: str,
-                  cause: str | None, detail: dict[str, Any]) -> str:
-        """One finished (or failed) trial as a child run, logged in one go."""
+                  cause: str | None, detail: dict[str, Any],
+                  series: dict[str, list[float]] | None = None,
+                  start_time_ms: int | None = None) -> str:
+        """One finished (or failed) trial as a run linked to its sweep, logged in one go.
+
+        `series` are per-iteration values (e.g. the step time of each timed iteration), logged with
+        steps 1..n so MLflow draws them as curves; `start_time_ms` (epoch ms) makes the run's
+        duration in the UI the trial's, not the logging's."""
         parent = self.client.get_run(sweep_id)
-        run_tags = {**environment_tags(), **tags, PARENT_TAG: sweep_id, HASH_TAG: spec_hash,
+        run_tags = {**environment_tags(), **tags, SWEEP_TAG: sweep_id, HASH_TAG: spec_hash,
                     KIND_TAG: "trial"}
         if cause:
             run_tags["seqpar.cause"] = cause[:4000]  # a traceback's last lines; tags hold 8000
-        run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=run_tags)
+        run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=run_tags,
+                                     start_time=start_time_ms)
         run_id = run.info.run_id
-        self._log(run_id, params=params, metrics=metrics)
+        self._log(run_id, params=params, metrics=metrics, series=series)
         self.client.log_dict(run_id, detail, "per_rank.json")
         self.client.set_terminated(run_id, status=status)
         return run_id
 
     def trials(self, sweep_id: str) -> list[RunRecord]:
         parent = self.client.get_run(sweep_id)
-        return self._search([parent.info.experiment_id],
-                            f"tags.`{PARENT_TAG}` = '{sweep_id}'")
+        exp = [parent.info.experiment_id]
+        runs = {r.run_id: r for tag in (SWEEP_TAG, PARENT_TAG)
+                for r in self._search(exp, f"tags.`{tag}` = '{sweep_id}'")}
+        return sorted(runs.values(), key=lambda r: -r.start_time)
 
     def finished_hashes(self, sweep_id: str) -> set[str]:
         """Spec hashes of this sweep's trials that FINISHED (resume skips them)."""
@@ -188,8 +257,38 @@ class Tracker:
     def log_dict(self, run_id: str, data: dict[str, Any], path: str) -> None:
         self.client.log_dict(run_id, data, path)
 
-    def artifacts(self, run_id: str) -> list[str]:
-        return [a.path for a in self.client.list_artifacts(run_id)]
+    def log_table(self, run_id: str, columns: list[str], rows: list[list[Any]], path: str) -> None:
+        """A table artifact the MLflow UI shows sortable (`MlflowClient.log_table`)."""
+        data = {c: [None if row[i] is None else str(row[i]) for row in rows]
+                for i, c in enumerate(columns)}
+        self.client.log_table(run_id, data=data, artifact_file=path)
+
+    def log_artifact(self, run_id: str, local_path: str | Path, directory: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(local_path), directory)
+
+    def log_text(self, run_id: str, text: str, path: str) -> None:
+        self.client.log_text(run_id, text, path)
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
+        self._log(run_id, metrics=metrics)
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
+
+    def artifacts(self, run_id: str, path: str | None = None) -> list[str]:
+        return [a.path for a in self.client.list_artifacts(run_id, path)]
+
+    def download(self, run_id: str, path: str, dst: str | Path) -> Path:
+        """One artifact of a run, copied under `dst`; returns the local path."""
+        from mlflow.artifacts import download_artifacts
+
+        return Path(download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(dst),
+                                       tracking_uri=self.uri))
+
+    def metric_history(self, run_id: str, key: str) -> list[float]:
+        return [m.value for m in sorted(self.client.get_metric_history(run_id, key),
+                                        key=lambda m: m.step)]
 
     # ---------------------------------------------------------------------------- helpers
     def _search(self, exp_ids: list[str], filter_string: str,
@@ -199,11 +298,14 @@ class Tracker:
         return [_record(r) for r in runs]
 
     def _log(self, run_id: str, params: dict[str, Any] | None = None,
-             metrics: dict[str, float] | None = None) -> None:
+             metrics: dict[str, float] | None = None,
+             series: dict[str, list[float]] | None = None) -> None:
         from mlflow.entities import Metric, Param
 
         now = int(time.time() * 1000)
         ps = [Param(k, str(v)) for k, v in (params or {}).items()]
         ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
+        ms += [Metric(k, float(v), now, step) for k, values in (series or {}).items()
+               for step, v in enumerate(values, start=1)]
         for i in range(0, max(len(ps), len(ms)), 100):  # MLflow takes 100 params per batch
             self.client.log_batch(run_id, metrics=ms[i:i + 100], params=ps[i:i + 100])

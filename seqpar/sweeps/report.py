@@ -1,14 +1,19 @@
 """Tables and plots from MLflow runs (read back from the store, never from memory).
 
-`comparison` builds the rows `seqpar compare` prints (the best run by the metric highlighted);
-`log_plots` draws the sweep's PNGs (throughput and memory vs seq_len, speed-up and efficiency vs
-world, bytes by link) and logs them as artifacts of the sweep's parent run.
+`comparison` builds the rows `seqpar compare` prints (the best run by the metric highlighted;
+oversubscribed CPU runs, more ranks than cores, flagged). `figures` draws the sweep's plots in one
+style (`sweeps.style`): throughput and memory vs sequence length with p10-p90 bands, speed-up and
+efficiency vs world with the ideal line, bytes by link, bytes measured vs analytic, and each rank's
+compute / waiting / communication from the trials' per_rank.json. `log_summary` puts all of it,
+the headline metrics and the HTML report (`sweeps.html`) on the sweep's parent run.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from seqpar.errors import ConfigError
@@ -90,12 +95,18 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
                            "load_imbalance", "bytes_inter")
     if extra:
         columns.insert(-1, metric)
+    over = any(oversubscribed(r) for r in runs)
+    if over:
+        columns.insert(columns.index("P") + 1, "cores")
     rows, scores = [], []
     for r in runs:
         m = r.metrics
         base = local.get((_int(r, "workload.seq_len"), _int(r, "model.heads"),
                           _int(r, "model.kv_heads")))
-        row = [config(r), r.params.get("plan.world"), r.params.get("plan.nodes"),
+        row = [config(r), r.params.get("plan.world")]
+        if over:
+            row.append(f"{cores(r)} OVERSUBSCRIBED" if oversubscribed(r) else str(cores(r) or "-"))
+        row += [r.params.get("plan.nodes"),
                r.params.get("plan.layout"), r.params.get("workload.seq_len"),
                f"{r.params.get('model.heads')}/{r.params.get('model.kv_heads')}",
                _fmt(m.get("step_ms"), ".1f"), _fmt(m.get("tokens_per_s"), ",.0f"),
@@ -116,8 +127,9 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
     if valid:
         best = (max(valid) if higher_is_better(metric) else min(valid))[1]
     direction = "higher" if higher_is_better(metric) else "lower"
-    return Comparison(f"{title}: best by {metric} ({direction} is better)", columns, rows, best,
-                      metric)
+    note = "; OVERSUBSCRIBED = more ranks than cores: times measure contention" if over else ""
+    return Comparison(f"{title}: best by {metric} ({direction} is better){note}", columns, rows,
+                      best, metric)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -125,82 +137,317 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- plots
+def cores(run: RunRecord) -> int | None:
+    """The cores of the machine the run's ranks shared (tag seqpar.cpu_count), if recorded."""
+    try:
+        return int(run.tags["seqpar.cpu_count"])
+    except (KeyError, ValueError):
+        return None
+
+
+def oversubscribed(run: RunRecord) -> bool:
+    """A CPU run with more ranks on one machine than it has cores: its times measure contention
+    (the efficiency of world 4 on 2 cores is at most 0.5), not the algorithm."""
+    have = cores(run)
+    if have is None or run.tags.get("seqpar.device", "cpu") != "cpu":
+        return False
+    world, nodes = max(1, _int(run, "plan.world")), max(1, _int(run, "plan.nodes"))
+    per_machine = world if run.tags.get("seqpar.topology", "virtual") != "real" else world // nodes
+    return per_machine > have
+
+
+def _algorithm(run: RunRecord) -> str:
+    return run.params.get("plan.algorithm", "?")
+
+
+def _band(run: RunRecord, metric: str) -> tuple[float, float] | None:
+    """The p10-p90 spread of a metric over the timed iterations (from the step-time spread)."""
+    m = run.metrics
+    if "step_ms_p10" not in m or "step_ms_p90" not in m or "step_ms" not in m:
+        return None
+    if metric == "step_ms":
+        return m["step_ms_p10"], m["step_ms_p90"]
+    if metric in ("tokens_per_s", "tokens_per_s_per_rank") and metric in m:
+        work = m[metric] * m["step_ms"]  # tokens (per rank) x ms: constant over iterations
+        return work / m["step_ms_p90"], work / m["step_ms_p10"]
+    return None
+
+
 def _series(runs: list[RunRecord], x_key: str, metric: str) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in runs:
         if r.status == "FINISHED" and metric in r.metrics:
-            label = f"{config(r)} P={r.params.get('plan.world')}" if x_key != "plan.world" \
-                else config(r)
-            out[label].append((_int(r, x_key), r.metrics[metric]))
+            out[_series_label(r, x_key)].append((_int(r, x_key), r.metrics[metric]))
     return {k: sorted(v) for k, v in out.items()}
+
+
+def _series_label(r: RunRecord, x_key: str) -> str:
+    label = config(r)
+    if x_key != "plan.world":
+        label += f" P={r.params.get('plan.world')}"
+    if r.params.get("model.kv_heads") != r.params.get("model.heads"):
+        label += f" Hkv={r.params.get('model.kv_heads')}"
+    return label
+
+
+def _scaling_points(ok: list[RunRecord]) -> dict[str, list[tuple[int, float, RunRecord, float]]]:
+    """label -> (world, speed-up, run, baseline tokens/s) per configuration and length."""
+    base: dict[int, float] = {}
+    for r in ok:
+        n = _int(r, "workload.seq_len")
+        if _int(r, "plan.world") == 1 and (n not in base or _algorithm(r) == "local"):
+            base[n] = r.metrics["tokens_per_s"]
+    series: dict[str, list[tuple[int, float, RunRecord, float]]] = defaultdict(list)
+    for r in ok:
+        p, n = _int(r, "plan.world"), _int(r, "workload.seq_len")
+        tps = r.metrics["tokens_per_s"]
+        if n in base:
+            series[f"{config(r)} N={n}"].append((p, tps / base[n], r, base[n]))
+        if p and n % p == 0 and n // p in base and (p == 1 or n not in base):
+            series[f"{config(r)} N/P={n // p}"].append((p, tps / base[n // p], r, base[n // p]))
+    return {k: sorted(v, key=lambda t: t[0]) for k, v in series.items()
+            if len({t[0] for t in v}) >= 2}
 
 
 def scaling_series(ok: list[RunRecord]) -> dict[str, list[tuple[int, float]]]:
     """Speed-up over a one-rank run (local preferred) per configuration: against the run at the
     same N (strong scaling) or at N/P (weak scaling); only series with two world sizes or more."""
-    base: dict[int, float] = {}
+    return {k: [(p, s) for p, s, _, _ in v] for k, v in _scaling_points(ok).items()}
+
+
+def _line_styles(labels: list[str]) -> dict[str, str]:
+    """Same algorithm, same colour; its second, third... series get dashed/dotted lines."""
+    seen: dict[str, int] = defaultdict(int)
+    out = {}
+    for label in labels:
+        algo = label.split(" ")[0]
+        out[label] = ("-", "--", ":", "-.")[seen[algo] % 4]
+        seen[algo] += 1
+    return out
+
+
+def _vs_seq_len(ok: list[RunRecord], metric: str, title: str, ylabel: str,
+                scale: float = 1.0, mark: bool = True) -> Any:
+    from seqpar.sweeps import style
+
+    fig, axes = style.new_figure()
+    ax = axes[0][0]
+    groups: dict[str, list[RunRecord]] = defaultdict(list)
     for r in ok:
-        n = _int(r, "workload.seq_len")
-        if _int(r, "plan.world") == 1 and (n not in base or r.params.get("plan.algorithm") == "local"):
-            base[n] = r.metrics["tokens_per_s"]
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for r in ok:
-        p, n = _int(r, "plan.world"), _int(r, "workload.seq_len")
-        tps = r.metrics["tokens_per_s"]
-        if n in base:
-            series[f"{config(r)} N={n}"].append((p, tps / base[n]))
-        if p and n % p == 0 and n // p in base and (p == 1 or n not in base):
-            series[f"{config(r)} N/P={n // p}"].append((p, tps / base[n // p]))
-    return {k: sorted(v) for k, v in series.items() if len({p for p, _ in v}) >= 2}
+        if metric in r.metrics:
+            groups[_series_label(r, "workload.seq_len")].append(r)
+    styles = _line_styles(sorted(groups))
+    flagged = False
+    for label in sorted(groups):
+        rs = sorted(groups[label], key=lambda r: _int(r, "workload.seq_len"))
+        xs = [_int(r, "workload.seq_len") for r in rs]
+        ys = [r.metrics[metric] * scale for r in rs]
+        c = style.colour(_algorithm(rs[0]))
+        ax.plot(xs, ys, marker="o", ls=styles[label], color=c, label=label)
+        bands = [_band(r, metric) for r in rs]
+        if all(b is not None for b in bands) and len(rs) > 1:
+            ax.fill_between(xs, [b[0] * scale for b in bands], [b[1] * scale for b in bands],
+                            color=c, alpha=0.15, lw=0)
+        over = [(x, y) for x, y, r in zip(xs, ys, rs, strict=True) if mark and oversubscribed(r)]
+        style.mark_oversubscribed(ax, [x for x, _ in over], [y for _, y in over], not flagged)
+        flagged = flagged or bool(over)
+    style.seq_len_axis(ax, [_int(r, "workload.seq_len") for r in ok])
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
 
 
-def figures(runs: list[RunRecord]) -> dict[str, Any]:
-    """The plots these runs support: name -> matplotlib Figure."""
-    import matplotlib
+def _scaling_figure(points: dict[str, list[tuple[int, float, RunRecord, float]]]) -> Any:
+    from seqpar.sweeps import style
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    fig, axes = style.new_figure(11, 4.5, ncols=2)
+    a1, a2 = axes[0]
+    worlds = sorted({p for pts in points.values() for p, *_ in pts})
+    a1.plot(worlds, worlds, color="k", ls="--", lw=0.8, label="ideal (speed-up = world)")
+    a2.axhline(1.0, color="k", ls="--", lw=0.8, label="ideal")
+    styles = _line_styles(sorted(points))
+    flagged = False
+    for label in sorted(points):
+        pts = points[label]
+        c, ls = style.colour(label.split(" ")[0]), styles[label]
+        ps = [p for p, *_ in pts]
+        a1.plot(ps, [s for _, s, _, _ in pts], marker="o", color=c, ls=ls, label=label)
+        a2.plot(ps, [s / p for p, s, _, _ in pts], marker="o", color=c, ls=ls, label=label)
+        bands = [_band(r, "tokens_per_s") for _, _, r, _ in pts]
+        if all(b is not None for b in bands):
+            lo = [b[0] / base for b, (_, _, _, base) in zip(bands, pts, strict=True)]
+            hi = [b[1] / base for b, (_, _, _, base) in zip(bands, pts, strict=True)]
+            a1.fill_between(ps, lo, hi, color=c, alpha=0.15, lw=0)
+            a2.fill_between(ps, [v / p for v, p in zip(lo, ps, strict=True)],
+                            [v / p for v, p in zip(hi, ps, strict=True)], color=c, alpha=0.15, lw=0)
+        over = [(p, s) for p, s, r, _ in pts if oversubscribed(r)]
+        style.mark_oversubscribed(a1, [p for p, _ in over], [s for _, s in over], not flagged)
+        style.mark_oversubscribed(a2, [p for p, _ in over], [s / p for p, s in over], False)
+        flagged = flagged or bool(over)
+    for ax in (a1, a2):
+        style.world_axis(ax, worlds)
+    a1.set(ylabel="speed-up over one rank (p10-p90 band)", title="speed-up")
+    a2.set(ylabel="efficiency = speed-up / world", title="parallel efficiency", ylim=(0, None))
+    a1.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
 
+
+def _trial_label(r: RunRecord) -> str:
+    hkv = r.params.get("model.kv_heads")
+    return (f"{config(r)}  P={r.params.get('plan.world')} {r.params.get('plan.layout', '')} "
+            f"N={style_tokens(_int(r, 'workload.seq_len'))}"
+            + (f" Hkv={hkv}" if hkv != r.params.get("model.heads") else "")
+            + ("  [oversub]" if oversubscribed(r) else ""))
+
+
+def style_tokens(n: int) -> str:
+    from seqpar.sweeps.style import tokens
+
+    return tokens(n)
+
+
+def _bytes_by_link(ok: list[RunRecord]) -> Any:
+    """Horizontal bars (readable labels): MB each trial's gang sends per step, by link."""
+    from seqpar.sweeps import style
+
+    rs = [r for r in ok if _int(r, "plan.world") > 1] or ok
+    fig, axes = style.new_figure(8, max(2.5, 0.32 * len(rs) + 1.2))
+    ax = axes[0][0]
+    labels = [_trial_label(r) for r in rs]
+    intra = [r.metrics.get("bytes_intra", 0) / 1e6 for r in rs]
+    inter = [r.metrics.get("bytes_inter", 0) / 1e6 for r in rs]
+    y = list(range(len(rs)))
+    ax.barh(y, intra, color=[style.colour(_algorithm(r)) for r in rs], label="intra-node")
+    if any(inter):
+        ax.barh(y, inter, left=intra, color=[style.colour(_algorithm(r)) for r in rs],
+                hatch="///", edgecolor="white", label="inter-node (hatched)")
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="MB sent per step, all ranks", title="bytes by link")
+    if any(inter):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _bytes_vs_analytic(rs: list[RunRecord]) -> Any:
+    """Per rank and step: the ledger's measured bytes (mean over ranks) beside the algorithm's
+    analytic count; a ratio other than 1.00 is a booking or formula error worth a look."""
+    from seqpar.sweeps import style
+
+    fig, axes = style.new_figure(8, max(2.5, 0.45 * len(rs) + 1.2))
+    ax = axes[0][0]
+    y = list(range(len(rs)))
+    measured = [r.metrics["bytes_total"] / max(1, _int(r, "plan.world")) / 1e6 for r in rs]
+    analytic = [r.metrics["bytes_analytic_per_rank"] / 1e6 for r in rs]
+    colours = [style.colour(_algorithm(r)) for r in rs]
+    ax.barh([v - 0.2 for v in y], measured, height=0.4, color=colours, label="measured (ledger)")
+    ax.barh([v + 0.2 for v in y], analytic, height=0.4, color=colours, alpha=0.35,
+            hatch="..", edgecolor="k", lw=0.3, label="analytic (formula)")
+    for i, (m, a) in enumerate(zip(measured, analytic, strict=True)):
+        ax.text(max(m, a), i, f"  {m / a:.2f}x" if a else "  -", va="center", fontsize=7)
+    ax.set_yticks(y, [_trial_label(r) for r in rs], fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="MB one rank sends per step", title="bytes: measured vs analytic (ratio)")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def rank_breakdown(detail: dict[str, Any], rate: float | None) -> list[dict[str, float]] | None:
+    """Each rank's median step split into compute, waiting and (exposed) communication.
+
+    The ranks record their time per step and their attention FLOPs, not a timeline, so the split
+    is a model: compute = the rank's FLOPs at `rate` (the one-rank FLOP/s measured in this sweep,
+    else the fastest rank's FLOPs/step); waiting = the busiest rank's compute minus this rank's
+    (load imbalance); communication = what is left of the step (exposed communication)."""
+    ranks = detail.get("per_rank") or []
+    if len(ranks) < 2:
+        return None
+    steps = [statistics.median(m["step_ms"]) / 1e3 for m in ranks]
+    flops = [sum(m.get("flops", {}).values()) for m in ranks]
+    if not any(flops):
+        return None
+    rate = rate or max(f / s for f, s in zip(flops, steps, strict=True) if s > 0)
+    compute = [f / rate for f in flops]
+    busiest = max(compute)
+    out = []
+    for step, c in zip(steps, compute, strict=True):
+        c = min(c, step)
+        wait = min(busiest - c, step - c)
+        out.append({"step": step * 1e3, "compute": c * 1e3, "waiting": wait * 1e3,
+                    "communication": max(0.0, step - c - wait) * 1e3})
+    return out
+
+
+def _per_rank_figure(items: list[tuple[RunRecord, list[dict[str, float]]]]) -> Any:
+    from seqpar.sweeps import style
+
+    n = len(items)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = style.new_figure(4.2 * cols, 3.0 * rows + 0.6, ncols=cols, nrows=rows)
+    for i, (r, parts) in enumerate(items):
+        ax = axes[i // cols][i % cols]
+        x = list(range(len(parts)))
+        bottom = [0.0] * len(parts)
+        for phase in ("compute", "waiting", "communication"):
+            vals = [p[phase] for p in parts]
+            ax.bar(x, vals, bottom=bottom, color=style.PHASE_COLOURS[phase],
+                   label=phase if i == 0 else None, width=0.7)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_xticks(x, [str(v) for v in x])
+        ax.set_title(_trial_label(r), fontsize=8, color=style.colour(_algorithm(r)))
+        ax.set(xlabel="rank", ylabel="ms per step")
+    for j in range(n, rows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    fig.suptitle("each rank's median step: compute (its FLOPs at the one-rank rate), waiting "
+                 "(load imbalance), communication (the rest, exposed)", fontsize=9, y=0.99)
+    fig.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 0.955))
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig
+
+
+def _one_rank_rate(ok: list[RunRecord]) -> float | None:
+    """FLOP/s of the sweep's one-rank runs (median), the rate compute is measured against."""
+    rates = [r.metrics["attn_tflops"] * 1e12 for r in ok
+             if _int(r, "plan.world") == 1 and r.metrics.get("attn_tflops")]
+    return statistics.median(rates) if rates else None
+
+
+def figures(runs: list[RunRecord],
+            details: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plots these runs support: name -> matplotlib Figure. `details` (run id -> the trial's
+    per_rank.json) adds the per-rank breakdown."""
     figs: dict[str, Any] = {}
     ok = [r for r in runs if r.status == "FINISHED"]
     if len({_int(r, "workload.seq_len") for r in ok}) > 1:
-        for metric, name, ylabel in (("tokens_per_s", "throughput_vs_seq_len", "tokens/s"),
-                                     ("peak_mem_bytes", "memory_vs_seq_len", "peak bytes per rank")):
-            fig, ax = plt.subplots(figsize=(7, 4.5))
-            for label, pts in _series(ok, "workload.seq_len", metric).items():
-                ax.plot(*zip(*pts, strict=True), marker="o", label=label)
-            ax.set(xlabel="seq_len (tokens)", ylabel=ylabel, xscale="log", title=name)
-            ax.legend(fontsize=7)
-            figs[name] = fig
-    series = scaling_series(ok)
-    if series:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.5))
-        top = max(p for pts in series.values() for p, _ in pts)
-        a1.plot([1, top], [1, top], "k--", lw=0.8, label="ideal")
-        a2.axhline(1.0, color="k", ls="--", lw=0.8)
-        for label, pts in series.items():
-            a1.plot([p for p, _ in pts], [s for _, s in pts], marker="o", label=label)
-            a2.plot([p for p, _ in pts], [s / p for p, s in pts], marker="o", label=label)
-        a1.set(xlabel="world", ylabel="speed-up over one rank", title="speed-up")
-        a2.set(xlabel="world", ylabel="efficiency = speed-up / world", title="parallel efficiency")
-        a1.legend(fontsize=7)
-        figs["scaling_vs_world"] = fig
+        figs["throughput_vs_seq_len"] = _vs_seq_len(ok, "tokens_per_s", "throughput (p10-p90 band)",
+                                                    "tokens/s")
+        figs["memory_vs_seq_len"] = _vs_seq_len(ok, "peak_mem_bytes", "peak memory per rank",
+                                                "MiB", 1 / 2**20, mark=False)
+    points = _scaling_points(ok)
+    if points:
+        figs["scaling_vs_world"] = _scaling_figure(points)
     if any(k.startswith("bytes_") for r in ok for k in r.metrics):
-        fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ok)), 4.5))
-        labels = [f"{config(r)} P={r.params.get('plan.world')} {r.params.get('plan.layout')} "
-                  f"N={r.params.get('workload.seq_len')} Hkv={r.params.get('model.kv_heads')}"
-                  for r in ok]
-        intra = [r.metrics.get("bytes_intra", 0) / 1e6 for r in ok]
-        inter = [r.metrics.get("bytes_inter", 0) / 1e6 for r in ok]
-        ax.bar(labels, intra, label="intra-node")
-        ax.bar(labels, inter, bottom=intra, label="inter-node")
-        ax.set(ylabel="MB sent per step (all ranks)", title="bytes by link")
-        ax.tick_params(axis="x", rotation=75, labelsize=6)
-        ax.legend()
-        fig.tight_layout()
-        figs["bytes_by_link"] = fig
+        figs["bytes_by_link"] = _bytes_by_link(ok)
+    analytic = [r for r in ok if "bytes_analytic_per_rank" in r.metrics and "bytes_total" in r.metrics
+                and _int(r, "plan.world") > 1]
+    if analytic:
+        figs["bytes_measured_vs_analytic"] = _bytes_vs_analytic(analytic)
+    if details:
+        rate = _one_rank_rate(ok)
+        ordered = sorted(ok, key=lambda r: (_algorithm(r), _sort_key(r)))
+        items = [(r, parts) for r in ordered if r.run_id in details
+                 for parts in [rank_breakdown(details[r.run_id], rate)] if parts]
+        if items:
+            figs["per_rank_breakdown"] = _per_rank_figure(items[:12])
     train = [r for r in ok if "train.model" in r.params]
-    if train:  # model training trials (issue 10): what each configuration keeps and what it costs
+    if train:  # model training trials: what each configuration keeps and what it costs
+        import matplotlib.pyplot as plt
+
         figs["train_memory_and_time"] = _train_figure(plt, train)
     return figs
 
@@ -239,12 +486,71 @@ def _train_figure(plt: Any, runs: list[RunRecord]) -> Any:
     return fig
 
 
-def log_plots(tracker: Tracker, sweep_id: str) -> list[str]:
+def per_rank_details(tracker: Tracker, runs: list[RunRecord]) -> dict[str, dict[str, Any]]:
+    """run id -> per_rank.json of each finished multi-rank trial (downloaded from the store)."""
+    import json
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in runs:
+            if r.status != "FINISHED" or _int(r, "plan.world") < 2:
+                continue
+            try:
+                path = tracker.download(r.run_id, "per_rank.json", Path(tmp) / r.run_id)
+                out[r.run_id] = json.loads(path.read_text())
+            except Exception:  # an older run or an unreachable artifact store: no breakdown
+                continue
+    return out
+
+
+# ------------------------------------------------------------------------------ sweep summary
+def headline_metrics(runs: list[RunRecord], metric: str) -> dict[str, float]:
+    """The best finished trial's metric (`best.<metric>`) and each algorithm's best
+    (`<algorithm>.<metric>`), for the sweep's parent run."""
+    ok = [r for r in runs if r.status == "FINISHED" and metric in r.metrics]
+    pick = max if higher_is_better(metric) else min
+    out: dict[str, float] = {}
+    if ok:
+        out[f"best.{metric}"] = pick(r.metrics[metric] for r in ok)
+    for algo in sorted({_algorithm(r) for r in ok}):
+        out[f"{algo}.{metric}"] = pick(r.metrics[metric] for r in ok if _algorithm(r) == algo)
+    return out
+
+
+def best_run(runs: list[RunRecord], metric: str) -> RunRecord | None:
+    ok = [r for r in runs if r.status == "FINISHED" and metric in r.metrics]
+    if not ok:
+        return None
+    return (max if higher_is_better(metric) else min)(ok, key=lambda r: r.metrics[metric])
+
+
+def log_summary(tracker: Tracker, sweep_id: str) -> list[str]:
+    """Everything the sweep's parent run shows in the MLflow UI: headline metrics, the comparison
+    table (a sortable MLflow table), the figures, and the self-contained HTML report."""
     import matplotlib.pyplot as plt
 
-    names = []
-    for name, fig in figures(tracker.trials(sweep_id)).items():
+    from seqpar.sweeps import html
+
+    record = tracker.sweep(sweep_id)
+    runs = tracker.trials(sweep_id)
+    metric = record.tags.get("seqpar.headline") or "tokens_per_s"
+    tracker.log_metrics(sweep_id, headline_metrics(runs, metric))
+    best = best_run(runs, metric)
+    if best is not None:
+        tracker.set_tags(sweep_id, {"seqpar.best_trial": best.name, "seqpar.best_run_id": best.run_id})
+    cmp = comparison(tracker, sweep=sweep_id, metric=metric)
+    tracker.log_table(sweep_id, cmp.columns, cmp.rows, "comparison.json")
+    figs = figures(runs, per_rank_details(tracker, runs))
+    for name, fig in figs.items():
         tracker.log_figure(sweep_id, fig, f"plots/{name}.png")
+    page = html.render(tracker, sweep_id, cmp=cmp, figs=figs)
+    for fig in figs.values():
         plt.close(fig)
-        names.append(name)
-    return names
+    tracker.log_text(sweep_id, page, "report.html")
+    return list(figs)
+
+
+def log_plots(tracker: Tracker, sweep_id: str) -> list[str]:
+    """The parent run's summary (kept under its old name for callers)."""
+    return log_summary(tracker, sweep_id)

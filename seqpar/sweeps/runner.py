@@ -17,23 +17,17 @@ Ctrl-C marks the sweep KILLED and leaves it resumable.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from seqpar.errors import ConfigError
 from seqpar.experiments.grid import Point
+from seqpar.sweeps.progress import SweepProgress
 from seqpar.sweeps.spec import SweepPlan
 
 if TYPE_CHECKING:
@@ -83,6 +77,7 @@ def _start(plan: SweepPlan, tracker: Tracker, resume: str | None) -> tuple[str, 
             "seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
             "seqpar.headline": plan.headline})
         tracker.log_dict(sweep_id, _plan_record(plan), "plan.json")
+        _log_sweep_file(tracker, sweep_id, plan)
         return sweep_id, set()
     record = tracker.sweep(resume)
     experiment = tracker.experiment_name(record)
@@ -105,6 +100,19 @@ def _unfinished(tracker: Tracker, sweep_id: str | None) -> dict[str, list[str]]:
         if run.status != "FINISHED" and HASH_TAG in run.tags:
             out.setdefault(run.tags[HASH_TAG], []).append(run.run_id)
     return out
+
+
+def _log_sweep_file(tracker: Tracker, sweep_id: str, plan: SweepPlan) -> None:
+    """The sweep file itself on the parent run (a study: its name, preset and --set values)."""
+    from pathlib import Path
+
+    if plan.source and Path(plan.source).is_file():
+        tracker.log_artifact(sweep_id, plan.source, "sweep")
+    else:
+        import yaml
+
+        tracker.log_text(sweep_id, yaml.safe_dump({"study": plan.study, "preset": plan.preset,
+                                                   "set": plan.sets}), "sweep/sweep.yaml")
 
 
 def run_one(point: Point, runner: TrialRunner, retries: int,
@@ -130,18 +138,35 @@ def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, resu
     assert spec is not None
     tags = {"seqpar.device": result.device, "seqpar.attempts": str(attempts),
             "seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
-            "seqpar.topology": getattr(result, "topology", ""), "seqpar.label": spec.label()}
+            "seqpar.topology": getattr(result, "topology", ""), "seqpar.label": spec.label(),
+            "seqpar.algorithm": spec.plan.algorithm}
     if result.failure is not None:
         tags["seqpar.failure"] = result.failure.value
+    # each timed iteration's step time on the slowest rank, drawn by MLflow as a curve
+    metrics = result.metrics()
+    analytic = _analytic_bytes(spec)
+    if metrics and analytic is not None:
+        metrics["bytes_analytic_per_rank"] = analytic
+    series = ({"iter_step_ms": [max(v) for v in zip(*(m.step_ms for m in result.per_rank),
+                                                     strict=True)]}
+              if result.ok and result.per_rank else None)
     return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=spec.flat(),
-                             metrics=result.metrics(), tags=tags, status=result.status,
-                             cause=result.cause, detail=result.to_dict())
+                             metrics=metrics, tags=tags, status=result.status,
+                             cause=result.cause, detail=result.to_dict(), series=series,
+                             start_time_ms=int((time.time() - result.setup_s - result.run_s) * 1e3))
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("trial"), MofNCompleteColumn(), BarColumn(bar_width=24),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                    TextColumn("{task.description}"), console=console, transient=True)
+def _analytic_bytes(spec: Any) -> float | None:
+    """The algorithm's analytic bytes one rank sends per step (report: measured vs analytic)."""
+    try:
+        from seqpar import algorithms
+
+        by_phase = algorithms.expected_bytes(spec.plan.algorithm, spec.shape, spec.plan.world,
+                                             **spec.options)
+        backward = spec.workload.mode == "fwd+bwd"
+        return float(by_phase["forward"] + (by_phase["backward"] if backward else 0))
+    except Exception:  # an algorithm without a formula (or one being redesigned): no bar
+        return None
 
 
 def _line(result: TrialResult, label: str, attempts: int) -> str:
@@ -164,33 +189,26 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
     outcome.resumed = len(plan.trials) - len(todo)
     todo.sort(key=lambda p: p.spec.plan.world if p.spec else 0)  # stable: one gang per size
     gang_id = f"sweep-{sweep_id[:8]}"
-    bar = _progress() if progress else None
+    live = SweepProgress(console, [p.spec for p in todo], gang_id, enabled=progress)
     try:
-        if bar is not None:
-            bar.start()
-            task = bar.add_task("", total=len(todo))
-        for point in todo:
-            label = point.label
-            if bar is not None:
-                bar.update(task, description=label)
-            result, attempts = run_one(point, runner, retries, gang_id)
-            run_id = log_one(tracker, sweep_id, plan, point, result, attempts)
-            for old in stale.pop(point.spec.hash if point.spec else "", []):
-                tracker.client.delete_run(old)  # this trial's run is now `run_id`
-            trial = TrialOutcome(point, result, run_id, attempts)
-            outcome.trials.append(trial)
-            console.print(_line(result, label, attempts), highlight=False)
-            if bar is not None:
-                bar.advance(task)
-            if on_trial_end is not None:
-                on_trial_end(trial)
+        with live:
+            for point in todo:
+                label = point.label
+                live.start_trial(point.spec, label)
+                t0 = time.monotonic()
+                result, attempts = run_one(point, runner, retries, gang_id)
+                run_id = log_one(tracker, sweep_id, plan, point, result, attempts)
+                live.end_trial(time.monotonic() - t0)
+                for old in stale.pop(point.spec.hash if point.spec else "", []):
+                    tracker.client.delete_run(old)  # this trial's run is now `run_id`
+                trial = TrialOutcome(point, result, run_id, attempts)
+                outcome.trials.append(trial)
+                console.print(_line(result, label, attempts), highlight=False)
+                if on_trial_end is not None:
+                    on_trial_end(trial)
     except BaseException:
-        if bar is not None:
-            bar.stop()
         tracker.end_sweep(sweep_id, "KILLED", interrupted="true")
         raise
-    if bar is not None:
-        bar.stop()
     _finish(tracker, sweep_id, outcome)
     return outcome
 
@@ -199,7 +217,7 @@ def _finish(tracker: Tracker, sweep_id: str, outcome: SweepOutcome) -> None:
     from seqpar.sweeps import report
 
     try:
-        report.log_plots(tracker, sweep_id)
+        report.log_summary(tracker, sweep_id)
     except Exception as err:  # a plot must never cost the sweep its results
         console.print(f"[yellow]plots skipped:[/yellow] {type(err).__name__}: {escape(str(err))}")
     tracker.end_sweep(sweep_id, "FINISHED", failed=str(len(outcome.failed)))

@@ -1,0 +1,39 @@
+"""`seqpar report SWEEP_ID [-o report.html]`: a sweep as one self-contained HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from seqpar.cli.display import console
+
+
+def report(
+    sweep_id: Annotated[str | None, typer.Argument(
+        help="The sweep id (its parent run id); default: the latest sweep.")] = None,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the page.")] =
+        Path("report.html"),
+    log: Annotated[bool, typer.Option("--log/--no-log", help="Also store it as the sweep's "
+                                                              "report.html artifact.")] = True,
+) -> None:
+    """Write a sweep's tables, plots and environment as one HTML page (no external files)."""
+    from seqpar.cli import options
+    from seqpar.errors import ConfigError
+    from seqpar.sweeps import html
+
+    tracker = options.tracker()
+    if sweep_id is None:
+        latest = tracker.latest_sweep()
+        if latest is None:
+            raise ConfigError("tracking-uri", tracker.uri, "holds no sweep yet; run `seqpar sweep`")
+        sweep_id = latest.run_id
+    page = html.build(tracker, sweep_id)
+    try:
+        output.write_text(page)
+    except OSError as err:
+        raise ConfigError("output", str(output), f"cannot be written ({err.strerror})") from None
+    if log:
+        tracker.log_text(sweep_id, page, "report.html")
+    console.print(f"wrote {output} ({len(page) / 1024:.0f} KiB) for sweep {sweep_id}")

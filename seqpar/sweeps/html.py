@@ -1,0 +1,122 @@
+"""A sweep as one self-contained HTML page: the comparison table, every plot inlined as a PNG data
+URI, and the environment the numbers were measured in (versions, host, cores, device, commit).
+
+    page = build(tracker, sweep_id)        # reads the sweep back from MLflow
+    Path("report.html").write_text(page)   # no external files: attach it to a PR or an appendix
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import io
+from html import escape
+from typing import Any
+
+from seqpar.platform.tracking import Tracker
+
+ENVIRONMENT_TAGS = (("seqpar commit", "seqpar.git_commit"), ("torch", "seqpar.torch_version"),
+                    ("ray", "seqpar.ray_version"), ("mlflow", "seqpar.mlflow_version"),
+                    ("host", "seqpar.host"), ("cores", "seqpar.cpu_count"))
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;
+color:#222;padding:0 1em}
+h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
+th,td{border:1px solid #ddd;padding:.25em .6em;text-align:right;white-space:nowrap}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+tr.best td{background:#e6f4ea;font-weight:600}.over{color:#c00}
+figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:.85em;color:#555}.meta{color:#555;font-size:.9em}
+"""
+
+CAPTIONS = {
+    "throughput_vs_seq_len": "Tokens per second against sequence length; the band is the spread "
+                             "(10th-90th percentile) over the timed iterations.",
+    "memory_vs_seq_len": "Peak memory of one rank against sequence length.",
+    "scaling_vs_world": "Speed-up over the one-rank run and parallel efficiency; the dashed line "
+                        "is ideal scaling.",
+    "bytes_by_link": "Bytes the whole gang sends per step, by link (intra / inter node).",
+    "bytes_measured_vs_analytic": "Bytes one rank sends per step: the ledger's measurement beside "
+                                  "the algorithm's formula (the ratio should be 1.00).",
+    "per_rank_breakdown": "Each rank's step split into compute, waiting (load imbalance) and "
+                          "exposed communication (a model from FLOPs and step times).",
+}
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
+           table_id: str = "") -> str:
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
+    body = []
+    for i, row in enumerate(rows):
+        cls = ' class="best"' if i == best else ""
+        cells = "".join(
+            f'<td class="over">{escape(str(v))}</td>' if "OVERSUBSCRIBED" in str(v)
+            else f"<td>{escape(str(v))}</td>" for v in row)
+        body.append(f"<tr{cls}>{cells}</tr>")
+    ident = f' id="{table_id}"' if table_id else ""
+    return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def render(tracker: Tracker, sweep_id: str, *, cmp: Any, figs: dict[str, Any]) -> str:
+    """The page for a sweep whose comparison and figures are already built."""
+    from seqpar.sweeps import report
+
+    record = tracker.sweep(sweep_id)
+    runs = tracker.trials(sweep_id)
+    metric = cmp.metric
+    headline = report.headline_metrics(runs, metric)
+    best = report.best_run(runs, metric)
+    devices = sorted({r.tags.get("seqpar.device", "?") for r in runs})
+    env_rows = [[name, record.tags.get(tag, "?")] for name, tag in ENVIRONMENT_TAGS]
+    env_rows += [["device", ", ".join(devices)], ["MLflow store", tracker.uri],
+                 ["experiment", tracker.experiment_name(record)], ["sweep id", sweep_id]]
+    started = dt.datetime.fromtimestamp(record.start_time / 1e3, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>seqpar report: {escape(record.name)}</title><style>{CSS}</style></head><body>",
+        f"<h1>seqpar sweep <code>{escape(record.name)}</code></h1>",
+        f'<p class="meta">{len(runs)} trial(s), started {started}; headline metric '
+        f"<b>{escape(metric)}</b> ({'higher' if report.higher_is_better(metric) else 'lower'} "
+        "is better)</p>",
+        "<h2>Headline</h2>",
+        _table(["", metric], [["best trial: " + (best.name if best else "-"),
+                               f"{headline.get(f'best.{metric}', float('nan')):,.4g}"]]
+               + [[k.split(".")[0], f"{v:,.4g}"] for k, v in headline.items()
+                  if not k.startswith("best.")], table_id="headline"),
+        "<h2>Comparison</h2>", f'<p class="meta">{escape(cmp.title)}</p>',
+        _table(cmp.columns, cmp.rows, cmp.best, table_id="comparison"),
+        "<h2>Plots</h2>",
+    ]
+    for name, fig in figs.items():
+        parts.append(f'<figure id="{name}"><img alt="{name}" src="data:image/png;base64,{_png(fig)}">'
+                     f"<figcaption>{escape(CAPTIONS.get(name, name))}</figcaption></figure>")
+    if not figs:
+        parts.append("<p>No plot: these trials vary neither length, world nor bytes.</p>")
+    parts += ["<h2>Environment</h2>", _table(["", "value"], env_rows, table_id="environment"),
+              "</body></html>"]
+    return "\n".join(parts)
+
+
+def build(tracker: Tracker, sweep_id: str) -> str:
+    """The page for a sweep read back from the store (figures drawn afresh)."""
+    import matplotlib.pyplot as plt
+
+    from seqpar.sweeps import report
+
+    record = tracker.sweep(sweep_id)
+    runs = tracker.trials(sweep_id)
+    cmp = report.comparison(tracker, sweep=sweep_id, metric=record.tags.get("seqpar.headline"))
+    figs = report.figures(runs, report.per_rank_details(tracker, runs))
+    try:
+        return render(tracker, sweep_id, cmp=cmp, figs=figs)
+    finally:
+        for fig in figs.values():
+            plt.close(fig)

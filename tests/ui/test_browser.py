@@ -1,0 +1,87 @@
+"""What users look at, loaded in headless Chromium: the MLflow experiment page, the chart view,
+`seqpar report`'s HTML page and the Ray dashboard's actors page. Screenshots go to docs/."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from tests.ui.conftest import DOCS, SCREENSHOTS, run_chromium
+
+ML_VIEW = "workflowType=machine_learning"  # MLflow 3.17's runs view (its default is GenAI traces)
+
+
+def text(dom: str) -> str:
+    body = re.sub(r"<script.*?</script>|<style.*?</style>", "", dom, flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body))
+
+
+def test_mlflow_experiment_page_lists_every_trial(chromium, ui_sweep, mlflow_ui):
+    url = f"{mlflow_ui}/#/experiments/{ui_sweep.experiment_id}?{ML_VIEW}"
+    t0 = time.monotonic()
+    page = text(run_chromium(chromium, url, budget_ms=25000))
+    ui_sweep.timings["mlflow_runs_page_s"] = time.monotonic() - t0
+    assert "Traces 0" not in page and "Runs" in page
+    missing = [name for name in ui_sweep.trial_names if name not in page]
+    assert not missing, f"trials not on the page: {missing}"
+    assert "ui-test" in page  # the sweep's parent run, beside its trials
+    if SCREENSHOTS:
+        run_chromium(chromium, url, budget_ms=25000, screenshot=DOCS / "mlflow-runs.png",
+                     window="1400,800")
+
+
+def test_mlflow_chart_view_shows_trials_and_the_headline(chromium, ui_sweep, mlflow_ui):
+    url = (f"{mlflow_ui}/#/experiments/{ui_sweep.experiment_id}/runs?{ML_VIEW}"
+           "&compareRunsMode=CHART")
+    for _ in range(3):  # a loaded machine may not have drawn the charts within the budget
+        page = text(run_chromium(chromium, url, budget_ms=30000, window="1400,2400"))
+        if "tokens_per_s" in page:
+            break
+    missing = [name for name in ui_sweep.trial_names if name not in page]
+    assert not missing, f"trials not in the chart view: {missing}"
+    assert "tokens_per_s" in page  # the headline metric: the parent's best and per algorithm
+    assert "Model metrics (0)" not in page
+    if SCREENSHOTS:
+        run_chromium(chromium, url, budget_ms=90000, screenshot=DOCS / "mlflow-charts.png",
+                     window="1400,1000")
+
+
+CHECK_IMAGES = """<script>
+window.addEventListener('load', () => {
+  const imgs = [...document.images];
+  document.body.dataset.images = imgs.map(i => i.complete && i.naturalWidth > 0 ? 1 : 0).join('');
+});
+</script></body>"""
+
+
+def test_report_page_renders_tables_and_images(chromium, ui_sweep, tmp_path):
+    from typer.testing import CliRunner
+
+    from seqpar.cli.app import app
+
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["--tracking-uri", ui_sweep.uri, "report", ui_sweep.sweep_id,
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert not re.search(r'(src|href)="(?!data:|#)', page), "the page must not load other files"
+    probe = tmp_path / "probe.html"  # a copy that reports whether each image decoded
+    probe.write_text(page.replace("</body>", CHECK_IMAGES))
+    dom = run_chromium(chromium, probe.as_uri(), budget_ms=5000)
+    flags = re.search(r'data-images="([01]*)"', dom)
+    assert flags and flags.group(1) and set(flags.group(1)) == {"1"}, "an image did not render"
+    assert len(flags.group(1)) >= 4  # throughput, memory, bytes by link, measured vs analytic, ...
+    rows = re.search(r'<table id="comparison">.*?</table>', dom, flags=re.S)
+    assert rows and all(name.split(" ")[0] in rows.group(0) for name in ui_sweep.trial_names)
+    assert '<table id="environment">' in dom and "torch" in text(dom)
+    if SCREENSHOTS:
+        run_chromium(chromium, out.as_uri(), budget_ms=5000, screenshot=DOCS / "report.png",
+                     window="1200,1400")
+
+
+def test_ray_dashboard_shows_the_rank_actors_while_a_trial_runs(ui_sweep):
+    assert ui_sweep.dashboard_url, "the embedded Ray has no dashboard"
+    assert ui_sweep.dashboard_seen_while_running, "never captured while the sweep ran"
+    names = set(re.findall(r"seqpar:sweep-[0-9a-f]{8}:rank-\d+", ui_sweep.dashboard_dom))
+    assert {n.rsplit(":", 1)[1] for n in names} >= {"rank-0", "rank-1"}, names
+    print("timings:", {k: round(v, 1) for k, v in ui_sweep.timings.items()})
