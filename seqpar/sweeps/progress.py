@@ -29,13 +29,14 @@ def predicted_s(spec: Any) -> float | None:
     """The cost model's wall time for one trial (warm-up, memory and timed iterations), or None
     when it cannot predict this spec. The one place this module calls the cost model."""
     try:
-        from seqpar.experiments import costmodel
+        from seqpar.experiments import clusters, perf
 
-        cluster = costmodel.CLUSTERS["cpu" if spec.env.device in ("cpu", "auto") else "a100-ib"]
-        step = costmodel.estimate(spec, cluster).step_s
+        cluster = clusters.load("local" if spec.env.device in ("cpu", "auto") else
+                                "loongtrain-a100")
+        step_s = perf.predict_spec(spec, cluster).attention_ms / 1e3
         w = spec.workload
-        return GANG_START_S + float(step) * (w.warmup + 1 + w.iters)
-    except Exception:  # the cost model is being rewritten; an ETA is never worth a failed sweep
+        return GANG_START_S + step_s * (w.warmup + 1 + w.iters)
+    except Exception:  # a spec the model cannot predict: an ETA is never worth a failed sweep
         return None
 
 
