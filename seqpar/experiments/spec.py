@@ -297,7 +297,10 @@ def config_error(err: ValidationError, where: str = "") -> ConfigError:
     if first["type"] == "seqpar_rule":
         field, value, rule = ctx["field"], ctx["value"], ctx["rule"]
     else:
-        field = ".".join(str(p) for p in first["loc"]) or "spec"
+        # a union's member tags ("dict[...]", "ClusterTwin", "[key]") are types, not fields
+        parts = [str(p) for p in first["loc"]]
+        kept = [p for p in parts if "[" not in p and not (p[:1].isupper() and p.isidentifier())]
+        field = ".".join(kept) or "spec"
         value, rule = first.get("input"), first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             value, rule = field.rsplit(".", 1)[-1], "unknown key"
