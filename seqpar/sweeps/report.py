@@ -382,7 +382,8 @@ def rank_breakdown(detail: dict[str, Any], rate: float | None) -> list[dict[str,
     return out
 
 
-def _per_rank_figure(items: list[tuple[RunRecord, list[dict[str, float]]]]) -> Any:
+def _per_rank_figure(items: list[tuple[RunRecord, list[dict[str, float]]]],
+                     one_rank_rate: bool) -> Any:
     from seqpar.sweeps import style
 
     n = len(items)
@@ -403,8 +404,10 @@ def _per_rank_figure(items: list[tuple[RunRecord, list[dict[str, float]]]]) -> A
         ax.set(xlabel="rank", ylabel="ms per step")
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].set_visible(False)
-    fig.suptitle("each rank's median step: compute (its FLOPs at the one-rank rate), waiting "
-                 "(load imbalance), communication (the rest, exposed)", fontsize=9, y=0.99)
+    rate = ("the one-rank rate" if one_rank_rate
+            else "its trial's fastest rank's rate (no one-rank run in this sweep)")
+    fig.suptitle(f"each rank's median step: compute (its FLOPs at {rate}), waiting (load "
+                 "imbalance), communication (the rest, exposed)", fontsize=9, y=0.99)
     fig.legend(loc="upper center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 0.955))
     fig.tight_layout(rect=(0, 0, 1, 0.9))
     return fig
@@ -443,7 +446,7 @@ def figures(runs: list[RunRecord],
         items = [(r, parts) for r in ordered if r.run_id in details
                  for parts in [rank_breakdown(details[r.run_id], rate)] if parts]
         if items:
-            figs["per_rank_breakdown"] = _per_rank_figure(items[:12])
+            figs["per_rank_breakdown"] = _per_rank_figure(items[:12], rate is not None)
     train = [r for r in ok if "train.model" in r.params]
     if train:  # model training trials: what each configuration keeps and what it costs
         import matplotlib.pyplot as plt
