@@ -110,6 +110,19 @@ class ClusterTwin(_Strict):
     cluster: str = Field(description="a cluster preset or YAML file, e.g. loongtrain-a100")
     local: str = Field("local", description="the measured cluster file of this machine")
 
+    @model_validator(mode="after")
+    def _known(self) -> ClusterTwin:
+        from seqpar.experiments import clusters
+
+        for name in ("cluster", "local"):
+            try:
+                clusters.load(getattr(self, name))
+            except ConfigError as err:
+                raise PydanticCustomError("seqpar_rule", "{rule}", {
+                    "field": f"env.link_emulation.{name}", "value": err.value,
+                    "rule": err.rule}) from None
+        return self
+
 
 class Environment(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -292,7 +305,9 @@ def _train_rules(spec: ExperimentSpec) -> None:
 
 def config_error(err: ValidationError, where: str = "") -> ConfigError:
     """The first problem of a pydantic ValidationError as a one-line ConfigError."""
-    first = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    # a seqpar rule names its field best (in a union, pydantic lists every member's complaint)
+    first = next((e for e in errors if e["type"] == "seqpar_rule"), errors[0])
     ctx = first.get("ctx") or {}
     if first["type"] == "seqpar_rule":
         field, value, rule = ctx["field"], ctx["value"], ctx["rule"]

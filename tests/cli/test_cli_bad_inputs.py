@@ -60,6 +60,8 @@ CASES = [
     ("unknown link class", sweep_file(base_with(
         env="{link_emulation: {wan: {bandwidth_gb_per_s: 1}}}")), ["sweep", "{f}"],
      "env.link_emulation.wan"),
+    ("unknown twin cluster", sweep_file(base_with(env="{link_emulation: {cluster: dgx-z}}")),
+     ["sweep", "{f}"], "env.link_emulation.cluster='dgx-z'"),
     ("grid axis not a list", sweep_file(grid="{workload.seq_len: 512}"), ["sweep", "{f}"],
      "grid.workload.seq_len=512"),
     ("strict with one invalid point", sweep_file(grid="{workload.seq_len: [256, 255]}"),
