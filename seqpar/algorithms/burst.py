@@ -34,11 +34,11 @@ from dataclasses import dataclass
 import torch
 
 from seqpar.algorithms import blocks, groups, layouts
-from seqpar.algorithms.base import Algorithm, AttnShape
+from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.kernels import acc_dtype
 from seqpar.algorithms.mesh import Grid
 from seqpar.algorithms.options import Options, is_int
-from seqpar.algorithms.ring import RingComms, pass_grad, ring_bytes, ring_forward, travel
+from seqpar.algorithms.ring import Ring, RingComms, pass_grad, ring_bytes, travel
 from seqpar.errors import require
 
 ALIGN = 16  # bytes: every segment of a packed message starts at a multiple of this
@@ -164,7 +164,10 @@ class BurstOptions(Options):
                 "must be a positive integer (or None: the trial's topology)")
 
 
-class Burst(Algorithm):
+class Burst(Ring):
+    """Forward: ring's, on the topology-aware ring the grid lays out (RingComms of the mesh's
+    inner and outer axes). Backward: Alg. 2, the query ring."""
+
     name = "burst"
     summary = ("topology-aware ring (intra-node sub-rings + inter-node step); backward moves "
                "Q, dO, D, lse and dQ, K,V stay home")
@@ -180,20 +183,7 @@ class Burst(Algorithm):
             return Grid.line(world)
         return Grid((("outer", world // per_node), ("inner", per_node)))
 
-    def forward(self, q, k, v):
-        seq_len = q.shape[1] * self.world
-
-        def tasks_for(src: int):  # this rank's queries against the K,V of src
-            return layouts.layout_tasks(self.layout, self.world, seq_len, self.rank, src,
-                                        self.causal)
-
-        acc_out, acc_lse = blocks.new_partial(q)
-        ring_forward(q, blocks.pack_kv(k, v), RingComms.of(self.mesh), tasks_for, acc_out,
-                     acc_lse, self.backend, self.scale)
-        out = acc_out.to(q.dtype)
-        return out, (q, k, v, out, acc_lse), None
-
-    def backward(self, dout, saved, state):
+    def backward(self, dout, saved, tasks_for):
         q, k, v, out, lse = saved
         seq_len = q.shape[1] * self.world
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
