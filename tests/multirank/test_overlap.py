@@ -1,7 +1,7 @@
 """Communication hides behind compute: ring P = 4 on 2 virtual nodes, with the inter-node link
 emulated (latency + bytes / bandwidth) and sized so that the transfers a rank waits for add up to
 about its compute, finishes a step in well under compute + transfer; so does the double ring, whose
-outer ring's prefetch crosses the nodes while the inner ring computes. A schedule that waited for
+outer ring's prefetches cross the nodes while the inner rings compute. A schedule that waited for
 each transfer before computing would take compute + transfer and fail the bound."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from seqpar.case import Case
 from seqpar.workers.bench import measure
 from seqpar.workers.check import mesh_key
 
-NODES = (0, 0, 1, 1)
+NODES = {4: (0, 0, 1, 1), 8: (0, 0, 1, 1, 2, 2, 3, 3)}
 OVERLAP_BOUND = 0.7  # step <= 0.7 x (compute + transfer)
 
 
@@ -44,24 +44,29 @@ def _waited_ms(runs, link: comm.LinkModel) -> float:
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("options", [(), (("inner_ring", 2),)], ids=["ring", "double_ring-w2"])
-def test_transfer_hides_behind_compute(gang, options):
+@pytest.mark.parametrize(("world", "options", "mode"), [
+    (4, (), "fwd+bwd"), (8, (("inner_ring", 2),), "fwd")], ids=["ring", "double_ring-prefetch"])
+def test_transfer_hides_behind_compute(gang, world, options, mode):
+    """Ring P = 4 on 2 nodes, forward and backward. The double ring P = 8 on 4 nodes, inner rings
+    of 2 = the nodes, in forward: the only inter-node transfers are the outer ring's 3 prefetches,
+    each posted before the inner ring whose compute it hides behind. (Its backward adds the dK,dV
+    hops between inner rings, the last of which cannot hide.)"""
     algorithm = "double_ring" if options else "ring"
-    case = Case(algorithm, 4, "zigzag", True, batch=1, seq_len=2048, heads=4, kv_heads=4,
-                head_dim=64, dtype="float32", warmup=1, iters=3, options=options)
-    key = mesh_key(case, NODES)
+    case = Case(algorithm, world, "zigzag", True, batch=1, seq_len=2048, heads=4, kv_heads=4,
+                head_dim=64, dtype="float32", warmup=1, iters=3, options=options, mode=mode)
+    key = mesh_key(case, NODES[world])
     # size the link: probe the inter-node traffic once at a known speed, then pick the bandwidth
     # that makes the busiest rank's transfer time equal its compute time
     probe = comm.LinkModel(0.0, 1e12)
-    runs = gang.run(_measure, dataclasses.replace(case, iters=1), probe, size=4, mesh=key)
+    runs = gang.run(_measure, dataclasses.replace(case, iters=1), probe, size=world, mesh=key)
     inter_bytes = _waited_ms(runs, probe) * 1e-3 * probe.bandwidth_bytes_per_s
     assert inter_bytes > 0
-    compute_ms = _step_ms(gang.run(_measure, case, None, size=4, mesh=key))
+    compute_ms = _step_ms(gang.run(_measure, case, None, size=world, mesh=key))
     link = comm.LinkModel(50e-6, inter_bytes / (compute_ms * 1e-3))
     step_ms = float("inf")
     for _ in range(2):  # interleaved rounds, best of each: a busy neighbour hurts both alike
-        step_ms = min(step_ms, _step_ms(gang.run(_measure, case, link, size=4, mesh=key)))
-        compute_ms = min(compute_ms, _step_ms(gang.run(_measure, case, None, size=4, mesh=key)))
+        step_ms = min(step_ms, _step_ms(gang.run(_measure, case, link, size=world, mesh=key)))
+        compute_ms = min(compute_ms, _step_ms(gang.run(_measure, case, None, size=world, mesh=key)))
     transfer_ms = _waited_ms(runs, link)
     serial_ms = compute_ms + transfer_ms
     print(f"{algorithm}: compute {compute_ms:.0f} ms, transfer {transfer_ms:.0f} ms, "
