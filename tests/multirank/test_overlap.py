@@ -53,7 +53,7 @@ def test_transfer_hides_behind_compute(gang, world, options, mode):
     hops between inner rings, the last of which cannot hide.)"""
     algorithm = "double_ring" if options else "ring"
     case = Case(algorithm, world, "zigzag", True, batch=1, seq_len=2048, heads=4, kv_heads=4,
-                head_dim=64, dtype="float32", warmup=1, iters=3, options=options, mode=mode)
+                head_dim=64, dtype="float32", warmup=1, iters=5, options=options, mode=mode)
     key = mesh_key(case, NODES[world])
     # size the link: probe the inter-node traffic once at a known speed, then pick the bandwidth
     # that makes the busiest rank's transfer time equal its compute time
