@@ -15,6 +15,7 @@ import os
 import pickle
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -107,7 +108,9 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...
                 os._exit(0)
             continue
         if item is None:
-            break
+            # every rank stops at once: tearing down the gang's (and its meshes') groups one by one
+            # would only wait on peers that are exiting too
+            os._exit(0)
         fn, args, size, mesh_key = pickle.loads(item)
         try:
             env.mesh = None if mesh_key is None else _mesh(env, size, mesh_key)
@@ -117,7 +120,6 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...
         except BaseException:  # report every failure with its traceback
             payload = (rank, False, traceback.format_exc())
         results.put(pickle.dumps(payload))
-    dist.destroy_process_group()
 
 
 class LocalGang:
@@ -183,8 +185,9 @@ class LocalGang:
         for q, p in zip(self._tasks, self._procs, strict=True):
             if p.is_alive():
                 q.put(None)
+        deadline = time.monotonic() + 10
         for p in self._procs:
-            p.join(timeout=10)
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
 
