@@ -175,6 +175,7 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
     whole = len(members) == world
     base_pg = dist.group.WORLD if whole else dist.new_group(list(members))
     comms: dict[str, Comm] = {}
+    made: dict[tuple[int, ...], dist.ProcessGroup] = {}  # axes with the same ranks share a group
     for axis in (ALL, *(a for a in axes if a != ALL and grid.has(a))):
         for group in grid.groups(axis):
             ranks = [members[p] for p in group]
@@ -182,8 +183,10 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
                 pg = base_pg
             elif len(ranks) == 1:
                 pg = None
+            elif tuple(ranks) in made:
+                pg = made[tuple(ranks)]
             else:
-                pg = dist.new_group(ranks)  # every rank, every group, one order
+                pg = made[tuple(ranks)] = dist.new_group(ranks)  # every rank, one order
             if me in ranks:
                 comms[axis] = (Comm(pg, axis, node_of=node_of) if pg is not None
                                else Comm.solo(axis, me, node_of))
