@@ -66,8 +66,13 @@ class Algorithm:
     Options: ClassVar[type[Options]] = Options
     axes: ClassVar[tuple[str, ...]] = ()  # the mesh axes it communicates on besides "sp"
 
-    def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options):
+    def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options,
+                 window: int | None = None):
         self.mesh, self.causal, self.layout, self.options = mesh, causal, layout, options
+        self.window = window
+        # which keys a query sees in the current call (documents arrive per call: Attention sets
+        # it before forward, _Shell restores forward's relation before backward)
+        self.relation = layouts.Relation(causal, None, window)
         self.world, self.rank = mesh.size, mesh.pos
         self.comm = mesh.comm("sp")
 
@@ -143,6 +148,7 @@ class _Shell(torch.autograd.Function):
     def forward(ctx, algo: Algorithm, q, k, v):
         out, saved, state = algo.forward(q, k, v)
         ctx.algo, ctx.state, ctx.ledgers = algo, state, ledger.active()
+        ctx.relation = algo.relation
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.save_for_backward(*saved)
         return out.to(q.dtype)
@@ -151,6 +157,7 @@ class _Shell(torch.autograd.Function):
     def backward(ctx, dout):
         saved, state = ctx.saved_tensors, ctx.state
         ctx.state = None
+        ctx.algo.relation = ctx.relation
         # autograd may run backward on another thread (CUDA), where forward's context is not set
         with ledger.backward_of(ctx.ledgers):
             grads = ctx.algo.backward(dout.contiguous(), saved, state)
@@ -200,10 +207,16 @@ class Attention:
     def mesh(self) -> Mesh:
         return self.algo.mesh
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 cu_seqlens: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
+        """out for this rank's shards. cu_seqlens: the global document boundaries [0, ..., N]
+        (int64, the same on every rank; shards dealt by `layouts.shard(..., cu_seqlens=)`)."""
         a = self.algo
         shape = shape_of(q, k, v, a.world)
         type(a).check(shape, a.world, a.layout, a.causal, a.options)
+        cu = layouts.as_cu(cu_seqlens)
+        layouts.check_documents(a.layout, a.world, shape.seq_len, cu)
+        a.relation = layouts.Relation(a.causal, cu, a.window)
         kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
         return _Shell.apply(a, q, k, v)
 
@@ -212,5 +225,6 @@ class Attention:
 
     def __repr__(self) -> str:
         a = self.algo
+        window = f", window={a.window}" if a.window is not None else ""
         return (f"Attention({self.name}, world={a.world}, layout={a.layout}, "
-                f"causal={a.causal}, options={a.options.changed()})")
+                f"causal={a.causal}{window}, options={a.options.changed()})")

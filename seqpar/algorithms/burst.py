@@ -185,7 +185,7 @@ class Burst(Algorithm):
 
         def tasks_for(src: int):  # this rank's queries against the K,V of src
             return layouts.layout_tasks(self.layout, self.world, seq_len, self.rank, src,
-                                        self.causal)
+                                        self.relation)
 
         acc_out, acc_lse = blocks.new_partial(q)
         ring_forward(q, blocks.pack_kv(k, v), RingComms.of(self.mesh), tasks_for, acc_out,
@@ -200,7 +200,7 @@ class Burst(Algorithm):
 
         def compute(parts: list[torch.Tensor], src: int) -> torch.Tensor:
             tasks = layouts.layout_tasks(self.layout, self.world, seq_len, src, self.rank,
-                                         self.causal)
+                                         self.relation)
             return query_backward(parts, k, v, tasks, dk, dv, self.backend, self.scale)
 
         parts = query_parts(q, dout, rowsum_delta(dout, out), lse)

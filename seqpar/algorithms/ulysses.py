@@ -78,7 +78,7 @@ class Ulysses(Algorithm):
     def forward(self, q, k, v):
         seq_len = q.shape[1] * self.world
         plan = tokens.gather_plan(self.layout, self.world, seq_len, (tuple(range(self.world)),),
-                                  self.causal)
+                                  self.relation)
         reps = kv_replicas(k.shape[2], self.world)
         k, v = replicate_kv(k, v, reps)
         qh, kh, vh = seq_to_heads([q, k, v], self.comm, plan.order(0, q.device))

@@ -141,7 +141,7 @@ class WallFacer(Algorithm):
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         teams = wallfacer_grid(self.world, self.options).groups("team")  # by team index
-        return tokens.gather_plan(self.layout, self.world, seq_len, teams, self.causal)
+        return tokens.gather_plan(self.layout, self.world, seq_len, teams, self.relation)
 
     def forward(self, q, k, v):
         grid = grid_of(self.world, self.options)
