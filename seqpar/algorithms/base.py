@@ -15,10 +15,11 @@ communication into the ledgers that were active in forward, and casts gradients 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from seqpar.algorithms import kernels, layouts, ledger
 from seqpar.algorithms.mesh import Grid, Mesh
@@ -40,9 +41,13 @@ class AttnShape:
     head_dim: int
     elem_bytes: int = 4
 
+    def shard_len(self, world: int) -> int:
+        """s: rows of every rank's shard as it travels, ceil(N / P) (uneven shards are padded)."""
+        return layouts.shard_len(self.seq_len, world)
+
     def unit(self, world: int) -> int:
         """u = B * s * D * e: bytes of one head of one rank's shard."""
-        return self.batch * (self.seq_len // world) * self.head_dim * self.elem_bytes
+        return self.batch * self.shard_len(world) * self.head_dim * self.elem_bytes
 
     @property
     def acc_bytes(self) -> int:
@@ -103,11 +108,13 @@ class Algorithm:
 
     @classmethod
     def check(cls, shape: AttnShape, world: int, layout: str, causal: bool,
-              options: Mapping[str, Any] | Options | None) -> Options:
+              options: Mapping[str, Any] | Options | None,
+              cu_seqlens: tuple[int, ...] | None = None) -> Options:
         """Every rule for this configuration; raises ConfigError naming field, value and rule."""
         opts = cls.parse(options)
         check_shape(shape)
-        layouts.check_seq_len(layout, world, shape.seq_len)
+        layouts.check_seq_len(layout, world, shape.seq_len, cu_seqlens)
+        layouts.check_documents(layout, world, shape.seq_len, cu_seqlens)
         opts.check(world)
         cls.rules(shape, world, opts)
         return opts
@@ -213,12 +220,23 @@ class Attention:
         (int64, the same on every rank; shards dealt by `layouts.shard(..., cu_seqlens=)`)."""
         a = self.algo
         shape = shape_of(q, k, v, a.world)
-        type(a).check(shape, a.world, a.layout, a.causal, a.options)
         cu = layouts.as_cu(cu_seqlens)
-        layouts.check_documents(a.layout, a.world, shape.seq_len, cu)
-        a.relation = layouts.Relation(a.causal, cu, a.window)
+        if cu is not None:  # N from the documents: shards may be uneven (padded to ceil(N/P))
+            shape = replace(shape, seq_len=cu[-1])
+            cu = layouts.normal_cu(a.layout, a.world, cu[-1], cu)
+        type(a).check(shape, a.world, a.layout, a.causal, a.options, cu)
         kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
-        return _Shell.apply(a, q, k, v)
+        a.relation = layouts.Relation(a.causal, cu, a.window)
+        if cu is None:
+            return _Shell.apply(a, q, k, v)
+        held = len(layouts.positions(a.layout, a.rank, a.world, shape.seq_len, cu))
+        require(q.shape[1] == held, "q.shape", tuple(q.shape),
+                f"rank {a.rank} holds {held} of the N={shape.seq_len} tokens in the {a.layout} "
+                f"layout (layouts.shard with cu_seqlens)")
+        pad = shape.shard_len(a.world) - held
+        if pad:
+            q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+        return _Shell.apply(a, q, k, v).narrow(1, 0, held)
 
     def expected_bytes(self, shape: AttnShape) -> dict[str, int]:
         return type(self.algo).expected_bytes(shape, self.algo.world, self.algo.options)

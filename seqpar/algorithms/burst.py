@@ -146,7 +146,7 @@ def query_block_bytes(shape: AttnShape, world: int, tokens_factor: int = 1,
     the accumulation dtype, q and dO in the input dtype, packed; dq in the gradient dtype."""
     options = options or Options()
     u = shape.unit(world) * tokens_factor
-    stats = shape.batch * (shape.seq_len // world) * tokens_factor * shape.heads * shape.acc_bytes
+    stats = shape.batch * shape.shard_len(world) * tokens_factor * shape.heads * shape.acc_bytes
     block = packed_size([stats, stats, shape.heads * u, shape.heads * u])
     return block, shape.heads * shape.grad_unit(world, options) * tokens_factor
 

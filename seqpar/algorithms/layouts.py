@@ -21,10 +21,19 @@ no call at all (no compute).
 
 Documents in the layouts: contiguous and stripe deal tokens exactly as without documents (stripe's
 round robin keeps every document's causal work balanced to within one row per rank). zigzag deals
-*each document* in 2P chunks, rank r taking chunks r and 2P-1-r of every document, so that every rank
-holds the same causal work of every document (exactly equal when each document length is a
-multiple of 2P, which this layout then requires: every rank's shard has the same length, N/P).
-Positions stay sorted on every rank.
+*each document* in 2P equal chunks, rank r taking chunks r and 2P-1-r of every document, so that every
+rank holds the same causal work of every document; a document's last L mod 2P tokens (its tail) go
+round robin over the ranks, the rotation running on across documents. Without documents this is the
+classic zigzag. Positions stay sorted on every rank. (With a sliding window the band, not the
+triangle, is the work: stripe balances it best, see benchmarks/document_balance.py.)
+
+Any length: with cu_seqlens (at least [0, N]) N need not divide into the layout's pieces.
+contiguous cuts at r*N//P, stripe deals t mod P, zigzag as above: every rank holds floor(N/P) or
+ceil(N/P) tokens. `Attention` pads each rank's shard to s = ceil(N/P) rows at its end (padding rows
+hold positions N + r*s + j: no query sees them, they see nothing; the algorithms run on equal
+shards of s rows and the padding is cut off again), so every message has s rows and the bytes are
+those of N' = s*P tokens (`AttnShape.shard_len`). Without cu_seqlens a rank cannot know N from its
+own shard, so N must then divide into the layout's pieces (`check_seq_len`).
 """
 
 from __future__ import annotations
@@ -49,60 +58,91 @@ def check_layout(layout: str) -> None:
     require(layout in LAYOUTS, "layout", layout, f"must be one of {', '.join(LAYOUTS)}")
 
 
-def check_seq_len(layout: str, world: int, seq_len: int) -> None:
-    """seq_len must split evenly into the layout's pieces."""
+def check_seq_len(layout: str, world: int, seq_len: int,
+                  cu: tuple[int, ...] | None = None) -> None:
+    """seq_len must split evenly into the layout's pieces, unless cu_seqlens give N (any N > 0)."""
     n = chunk_count(layout, world)
+    if cu is not None:
+        require(seq_len > 0, "seq_len", seq_len, "must be positive")
+        return
     require(seq_len > 0 and seq_len % n == 0, "seq_len", seq_len,
-            f"must be a positive multiple of {n} ({layout} layout over {world} ranks)")
+            f"must be a positive multiple of {n} ({layout} layout over {world} ranks; "
+            f"any length with cu_seqlens)")
+
+
+def shard_len(seq_len: int, world: int) -> int:
+    """Rows of every rank's (padded) shard: ceil(N / P)."""
+    return -(-seq_len // world)
+
+
+def normal_cu(layout: str, world: int, seq_len: int, cu_seqlens) -> tuple[int, ...] | None:
+    """cu_seqlens as the relation keeps them: None for one document of a length that divides
+    into the layout's pieces (the classic case), else a tuple."""
+    cu = as_cu(cu_seqlens)
+    if cu is not None and len(cu) == 2 and cu[0] == 0 and cu[1] == seq_len \
+            and seq_len % chunk_count(layout, world) == 0:
+        return None
+    return cu
 
 
 def check_documents(layout: str, world: int, seq_len: int, cu: tuple[int, ...] | None) -> None:
-    """cu_seqlens must run 0 < ... < N strictly increasing; zigzag needs documents in 2P chunks."""
+    """cu_seqlens must run 0 < ... < N strictly increasing (N: the real length, at most the padded
+    seq_len of the algorithm's shards)."""
     if cu is None:
         return
-    require(len(cu) >= 2 and cu[0] == 0 and cu[-1] == seq_len
+    require(len(cu) >= 2 and cu[0] == 0 and 0 < cu[-1] <= seq_len
             and all(b > a for a, b in zip(cu, cu[1:], strict=False)), "cu_seqlens", list(cu),
             f"must increase strictly from 0 to seq_len={seq_len}")
-    if layout == "zigzag" and len(cu) > 2:
-        bad = [b - a for a, b in zip(cu, cu[1:], strict=False) if (b - a) % (2 * world)]
-        require(not bad, "cu_seqlens", list(cu),
-                f"zigzag deals each document in {2 * world} chunks: document lengths {bad} are "
-                f"not multiples of {2 * world} (use stripe or contiguous, or pad the documents)")
 
 
 @lru_cache(maxsize=4096)
 def _positions(layout: str, rank: int, world: int, seq_len: int,
                cu: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    check_seq_len(layout, world, seq_len)
+    check_seq_len(layout, world, seq_len, cu)
     check_documents(layout, world, seq_len, cu)
     require(0 <= rank < world, "rank", rank, f"must be in [0, {world})")
-    if layout == "zigzag" and cu is not None and len(cu) > 2:  # each document zigzagged
-        return tuple(p for a, b in zip(cu, cu[1:], strict=False)
-                     for p in _positions(layout, rank, world, b - a) for p in (a + p,))
+    n = cu[-1] if cu is not None else seq_len
+    real = _dealt(layout, rank, world, n, cu if cu is not None else (0, n))
+    if seq_len == n:
+        return real
+    s = seq_len // world  # padded shard: positions N + rank*s + j after the real ones
+    return real + tuple(n + rank * s + j for j in range(s - len(real)))
+
+
+def _dealt(layout: str, rank: int, world: int, n: int, cu: tuple[int, ...]) -> tuple[int, ...]:
+    """The real tokens of `rank` (see the module docstring), sorted."""
     if layout == "contiguous":
-        s = seq_len // world
-        return tuple(range(rank * s, (rank + 1) * s))
-    if layout == "zigzag":
-        c = seq_len // (2 * world)
+        return tuple(range(rank * n // world, (rank + 1) * n // world))
+    if layout == "stripe":
+        return tuple(range(rank, n, world))
+    out: list[int] = []
+    turn = 0  # the tail rotation, running on across documents
+    for a, b in zip(cu, cu[1:], strict=False):
+        c, tail = divmod(b - a, 2 * world)
         first, second = rank, 2 * world - 1 - rank
-        return tuple(range(first * c, (first + 1) * c)) + tuple(range(second * c, (second + 1) * c))
-    return tuple(range(rank, seq_len, world))
+        out += range(a + first * c, a + (first + 1) * c)
+        out += range(a + second * c, a + (second + 1) * c)
+        start = a + 2 * world * c
+        out += [start + j for j in range(tail) if (turn + j) % world == rank]
+        turn = (turn + tail) % world
+    return tuple(out)
 
 
 def as_cu(cu_seqlens) -> tuple[int, ...] | None:
-    """cu_seqlens (tensor, sequence or None) as a hashable tuple; one document is None."""
+    """cu_seqlens (tensor, sequence or None) as a hashable tuple (or None)."""
     if cu_seqlens is None:
         return None
-    cu = tuple(int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor)
-                                else cu_seqlens))
-    return None if len(cu) == 2 and cu[0] == 0 else cu
+    return tuple(int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor)
+                                  else cu_seqlens))
 
 
 def positions(layout: str, rank: int, world: int, seq_len: int,
               cu_seqlens=None) -> torch.Tensor:
     """Token positions (sorted, int64) held by `rank`, in its local order; RoPE, labels and the
-    masks use these. cu_seqlens: the global document boundaries (see the module docstring)."""
-    return torch.tensor(_positions(layout, rank, world, seq_len, as_cu(cu_seqlens)),
+    masks use these. cu_seqlens: the global document boundaries (see the module docstring); with
+    them, seq_len may exceed N = cu_seqlens[-1] (the padded length): padding positions follow."""
+    return torch.tensor(_positions(layout, rank, world, seq_len,
+                                   normal_cu(layout, world, seq_len, cu_seqlens)),
                         dtype=torch.long)
 
 
@@ -169,10 +209,12 @@ class Relation:
         if self.cu is None:
             start = torch.zeros_like(q_pos)
             end = torch.full_like(q_pos, 2 ** 62)
-        else:
+        else:  # padding positions (>= N) see nothing: first > last
             cu = torch.tensor(self.cu, dtype=torch.long)
-            doc = torch.searchsorted(cu, q_pos, right=True) - 1
-            start, end = cu[doc], cu[doc + 1] - 1
+            doc = (torch.searchsorted(cu, q_pos, right=True) - 1).clamp(max=len(self.cu) - 2)
+            pad = q_pos >= self.cu[-1]
+            start = torch.where(pad, q_pos + 1, cu[doc])
+            end = torch.where(pad, torch.full_like(q_pos, -1), cu[doc + 1] - 1)
         last = torch.minimum(end, q_pos) if self.causal else end
         first = start
         if self.window is not None:

@@ -33,17 +33,19 @@ def documents(n: int, world: int, units: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(cu)
 
 
-def relations(n: int, world: int, layout: str) -> list[tuple[tuple[int, ...], int | None]]:
-    """(cu_seqlens, window): 2 and 5 documents of unequal lengths; windows 1, 7, N/2 alone and
-    with documents; for contiguous and stripe also documents of any length (1 token, odd)."""
+def relations(n: int, world: int) -> list[tuple[int, tuple[int, ...], int | None]]:
+    """(N, cu_seqlens, window): 2 and 5 documents of unequal lengths; windows 1, 7, N/2 alone and
+    with documents; documents of any length (1 token, odd); lengths N-1 and N+3 that do not
+    divide into 2P (uneven shards: one document [0, N], or four, with and without a window)."""
     u = n // (2 * world)
     docs2 = documents(n, world, (u // 3, u - u // 3))
     docs5 = documents(n, world, (1, 2, 1, u - 5, 1))
-    out = [(docs2, None), (docs5, None), ((), 1), ((), 7), ((), n // 2), (docs5, 7),
-           (docs2, n // 2)]
-    if layout != "zigzag":
-        out += [((0, 5, 6, n - 3, n), None), ((0, 5, 6, n - 3, n), 3)]
-    return out
+    odd = (0, 5, 6, n - 3, n)
+    m = n - 1
+    return [(n, docs2, None), (n, docs5, None), (n, (), 1), (n, (), 7), (n, (), n // 2),
+            (n, docs5, 7), (n, docs2, n // 2), (n, odd, None), (n, odd, 3),
+            (m, (0, m), None), (n + 3, (0, n + 3), 7), (m, (0, 1, 7, m - 2, m), None),
+            (m, (0, 1, 7, m - 2, m), n // 2)]
 
 
 def batch(algorithm: str, world: int, seed: int) -> list[Case]:
@@ -52,8 +54,8 @@ def batch(algorithm: str, world: int, seed: int) -> list[Case]:
     out = []
     for layout, causal, (h, hkv) in itertools.product(
             ("contiguous", "zigzag", "stripe"), (True, False), heads):
-        for cu, window in relations(n, world, layout):
-            out.append(Case(algorithm, world, layout, causal, batch=1, seq_len=n, heads=h,
+        for length, cu, window in relations(n, world):
+            out.append(Case(algorithm, world, layout, causal, batch=1, seq_len=length, heads=h,
                             kv_heads=hkv, head_dim=4, seed=seed, cu_seqlens=cu, window=window,
                             options=ALGORITHMS[algorithm](world)))
     return out

@@ -98,5 +98,47 @@ def test_zigzag_deals_each_document_in_2p_chunks():
 def test_bad_documents_are_config_errors():
     with pytest.raises(ConfigError, match="cu_seqlens.*increase strictly"):
         layouts.positions("contiguous", 0, 2, 24, (0, 8, 8, 24))
-    with pytest.raises(ConfigError, match="cu_seqlens.*not multiples of 4"):
-        layouts.positions("zigzag", 0, 2, 24, (0, 6, 24))
+    with pytest.raises(ConfigError, match="seq_len=30.*any length with cu_seqlens"):
+        layouts.positions("zigzag", 0, 4, 30)
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_any_length_and_any_documents_deal_floor_or_ceil_tokens_sorted(layout, world):
+    g = torch.Generator().manual_seed(world)
+    for _ in range(20):
+        n = int(torch.randint(world, 90, (1,), generator=g))
+        cut = torch.randint(1, n, (int(torch.randint(0, 6, (1,), generator=g)),), generator=g)
+        cu = tuple(sorted({0, n, *cut.tolist()}))
+        pos = [layouts.positions(layout, r, world, n, cu) for r in range(world)]
+        assert sorted(torch.cat(pos).tolist()) == list(range(n))
+        assert {len(p) for p in pos} <= {n // world, -(-n // world)}
+        assert all(bool((p[1:] > p[:-1]).all()) for p in pos)
+        s = -(-n // world)  # padded: the real tokens, then padding positions >= N
+        padded = layouts.positions(layout, 1, world, s * world, cu)
+        assert padded[:len(pos[1])].tolist() == pos[1].tolist() and len(padded) == s
+        assert bool((padded[len(pos[1]):] >= n).all())
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_per_document_zigzag_balances_causal_work_of_documents_spanning_16x(world):
+    """8 documents of 1..16 units (benchmarks/document_balance.py): per-document zigzag keeps
+    max/mean visible pairs per rank <= 1.1; the per-sequence zigzag does not. Lengths 8P*u+3 (not
+    multiples of 2P: the tails go round robin) stay within the target too."""
+    units = (6, 1, 16, 3, 8, 2, 12, 4)
+    for extra in (0, 3):
+        cu = [0]
+        for u in units:
+            cu.append(cu[-1] + u * 8 * world + extra)
+        n, rel = cu[-1], layouts.Relation(True, tuple(cu), None)
+        keys = torch.arange(n)
+
+        def imbalance(per_document):
+            work = [rel.pairs(layouts.positions("zigzag", r, world, n,
+                                                cu if per_document else None), keys)
+                    for r in range(world)]
+            return max(work) / (sum(work) / world)
+
+        assert imbalance(True) <= 1.1
+        if extra == 0:
+            assert imbalance(True) == 1.0 and imbalance(False) > 1.15
