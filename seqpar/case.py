@@ -31,6 +31,8 @@ class Case:
     mode: str = "fwd+bwd"
     warmup: int = 1
     iters: int = 3
+    cu_seqlens: tuple[int, ...] = ()  # global document boundaries [0, ..., N]; () = one document
+    window: int | None = None          # sliding window (None: none)
 
     @property
     def shape(self) -> AttnShape:
@@ -44,5 +46,9 @@ class Case:
     def label(self) -> str:
         opts = "".join(f" {k}={v}" for k, v in self.options)
         mask = "causal" if self.causal else "full"
+        if self.cu_seqlens:
+            mask += f" docs={len(self.cu_seqlens) - 1}"
+        if self.window is not None:
+            mask += f" W={self.window}"
         return (f"{self.algorithm}{opts} P={self.world} {self.layout} {mask} N={self.seq_len} "
                 f"H={self.heads}/{self.kv_heads} {self.dtype}")

@@ -85,16 +85,19 @@ def _whole_world(comm: Comm) -> bool:
 def build_attention(
     name: str, *, causal: bool, layout: str = "contiguous",
     group: dist.ProcessGroup | None = None, mesh: Mesh | None = None,
-    nodes: Sequence[int] | None = None, **options: Any,
+    nodes: Sequence[int] | None = None, window: int | None = None, **options: Any,
 ) -> Attention:
     """A callable (q, k, v) -> out for this rank's shards; every rank of `group` must build it.
 
     `nodes` gives each rank of the group its node id (link classes in the ledger and in link
     emulation; burst's topology-aware ring). Raises a SeqparError for an unknown name, layout or
-    option before any communication.
+    option before any communication. `window`: a sliding window of W keys (causal: query t sees keys
+    t-W+1..t; full: |t - s| < W), inside each document when the call passes cu_seqlens.
     """
     cls = get(name)
     check_layout(layout)
+    require(window is None or (isinstance(window, int) and window > 0), "window", window,
+            "must be a positive integer (or None: no window)")
     opts = cls.parse(options)
     if mesh is None:
         if group is not None and not (dist.is_available() and dist.is_initialized()):
@@ -114,7 +117,7 @@ def build_attention(
         got = mesh.grid.sp_dims()
         require(got == want.dims, "mesh", [list(d) for d in got],
                 f"{name} with these options needs the grid {[list(d) for d in want.dims]}")
-    return Attention(cls(mesh, causal, layout, opts))
+    return Attention(cls(mesh, causal, layout, opts, window=window))
 
 
 def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",

@@ -19,7 +19,7 @@ class AllGather(Algorithm):
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         holders = (*((r,) for r in range(self.world)), tuple(range(self.world)))
-        return tokens.gather_plan(self.layout, self.world, seq_len, holders, self.causal)
+        return tokens.gather_plan(self.layout, self.world, seq_len, holders, self.relation)
 
     def forward(self, q, k, v):
         plan = self.plan(q.shape[1] * self.world)

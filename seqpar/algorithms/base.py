@@ -15,10 +15,11 @@ communication into the ledgers that were active in forward, and casts gradients 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from seqpar.algorithms import kernels, layouts, ledger
 from seqpar.algorithms.mesh import Grid, Mesh
@@ -40,9 +41,13 @@ class AttnShape:
     head_dim: int
     elem_bytes: int = 4
 
+    def shard_len(self, world: int) -> int:
+        """s: rows of every rank's shard as it travels, ceil(N / P) (uneven shards are padded)."""
+        return layouts.shard_len(self.seq_len, world)
+
     def unit(self, world: int) -> int:
         """u = B * s * D * e: bytes of one head of one rank's shard."""
-        return self.batch * (self.seq_len // world) * self.head_dim * self.elem_bytes
+        return self.batch * self.shard_len(world) * self.head_dim * self.elem_bytes
 
     @property
     def acc_bytes(self) -> int:
@@ -66,8 +71,13 @@ class Algorithm:
     Options: ClassVar[type[Options]] = Options
     axes: ClassVar[tuple[str, ...]] = ()  # the mesh axes it communicates on besides "sp"
 
-    def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options):
+    def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options,
+                 window: int | None = None):
         self.mesh, self.causal, self.layout, self.options = mesh, causal, layout, options
+        self.window = window
+        # which keys a query sees in the current call (documents arrive per call: Attention sets
+        # it before forward, _Shell restores forward's relation before backward)
+        self.relation = layouts.Relation(causal, None, window)
         self.comm = mesh.comm("sp")
         self.world, self.rank = self.comm.size, self.comm.rank  # the sequence-parallel group
 
@@ -86,6 +96,11 @@ class Algorithm:
         """Rules beyond the options' own and the layout's (none by default)."""
 
     @classmethod
+    def takes_uneven(cls, shape: AttnShape, world: int, options: Options) -> bool:
+        """Whether this configuration runs on padded uneven shards (N not a multiple of P)."""
+        return True
+
+    @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
         """The most bytes any rank sends per call, by phase."""
         raise NotImplementedError
@@ -98,11 +113,13 @@ class Algorithm:
 
     @classmethod
     def check(cls, shape: AttnShape, world: int, layout: str, causal: bool,
-              options: Mapping[str, Any] | Options | None) -> Options:
+              options: Mapping[str, Any] | Options | None,
+              cu_seqlens: tuple[int, ...] | None = None) -> Options:
         """Every rule for this configuration; raises ConfigError naming field, value and rule."""
         opts = cls.parse(options)
         check_shape(shape)
-        layouts.check_seq_len(layout, world, shape.seq_len)
+        layouts.check_seq_len(layout, world, shape.seq_len, cu_seqlens)
+        layouts.check_documents(layout, world, shape.seq_len, cu_seqlens)
         opts.check(world)
         cls.rules(shape, world, opts)
         return opts
@@ -143,6 +160,7 @@ class _Shell(torch.autograd.Function):
     def forward(ctx, algo: Algorithm, q, k, v):
         out, saved, state = algo.forward(q, k, v)
         ctx.algo, ctx.state, ctx.ledgers = algo, state, ledger.active()
+        ctx.relation = algo.relation
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.save_for_backward(*saved)
         return out.to(q.dtype)
@@ -151,6 +169,7 @@ class _Shell(torch.autograd.Function):
     def backward(ctx, dout):
         saved, state = ctx.saved_tensors, ctx.state
         ctx.state = None
+        ctx.algo.relation = ctx.relation
         # autograd may run backward on another thread (CUDA), where forward's context is not set
         with ledger.backward_of(ctx.ledgers):
             grads = ctx.algo.backward(dout.contiguous(), saved, state)
@@ -200,17 +219,38 @@ class Attention:
     def mesh(self) -> Mesh:
         return self.algo.mesh
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 cu_seqlens: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
+        """out for this rank's shards. cu_seqlens: the global document boundaries [0, ..., N]
+        (int64, the same on every rank; shards dealt by `layouts.shard(..., cu_seqlens=)`)."""
         a = self.algo
         shape = shape_of(q, k, v, a.world)
-        type(a).check(shape, a.world, a.layout, a.causal, a.options)
+        cu = layouts.as_cu(cu_seqlens)
+        if cu is not None:  # N from the documents: shards may be uneven (padded to ceil(N/P))
+            shape = replace(shape, seq_len=cu[-1])
+            cu = layouts.normal_cu(a.layout, a.world, cu[-1], cu)
+        type(a).check(shape, a.world, a.layout, a.causal, a.options, cu)
         kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
-        return _Shell.apply(a, q, k, v)
+        a.relation = layouts.Relation(a.causal, cu, a.window)
+        if cu is None:
+            return _Shell.apply(a, q, k, v)
+        held = len(layouts.positions(a.layout, a.rank, a.world, shape.seq_len, cu))
+        require(q.shape[1] == held, "q.shape", tuple(q.shape),
+                f"rank {a.rank} holds {held} of the N={shape.seq_len} tokens in the {a.layout} "
+                f"layout (layouts.shard with cu_seqlens)")
+        require(shape.seq_len % a.world == 0 or type(a).takes_uneven(shape, a.world, a.options),
+                "seq_len", shape.seq_len, f"{a.name} with these heads needs a multiple of "
+                f"{a.world} (uneven shards are not supported with per-rank K,V head ranges)")
+        pad = shape.shard_len(a.world) - held
+        if pad:
+            q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+        return _Shell.apply(a, q, k, v).narrow(1, 0, held)
 
     def expected_bytes(self, shape: AttnShape) -> dict[str, int]:
         return type(self.algo).expected_bytes(shape, self.algo.world, self.algo.options)
 
     def __repr__(self) -> str:
         a = self.algo
+        window = f", window={a.window}" if a.window is not None else ""
         return (f"Attention({self.name}, world={a.world}, layout={a.layout}, "
-                f"causal={a.causal}, options={a.options.changed()})")
+                f"causal={a.causal}{window}, options={a.options.changed()})")

@@ -33,7 +33,7 @@ def forward_tasks(
     """Merge attention of q over (k, v), as planned by `tasks`, into the accumulators."""
     for t in tasks:
         out, lse = kernels.attend(q[:, t.q0:t.q1], k[:, t.k0:t.k1], v[:, t.k0:t.k1], t.mask,
-                                  backend=backend, scale=scale)
+                                  backend=backend, scale=scale, band=t.band)
         merge_into(acc_out[:, t.q0:t.q1], acc_lse[:, :, t.q0:t.q1], out, lse)
 
 
@@ -47,7 +47,8 @@ def backward_tasks(
     for t in tasks:
         gq, gk, gv = kernels.attend_backward(
             dout[:, t.q0:t.q1], q[:, t.q0:t.q1], k[:, t.k0:t.k1], v[:, t.k0:t.k1],
-            out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1], t.mask, backend=backend, scale=scale)
+            out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1], t.mask, backend=backend, scale=scale,
+            band=t.band)
         if dq is not None:
             dq[:, t.q0:t.q1] += gq
         if dk is not None:
@@ -73,7 +74,7 @@ def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Seque
     if len(tasks) == 1 and tasks[0].q0 == 0 and tasks[0].q1 == q.shape[1]:
         t = tasks[0]
         out, lse = kernels.attend(q, k[:, t.k0:t.k1], v[:, t.k0:t.k1], t.mask, backend=backend,
-                                  scale=scale)
+                                  scale=scale, band=t.band)
         return out, lse.to(kernels.acc_dtype(q.dtype))
     acc_out, acc_lse = new_partial(q)
     forward_tasks(q, k, v, tasks, acc_out, acc_lse, backend, scale)
@@ -88,7 +89,7 @@ def grads_tasks(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     if len(tasks) == 1 and (tasks[0].q0, tasks[0].q1, tasks[0].k0, tasks[0].k1) == (
             0, q.shape[1], 0, k.shape[1]):
         return kernels.attend_backward(dout, q, k, v, out, lse, tasks[0].mask, backend=backend,
-                                       scale=scale)
+                                       scale=scale, band=tasks[0].band)
     dq, dk, dv = (zeros_acc(t) for t in (q, k, v))
     backward_tasks(dout, q, k, v, out, lse, tasks, dq, dk, dv, backend, scale)
     return dq, dk, dv

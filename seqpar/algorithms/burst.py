@@ -146,7 +146,7 @@ def query_block_bytes(shape: AttnShape, world: int, tokens_factor: int = 1,
     the accumulation dtype, q and dO in the input dtype, packed; dq in the gradient dtype."""
     options = options or Options()
     u = shape.unit(world) * tokens_factor
-    stats = shape.batch * (shape.seq_len // world) * tokens_factor * shape.heads * shape.acc_bytes
+    stats = shape.batch * shape.shard_len(world) * tokens_factor * shape.heads * shape.acc_bytes
     block = packed_size([stats, stats, shape.heads * u, shape.heads * u])
     return block, shape.heads * shape.grad_unit(world, options) * tokens_factor
 
@@ -190,7 +190,7 @@ class Burst(Ring):
 
         def compute(parts: list[torch.Tensor], src: int) -> torch.Tensor:
             tasks = layouts.layout_tasks(self.layout, self.world, seq_len, src, self.rank,
-                                         self.causal)
+                                         self.relation)
             return query_backward(parts, k, v, tasks, dk, dv, self.backend, self.scale)
 
         parts = query_parts(q, dout, rowsum_delta(dout, out), lse)

@@ -5,8 +5,12 @@ out (B, Sq, H, D) and lse (B, H, Sq). GQA (Hkv < H) is handled here, inside the 
 reads key/value head h // (H / Hkv). K and V are never expanded before communication.
 
 Masks: 'full'; 'causal' (top-left aligned: query i sees keys j <= i); 'shifted' (query i sees keys
-j < i, the stripe layout's block above the diagonal). A query that sees no key gets lse = -inf and
-out = 0. lse is float64 for float64 inputs and float32 otherwise.
+j < i, the stripe layout's block above the diagonal); 'band' with `band=(a, b)` (query i sees keys j
+with a <= j - i < b: a sliding window's block, or a document's lower edge). flash-attn runs a band
+through its `window_size` (bottom-right aligned: left = Sk - Sq - a, right = b - 1 - (Sk - Sq)); the
+CPU flash kernel through an explicit boolean mask; elsewhere the math kernel with that mask.
+A query that sees no key gets lse = -inf and out = 0. lse is float64 for float64 inputs
+and float32 otherwise.
 
 Backends: 'flash' (flash-attn 2 on CUDA), 'torch' (aten kernels: the CPU flash kernel, or the
 memory-efficient kernel on CUDA), 'math' (explicit float32/float64 reference). 'auto' picks flash on
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 from seqpar.algorithms import ledger
 from seqpar.errors import require
 
-MASKS = ("full", "causal", "shifted")
+MASKS = ("full", "causal", "shifted")  # the masks without parameters; plus "band" (band=(a, b))
 BACKENDS = ("auto", "flash", "torch", "math")
 
 
@@ -35,11 +39,28 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def attention_flops(batch: int, sq: int, sk: int, heads: int, head_dim: int, mask: str) -> float:
+def attention_flops(batch: int, sq: int, sk: int, heads: int, head_dim: int, mask: str,
+                    band: tuple[int, int] | None = None) -> float:
     """Forward FLOPs of one attention block: 4*B*Sq*Sk*H*D, halved for a causal or shifted block
-    (the papers' convention; backward is 2.5x forward)."""
+    (the papers' convention; backward is 2.5x forward); a band block counts its visible pairs."""
+    if mask == "band":
+        return 4.0 * batch * band_pairs(sq, sk, band) * heads * head_dim
     full = 4.0 * batch * sq * sk * heads * head_dim
     return full if mask == "full" else full / 2
+
+
+def band_pairs(sq: int, sk: int, band: tuple[int, int]) -> int:
+    """Visible (i, j) pairs of a band block: 0 <= j < sk and band[0] <= j - i < band[1]."""
+    i = torch.arange(sq)
+    return int((torch.clamp(i + band[1], max=sk) - torch.clamp(i + band[0], min=0))
+               .clamp(min=0).sum())
+
+
+def band_keep(sq: int, sk: int, band: tuple[int, int], device) -> torch.Tensor:
+    """The band's boolean mask (True: visible), (Sq, Sk)."""
+    d = (torch.arange(sk, device=device).unsqueeze(0)
+         - torch.arange(sq, device=device).unsqueeze(1))
+    return (d >= band[0]) & (d < band[1])
 
 
 @lru_cache(maxsize=1)
@@ -119,21 +140,42 @@ def _torch_cuda_takes(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or _capability(device)[0] >= 8
 
 
-def _record(q: torch.Tensor, k: torch.Tensor, mask: str, factor: float) -> None:
+def _record(q: torch.Tensor, k: torch.Tensor, mask: str, factor: float,
+            band: tuple[int, int] | None = None) -> None:
     b, sq, h, d = q.shape
-    ledger.add_flops(factor * attention_flops(b, sq, k.shape[1], h, d, mask))
+    ledger.add_flops(factor * attention_flops(b, sq, k.shape[1], h, d, mask, band))
 
 
 # ---------------------------------------------------------------------------------------- forward
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str = "full", *,
-    backend: str = "auto", scale: float | None = None,
+    backend: str = "auto", scale: float | None = None, band: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of q over (k, v) under `mask`; returns (out, lse)."""
+    """Attention of q over (k, v) under `mask` (band: the offsets of mask 'band'); (out, lse)."""
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     backend = resolve_backend(backend, q.device, q.dtype, head_dim=q.shape[-1])
-    _record(q, k, mask, 1.0)
+    _record(q, k, mask, 1.0, band)
+    if mask == "band":
+        return _band_forward(q, k, v, band, backend, scale)
     return _forward(q, k, v, mask, backend, scale)
+
+
+def _band_forward(q, k, v, band, backend, scale):
+    sq, sk = q.shape[1], k.shape[1]
+    if backend == "flash":
+        return _flash_forward(q, k, v, False, scale, window=_flash_window(sq, sk, band))
+    keep = band_keep(sq, sk, band, q.device)
+    if backend == "torch" and q.device.type == "cpu":
+        return _torch_forward(q, k, v, False, scale, keep)
+    return _math_forward(q, k, v, False, scale, keep)
+
+
+def _flash_window(sq: int, sk: int, band: tuple[int, int]) -> tuple[int, int]:
+    """flash-attn's window_size for a band (it aligns the window bottom-right)."""
+    left, right = sk - sq - band[0], band[1] - 1 - (sk - sq)
+    if left < 0 or right < 0:
+        raise ValueError(f"flash backend: band {band} of a {sq}x{sk} block has no window_size")
+    return left, right
 
 
 def _forward(q, k, v, mask, backend, scale):
@@ -186,13 +228,15 @@ def _reduce_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return grad if h == kv_heads else grad.view(b, s, kv_heads, h // kv_heads, d).sum(3)
 
 
-def _math_scores(q, k, causal, scale, shift=0):
+def _math_scores(q, k, causal, scale, keep=None):
     work = acc_dtype(q.dtype)
     kx = _expand_kv(k, q.shape[2]).to(work)
     scores = torch.einsum("bqhd,bkhd->bhqk", q.to(work), kx) * scale
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
     if causal:
         sq, sk = q.shape[1], k.shape[1]
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(shift)
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
     return scores
 
@@ -201,20 +245,27 @@ def _safe(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
 
 
-def _math_forward(q, k, v, causal, scale):
-    scores = _math_scores(q, k, causal, scale)
+def _additive(keep: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask as the additive mask (0 / -inf, the query's dtype) the CPU kernel takes."""
+    if keep is None:
+        return None
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
+
+
+def _math_forward(q, k, v, causal, scale, keep=None):
+    scores = _math_scores(q, k, causal, scale, keep)
     lse = torch.logsumexp(scores, dim=-1)
     p = torch.exp(scores - _safe(lse).unsqueeze(-1))
     out = torch.einsum("bhqk,bkhd->bqhd", p, _expand_kv(v, q.shape[2]).to(p.dtype))
     return out.to(q.dtype), lse
 
 
-def _torch_forward(q, k, v, causal, scale):
+def _torch_forward(q, k, v, causal, scale, keep=None):
     h = q.shape[2]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, _expand_kv(k, h), _expand_kv(v, h)))
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            qt, kt, vt, 0.0, causal, scale=scale)
+            qt, kt, vt, 0.0, causal, attn_mask=_additive(keep, q.dtype), scale=scale)
     else:
         out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
             qt, kt, vt, None, True, 0.0, causal, scale=scale)
@@ -222,12 +273,12 @@ def _torch_forward(q, k, v, causal, scale):
     return out.transpose(1, 2), lse.to(acc_dtype(q.dtype))
 
 
-def _flash_forward(q, k, v, causal, scale):
+def _flash_forward(q, k, v, causal, scale, window=(-1, -1)):
     _check_square(q, k, causal)
     # flash_attn_func pads the head dim to a multiple of 8 itself and, with return_attn_probs,
     # returns (out, softmax_lse (B, H, Sq) float32, S_dmask) in 2.5 .. 2.8
     out, lse, _ = _flash_attn().flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
-                                                return_attn_probs=True)
+                                                window_size=window, return_attn_probs=True)
     return out, lse.float()
 
 
@@ -243,7 +294,7 @@ def _check_square(q, k, causal):
 def attend_backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out: torch.Tensor, lse: torch.Tensor, mask: str = "full", *,
-    backend: str = "auto", scale: float | None = None,
+    backend: str = "auto", scale: float | None = None, band: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (dq, dk, dv) of one block, given the final (out, lse) of the full attention.
 
@@ -252,7 +303,16 @@ def attend_backward(
     """
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     backend = resolve_backend(backend, q.device, q.dtype, head_dim=q.shape[-1])
-    _record(q, k, mask, 2.5)
+    _record(q, k, mask, 2.5, band)
+    if mask == "band":
+        sq, sk = q.shape[1], k.shape[1]
+        if backend == "flash":
+            return _flash_backward(dout, q, k, v, out, lse, False, scale,
+                                   window=_flash_window(sq, sk, band))
+        keep = band_keep(sq, sk, band, q.device)
+        if backend == "torch" and q.device.type == "cpu":
+            return _torch_backward(dout, q, k, v, out, lse, False, scale, keep)
+        return _math_backward(dout, q, k, v, out, lse, False, scale, keep)
     return _backward(dout, q, k, v, out, lse, mask, backend, scale)
 
 
@@ -276,9 +336,9 @@ def _shifted_backward(dout, q, k, v, out, lse, backend, scale):
     return _pad_rows(gq, 1, 0), _pad_rows(gk, 0, 1), _pad_rows(gv, 0, 1)
 
 
-def _math_backward(dout, q, k, v, out, lse, causal, scale):
+def _math_backward(dout, q, k, v, out, lse, causal, scale, keep=None):
     h, hkv = q.shape[2], k.shape[2]
-    scores = _math_scores(q, k, causal, scale)
+    scores = _math_scores(q, k, causal, scale, keep)
     p = torch.exp(scores - _safe(lse.to(scores.dtype)).unsqueeze(-1))
     work = p.dtype
     do, vx = dout.to(work), _expand_kv(v, h).to(work)
@@ -291,14 +351,15 @@ def _math_backward(dout, q, k, v, out, lse, causal, scale):
     return dq.to(q.dtype), _reduce_kv(dk, hkv).to(k.dtype), _reduce_kv(dv, hkv).to(v.dtype)
 
 
-def _torch_backward(dout, q, k, v, out, lse, causal, scale):
+def _torch_backward(dout, q, k, v, out, lse, causal, scale, keep=None):
     h, hkv = q.shape[2], k.shape[2]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, _expand_kv(k, h), _expand_kv(v, h)))
     dot, ot = dout.transpose(1, 2), out.transpose(1, 2)
     if q.device.type == "cpu":
         lse_k = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous()
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dot, qt, kt, vt, ot, lse_k, 0.0, causal, scale=scale)
+            dot, qt, kt, vt, ot, lse_k, 0.0, causal, attn_mask=_additive(keep, q.dtype),
+            scale=scale)
     else:
         dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
             dot, qt, kt, vt, None, ot, efficient_lse(lse), torch.tensor(0), torch.tensor(0),
@@ -316,7 +377,7 @@ def efficient_lse(lse: torch.Tensor) -> torch.Tensor:
     return F.pad(lse.float(), (0, width - sq))
 
 
-def _flash_backward(dout, q, k, v, out, lse, causal, scale):
+def _flash_backward(dout, q, k, v, out, lse, causal, scale, window=(-1, -1)):
     """flash-attn's `_flash_attn_backward`, called as flash_attn_func's backward calls it: q, k,
     v, out (and dout) with the head dim padded to a multiple of 8, dq, dk, dv allocated padded and
     sliced back."""
@@ -329,8 +390,8 @@ def _flash_backward(dout, q, k, v, out, lse, causal, scale):
         "dout": dout_p, "q": q_p, "k": k_p, "v": v_p, "out": out_p,
         "softmax_lse": _contiguous(lse.float()), "dq": dq, "dk": dk, "dv": dv,
         "dropout_p": 0.0, "softmax_scale": scale, "causal": causal,
-        "window_size": (-1, -1),  # <= 2.6
-        "window_size_left": -1, "window_size_right": -1,  # >= 2.7
+        "window_size": window,  # <= 2.6
+        "window_size_left": window[0], "window_size_right": window[1],  # >= 2.7
         "softcap": 0.0, "alibi_slopes": None, "deterministic": False, "rng_state": None,
     }
     names, required = op_parameters(fn)

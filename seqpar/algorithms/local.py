@@ -16,7 +16,7 @@ class Local(Algorithm):
 
     def forward(self, q, k, v):
         n = q.shape[1]
-        tasks = layouts.block_tasks(torch.arange(n), torch.arange(k.shape[1]), self.causal)
+        tasks = layouts.block_tasks(torch.arange(n), torch.arange(k.shape[1]), self.relation)
         out, lse = blocks.attend_tasks(q, k, v, tasks, self.backend, self.scale)
         return out, (q, k, v, out, lse), tasks
 

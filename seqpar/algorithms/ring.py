@@ -144,7 +144,7 @@ class Ring(Algorithm):
     def tasks_for(self, seq_len: int) -> TasksFor:
         def tasks(src: int) -> Sequence[layouts.Task]:  # this rank's queries, src's keys
             return layouts.layout_tasks(self.layout, self.world, seq_len, self.rank, src,
-                                        self.causal)
+                                        self.relation)
         return tasks
 
     def forward(self, q, k, v):

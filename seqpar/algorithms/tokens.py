@@ -40,7 +40,7 @@ class GatherPlan:
     world: int
     seq_len: int
     holders: Holders
-    causal: bool
+    causal: layouts.Relation | bool  # the relation (True/False: plain causal/full)
     sort: bool = False
     _tasks: dict[tuple[int, int], tuple[Task, ...]] = field(default_factory=dict, repr=False)
     _index: dict[tuple[str, int, str], torch.Tensor | None] = field(default_factory=dict,
@@ -51,8 +51,12 @@ class GatherPlan:
 
     def concat_positions(self, i: int) -> torch.Tensor:
         """Positions of holding i in member order."""
-        return torch.cat([layouts.positions(self.layout, r, self.world, self.seq_len)
+        return torch.cat([layouts.positions(self.layout, r, self.world, self.seq_len, self.cu)
                           for r in self.holders[i]])
+
+    @property
+    def cu(self) -> tuple[int, ...] | None:
+        return layouts.as_relation(self.causal).cu
 
     def positions(self, i: int) -> torch.Tensor:
         """Positions of holding i in held order (sorted, or member order)."""
@@ -86,7 +90,7 @@ class GatherPlan:
     def tasks(self, qi: int, ki: int) -> tuple[Task, ...]:
         """Kernel calls: holding qi's queries against holding ki's keys, both in held order."""
         if (qi, ki) not in self._tasks:
-            if not self.causal:
+            if layouts.as_relation(self.causal).full:
                 sq, sk = (self.concat_positions(i).numel() for i in (qi, ki))
                 self._tasks[qi, ki] = (Task(0, sq, 0, sk, "full"),)
             else:
@@ -101,13 +105,13 @@ class GatherPlan:
         out: list[Task] = []
         q0 = 0
         for qr in self.holders[qi]:
-            sq = layouts.positions(self.layout, qr, self.world, self.seq_len).numel()
+            sq = layouts.positions(self.layout, qr, self.world, self.seq_len, self.cu).numel()
             k0 = 0
             for kr in self.holders[ki]:
-                sk = layouts.positions(self.layout, kr, self.world, self.seq_len).numel()
+                sk = layouts.positions(self.layout, kr, self.world, self.seq_len, self.cu).numel()
                 for t in layouts.layout_tasks(self.layout, self.world, self.seq_len, qr, kr,
                                               self.causal):
-                    out.append(Task(t.q0 + q0, t.q1 + q0, t.k0 + k0, t.k1 + k0, t.mask))
+                    out.append(Task(t.q0 + q0, t.q1 + q0, t.k0 + k0, t.k1 + k0, t.mask, t.band))
                 k0 += sk
             q0 += sq
         return tuple(out)
@@ -115,11 +119,11 @@ class GatherPlan:
 
 @lru_cache(maxsize=512)
 def gather_plan(layout: str, world: int, seq_len: int, holders: Holders,
-                causal: bool) -> GatherPlan:
+                causal: layouts.Relation | bool) -> GatherPlan:
     """The plan for these holdings (cached per shape). Sorted or member order is chosen on the
     pair (first holding, last holding) and the diagonal pair, identically on every rank."""
     plan = GatherPlan(layout, world, seq_len, holders, causal)
-    if not causal:
+    if layouts.as_relation(causal).full:
         return plan  # full attention: one call per pair in any order, so keep member order
     probe = [(0, 0), (0, len(holders) - 1)]
     member = sum(len(plan._member_tasks(a, b)) for a, b in probe)

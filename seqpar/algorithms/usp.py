@@ -112,7 +112,7 @@ class Usp(Algorithm):
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         holders = usp_grid(self.world, self.options).groups("hp")  # by CP position
-        return tokens.gather_plan(self.layout, self.world, seq_len, holders, self.causal)
+        return tokens.gather_plan(self.layout, self.world, seq_len, holders, self.relation)
 
     def forward(self, q, k, v):
         hp, comms = self.mesh.comm("hp"), RingComms.of(self.mesh, "cp")

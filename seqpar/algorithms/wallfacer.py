@@ -141,7 +141,7 @@ class WallFacer(Algorithm):
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         teams = wallfacer_grid(self.world, self.options).groups("team")  # by team index
-        return tokens.gather_plan(self.layout, self.world, seq_len, teams, self.causal)
+        return tokens.gather_plan(self.layout, self.world, seq_len, teams, self.relation)
 
     def forward(self, q, k, v):
         grid = grid_of(self.world, self.options)
@@ -209,7 +209,7 @@ class WallFacer(Algorithm):
         c, t = grid.team_size, grid.ring_size
         u, h, hkv = shape.unit(world), shape.heads, shape.kv_heads
         gu = shape.grad_unit(world, options)
-        stats = shape.batch * (shape.seq_len // world) * h * shape.acc_bytes  # a shard's lse or D
+        stats = shape.batch * shape.shard_len(world) * h * shape.acc_bytes  # a shard's lse or D
         block = 2 * c * hkv * u                                   # a team's K,V
         mine = grid.init_send(rank) != rank
         q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)

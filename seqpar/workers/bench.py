@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from seqpar import algorithms
+from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.mesh import Mesh
 from seqpar.case import Case
@@ -154,7 +155,8 @@ class SavedTensorMeter:
 def local_inputs(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """This rank's q, k, v and upstream gradient, drawn from (seed, rank) at shard size."""
     g = torch.Generator().manual_seed(case.seed * 1_000_003 + rank)
-    s = case.seq_len // case.world
+    s = (len(layouts.positions(case.layout, rank, case.world, case.seq_len, case.cu_seqlens))
+         if case.cu_seqlens else case.seq_len // case.world)
     dtype = DTYPES[case.dtype]
     shapes = [(case.batch, s, case.heads, case.head_dim), (case.batch, s, case.kv_heads, case.head_dim),
               (case.batch, s, case.kv_heads, case.head_dim), (case.batch, s, case.heads, case.head_dim)]
@@ -175,8 +177,10 @@ def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
     calls this), unless a prebuilt `mesh` is given."""
     device = torch.device(device)
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                      group=group, mesh=mesh, nodes=nodes, **case.option_dict)
+                                      group=group, mesh=mesh, nodes=nodes, window=case.window,
+                                      **case.option_dict)
     q0, k0, v0, dout = local_inputs(case, rank, device)
+    docs = {"cu_seqlens": case.cu_seqlens} if case.cu_seqlens else {}
     backward = case.mode == "fwd+bwd"
     meter = MemoryMeter(device)
 
@@ -186,7 +190,7 @@ def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
             dist.barrier(group=group)
         _sync(device)
         t0 = time.perf_counter()
-        out = attn(q, k, v)
+        out = attn(q, k, v, **docs)
         _sync(device)
         t1 = time.perf_counter()
         if backward:

@@ -65,17 +65,18 @@ def rank_run(env, case: Case) -> RankResult:
     """On one rank of a gang (see platform.localgang): shard, run forward + backward, report."""
     dtype = DTYPES[case.dtype]
     full = make_inputs(case)
-    local = {name: layouts.shard(t, case.layout, env.rank, case.world).to(env.device, dtype)
-             for name, t in full.items()}
+    cu = case.cu_seqlens or None
+    local = {name: layouts.shard(t, case.layout, env.rank, case.world, cu_seqlens=cu)
+             .to(env.device, dtype) for name, t in full.items()}
     q, k, v = (local[n].requires_grad_() for n in ("q", "k", "v"))
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
                                       group=env.group(case.world), mesh=env.mesh,
-                                      **dict(case.options))
+                                      window=case.window, **dict(case.options))
     device = torch.device(env.device)
     with algorithms.recording() as ledger:
         _sync(device)  # on CUDA the clock must start after the inputs landed and stop after the
         start = time.perf_counter()  # kernels ran, not when they were queued
-        out = attn(q, k, v)
+        out = attn(q, k, v, cu_seqlens=cu) if cu else attn(q, k, v)
         out.backward(local["dout"])
         _sync(device)
         seconds = time.perf_counter() - start
@@ -99,13 +100,46 @@ def run_case(gang, case: Case, nodes: tuple[int, ...] | None = None) -> list[Ran
     return gang.run(rank_run, case, size=case.world, mesh=mesh_key(case, nodes))
 
 
+def rank_run_many(env, cases: list[Case]) -> list[RankResult]:
+    """`rank_run` of several cases in one gang round-trip (they share one mesh key)."""
+    return [rank_run(env, c) for c in cases]
+
+
+def run_cases(gang, cases: list[Case]) -> list[list[RankResult]]:
+    """`run_case` of several cases of one algorithm, options and world in one round-trip; per case
+    the ranks' results."""
+    first = cases[0]
+    assert all(mesh_key(c) == mesh_key(first) and c.world == first.world for c in cases)
+    per_rank = gang.run(rank_run_many, cases, size=first.world, mesh=mesh_key(first))
+    return [[rank[i] for rank in per_rank] for i in range(len(cases))]
+
+
+def reference_mask(case: Case) -> torch.Tensor | None:
+    """The explicit boolean mask (N, N) of documents and window (True: visible), written from the
+    definition, independently of `layouts.Relation`; None for plain causal or full."""
+    if not case.cu_seqlens and case.window is None:
+        return None
+    n = case.seq_len
+    t = torch.arange(n)
+    cu = torch.tensor(case.cu_seqlens or (0, n))
+    doc = torch.repeat_interleave(torch.arange(len(cu) - 1), cu[1:] - cu[:-1])
+    keep = doc[:, None] == doc[None, :]
+    if case.causal:
+        keep &= t[:, None] >= t[None, :]
+    if case.window is not None:
+        keep &= (t[:, None] - t[None, :]).abs() < case.window
+    return keep
+
+
 def reference(case: Case) -> dict[str, torch.Tensor]:
-    """out, dq, dk, dv of plain attention on the unsharded float64 inputs."""
+    """out, dq, dk, dv of attention on the unsharded float64 inputs (SDPA; with documents or a
+    window, under an explicit boolean mask)."""
     full = make_inputs(case)
     q, k, v = (full[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    mask = reference_mask(case)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=case.causal,
-        enable_gqa=case.heads != case.kv_heads,
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+        is_causal=case.causal and mask is None, enable_gqa=case.heads != case.kv_heads,
     ).transpose(1, 2)
     out.backward(full["dout"])
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
@@ -115,8 +149,12 @@ def evaluate(case: Case, results: list[RankResult]) -> CheckResult:
     ref = reference(case)
     errors = {}
     for name in GRADS:
-        got = layouts.unshard([r.shards[name] for r in results], case.layout).double()
-        errors[name] = float((got - ref[name]).abs().max() / ref[name].abs().max())
+        got = layouts.unshard([r.shards[name] for r in results], case.layout,
+                              cu_seqlens=case.cu_seqlens or None).double()
+        # relative to max |reference|; a gradient that vanishes (dq, dk at window 1: every query
+        # sees only itself) is held to its absolute error over 1e-4, not to rounding noise over noise
+        scale = max(float(ref[name].abs().max()), 1e-4)
+        errors[name] = float((got - ref[name]).abs().max()) / scale
     measured = {p: max(r.bytes_sent[p] for r in results) for p in ("forward", "backward")}
     expected = algorithms.expected_bytes(case.algorithm, case.shape, case.world,
                                          **dict(case.options))

@@ -1,0 +1,36 @@
+"""Ulysses with kv_heads neither a multiple nor a divisor of P (H=6, Hkv=2 at P=3; H=12, Hkv=6 at
+P=4, where a rank's query heads read K,V heads unevenly): exact in float64, and every rank's bytes
+equal to the analytic count (each rank receives exactly the K,V heads its query heads need)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from seqpar.algorithms.ulysses import kv_ranges
+from seqpar.case import Case
+from seqpar.workers.check import evaluate, run_cases
+
+
+def test_kv_ranges_give_each_member_exactly_the_heads_its_queries_read():
+    assert kv_ranges(6, 2, 3) == [(0, 1), (0, 2), (1, 2)]
+    assert kv_ranges(12, 6, 4) == [(0, 2), (1, 3), (3, 5), (4, 6)]
+    assert kv_ranges(8, 2, 4) is None and kv_ranges(8, 8, 4) is None
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world,heads,kv_heads", [(3, 6, 2), (4, 12, 6)])
+def test_ulysses_uneven_kv_heads_are_exact_with_exact_bytes(gang, world, heads, kv_heads, seed):
+    n = 8 * world
+    cases = [Case("ulysses", world, layout, causal, batch=1, seq_len=n, heads=heads,
+                  kv_heads=kv_heads, head_dim=4, seed=seed, cu_seqlens=cu)
+             for layout, causal, cu in itertools.product(
+                 ("contiguous", "zigzag", "stripe"), (True, False),
+                 ((), (0, 2 * world, n)))]
+    failures = []
+    for case, results in zip(cases, run_cases(gang, cases), strict=True):
+        result = evaluate(case, results)
+        if not result.ok:
+            failures.append(f"{case.label()} cu={case.cu_seqlens}: {result.failures}")
+    assert not failures, "\n".join(failures[:10])
