@@ -33,8 +33,10 @@ def test_mlflow_experiment_page_lists_every_trial(chromium, ui_sweep, mlflow_ui)
 def test_mlflow_chart_view_shows_trials_and_the_headline(chromium, ui_sweep, mlflow_ui):
     url = (f"{mlflow_ui}/#/experiments/{ui_sweep.experiment_id}/runs?{ML_VIEW}"
            "&compareRunsMode=CHART")
-    for _ in range(3):  # a loaded machine may not have drawn the charts within the budget
-        page = text(run_chromium(chromium, url, budget_ms=30000, window="1400,2400"))
+    # charts render lazily, as they scroll into view: a tall window holds them all. A loaded
+    # machine may not have drawn them within the budget, so look again
+    for _ in range(4):
+        page = text(run_chromium(chromium, url, budget_ms=30000, window="1400,6000"))
         if "tokens_per_s" in page:
             break
     missing = [name for name in ui_sweep.trial_names if name not in page]
