@@ -114,6 +114,16 @@ def run_cases(gang, cases: list[Case]) -> list[list[RankResult]]:
     return [[rank[i] for rank in per_rank] for i in range(len(cases))]
 
 
+def failures_of(gang, cases: list[Case]) -> list[str]:
+    """`run_cases`, then `evaluate`: one line per case that is not exact (empty: all are)."""
+    out = []
+    for case, results in zip(cases, run_cases(gang, cases), strict=True):
+        result = evaluate(case, results)
+        if not result.ok:
+            out.append(f"{case.label()} cu={case.cu_seqlens}: {result.failures}")
+    return out
+
+
 def reference_mask(case: Case) -> torch.Tensor | None:
     """The explicit boolean mask (N, N) of documents and window (True: visible), written from the
     definition, independently of `layouts.Relation`; None for plain causal or full."""

@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from seqpar.case import Case
-from seqpar.workers.check import evaluate, run_cases
+from seqpar.workers.check import failures_of
 
 ALGORITHMS = {  # name -> options per world
     "allgather": lambda p: (),
@@ -66,9 +66,5 @@ def batch(algorithm: str, world: int, seed: int) -> list[Case]:
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_documents_and_windows_are_exact(gang, algorithm, world, seed):
     cases = batch(algorithm, world, seed)
-    failures = []
-    for case, results in zip(cases, run_cases(gang, cases), strict=True):
-        result = evaluate(case, results)
-        if not result.ok:
-            failures.append(f"{case.label()} cu={case.cu_seqlens}: {result.failures}")
+    failures = failures_of(gang, cases)
     assert not failures, "\n".join(failures[:10])

@@ -10,7 +10,7 @@ import pytest
 
 from seqpar.algorithms.ulysses import kv_ranges
 from seqpar.case import Case
-from seqpar.workers.check import evaluate, run_cases
+from seqpar.workers.check import failures_of
 
 
 def test_kv_ranges_give_each_member_exactly_the_heads_its_queries_read():
@@ -28,9 +28,5 @@ def test_ulysses_uneven_kv_heads_are_exact_with_exact_bytes(gang, world, heads, 
              for layout, causal, cu in itertools.product(
                  ("contiguous", "zigzag", "stripe"), (True, False),
                  ((), (0, 2 * world, n)))]
-    failures = []
-    for case, results in zip(cases, run_cases(gang, cases), strict=True):
-        result = evaluate(case, results)
-        if not result.ok:
-            failures.append(f"{case.label()} cu={case.cu_seqlens}: {result.failures}")
+    failures = failures_of(gang, cases)
     assert not failures, "\n".join(failures[:10])
