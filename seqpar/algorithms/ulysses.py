@@ -210,12 +210,6 @@ class Ulysses(Algorithm):
         divides("heads", shape.heads, world)
 
     @classmethod
-    def takes_uneven(cls, shape: AttnShape, world: int, options: Options) -> bool:
-        # per-rank K,V head ranges on padded shards hung in the 8-rank test gang (not understood
-        # yet): refused rather than risked
-        return kv_ranges(shape.heads, shape.kv_heads, world) is None
-
-    @classmethod
     def rank_bytes(cls, shape: AttnShape, world: int, options: Options,
                    rank: int) -> dict[str, int]:
         if kv_ranges(shape.heads, shape.kv_heads, world) is not None:

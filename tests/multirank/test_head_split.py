@@ -1,6 +1,7 @@
 """Ulysses with kv_heads neither a multiple nor a divisor of P (H=6, Hkv=2 at P=3; H=12, Hkv=6 at
-P=4, where a rank's query heads read K,V heads unevenly): exact in float64, and every rank's bytes
-equal to the analytic count (each rank receives exactly the K,V heads its query heads need)."""
+P=4, where a rank's query heads read K,V heads unevenly): exact in float64, also on uneven (padded)
+shards, with documents and a window, and every rank's bytes equal to the analytic count (each rank
+receives exactly the K,V heads its query heads need)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ def test_kv_ranges_give_each_member_exactly_the_heads_its_queries_read():
 @pytest.mark.multirank
 @pytest.mark.parametrize("world,heads,kv_heads", [(3, 6, 2), (4, 12, 6)])
 def test_ulysses_uneven_kv_heads_are_exact_with_exact_bytes(gang, world, heads, kv_heads, seed):
-    n = 8 * world
     cases = [Case("ulysses", world, layout, causal, batch=1, seq_len=n, heads=heads,
-                  kv_heads=kv_heads, head_dim=4, seed=seed, cu_seqlens=cu)
-             for layout, causal, cu in itertools.product(
+                  kv_heads=kv_heads, head_dim=4, seed=seed, cu_seqlens=cu, window=window)
+             for n in (8 * world, 8 * world + 1)  # N + 1: uneven shards, padded
+             for layout, causal, (cu, window) in itertools.product(
                  ("contiguous", "zigzag", "stripe"), (True, False),
-                 ((), (0, 2 * world, n)))]
+                 (((), None), ((0, n), None), ((0, 2 * world, n), None), ((0, 5, n), 7)))
+             if (cu or n % world == 0) and (window is None or causal)]
     failures = failures_of(gang, cases)
     assert not failures, "\n".join(failures[:10])
