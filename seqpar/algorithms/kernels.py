@@ -16,12 +16,22 @@ Backends: 'flash' (flash-attn 2 on CUDA), 'torch' (aten kernels: the CPU flash k
 memory-efficient kernel on CUDA), 'math' (explicit float32/float64 reference). 'auto' picks flash on
 CUDA where flash-attn 2 runs (installed; fp16/bf16; head dim <= 256; compute capability 8.x or 9.0),
 else torch's kernels where they take the dtype, else math.
+
+Packed sequences (`flash_varlen_forward` / `flash_varlen_backward`): flash-attn's varlen entry points
+run many (query range, key range) pairs in one call: q (Tq, H, D), k and v (Tk, Hkv, D) concatenated
+sequence by sequence, `Varlen` their int32 boundaries on the device and longest lengths; causal and
+window_size apply per sequence, aligned bottom-right. The lse is (H, Tq) float32 in and out, the
+layout flash-attn >= 2.6 uses (2.5 pads it per sequence: `flash_varlen_supported` says no there).
+`blocks` groups a block's tasks into these calls; FLOPs are booked per task (`book_flops`).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import re
+import sys
+from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import torch
@@ -39,6 +49,11 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def default_scale(scale: float | None, head_dim: int) -> float:
+    """The softmax scale: as given, else 1/sqrt(head_dim)."""
+    return scale if scale is not None else 1.0 / math.sqrt(head_dim)
+
+
 def attention_flops(batch: int, sq: int, sk: int, heads: int, head_dim: int, mask: str,
                     band: tuple[int, int] | None = None) -> float:
     """Forward FLOPs of one attention block: 4*B*Sq*Sk*H*D, halved for a causal or shifted block
@@ -50,10 +65,21 @@ def attention_flops(batch: int, sq: int, sk: int, heads: int, head_dim: int, mas
 
 
 def band_pairs(sq: int, sk: int, band: tuple[int, int]) -> int:
-    """Visible (i, j) pairs of a band block: 0 <= j < sk and band[0] <= j - i < band[1]."""
-    i = torch.arange(sq)
-    return int((torch.clamp(i + band[1], max=sk) - torch.clamp(i + band[0], min=0))
-               .clamp(min=0).sum())
+    """Visible (i, j) pairs of a band block: 0 <= i < sq, 0 <= j < sk and band[0] <= j - i <
+    band[1]. Row i sees clamp(i + b, 0, sk) - clamp(i + a, 0, sk) keys; summed in closed form
+    (host integers only: no tensor work per call)."""
+    def below(c: int) -> int:  # sum over rows of clamp(i + c, 0, sk): pairs with j - i < c
+        return _clamp_sum(c + sq - 1, sk) - _clamp_sum(c - 1, sk)
+
+    return max(0, below(band[1]) - below(band[0]))
+
+
+def _clamp_sum(x: int, sk: int) -> int:
+    """sum of clamp(t, 0, sk) over integers t <= x."""
+    if x <= 0:
+        return 0
+    m = min(x, sk)
+    return m * (m + 1) // 2 + (x - m) * sk
 
 
 def band_keep(sq: int, sk: int, band: tuple[int, int], device) -> torch.Tensor:
@@ -140,10 +166,16 @@ def _torch_cuda_takes(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or _capability(device)[0] >= 8
 
 
+def book_flops(batch: int, sq: int, sk: int, heads: int, head_dim: int, mask: str, factor: float,
+               band: tuple[int, int] | None = None) -> None:
+    """Book one block's FLOPs (factor 1: forward, 2.5: backward) in the ledger."""
+    ledger.add_flops(factor * attention_flops(batch, sq, sk, heads, head_dim, mask, band))
+
+
 def _record(q: torch.Tensor, k: torch.Tensor, mask: str, factor: float,
             band: tuple[int, int] | None = None) -> None:
     b, sq, h, d = q.shape
-    ledger.add_flops(factor * attention_flops(b, sq, k.shape[1], h, d, mask, band))
+    book_flops(b, sq, k.shape[1], h, d, mask, factor, band)
 
 
 # ---------------------------------------------------------------------------------------- forward
@@ -152,7 +184,7 @@ def attend(
     backend: str = "auto", scale: float | None = None, band: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q over (k, v) under `mask` (band: the offsets of mask 'band'); (out, lse)."""
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = default_scale(scale, q.shape[-1])
     backend = resolve_backend(backend, q.device, q.dtype, head_dim=q.shape[-1])
     _record(q, k, mask, 1.0, band)
     if mask == "band":
@@ -176,6 +208,24 @@ def _flash_window(sq: int, sk: int, band: tuple[int, int]) -> tuple[int, int]:
     if left < 0 or right < 0:
         raise ValueError(f"flash backend: band {band} of a {sq}x{sk} block has no window_size")
     return left, right
+
+
+Side = tuple[int | None, int]  # (the one value a window side must take, or None; its least value)
+
+
+def window_sides(sq: int, sk: int, band: tuple[int, int]) -> tuple[Side, Side]:
+    """Every flash-attn window_size (left, right) that computes band (a, b) of an sq x sk block
+    exactly, side by side. Flash shows row i the keys [i + sk - sq - left, i + sk - sq + right]
+    (-1: unbounded) within [0, sk). A side the band cuts for some row takes `_flash_window`'s value:
+    (value, value). A side it never cuts may take any value from a least one on, or -1: (None,
+    least): left when sq - 1 + a <= 0 (least sk - 1), right when b >= sk (least sq - 1). A full
+    block is band (1 - sq, sk), a square causal one (1 - sq, 1)."""
+    left, right = sk - sq - band[0], band[1] - 1 - (sk - sq)
+    left_side = (None, sk - 1) if sq - 1 + band[0] <= 0 else (left, left)
+    right_side = (None, sq - 1) if band[1] >= sk else (right, right)
+    if min(left_side[1], right_side[1]) < 0:
+        raise ValueError(f"flash backend: band {band} of a {sq}x{sk} block has no window_size")
+    return left_side, right_side
 
 
 def _forward(q, k, v, mask, backend, scale):
@@ -301,7 +351,7 @@ def attend_backward(
     With the global out and lse, a block's probabilities are the globally normalised ones, so the
     gradients of all blocks simply add up (the ring-attention backward identity).
     """
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = default_scale(scale, q.shape[-1])
     backend = resolve_backend(backend, q.device, q.dtype, head_dim=q.shape[-1])
     _record(q, k, mask, 2.5, band)
     if mask == "band":
@@ -382,7 +432,13 @@ def _flash_backward(dout, q, k, v, out, lse, causal, scale, window=(-1, -1)):
     v, out (and dout) with the head dim padded to a multiple of 8, dq, dk, dv allocated padded and
     sliced back."""
     _check_square(q, k, causal)
-    fn = _flash_attn()._flash_attn_backward
+    return _padded_backward(_flash_attn()._flash_attn_backward, "_flash_attn_backward", dout, q, k,
+                            v, out, lse, causal, scale, window, {})
+
+
+def _padded_backward(fn, name, dout, q, k, v, out, lse, causal, scale, window, extra):
+    """Call a flash-attn backward (dense or varlen: `extra` holds the varlen arguments) on inputs
+    with the head dim padded to a multiple of 8; dq, dk, dv sliced back to the head dim."""
     d = q.shape[-1]
     dout_p, q_p, k_p, v_p, out_p = (_pad_head_dim(t) for t in (dout, q, k, v, out))
     dq, dk, dv = torch.empty_like(q_p), torch.empty_like(k_p), torch.empty_like(v_p)
@@ -392,14 +448,14 @@ def _flash_backward(dout, q, k, v, out, lse, causal, scale, window=(-1, -1)):
         "dropout_p": 0.0, "softmax_scale": scale, "causal": causal,
         "window_size": window,  # <= 2.6
         "window_size_left": window[0], "window_size_right": window[1],  # >= 2.7
-        "softcap": 0.0, "alibi_slopes": None, "deterministic": False, "rng_state": None,
+        "softcap": 0.0, "alibi_slopes": None, "deterministic": False, "rng_state": None, **extra,
     }
     names, required = op_parameters(fn)
     unknown = sorted(required - known.keys())
     if unknown:
-        raise RuntimeError(f"flash-attn's _flash_attn_backward takes {', '.join(unknown)}, which "
-                           f"seqpar does not know: unsupported flash-attn version")
-    fn(**{name: known[name] for name in names if name in known})
+        raise RuntimeError(f"flash-attn's {name} takes {', '.join(unknown)}, which seqpar does not "
+                           f"know: unsupported flash-attn version")
+    fn(**{p: known[p] for p in names if p in known})
     return tuple(t.narrow(-1, 0, d) for t in (dq, dk, dv))
 
 
@@ -424,3 +480,55 @@ def op_parameters(fn) -> tuple[tuple[str, ...], frozenset[str]]:
     return (tuple(p.name for p in params),
             frozenset(p.name for p in params if p.default is inspect.Parameter.empty
                       and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)))
+
+
+# ------------------------------------------------------------------------ packed sequences (varlen)
+@dataclass(frozen=True)
+class Varlen:
+    """Sequence boundaries of one flash-attn varlen call: cumulative query and key lengths [0, ...,
+    T] (int32, on the inputs' device, built once per plan: no host-to-device copy per call) and the
+    longest query and key sequence (host ints: flash-attn sizes its grid by them)."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+def flash_varlen_supported() -> bool:
+    """Whether the installed flash-attn's varlen calls take the packed (H, Tq) lse: >= 2.6 (before,
+    varlen padded it to (sequences, H, max_seqlen_q), flash-attn PR #970)."""
+    if _flash_attn() is None:
+        return False
+    return _version_at_least(getattr(sys.modules.get("flash_attn"), "__version__", ""), (2, 6))
+
+
+@cache
+def _version_at_least(version: str, least: tuple[int, int]) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return found is not None and (int(found[1]), int(found[2])) >= least
+
+
+def flash_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Varlen,
+                         causal: bool, window: tuple[int, int], scale: float
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (Tq, H, D), lse (H, Tq) float32) of packed sequences (no FLOPs booked: see module doc).
+    flash_attn_varlen_func pads the head dim itself and, with return_attn_probs, returns (out,
+    softmax_lse, S_dmask) in 2.6 .. 2.8."""
+    out, lse, _ = _flash_attn().flash_attn_varlen_func(
+        q, k, v, seqs.cu_q, seqs.cu_k, seqs.max_q, seqs.max_k, softmax_scale=scale, causal=causal,
+        window_size=window, return_attn_probs=True)
+    return out, lse.float()
+
+
+def flash_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          out: torch.Tensor, lse: torch.Tensor, seqs: Varlen, causal: bool,
+                          window: tuple[int, int], scale: float
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of packed sequences given the final out and lse (H, Tq): flash-attn's
+    `_flash_attn_varlen_backward` bound by name (a custom op's schema in >= 2.7), head dim padded."""
+    extra = {"cu_seqlens_q": seqs.cu_q, "cu_seqlens_k": seqs.cu_k, "max_seqlen_q": seqs.max_q,
+             "max_seqlen_k": seqs.max_k}
+    return _padded_backward(_flash_attn()._flash_attn_varlen_backward,
+                            "_flash_attn_varlen_backward", dout, q, k, v, out, lse, causal, scale,
+                            window, extra)
