@@ -225,6 +225,21 @@ def test_tasks_that_share_query_rows_go_to_different_calls():
     assert [g.spans for g in groups] == [((0, 4, 0, 4), (4, 8, 0, 8))] and singles == (tasks[1],)
 
 
+def test_one_row_full_and_causal_tasks_fit_one_window_but_not_one_call(flash, monkeypatch):
+    """A one-row full task and a one-row causal task of the same row: window (-1, 0) computes both,
+    but one call would make that row twice."""
+    tasks = (Task(0, 1, 0, 3, "full"), Task(0, 1, 3, 4, "causal"), Task(1, 2, 0, 4, "full"),
+             Task(1, 2, 4, 5, "causal"), Task(2, 4, 0, 5, "full"))
+    groups, singles = blocks.plan(tasks)
+    assert [len(g.spans) for g in groups] == [3, 2] and not singles
+    q, k, v, dout = _inputs(4, 5)
+    out, lse = kernels.attend(q, k, v, backend="math")
+    grouped, _ = _run_block(q, k, v, dout, tasks, out, lse)
+    _per_task(monkeypatch)
+    per_task, _ = _run_block(q, k, v, dout, tasks, out, lse)
+    _close(grouped, per_task, 1e-3)
+
+
 def test_a_non_square_causal_task_is_refused_as_on_the_per_task_path():
     with pytest.raises(ValueError, match="square"):
         blocks.plan((Task(0, 4, 0, 6, "causal"), Task(4, 8, 6, 10, "full")))
@@ -352,3 +367,13 @@ def test_on_fake_cuda_the_sequence_boundaries_live_on_the_device_and_are_built_o
             assert cu.dtype == torch.int32 and str(cu.device) == "cuda:0"
     assert bwd["q"].shape == (b * N, h, 16) and bwd["softmax_lse"].shape == (h, b * N)
     assert bwd["dout"].shape[-1] == 16 and bwd["dq"].shape == bwd["q"].shape
+
+
+def test_band_pairs_in_closed_form_counts_every_visible_pair():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        sq, sk = (int(x) for x in torch.randint(1, 25, (2,), generator=g))
+        a = int(torch.randint(-30, 30, (1,), generator=g))
+        b = a + int(torch.randint(0, 40, (1,), generator=g))
+        want = int(kernels.band_keep(sq, sk, (a, b), "cpu").sum())
+        assert kernels.band_pairs(sq, sk, (a, b)) == want, (sq, sk, a, b)
