@@ -278,8 +278,8 @@ def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Seque
         out, lse, rows = _group_forward(q, k, v, groups[0], scale)
         b, s, h, _ = q.shape
         if rows.span == (0, s):  # one varlen call made every row
-            return (out.view(b, s, h, -1),
-                    lse.view(h, b, s).transpose(0, 1).to(kernels.acc_dtype(q.dtype)))
+            lse = kernels._contiguous(lse.view(h, b, s).transpose(0, 1))
+            return out.view(b, s, h, -1), lse.to(kernels.acc_dtype(q.dtype))
         acc_out, acc_lse = new_partial(q)
         _merge_rows(acc_out, acc_lse, out, lse, rows, b)
         return acc_out.to(q.dtype), acc_lse
