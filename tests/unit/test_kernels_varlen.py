@@ -377,3 +377,27 @@ def test_band_pairs_in_closed_form_counts_every_visible_pair():
         b = a + int(torch.randint(0, 40, (1,), generator=g))
         want = int(kernels.band_keep(sq, sk, (a, b), "cpu").sum())
         assert kernels.band_pairs(sq, sk, (a, b)) == want, (sq, sk, a, b)
+
+
+def test_the_varlen_backward_binds_the_plain_python_signature_of_flash_attn_2_6(flash):
+    """flash-attn 2.6: `_flash_attn_varlen_backward` is a plain function taking window_size=(l, r)."""
+    seen = {}
+
+    def _flash_attn_varlen_backward_2_6(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q,
+                                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                        softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                        deterministic, rng_state=None):
+        seen.update(locals())
+        for t in (dq, dk, dv):
+            t.zero_()
+
+    sys.modules["flash_attn.flash_attn_interface"]._flash_attn_varlen_backward = \
+        _flash_attn_varlen_backward_2_6
+    a = _varlen_backward_arguments()
+    seqs = kernels.Varlen(a["cu_seqlens_q"], a["cu_seqlens_k"], 3, 5)
+    q = a["q"][..., :12]
+    dq, dk, dv = kernels.flash_varlen_backward(q, q, a["k"][..., :12], a["v"][..., :12], q,
+                                               a["softmax_lse"], seqs, False, (2, 0), 0.5)
+    assert seen["window_size"] == (2, 0) and seen["max_seqlen_k"] == 5 and seen["softcap"] == 0.0
+    assert seen["cu_seqlens_q"] is seqs.cu_q and seen["q"].shape[-1] == 16
+    assert dq.shape == (5, 4, 12) and dk.shape == dv.shape == (7, 2, 12)
