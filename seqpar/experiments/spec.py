@@ -22,8 +22,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from seqpar import algorithms
-from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.case import Case
 from seqpar.errors import ConfigError
@@ -257,9 +255,13 @@ class ExperimentSpec(_Strict):
         p = self.plan
         if self.train is not None:
             w = self.workload
-            if w.documents is not None or w.window is not None or w.mode == "accuracy":
-                raise _rule("train", self.train.model, "a training trial takes one document, no "
-                            "window and mode fwd+bwd (workload.documents, window, mode)")
+            docs = w.documents.model_dump(exclude_none=True) if w.documents else None
+            for name, value, ok in (("documents", docs, w.documents is None),
+                                    ("window", w.window, w.window is None),
+                                    ("mode", w.mode, w.mode != "accuracy")):
+                if not ok:
+                    raise _rule(f"workload.{name}", value, "a training trial (train) takes one "
+                                "document, no window and mode fwd+bwd")
             _train_rules(self)
             return self
         try:
@@ -269,8 +271,7 @@ class ExperimentSpec(_Strict):
             if rpn is not None and rpn * p.nodes != p.world:
                 raise ConfigError("plan.ranks_per_node", rpn,
                                   f"nodes x ranks_per_node must equal world={p.world}")
-            _algorithm_rules(p.algorithm, self.shape, p.world, p.layout, self.workload.causal,
-                             self.options, self.workload.cu_seqlens)
+            self.to_case().check()
         except ConfigError as err:
             home = _FIELD_HOME.get(err.field)
             if home is None and "." not in err.field:
@@ -336,24 +337,6 @@ class ExperimentSpec(_Strict):
             return cls.model_validate(data)
         except ValidationError as err:
             raise config_error(err, where) from None
-
-
-def _algorithm_rules(name: str, shape: AttnShape, world: int, layout: str, causal: bool,
-                     options: dict[str, Scalar], cu: tuple[int, ...] | None) -> None:
-    """The algorithm's rules (`seqpar.algorithms.check`); with documents (cu, any length) the
-    layout's seq_len rule relaxes, and uneven shards need an algorithm that takes them."""
-    if cu is None:
-        algorithms.check(name, shape, world, layout, causal, **options)
-        return
-    cls = algorithms.get(name)
-    layouts.check_layout(layout)
-    opts = cls.check(shape, world, layout, causal, options,
-                     layouts.normal_cu(layout, world, shape.seq_len, cu))
-    if shape.seq_len % world and not cls.takes_uneven(shape, world, opts):
-        # the rule Attention applies per call, here before any actor starts
-        raise ConfigError("seq_len", shape.seq_len,
-                          f"{name} with these heads needs a multiple of {world} (uneven shards "
-                          f"are not supported with per-rank K,V head ranges)")
 
 
 def _train_case(spec: ExperimentSpec) -> Any:

@@ -4,6 +4,9 @@ Conventions: a step is one iteration on every rank, so step time is the max over
 iteration (the slowest rank sets the pace), and its median over iterations is `step_ms`. Bytes are
 one iteration's; `bytes_<phase>_<op>_<link>` is per rank (max over ranks), while `bytes_total`,
 `bytes_intra` and `bytes_inter` are the whole gang's (sum over ranks), so intra + inter = total.
+FLOPs are the ledger's: each kernel call counts the (query, key) pairs it computes, so blocks no
+query sees (other documents, outside a window) count nothing. An accuracy trial adds `err_out`,
+`err_dq`, `err_dk`, `err_dv` (relative to float64, max over ranks) and `err_max`.
 """
 
 from __future__ import annotations
@@ -145,6 +148,11 @@ class TrialResult:
         out["bytes_intra"] = float(sum(link_bytes(m, "intra") for m in ranks))
         out["bytes_inter"] = float(sum(link_bytes(m, "inter") for m in ranks))
         out["bytes_total"] = out["bytes_intra"] + out["bytes_inter"]
+        errors = [m.extra.get("errors") for m in ranks]
+        if all(errors):  # an accuracy trial: each tensor's relative error (max over ranks)
+            for name in errors[0]:
+                out[f"err_{name}"] = max(e[name] for e in errors)
+            out["err_max"] = max(out[f"err_{name}"] for name in errors[0])
         if case.mode == "train":  # a model training trial (issue 10): TGS, MFU, memory levers
             from seqpar.workers.train import train_metrics
 
