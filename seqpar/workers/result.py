@@ -131,6 +131,7 @@ class TrialResult:
             "fwd_ms": statistics.median(_per_step(ranks, "fwd_ms")),
             "bwd_ms": statistics.median(_per_step(ranks, "bwd_ms")),
             "tokens_per_s": tokens_per_s, "tokens_per_s_per_rank": tokens_per_s / case.world,
+            "attn_flops": sum(rank_flops),  # one step, all ranks: the pairs the kernels computed
             "attn_tflops": sum(rank_flops) / (step_ms / 1e3) / 1e12,
             "peak_mem_bytes": float(max(m.peak_mem_bytes for m in ranks)),
             "load_imbalance": (max(rank_flops) / statistics.mean(rank_flops)
