@@ -593,7 +593,8 @@ def _varlen_figure(runs: list[RunRecord]) -> Any:
     rs = sorted(runs, key=lambda r: (_int(r, "plan.world") > 1, _algorithm(r),
                                      list(LAYOUT_HATCH).index(r.params.get("plan.layout", "zigzag"))
                                      if r.params.get("plan.layout") in LAYOUT_HATCH else 9))
-    fig, (a1, a2) = style.new_figure(11, max(3.0, 0.3 * len(rs) + 1.6), ncols=2)[1][0]
+    fig, axes = style.new_figure(11, max(3.0, 0.3 * len(rs) + 1.6), ncols=2)
+    a1, a2 = axes[0]
     y = list(range(len(rs)))
     colours = [style.colour(_algorithm(r)) for r in rs]
     hatches = [LAYOUT_HATCH.get(r.params.get("plan.layout", ""), "") for r in rs]

@@ -60,3 +60,26 @@ def test_sharded_accuracy_trial_is_exact_in_float64_with_documents_and_window(ga
     per_rank = gang.run(gang_measure, c, size=2)
     errors = [r.extra["errors"] for r in per_rank]
     assert max(max(e.values()) for e in errors) < 1e-12, errors
+
+
+@pytest.mark.ray
+def test_accuracy_study_runs_on_ray_and_logs_errors_and_its_plot(ray_runner, tmp_path):
+    from seqpar.platform.tracking import Tracker
+    from seqpar.sweeps import spec
+    from seqpar.sweeps.runner import run_sweep
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    plan = spec.parse({"study": "accuracy", "base": {
+        "model": {"heads": 4, "kv_heads": 2, "head_dim": 8}, "workload": {"seq_len": 48}},
+        "grid": {"plan": [{"algorithm": "local", "world": 1}, {"algorithm": "ring", "world": 2}],
+                 "workload.dtype": ["float32", "bfloat16"]}})
+    outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False)
+    runs = tracker.trials(outcome.sweep_id)
+    assert len(runs) == 4 and {r.status for r in runs} == {"FINISHED"}
+    for r in runs:
+        tol = 1e-5 if r.params["workload.dtype"] == "float32" else 3e-2
+        assert 0 < r.metrics["err_max"] < tol, (r.name, r.metrics["err_max"])
+        assert r.metrics["err_max"] == max(r.metrics[f"err_{n}"] for n in ("out", "dq", "dk", "dv"))
+    parent = tracker.sweep(outcome.sweep_id)
+    assert parent.tags["seqpar.headline"] == "err_max" and "best.err_max" in parent.metrics
+    assert tracker.artifacts(outcome.sweep_id, "plots") == ["plots/accuracy_vs_world.png"]
