@@ -4,8 +4,8 @@ Every rank draws the same fixed full-sequence inputs (`check.make_inputs`, from 
 rounds them to the trial's dtype, takes its shard in the layout and runs the algorithm forward and
 backward (warm-up passes, then `iters` timed ones). It then computes the reference itself: attention
 in float64 on the same rounded inputs, in one process, on its own device (SDPA under
-`check.reference_mask`, one K,V head group at a time so the N x N scores of only H/Hkv query heads
-are held at once), and compares its shards of out, dq, dk, dv with the reference's rows at its
+`check.reference_mask`, one query head at a time so the N x N scores of one head are held at
+once), and compares its shards of out, dq, dk, dv with the reference's rows at its
 positions. A rank's error is max |x - ref| over its rows divided by max |ref| over the whole tensor
 (at least 1e-4, as `check.evaluate`); the trial's error is the max over ranks, which is the
 relative error of the reassembled tensor. World 1 (`local`) is the plain kernel in that dtype.
@@ -40,24 +40,28 @@ def rounded_inputs(case: Case) -> dict[str, torch.Tensor]:
 def reference(case: Case, inputs: dict[str, torch.Tensor],
               device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """out, dq, dk, dv (float64, on `device`) of single-process attention on `inputs` under the
-    case's mask, one K,V head (and its H/Hkv query heads) at a time."""
+    case's mask, one query head at a time (N x N scores of one head held at once); a K,V head's
+    gradients sum over its query heads."""
     device = torch.device(device)
     mask = reference_mask(case)
     mask = mask.to(device) if mask is not None else None
     g = case.heads // case.kv_heads
     x = {name: t.to(device=device, dtype=torch.float64) for name, t in inputs.items()}
-    parts: dict[str, list[torch.Tensor]] = {name: [] for name in GRADS}
-    for j in range(case.kv_heads):
-        qh = slice(j * g, (j + 1) * g)
-        q = x["q"][:, :, qh].clone().requires_grad_()
-        k, v = (x[n][:, :, j:j + 1].clone().requires_grad_() for n in ("k", "v"))
+    outs, dqs = [], []
+    dk, dv = torch.zeros_like(x["k"]), torch.zeros_like(x["v"])
+    for h in range(case.heads):
+        j = h // g  # the K,V head query head h reads (kernels.py: GQA)
+        q = x["q"].narrow(2, h, 1).clone().requires_grad_()
+        k, v = (x[n].narrow(2, j, 1).clone().requires_grad_() for n in ("k", "v"))
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-            is_causal=case.causal and mask is None, enable_gqa=g > 1).transpose(1, 2)
-        out.backward(x["dout"][:, :, qh])
-        for name, t in (("out", out.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
-            parts[name].append(t)
-    return {name: torch.cat(ts, dim=2) for name, ts in parts.items()}
+            is_causal=case.causal and mask is None).transpose(1, 2)
+        out.backward(x["dout"].narrow(2, h, 1))
+        outs.append(out.detach())
+        dqs.append(q.grad)
+        dk.narrow(2, j, 1).add_(k.grad)
+        dv.narrow(2, j, 1).add_(v.grad)
+    return {"out": torch.cat(outs, dim=2), "dq": torch.cat(dqs, dim=2), "dk": dk, "dv": dv}
 
 
 def shard_errors(case: Case, rank: int, shards: dict[str, torch.Tensor],
