@@ -545,6 +545,8 @@ def _accuracy_figure(runs: list[RunRecord]) -> Any:
                                  nrows=len(dtypes))
     worlds = sorted({_int(r, "plan.world") for r in runs})
     for i, dt in enumerate(dtypes):
+        row_limits = style.decades([r.metrics[f"err_{n}"] for r in runs for n in TENSORS
+                                    if r.params.get("workload.dtype") == dt])
         for j, name in enumerate(TENSORS):
             ax = axes[i][j]
             for (d, algo), pts in sorted(series.items()):
@@ -558,6 +560,7 @@ def _accuracy_figure(runs: list[RunRecord]) -> Any:
                 ax.scatter([1], [base[0].metrics[f"err_{name}"]], marker="*", s=110, zorder=5,
                            color=style.colour("local"), label="local (one process)")
             ax.set_yscale("log")
+            ax.set_ylim(*row_limits)
             style.world_axis(ax, worlds)
             ax.set_title(f"{name}, {dt}", fontsize=9)
             if j == 0:
