@@ -609,9 +609,11 @@ def _varlen_figure(runs: list[RunRecord]) -> Any:
     a1.scatter([t * i for t, i in zip(tps, imb, strict=True)], y, marker="|", s=160, color="k",
                zorder=5, label="equal work (tokens/s x max/mean: the ranks' mean FLOPs at the "
                                "measured pace)")
+    over = [(t, yi) for t, yi, r in zip(tps, y, rs, strict=True) if oversubscribed(r)]
+    style.mark_oversubscribed(a1, [t for t, _ in over], [yi for _, yi in over], True)
     a2.axvline(1.0, color="k", ls="--", lw=0.9, label="ideal (equal work)")
     for yi, v in zip(y, imb, strict=True):
-        a2.text(v, yi, f" {v:.2f}", va="center", fontsize=7)
+        a2.text(v, yi, f" {v:.3f}", va="center", fontsize=7)
     a1.set_yticks(y, [f"{config(r)} P={r.params.get('plan.world')} "
                       f"{r.params.get('plan.layout', '')}" for r in rs], fontsize=7)
     a2.set_yticks(y, [""] * len(y))
@@ -620,11 +622,12 @@ def _varlen_figure(runs: list[RunRecord]) -> Any:
     a1.set(xlabel="tokens/s", title="throughput")
     a2.set(xlabel="max / mean attention FLOPs over ranks", title="load imbalance",
            xlim=(0, max(imb) * 1.15))
-    a1.legend(fontsize=7, loc="lower right")
-    a2.legend(fontsize=7, loc="lower right")
+    handles = [h for ax in (a1, a2) for h in ax.get_legend_handles_labels()[0]]
+    labels = [lab for ax in (a1, a2) for lab in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)  # the bars fill the panels
     fig.suptitle(f"packed documents, {_documents_title(rs[0])} (hatch: layout; contiguous "
                  "plain, zigzag ///, stripe ...)", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
     return fig
 
 
