@@ -683,7 +683,7 @@ def _window_figure(savings: dict[str, list[tuple[int, dict[str, float], RunRecor
             if pts:
                 ax.plot([w for w, _ in pts], [v for _, v in pts], marker="o", ls=styles[label],
                         color=style.colour(label.split(" ")[0]), label=label)
-        if len(lengths) == 1:
+        if len(lengths) == 1 and metric != "bytes_total":  # what the kernels cannot skip
             ax.plot(windows, [visible_fraction(lengths[0], w) for w in windows], color="k",
                     ls="--", lw=0.9, label="visible pairs / causal pairs")
         ax.axhline(1.0, color="#888888", lw=0.8)
