@@ -50,6 +50,19 @@ def test_any_length_runs_with_documents_and_only_with_them():
     assert case.cu_seqlens == (0, 1001)
 
 
+def test_an_algorithm_refusing_uneven_shards_is_refused_at_parse_time(monkeypatch):
+    from seqpar import algorithms
+
+    data = spec({"seq_len": 1001, "documents": {"count": 3}}, {"algorithm": "ulysses"})
+    ExperimentSpec.parse(data)  # ulysses takes uneven shards today ...
+    monkeypatch.setattr(algorithms.get("ulysses"), "takes_uneven", classmethod(lambda *a: False))
+    with pytest.raises(ConfigError) as info:  # ... and a refusal reaches the user before Ray
+        ExperimentSpec.parse(data)
+    assert (info.value.field, info.value.value) == ("workload.seq_len", 1001)
+    assert "ulysses with these heads needs a multiple of 4" in info.value.rule
+    ExperimentSpec.parse(spec({"seq_len": 1024, "documents": {"count": 3}}, {"algorithm": "ulysses"}))
+
+
 @pytest.mark.parametrize(("data", "field", "value", "rule"), [
     (spec({"window": 0}), "workload.window", 0, "greater than 0"),
     (spec({"window": 64, "causal": False}), "workload.window", 64, "needs causal=true"),
@@ -69,10 +82,6 @@ def test_any_length_runs_with_documents_and_only_with_them():
     (spec({"documents": {"count": 4, "shape": 2}}), "workload.documents.shape", "shape",
      "unknown key"),
     (spec({"seq_len": 1001}), "workload.seq_len", 1001, "positive multiple of 8"),
-    # the algorithm's own refusal of uneven shards, at parse time (H=6, Hkv=2 at P=3)
-    (spec({"seq_len": 1000, "documents": {"count": 3}}, {"algorithm": "ulysses", "world": 3},
-          {"heads": 6, "kv_heads": 2, "head_dim": 8}), "workload.seq_len", 1000,
-     "ulysses with these heads needs a multiple of 3"),
     (spec({"documents": {"count": 3}}, train={"model": "tiny"}), "workload.documents",
      {"count": 3, "spread": 1.25, "seed": 0}, "a training trial"),
     (spec({"mode": "accuracy"}, train={"model": "tiny"}), "workload.mode", "accuracy",

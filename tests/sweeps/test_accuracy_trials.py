@@ -71,11 +71,11 @@ def test_accuracy_study_runs_on_ray_and_logs_errors_and_its_plot(ray_runner, tmp
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
     plan = spec.parse({"study": "accuracy", "base": {
         "model": {"heads": 4, "kv_heads": 2, "head_dim": 8}, "workload": {"seq_len": 48}},
-        "grid": {"plan": [{"algorithm": "local", "world": 1}, {"algorithm": "ring", "world": 2}],
+        "grid": {"plan": [{"algorithm": "ring", "world": 2}],  # one gang: start-up is the cost
                  "workload.dtype": ["float32", "bfloat16"]}})
     outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False)
     runs = tracker.trials(outcome.sweep_id)
-    assert len(runs) == 4 and {r.status for r in runs} == {"FINISHED"}
+    assert len(runs) == 2 and {r.status for r in runs} == {"FINISHED"}
     for r in runs:
         tol = 1e-5 if r.params["workload.dtype"] == "float32" else 3e-2
         assert 0 < r.metrics["err_max"] < tol, (r.name, r.metrics["err_max"])
