@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqpar.algorithms.base import DTYPES, AttnShape
+from seqpar.errors import ConfigError, require
 
-MODES = ("fwd", "fwd+bwd")
+MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/accuracy.py)
 
 
 @dataclass(frozen=True)
@@ -52,3 +53,28 @@ class Case:
             mask += f" W={self.window}"
         return (f"{self.algorithm}{opts} P={self.world} {self.layout} {mask} N={self.seq_len} "
                 f"H={self.heads}/{self.kv_heads} {self.dtype}")
+
+    def check(self) -> None:
+        """Every rule of the algorithm for this case (`seqpar.algorithms.check`, one place for the
+        rules). With documents (cu_seqlens) any length runs: the layout's seq_len rule relaxes, and
+        uneven shards (N not a multiple of P) need an algorithm that takes them."""
+        from seqpar import algorithms
+        from seqpar.algorithms import layouts
+
+        require(self.window is None or (isinstance(self.window, int) and self.window > 0),
+                "window", self.window, "must be a positive integer (or None: no window)")
+        if not self.cu_seqlens:
+            algorithms.check(self.algorithm, self.shape, self.world, self.layout, self.causal,
+                             **self.option_dict)
+            return
+        require(self.cu_seqlens[-1] == self.seq_len, "cu_seqlens", list(self.cu_seqlens),
+                f"must end at seq_len={self.seq_len}")
+        cls = algorithms.get(self.algorithm)
+        layouts.check_layout(self.layout)
+        cu = layouts.normal_cu(self.layout, self.world, self.seq_len, self.cu_seqlens)
+        opts = cls.check(self.shape, self.world, self.layout, self.causal, self.option_dict, cu)
+        if cu is not None and self.seq_len % self.world and not cls.takes_uneven(
+                self.shape, self.world, opts):  # the rule Attention applies per call, here early
+            raise ConfigError("seq_len", self.seq_len,
+                              f"{self.algorithm} with these heads needs a multiple of {self.world} "
+                              f"(uneven shards are not supported with per-rank K,V head ranges)")

@@ -62,7 +62,7 @@ class Study:
     description: str
     headline: str                    # the metric `seqpar compare` ranks by
     higher_is_better: bool
-    plot: str                        # throughput | memory | scaling | bytes_by_link | bar
+    plot: str                        # throughput | memory | scaling | bytes_by_link | bar | ...
     build: Callable[[str], Sweep]    # preset -> (base, grid)
     notes: dict[str, str] = field(default_factory=dict)
 
@@ -200,6 +200,68 @@ def _burst_backward(preset: str) -> Sweep:
             {"plan.algorithm": ["ring", "burst"], "model.kv_heads": kv})
 
 
+# ------------------------------------------------------- real sequences: documents, windows (issue 12)
+LAYOUTS = ["contiguous", "zigzag", "stripe"]
+
+
+def _varlen(preset: str) -> Sweep:
+    """Packed documents from a seeded long-tailed draw; every algorithm x layout (each layout
+    deals the documents its own way: zigzag per document, stripe round robin)."""
+    if preset == "cpu":
+        docs = {"count": 16, "spread": 1.25, "seed": 0}  # 32..1382 tokens, 256 on average
+        base = _base(preset, workload={"seq_len": 4096, "documents": docs})
+        plans = [{"plan": ALL[0]}] + [{"plan": {**p, "layout": lay}} for p in ALL[1:]
+                                      for lay in LAYOUTS]
+        return base, {"point": plans}
+    docs = {"count": 128, "spread": 1.25, "seed": 0}  # 2K tokens per document on average
+    return (_base(preset, plan={"world": 16, "nodes": 2},
+                  workload={"seq_len": 262144, "documents": docs}),
+            {"plan": gpu_all(16), "plan.layout": LAYOUTS})
+
+
+def _sliding_window(preset: str) -> Sweep:
+    """Window W swept from N/32 to N/2 against full causal (window null)."""
+    if preset == "cpu":
+        n, plans = 4096, [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"},
+                          {"algorithm": "ulysses"}, {"algorithm": "ring"},
+                          {"algorithm": "ring", "layout": "stripe"}, {"algorithm": "burst"}]
+        return (_base(preset, workload={"seq_len": n}),
+                {"plan": plans, "workload.window": [None, n // 2, n // 8, n // 32]})
+    n = 131072
+    return (_base(preset, model="llama3-8b", workload={"seq_len": n}),
+            {"plan": [*gpu_all(8), {"algorithm": "ring", "layout": "stripe"}],
+             "workload.window": [None, n // 2, n // 8, n // 32]})
+
+
+def _accuracy_plans(worlds: range, heads: int) -> list[dict[str, Any]]:
+    """Every algorithm at every world size its rules allow (options scaled to the world), and
+    the plain kernel (`local`) at world 1."""
+    plans: list[dict[str, Any]] = [{"algorithm": "local", "world": 1}]
+    for p in worlds:
+        plans += [{"algorithm": "allgather", "world": p}, {"algorithm": "ring", "world": p},
+                  {"algorithm": "burst", "world": p}]
+        if heads % p == 0:
+            plans.append({"algorithm": "ulysses", "world": p})
+        if p % 2 == 0:
+            plans += [{"algorithm": "usp", "world": p, "options": {"dhp": 2, "dcp": p // 2}},
+                      {"algorithm": "double_ring", "world": p, "options": {"inner_ring": 2}}]
+        if p % 4 == 0:
+            plans.append({"algorithm": "wallfacer", "world": p, "options": {"team_size": 2}})
+    return plans
+
+
+def _accuracy(preset: str) -> Sweep:
+    """Error against float64 by algorithm, world 1..8 and dtype, on fixed seeded inputs. N is a
+    multiple of 2P for every P <= 8 (1680 = lcm), so every world deals the same sequence evenly."""
+    mode = {"mode": "accuracy", "warmup": 0, "iters": 1, "seed": 0}
+    if preset == "cpu":
+        return (_base(preset, workload={"seq_len": 1680, **mode}),
+                {"plan": _accuracy_plans(range(2, 9), 8), "workload.dtype": ["float32", "bfloat16"]})
+    return (_base(preset, model="llama3-8b", plan={"nodes": 1},
+                  workload={"seq_len": 8 * 1680, **mode}),
+            {"plan": _accuracy_plans(range(2, 9), 32), "workload.dtype": ["bfloat16", "float32"]})
+
+
 # ------------------------------------------------------------------ model training studies (issue 10)
 def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
     """A training trial's base: the decoder preset (`seqpar.model.PRESETS`) and its attention shape."""
@@ -286,4 +348,11 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           _e2e_scaling),
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
           "bytes_total", False, "bar", _burst_backward),
+    Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "
+          "FLOPs) per algorithm and layout, beside equal work", "tokens_per_s", True, "varlen",
+          _varlen),
+    Study("sliding-window", "window W from N/32 to N/2 against full causal: time, FLOPs and bytes "
+          "saved (BurstEngine §3.4)", "step_ms", False, "window", _sliding_window),
+    Study("accuracy", "forward and backward error against float64 by algorithm, world 1..8 and "
+          "dtype, on fixed seeded inputs", "err_max", False, "accuracy", _accuracy),
 )}

@@ -6,8 +6,11 @@
     spec.to_case()   # the plain Case the rank workers run
 
 Every rule of the algorithm itself is checked by `seqpar.algorithms.check` (one place for the rules);
-this module only adds the rules of the plan (nodes x ranks_per_node) and turns pydantic's errors
-into the one-line `ConfigError(field, value, rule)` the CLI prints.
+this module only adds the rules of the plan (nodes x ranks_per_node) and of the workload's mask
+(`documents`: packed documents, explicit or a seeded long-tailed draw, summing to seq_len; `window`:
+a causal sliding window), and turns pydantic's errors into the one-line
+`ConfigError(field, value, rule)` the CLI prints. Without documents seq_len must split into the
+layout's pieces; with them (even one: `documents: {count: 1}`) any length runs, on uneven shards.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.case import Case
 from seqpar.errors import ConfigError
@@ -79,15 +81,55 @@ class ParallelPlan(_Strict):
     ranks_per_node: int | None = Field(None, gt=0, description="default world / nodes")
 
 
+def _rule(field: str, value: Any, rule: str) -> PydanticCustomError:
+    """A seqpar rule broken inside a validator (config_error turns it into a ConfigError)."""
+    return PydanticCustomError("seqpar_rule", "{rule}", {"field": field, "value": value,
+                                                         "rule": rule})
+
+
+class Documents(_Strict):
+    """Packed documents: attention stays inside each. Explicit `lengths`, or `count` lengths drawn
+    from a seeded log-normal (long-tailed: a few long, many short; experiments/documents.py)."""
+
+    count: int | None = Field(None, gt=0, description="documents to draw (with spread and seed)")
+    spread: float = Field(1.25, ge=0, description="sigma of the log-normal draw: 0 = equal lengths")
+    seed: int = Field(0, ge=0, description="seed of the draw")
+    lengths: list[int] | None = Field(None, description="explicit lengths in sequence order")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Documents:
+        if (self.count is None) == (self.lengths is None):
+            raise _rule("workload.documents", {"count": self.count, "lengths": self.lengths},
+                        "give either count (a seeded draw) or lengths")
+        if self.lengths is not None and not (self.lengths and all(n > 0 for n in self.lengths)):
+            raise _rule("workload.documents.lengths", self.lengths,
+                        "must be a non-empty list of positive lengths")
+        return self
+
+    def sizes(self, seq_len: int) -> tuple[int, ...]:
+        """The document lengths of a sequence of seq_len tokens."""
+        if self.lengths is not None:
+            return tuple(self.lengths)
+        from seqpar.experiments.documents import draw_lengths
+
+        assert self.count is not None
+        return draw_lengths(seq_len, self.count, self.spread, self.seed)
+
+
 class Workload(_Strict):
     seq_len: int = Field(gt=0, description="tokens in the whole sequence N")
     batch: int = Field(1, gt=0)
     causal: bool = True
     dtype: str = Field("float32", description=" | ".join(DTYPES))
-    mode: Literal["fwd", "fwd+bwd"] = "fwd+bwd"
+    mode: Literal["fwd", "fwd+bwd", "accuracy"] = Field(
+        "fwd+bwd", description="accuracy: one fwd+bwd on fixed seeded inputs, out/dq/dk/dv "
+                               "against a float64 single-process reference")
     warmup: int = Field(1, ge=0, description="untimed iterations first")
     iters: int = Field(3, gt=0, description="timed iterations")
     seed: int = Field(0, ge=0)
+    documents: Documents | None = Field(None, description="packed documents (None: one)")
+    window: int | None = Field(None, gt=0, description="sliding window W: query t sees keys "
+                                                       "t-W+1..t (None: no window)")
 
     @field_validator("dtype")
     @classmethod
@@ -95,6 +137,29 @@ class Workload(_Strict):
         if value not in DTYPES:
             raise ValueError(f"must be one of {', '.join(DTYPES)}")
         return value
+
+    @model_validator(mode="after")
+    def _mask_rules(self) -> Workload:
+        if self.window is not None and not self.causal:
+            raise _rule("workload.window", self.window,
+                        "a sliding window needs causal=true (query t sees keys t-W+1..t)")
+        d = self.documents
+        if d is not None and d.count is not None and d.count > self.seq_len:
+            raise _rule("workload.documents.count", d.count,
+                        f"must be at most seq_len={self.seq_len} (every document holds a token)")
+        if d is not None and d.lengths is not None and sum(d.lengths) != self.seq_len:
+            raise _rule("workload.documents.lengths", d.lengths,
+                        f"must sum to seq_len={self.seq_len} (they sum to {sum(d.lengths)})")
+        return self
+
+    @property
+    def cu_seqlens(self) -> tuple[int, ...] | None:
+        """Global document boundaries [0, ..., N], or None for one document."""
+        if self.documents is None:
+            return None
+        from seqpar.experiments.documents import boundaries
+
+        return boundaries(self.documents.sizes(self.seq_len))
 
 
 class LinkSpec(_Strict):
@@ -174,7 +239,8 @@ class TrainSpec(_Strict):
 _FIELD_HOME = {"batch": "workload.batch", "seq_len": "workload.seq_len", "heads": "model.heads",
                "kv_heads": "model.kv_heads", "head_dim": "model.head_dim",
                "algorithm": "plan.algorithm", "layout": "plan.layout", "world": "plan.world",
-               "option": "plan.options", "backend": "env.backend"}
+               "option": "plan.options", "backend": "env.backend",
+               "cu_seqlens": "workload.documents"}
 
 
 class ExperimentSpec(_Strict):
@@ -188,6 +254,14 @@ class ExperimentSpec(_Strict):
     def _rules(self) -> ExperimentSpec:
         p = self.plan
         if self.train is not None:
+            w = self.workload
+            docs = w.documents.model_dump(exclude_none=True) if w.documents else None
+            for name, value, ok in (("documents", docs, w.documents is None),
+                                    ("window", w.window, w.window is None),
+                                    ("mode", w.mode, w.mode != "accuracy")):
+                if not ok:
+                    raise _rule(f"workload.{name}", value, "a training trial (train) takes one "
+                                "document, no window and mode fwd+bwd")
             _train_rules(self)
             return self
         try:
@@ -197,14 +271,13 @@ class ExperimentSpec(_Strict):
             if rpn is not None and rpn * p.nodes != p.world:
                 raise ConfigError("plan.ranks_per_node", rpn,
                                   f"nodes x ranks_per_node must equal world={p.world}")
-            algorithms.check(p.algorithm, self.shape, p.world, p.layout, self.workload.causal,
-                             **self.options)
+            self.to_case().check()
         except ConfigError as err:
             home = _FIELD_HOME.get(err.field)
             if home is None and "." not in err.field:
                 home = f"plan.options.{err.field}"  # an algorithm's own option, e.g. dhp
-            raise PydanticCustomError("seqpar_rule", "{rule}", {
-                "field": home or err.field, "value": err.value, "rule": err.rule}) from None
+            rule = err.rule.replace("with cu_seqlens", "with workload.documents")
+            raise _rule(home or err.field, err.value, rule) from None
         return self
 
     # ------------------------------------------------------------------ derived
@@ -235,7 +308,8 @@ class ExperimentSpec(_Strict):
         w, m = self.workload, self.model
         return Case(self.plan.algorithm, self.plan.world, self.plan.layout, w.causal, w.batch,
                     w.seq_len, m.heads, m.hkv, m.head_dim, w.dtype, w.seed,
-                    tuple(sorted(self.options.items())), w.mode, w.warmup, w.iters)
+                    tuple(sorted(self.options.items())), w.mode, w.warmup, w.iters,
+                    w.cu_seqlens or (), w.window)
 
     def label(self) -> str:
         return self.to_case().label()

@@ -42,6 +42,16 @@ CAPTIONS = {
                                   "the algorithm's formula (the ratio should be 1.00).",
     "per_rank_breakdown": "Each rank's step split into compute, waiting (load imbalance) and "
                           "exposed communication (a model from FLOPs and step times).",
+    "accuracy_vs_world": "Relative error (max |x - ref| / max |ref|) of out, dq, dk, dv against a "
+                         "float64 single-process reference on the same inputs, by world size; "
+                         "world 1 is the one-process kernel in that dtype.",
+    "varlen_balance": "Packed documents: tokens/s per algorithm and layout, with what equal work "
+                      "per rank would give (with a core per rank; on an oversubscribed CPU an idle "
+                      "rank lends its core, so imbalance costs less there), and the load imbalance "
+                      "(max/mean FLOPs over ranks) beside the ideal 1.0.",
+    "window_savings": "Sliding window W against full causal: step time, attention FLOPs and bytes "
+                      "as a fraction of full causal; the dashed line is the fraction of visible "
+                      "(query, key) pairs.",
 }
 
 

@@ -20,7 +20,7 @@ from seqpar.errors import ConfigError
 from seqpar.platform.tracking import RunRecord, Tracker
 
 LOWER_IS_BETTER = ("step_ms", "fwd_ms", "bwd_ms", "peak_mem", "bytes", "load_imbalance", "setup_s",
-                   "run_s", "activation_bytes", "recomputed_flops")
+                   "run_s", "activation_bytes", "recomputed_flops", "err_", "attn_flops")
 
 
 def higher_is_better(metric: str) -> bool:
@@ -46,7 +46,41 @@ def config(run: RunRecord) -> str:
 
 def _sort_key(run: RunRecord) -> tuple:
     return (_int(run, "workload.seq_len"), _int(run, "model.kv_heads"), _int(run, "plan.world"),
-            config(run), run.params.get("plan.layout", ""))
+            config(run), run.params.get("plan.layout", ""), -(window(run) or 1 << 62),
+            run.params.get("workload.dtype", ""))
+
+
+def _param(run: RunRecord, key: str) -> str | None:
+    """A param as logged, None when absent or logged as None."""
+    value = run.params.get(key)
+    return None if value in (None, "", "None") else value
+
+
+def window(run: RunRecord) -> int | None:
+    """The run's sliding window W (None: none)."""
+    w = _param(run, "workload.window")
+    return int(w) if w is not None else None
+
+
+def documents(run: RunRecord) -> str | None:
+    """The run's packed documents, short: '12 drawn (spread 1.25, seed 0)' or '3 given'."""
+    count = _param(run, "workload.documents.count")
+    if count is not None:
+        return (f"{count} drawn (spread {run.params.get('workload.documents.spread')}, "
+                f"seed {run.params.get('workload.documents.seed')})")
+    lengths = _param(run, "workload.documents.lengths")
+    return f"{len(lengths.strip('[]').split(','))} given" if lengths is not None else None
+
+
+def mask(run: RunRecord) -> str:
+    """causal | full, with its documents and window: 'causal docs=12 W=512'."""
+    out = "causal" if run.params.get("workload.causal", "True") == "True" else "full"
+    docs = documents(run)
+    if docs is not None:
+        out += f" docs={docs.split()[0]}"
+    if window(run) is not None:
+        out += f" W={window(run)}"
+    return out
 
 
 @dataclass
@@ -82,12 +116,21 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
     if logged and metric not in logged:
         raise ConfigError("metric", metric, f"is not logged here; one of {', '.join(sorted(logged))}")
     runs = sorted(runs, key=_sort_key)
-    # local at the same (N, H, Hkv) is the baseline for the speed-up column
-    local = {(_int(r, "workload.seq_len"), _int(r, "model.heads"), _int(r, "model.kv_heads")):
-             r.metrics.get("tokens_per_s") for r in runs
+    # local at the same (N, H, Hkv, mask, dtype) is the baseline for the speed-up column
+    def same(r: RunRecord) -> tuple:
+        return (_int(r, "workload.seq_len"), _int(r, "model.heads"), _int(r, "model.kv_heads"),
+                mask(r), r.params.get("workload.dtype"))
+
+    local = {same(r): r.metrics.get("tokens_per_s") for r in runs
              if r.params.get("plan.algorithm") == "local" and r.status == "FINISHED"}
     columns = ["algorithm", "P", "nodes", "layout", "N", "H/Hkv", "step ms", "tokens/s",
                "x local", "peak MiB", "MB sent", "imbalance", "status"]
+    masks = len({mask(r) for r in runs}) > 1 or any(mask(r) not in ("causal", "full") for r in runs)
+    if masks:
+        columns.insert(columns.index("H/Hkv") + 1, "mask")
+    dtypes = len({r.params.get("workload.dtype") for r in runs}) > 1
+    if dtypes:
+        columns.insert(columns.index("H/Hkv") + 1, "dtype")
     inter = any(r.metrics.get("bytes_inter", 0) > 0 for r in runs)  # the plan spans nodes
     if inter:
         columns.insert(columns.index("MB sent") + 1, "MB inter")
@@ -101,14 +144,15 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
     rows, scores = [], []
     for r in runs:
         m = r.metrics
-        base = local.get((_int(r, "workload.seq_len"), _int(r, "model.heads"),
-                          _int(r, "model.kv_heads")))
+        base = local.get(same(r))
         row = [config(r), r.params.get("plan.world")]
         if over:
             row.append(f"{cores(r)} OVERSUBSCRIBED" if oversubscribed(r) else str(cores(r) or "-"))
         row += [r.params.get("plan.nodes"),
                r.params.get("plan.layout"), r.params.get("workload.seq_len"),
                f"{r.params.get('model.heads')}/{r.params.get('model.kv_heads')}",
+               *([r.params.get("workload.dtype")] if dtypes else []),
+               *([mask(r)] if masks else []),
                _fmt(m.get("step_ms"), ".1f"), _fmt(m.get("tokens_per_s"), ",.0f"),
                _fmt(m["tokens_per_s"] / base if base and "tokens_per_s" in m else None, ".2f"),
                _fmt(m["peak_mem_bytes"] / 2**20 if "peak_mem_bytes" in m else None, ".1f"),
@@ -426,6 +470,10 @@ def figures(runs: list[RunRecord],
     per_rank.json) adds the per-rank breakdown."""
     figs: dict[str, Any] = {}
     ok = [r for r in runs if r.status == "FINISHED"]
+    errs = [r for r in ok if "err_max" in r.metrics]
+    if errs:
+        figs["accuracy_vs_world"] = _accuracy_figure(errs)
+        ok = [r for r in ok if "err_max" not in r.metrics]  # one pass each: no timing plots
     if len({_int(r, "workload.seq_len") for r in ok}) > 1:
         figs["throughput_vs_seq_len"] = _vs_seq_len(ok, "tokens_per_s", "throughput (p10-p90 band)",
                                                     "tokens/s")
@@ -447,12 +495,209 @@ def figures(runs: list[RunRecord],
                  for parts in [rank_breakdown(details[r.run_id], rate)] if parts]
         if items:
             figs["per_rank_breakdown"] = _per_rank_figure(items[:12], rate is not None)
+    docs = [r for r in ok if documents(r) is not None and "load_imbalance" in r.metrics]
+    if docs:
+        figs["varlen_balance"] = _varlen_figure(docs)
+    if any(window(r) is not None for r in ok):
+        savings = window_savings(ok)
+        if savings:
+            figs["window_savings"] = _window_figure(savings)
     train = [r for r in ok if "train.model" in r.params]
     if train:  # model training trials: what each configuration keeps and what it costs
         import matplotlib.pyplot as plt
 
         figs["train_memory_and_time"] = _train_figure(plt, train)
     return figs
+
+
+# ------------------------------------------------------- documents, windows, accuracy (issue 12)
+TENSORS = ("out", "dq", "dk", "dv")
+DTYPE_ORDER = ("float64", "float32", "float16", "bfloat16")
+LAYOUT_HATCH = {"contiguous": "", "zigzag": "///", "stripe": "..."}
+
+
+def accuracy_series(runs: list[RunRecord]) -> dict[tuple[str, str], list[tuple[int, RunRecord]]]:
+    """(dtype, algorithm) -> (world, run) sorted by world; the one-process kernel (`local`, world
+    1) starts every algorithm's series of its dtype: world 1 is where every algorithm begins."""
+    local = {r.params.get("workload.dtype", ""): r for r in runs if _algorithm(r) == "local"}
+    out: dict[tuple[str, str], dict[int, RunRecord]] = defaultdict(dict)
+    for r in runs:
+        if _algorithm(r) == "local":
+            continue
+        dt, p = r.params.get("workload.dtype", ""), _int(r, "plan.world")
+        key = (dt, _algorithm(r))
+        if p not in out[key] or r.metrics["err_max"] > out[key][p].metrics["err_max"]:
+            out[key][p] = r  # two configurations at one world: the worse one
+        if dt in local:
+            out[key].setdefault(1, local[dt])
+    return {k: sorted(v.items(), key=lambda t: t[0]) for k, v in out.items()}
+
+
+def _accuracy_figure(runs: list[RunRecord]) -> Any:
+    """Relative error against float64 vs world size, one line per algorithm: a row per dtype, a
+    column per tensor (out, dq, dk, dv)."""
+    from seqpar.sweeps import style
+
+    dtypes = sorted({r.params.get("workload.dtype", "") for r in runs},
+                    key=lambda d: DTYPE_ORDER.index(d) if d in DTYPE_ORDER else 9)
+    series = accuracy_series(runs)
+    fig, axes = style.new_figure(3.2 * len(TENSORS), 3.0 * len(dtypes) + 0.9, ncols=len(TENSORS),
+                                 nrows=len(dtypes))
+    worlds = sorted({_int(r, "plan.world") for r in runs})
+    for i, dt in enumerate(dtypes):
+        row_limits = style.decades([r.metrics[f"err_{n}"] for r in runs for n in TENSORS
+                                    if r.params.get("workload.dtype") == dt])
+        for j, name in enumerate(TENSORS):
+            ax = axes[i][j]
+            for (d, algo), pts in sorted(series.items()):
+                if d != dt:
+                    continue
+                ax.plot([p for p, _ in pts], [r.metrics[f"err_{name}"] for _, r in pts],
+                        marker="o", ms=3.5, color=style.colour(algo), label=algo)
+            base = [r for r in runs if _algorithm(r) == "local" and
+                    r.params.get("workload.dtype") == dt]
+            if base:
+                ax.scatter([1], [base[0].metrics[f"err_{name}"]], marker="*", s=110, zorder=5,
+                           color=style.colour("local"), label="local (one process)")
+            ax.set_yscale("log")
+            ax.set_ylim(*row_limits)
+            style.world_axis(ax, worlds)
+            ax.set_title(f"{name}, {dt}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel("max |x - ref| / max |ref|")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.suptitle("error against a float64 single-process reference on the same inputs "
+                 "(fixed seed), by world size", fontsize=10, y=0.995)
+    fig.legend(handles, labels, loc="upper center", ncol=min(8, len(labels)), fontsize=8,
+               bbox_to_anchor=(0.5, 0.965))
+    fig.tight_layout(rect=(0, 0, 1, 0.91))
+    return fig
+
+
+def _documents_title(r: RunRecord) -> str:
+    """The documents of a run, in words: count, and the drawn lengths' range."""
+    n = _int(r, "workload.seq_len")
+    count = _param(r, "workload.documents.count")
+    if count is None:
+        return f"N={style_tokens(n)}, {documents(r)} documents"
+    from seqpar.experiments.documents import draw_lengths
+
+    lengths = draw_lengths(n, int(count), float(r.params["workload.documents.spread"]),
+                           int(r.params["workload.documents.seed"]))
+    return (f"N={style_tokens(n)}, {documents(r)}: lengths {min(lengths)}..{max(lengths)}, "
+            f"longest {max(lengths) / statistics.median(lengths):.1f}x the median")
+
+
+def _varlen_figure(runs: list[RunRecord]) -> Any:
+    """Per trial (algorithm x layout): tokens/s with what equal work would give, and the load
+    imbalance (max/mean FLOPs over ranks) beside the ideal 1.0."""
+    from seqpar.sweeps import style
+
+    rs = sorted(runs, key=lambda r: (_int(r, "plan.world") > 1, _algorithm(r),
+                                     list(LAYOUT_HATCH).index(r.params.get("plan.layout", "zigzag"))
+                                     if r.params.get("plan.layout") in LAYOUT_HATCH else 9))
+    fig, axes = style.new_figure(11, max(3.0, 0.3 * len(rs) + 1.6), ncols=2)
+    a1, a2 = axes[0]
+    y = list(range(len(rs)))
+    colours = [style.colour(_algorithm(r)) for r in rs]
+    hatches = [LAYOUT_HATCH.get(r.params.get("plan.layout", ""), "") for r in rs]
+    tps = [r.metrics["tokens_per_s"] for r in rs]
+    imb = [r.metrics["load_imbalance"] for r in rs]
+    for ax, values in ((a1, tps), (a2, imb)):
+        for yi, v, c, h in zip(y, values, colours, hatches, strict=True):
+            ax.barh(yi, v, color=c, hatch=h, edgecolor="white", lw=0)
+    a1.scatter([t * i for t, i in zip(tps, imb, strict=True)], y, marker="|", s=160, color="k",
+               zorder=5, label="equal work (tokens/s x max/mean: the ranks' mean FLOPs at the "
+                               "measured pace)")
+    over = [(t, yi) for t, yi, r in zip(tps, y, rs, strict=True) if oversubscribed(r)]
+    style.mark_oversubscribed(a1, [t for t, _ in over], [yi for _, yi in over], True)
+    a2.axvline(1.0, color="k", ls="--", lw=0.9, label="ideal (equal work)")
+    for yi, v in zip(y, imb, strict=True):
+        a2.text(v, yi, f" {v:.3f}", va="center", fontsize=7)
+    a1.set_yticks(y, [f"{config(r)} P={r.params.get('plan.world')} "
+                      f"{r.params.get('plan.layout', '')}" for r in rs], fontsize=7)
+    a2.set_yticks(y, [""] * len(y))
+    for ax in (a1, a2):
+        ax.invert_yaxis()
+    a1.set(xlabel="tokens/s", title="throughput")
+    a2.set(xlabel="max / mean attention FLOPs over ranks", title="load imbalance",
+           xlim=(0, max(imb) * 1.15))
+    handles = [h for ax in (a1, a2) for h in ax.get_legend_handles_labels()[0]]
+    labels = [lab for ax in (a1, a2) for lab in ax.get_legend_handles_labels()[1]]
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)  # the bars fill the panels
+    fig.suptitle(f"packed documents, {_documents_title(rs[0])} (hatch: layout; contiguous "
+                 "plain, zigzag ///, stripe ...)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))
+    return fig
+
+
+WINDOW_METRICS = (("step_ms", "step time"), ("attn_flops", "attention FLOPs"),
+                  ("bytes_total", "bytes sent"))
+
+
+def window_savings(runs: list[RunRecord]) -> dict[str, list[tuple[int, dict[str, float], RunRecord]]]:
+    """label -> (W, {metric: windowed / full causal}, run) per configuration that has both a
+    full-causal run (no window) and windowed ones, sorted by W."""
+    def key(r: RunRecord) -> tuple:
+        return (config(r), _int(r, "plan.world"), r.params.get("plan.layout"),
+                _int(r, "workload.seq_len"), r.params.get("workload.dtype"),
+                r.params.get("model.kv_heads"), documents(r))
+
+    full = {key(r): r for r in runs if window(r) is None}
+    out: dict[str, list[tuple[int, dict[str, float], RunRecord]]] = defaultdict(list)
+    for r in runs:
+        base = full.get(key(r))
+        w = window(r)
+        if w is None or base is None:
+            continue
+        ratios = {m: r.metrics[m] / base.metrics[m] for m, _ in WINDOW_METRICS
+                  if base.metrics.get(m) and m in r.metrics}
+        label = f"{config(r)} P={r.params.get('plan.world')} {r.params.get('plan.layout', '')}"
+        out[label].append((w, ratios, r))
+    return {k: sorted(v, key=lambda t: t[0]) for k, v in out.items()}
+
+
+def visible_fraction(seq_len: int, w: int) -> float:
+    """Visible (query, key) pairs of a causal window W over causal attention, one document
+    (`layouts.Relation.pairs`: the relation's own count)."""
+    import torch
+
+    from seqpar.algorithms import layouts
+
+    t = torch.arange(seq_len)
+    return layouts.Relation(True, None, w).pairs(t, t) / layouts.Relation(True).pairs(t, t)
+
+
+def _window_figure(savings: dict[str, list[tuple[int, dict[str, float], RunRecord]]]) -> Any:
+    """Step time, FLOPs and bytes of each window as a fraction of full causal, against W, with
+    the visible-pair fraction (what a kernel that skips everything invisible needs)."""
+    from seqpar.sweeps import style
+
+    fig, axes = style.new_figure(13, 4.3, ncols=len(WINDOW_METRICS))
+    styles = _line_styles(sorted(savings))
+    windows = sorted({w for pts in savings.values() for w, _, _ in pts})
+    lengths = sorted({_int(r, "workload.seq_len") for pts in savings.values() for _, _, r in pts})
+    for ax, (metric, title) in zip(axes[0], WINDOW_METRICS, strict=True):
+        for label in sorted(savings):
+            pts = [(w, ratios[metric]) for w, ratios, _ in savings[label] if metric in ratios]
+            if pts:
+                ax.plot([w for w, _ in pts], [v for _, v in pts], marker="o", ls=styles[label],
+                        color=style.colour(label.split(" ")[0]), label=label)
+        if len(lengths) == 1 and metric != "bytes_total":  # what the kernels cannot skip
+            ax.plot(windows, [visible_fraction(lengths[0], w) for w in windows], color="k",
+                    ls="--", lw=0.9, label="visible pairs / causal pairs")
+        ax.axhline(1.0, color="#888888", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(windows, [style_tokens(w) for w in windows])
+        ax.minorticks_off()
+        ax.set(xlabel="window W (tokens)", title=f"{title}, windowed / full causal",
+               ylim=(0, None))
+    axes[0][0].set_ylabel("fraction of full causal (1 - saved)")
+    axes[0][0].legend(fontsize=7, loc="best")
+    n = f"N={style_tokens(lengths[0])}" if len(lengths) == 1 else ""
+    fig.suptitle(f"sliding window against full causal {n}".strip(), fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _train_bits(r: RunRecord) -> str:

@@ -163,7 +163,7 @@ def _analytic_bytes(spec: Any) -> float | None:
 
         by_phase = algorithms.expected_bytes(spec.plan.algorithm, spec.shape, spec.plan.world,
                                              **spec.options)
-        backward = spec.workload.mode == "fwd+bwd"
+        backward = spec.workload.mode != "fwd"  # fwd+bwd and accuracy run backward
         return float(by_phase["forward"] + (by_phase["backward"] if backward else 0))
     except Exception:  # an algorithm without a formula (or one being redesigned): no bar
         return None

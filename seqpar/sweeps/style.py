@@ -52,6 +52,17 @@ def world_axis(ax: Any, worlds: list[int]) -> None:
     ax.set_xlabel("world (ranks)")
 
 
+def decades(values: list[float]) -> tuple[float, float]:
+    """Log-axis limits at whole decades around the positive values, so that every log panel shows
+    at least one labelled tick (and panels of a row can share them)."""
+    import math
+
+    positive = [v for v in values if v > 0] or [1.0]
+    lo = math.floor(math.log10(min(positive)))
+    hi = max(math.ceil(math.log10(max(positive))), lo + 1)
+    return 10.0 ** lo, 10.0 ** hi
+
+
 def new_figure(width: float = 7.5, height: float = 4.5, ncols: int = 1, nrows: int = 1) -> Any:
     import matplotlib
 

@@ -174,7 +174,13 @@ def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
     """Run the case on this rank: warm-up, then `iters` timed iterations (fwd, or fwd+bwd).
 
     The algorithm's mesh is built from `group` with the node map `nodes` (every rank of the group
-    calls this), unless a prebuilt `mesh` is given."""
+    calls this), unless a prebuilt `mesh` is given. Mode `accuracy` measures the errors against
+    float64 instead (workers/accuracy.py). With documents (case.cu_seqlens) the shards are dealt
+    per document and every call passes them; with a window the attention is built with it."""
+    if case.mode == "accuracy":
+        from seqpar.workers.accuracy import measure_accuracy
+
+        return measure_accuracy(case, rank, group, device, nodes=nodes, mesh=mesh)
     device = torch.device(device)
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
                                       group=group, mesh=mesh, nodes=nodes, window=case.window,

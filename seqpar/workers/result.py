@@ -4,6 +4,9 @@ Conventions: a step is one iteration on every rank, so step time is the max over
 iteration (the slowest rank sets the pace), and its median over iterations is `step_ms`. Bytes are
 one iteration's; `bytes_<phase>_<op>_<link>` is per rank (max over ranks), while `bytes_total`,
 `bytes_intra` and `bytes_inter` are the whole gang's (sum over ranks), so intra + inter = total.
+FLOPs are the ledger's: each kernel call counts the (query, key) pairs it computes, so blocks no
+query sees (other documents, outside a window) count nothing. An accuracy trial adds `err_out`,
+`err_dq`, `err_dk`, `err_dv` (relative to float64, max over ranks) and `err_max`.
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class TrialResult:
             "fwd_ms": statistics.median(_per_step(ranks, "fwd_ms")),
             "bwd_ms": statistics.median(_per_step(ranks, "bwd_ms")),
             "tokens_per_s": tokens_per_s, "tokens_per_s_per_rank": tokens_per_s / case.world,
+            "attn_flops": sum(rank_flops),  # one step, all ranks: the pairs the kernels computed
             "attn_tflops": sum(rank_flops) / (step_ms / 1e3) / 1e12,
             "peak_mem_bytes": float(max(m.peak_mem_bytes for m in ranks)),
             "load_imbalance": (max(rank_flops) / statistics.mean(rank_flops)
@@ -145,6 +149,11 @@ class TrialResult:
         out["bytes_intra"] = float(sum(link_bytes(m, "intra") for m in ranks))
         out["bytes_inter"] = float(sum(link_bytes(m, "inter") for m in ranks))
         out["bytes_total"] = out["bytes_intra"] + out["bytes_inter"]
+        errors = [m.extra.get("errors") for m in ranks]
+        if all(errors):  # an accuracy trial: each tensor's relative error (max over ranks)
+            for name in errors[0]:
+                out[f"err_{name}"] = max(e[name] for e in errors)
+            out["err_max"] = max(out[f"err_{name}"] for name in errors[0])
         if case.mode == "train":  # a model training trial (issue 10): TGS, MFU, memory levers
             from seqpar.workers.train import train_metrics
 

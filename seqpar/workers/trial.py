@@ -19,7 +19,6 @@ import secrets
 import time
 from typing import Any
 
-from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
 from seqpar.case import MODES, Case
@@ -53,8 +52,7 @@ def validate(case: Case, nodes: int, ranks_per_node: int | None,
             "must be a non-negative integer")
     require(isinstance(case.iters, int) and case.iters >= 1, "iters", case.iters,
             "must be a positive integer")
-    algorithms.check(case.algorithm, case.shape, case.world, case.layout, case.causal,
-                     **case.option_dict)
+    case.check()
     for link, model in (link_emulation or {}).items():
         require(link in ("intra", "inter"), "link_emulation", link, "keys are 'intra' and 'inter'")
         require(isinstance(model, LinkModel), f"link_emulation[{link}]", model,

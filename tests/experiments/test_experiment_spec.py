@@ -63,7 +63,7 @@ def test_flat_params_name_every_field_with_dotted_keys():
     (spec_data(plan__nodes=3), "plan.nodes", "must divide world=4"),
     (spec_data(plan__ranks_per_node=3), "plan.ranks_per_node", "must equal world=4"),
     (spec_data(workload__dtype="int8"), "workload.dtype", "must be one of"),
-    (spec_data(workload__mode="bwd"), "workload.mode", "'fwd' or 'fwd+bwd'"),
+    (spec_data(workload__mode="bwd"), "workload.mode", "'fwd', 'fwd+bwd' or 'accuracy'"),
     ({"model": "gpt5", "plan": {"algorithm": "ring", "world": 4}, "workload": {"seq_len": 64}},
      "model.preset", "must be one of tiny"),
     ({"model": "tiny", "plan": {"algorithm": "ring", "world": 4}, "workload": {}},

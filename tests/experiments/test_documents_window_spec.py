@@ -1,0 +1,96 @@
+"""workload.documents and workload.window: validated in one line before any actor starts, carried
+into the Case the ranks run, any length with documents, and the seeded long-tailed draw."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from seqpar.errors import ConfigError
+from seqpar.experiments.documents import boundaries, draw_lengths
+from seqpar.experiments.spec import ExperimentSpec
+
+
+def spec(workload: dict | None = None, plan: dict | None = None, model="tiny", **extra) -> dict:
+    return {"model": model, "plan": {"algorithm": "ring", "world": 4, **(plan or {})},
+            "workload": {"seq_len": 1024, **(workload or {})}, **extra}
+
+
+def test_drawn_documents_are_long_tailed_seeded_and_fill_the_sequence():
+    lengths = draw_lengths(8192, 16, 1.25, seed=0)
+    assert sum(lengths) == 8192 and len(lengths) == 16 and min(lengths) >= 1
+    assert lengths == draw_lengths(8192, 16, 1.25, seed=0)  # the same seed, the same documents
+    assert lengths != draw_lengths(8192, 16, 1.25, seed=1)
+    assert max(lengths) > 5 * statistics.median(lengths)  # a few long, many short
+    assert set(draw_lengths(8192, 16, 0.0, seed=3)) == {512}  # spread 0: equal documents
+    assert draw_lengths(5, 5, 2.0, seed=0) == (1, 1, 1, 1, 1)
+    assert boundaries((3, 1, 4)) == (0, 3, 4, 8)
+
+
+def test_documents_and_window_reach_the_case_and_the_hash():
+    s = ExperimentSpec.parse(spec({"documents": {"count": 5, "seed": 2}, "window": 128}))
+    case = s.to_case()
+    assert case.window == 128 and len(case.cu_seqlens) == 6
+    assert case.cu_seqlens == boundaries(draw_lengths(1024, 5, 1.25, 2))
+    assert "docs=5 W=128" in s.label()
+    plain = ExperimentSpec.parse(spec())
+    assert plain.to_case().cu_seqlens == () and plain.to_case().window is None
+    other_seed = ExperimentSpec.parse(spec({"documents": {"count": 5, "seed": 3}, "window": 128}))
+    assert len({plain.hash, s.hash, other_seed.hash}) == 3
+    given = ExperimentSpec.parse(spec({"documents": {"lengths": [1000, 24]}}))
+    assert given.to_case().cu_seqlens == (0, 1000, 1024)
+    assert given.flat()["workload.documents.lengths"] == [1000, 24]
+
+
+def test_any_length_runs_with_documents_and_only_with_them():
+    with pytest.raises(ConfigError, match="any length with workload.documents"):
+        ExperimentSpec.parse(spec({"seq_len": 1001}))
+    case = ExperimentSpec.parse(spec({"seq_len": 1001, "documents": {"count": 1}})).to_case()
+    assert case.cu_seqlens == (0, 1001)
+
+
+def test_an_algorithm_refusing_uneven_shards_is_refused_at_parse_time(monkeypatch):
+    from seqpar import algorithms
+
+    data = spec({"seq_len": 1001, "documents": {"count": 3}}, {"algorithm": "ulysses"})
+    ExperimentSpec.parse(data)  # ulysses takes uneven shards today ...
+    monkeypatch.setattr(algorithms.get("ulysses"), "takes_uneven", classmethod(lambda *a: False))
+    with pytest.raises(ConfigError) as info:  # ... and a refusal reaches the user before Ray
+        ExperimentSpec.parse(data)
+    assert (info.value.field, info.value.value) == ("workload.seq_len", 1001)
+    assert "ulysses with these heads needs a multiple of 4" in info.value.rule
+    ExperimentSpec.parse(spec({"seq_len": 1024, "documents": {"count": 3}}, {"algorithm": "ulysses"}))
+
+
+@pytest.mark.parametrize(("data", "field", "value", "rule"), [
+    (spec({"window": 0}), "workload.window", 0, "greater than 0"),
+    (spec({"window": 64, "causal": False}), "workload.window", 64, "needs causal=true"),
+    (spec({"documents": {"count": 2, "lengths": [1024]}}), "workload.documents",
+     {"count": 2, "lengths": [1024]}, "either count"),
+    (spec({"documents": {}}), "workload.documents", {"count": None, "lengths": None},
+     "either count"),
+    (spec({"documents": {"lengths": [1000, 20]}}), "workload.documents.lengths", [1000, 20],
+     "must sum to seq_len=1024 (they sum to 1020)"),
+    (spec({"documents": {"lengths": [1024, 0]}}), "workload.documents.lengths", [1024, 0],
+     "positive lengths"),
+    (spec({"documents": {"count": 2000}}), "workload.documents.count", 2000,
+     "at most seq_len=1024"),
+    (spec({"documents": {"count": 0}}), "workload.documents.count", 0, "greater than 0"),
+    (spec({"documents": {"count": 4, "spread": -1.0}}), "workload.documents.spread", -1.0,
+     "greater than or equal to 0"),
+    (spec({"documents": {"count": 4, "shape": 2}}), "workload.documents.shape", "shape",
+     "unknown key"),
+    (spec({"seq_len": 1001}), "workload.seq_len", 1001, "positive multiple of 8"),
+    (spec({"documents": {"count": 3}}, train={"model": "tiny"}), "workload.documents",
+     {"count": 3, "spread": 1.25, "seed": 0}, "a training trial"),
+    (spec({"mode": "accuracy"}, train={"model": "tiny"}), "workload.mode", "accuracy",
+     "a training trial"),
+])
+def test_bad_documents_and_windows_raise_one_line(data, field, value, rule):
+    with pytest.raises(ConfigError) as info:
+        ExperimentSpec.parse(data)
+    err = info.value
+    assert (err.field, err.value) == (field, value)
+    assert rule in err.rule
+    assert "\n" not in str(err)
