@@ -8,7 +8,8 @@ Masks: 'full'; 'causal' (top-left aligned: query i sees keys j <= i); 'shifted' 
 j < i, the stripe layout's block above the diagonal); 'band' with `band=(a, b)` (query i sees keys j
 with a <= j - i < b: a sliding window's block, or a document's lower edge). flash-attn runs a band
 through its `window_size` (bottom-right aligned: left = Sk - Sq - a, right = b - 1 - (Sk - Sq)); the
-CPU flash kernel through an explicit boolean mask; elsewhere the math kernel with that mask.
+CPU flash kernel through an explicit boolean mask; elsewhere the math kernel with that mask. A band
+much narrower than its block runs as row tiles, each against only the keys it sees (`band_tiles`).
 A query that sees no key gets lse = -inf and out = 0. lse is float64 for float64 inputs
 and float32 otherwise.
 
@@ -192,10 +193,53 @@ def attend(
     return _forward(q, k, v, mask, backend, scale)
 
 
+# Without flash-attn a band runs under an explicit mask, over the whole (Sq, Sk) rectangle. A band
+# much narrower than its block therefore runs as row tiles of BAND_TILE rows, each against only the
+# keys its rows see (Sq x (BAND_TILE + width) pairs instead of Sq x Sk): a window of N/8 over a
+# whole sequence costs about a quarter of the full rectangle, not all of it.
+BAND_TILE = 256
+
+
+def band_tiles(sq: int, sk: int, band: tuple[int, int]
+               ) -> list[tuple[int, int, int, int, tuple[int, int]]]:
+    """(r0, r1, c0, c1, tile band) for the row tiles [r0, r1) of a band block, each against keys
+    [c0, c1) (c1 <= c0: its rows see nothing) and the band relative to the tile. One tile, the block
+    as it is, unless tiling computes under half the rectangle."""
+    width = band[1] - band[0]
+    if sq <= BAND_TILE or 4 * (BAND_TILE + width) >= 3 * sk:
+        return [(0, sq, 0, sk, band)]
+    tiles = []
+    for r0 in range(0, sq, BAND_TILE):
+        r1 = min(r0 + BAND_TILE, sq)
+        c0, c1 = max(0, r0 + band[0]), min(sk, r1 - 1 + band[1])
+        tiles.append((r0, r1, c0, c1, (band[0] + r0 - c0, band[1] + r0 - c0)))
+    return tiles
+
+
 def _band_forward(q, k, v, band, backend, scale):
     sq, sk = q.shape[1], k.shape[1]
     if backend == "flash":
         return _flash_forward(q, k, v, False, scale, window=_flash_window(sq, sk, band))
+    tiles = band_tiles(sq, sk, band)
+    if len(tiles) == 1:
+        return _band_dense_forward(q, k, v, band, backend, scale)
+    outs, lses = [], []
+    for r0, r1, c0, c1, tile_band in tiles:
+        rows = _rows(q, r0, r1)
+        if c1 <= c0:
+            outs.append(torch.zeros_like(rows))
+            lses.append(torch.full((q.shape[0], q.shape[2], r1 - r0), float("-inf"),
+                                   dtype=acc_dtype(q.dtype), device=q.device))
+            continue
+        o, lse = _band_dense_forward(rows, _rows(k, c0, c1), _rows(v, c0, c1), tile_band,
+                                     backend, scale)
+        outs.append(o)
+        lses.append(lse.to(acc_dtype(q.dtype)))
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+
+
+def _band_dense_forward(q, k, v, band, backend, scale):
+    sq, sk = q.shape[1], k.shape[1]
     keep = band_keep(sq, sk, band, q.device)
     if backend == "torch" and q.device.type == "cpu":
         return _torch_forward(q, k, v, False, scale, keep)
@@ -316,6 +360,8 @@ def _torch_forward(q, k, v, causal, scale, keep=None):
     if q.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             qt, kt, vt, 0.0, causal, attn_mask=_additive(keep, q.dtype), scale=scale)
+        if keep is not None:  # the kernel gives a row that sees no key lse 0; it is -inf
+            lse = lse.masked_fill(~keep.any(-1), float("-inf"))
     else:
         out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
             qt, kt, vt, None, True, 0.0, causal, scale=scale)
@@ -359,11 +405,38 @@ def attend_backward(
         if backend == "flash":
             return _flash_backward(dout, q, k, v, out, lse, False, scale,
                                    window=_flash_window(sq, sk, band))
-        keep = band_keep(sq, sk, band, q.device)
-        if backend == "torch" and q.device.type == "cpu":
-            return _torch_backward(dout, q, k, v, out, lse, False, scale, keep)
-        return _math_backward(dout, q, k, v, out, lse, False, scale, keep)
+        tiles = band_tiles(sq, sk, band)
+        if len(tiles) == 1:
+            return _band_dense_backward(dout, q, k, v, out, lse, band, backend, scale)
+        return _band_tiled_backward(dout, q, k, v, out, lse, tiles, backend, scale)
     return _backward(dout, q, k, v, out, lse, mask, backend, scale)
+
+
+def _band_dense_backward(dout, q, k, v, out, lse, band, backend, scale):
+    keep = band_keep(q.shape[1], k.shape[1], band, q.device)
+    if backend == "torch" and q.device.type == "cpu":
+        return _torch_backward(dout, q, k, v, out, lse, False, scale, keep)
+    return _math_backward(dout, q, k, v, out, lse, False, scale, keep)
+
+
+def _band_tiled_backward(dout, q, k, v, out, lse, tiles, backend, scale):
+    """Gradients of a band run as `band_tiles`: dq tile by tile, dk and dv summed over the tiles
+    whose keys overlap, in the accumulation dtype."""
+    work = acc_dtype(q.dtype)
+    dqs = []
+    dk = torch.zeros(k.shape, dtype=work, device=k.device)
+    dv = torch.zeros(v.shape, dtype=work, device=v.device)
+    for r0, r1, c0, c1, tile_band in tiles:
+        if c1 <= c0:
+            dqs.append(torch.zeros_like(_rows(q, r0, r1)))
+            continue
+        gq, gk, gv = _band_dense_backward(
+            _rows(dout, r0, r1), _rows(q, r0, r1), _rows(k, c0, c1), _rows(v, c0, c1),
+            _rows(out, r0, r1), lse.narrow(2, r0, r1 - r0), tile_band, backend, scale)
+        dqs.append(gq)
+        _rows(dk, c0, c1).add_(gk)
+        _rows(dv, c0, c1).add_(gv)
+    return torch.cat(dqs, dim=1), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _backward(dout, q, k, v, out, lse, mask, backend, scale):
@@ -406,7 +479,8 @@ def _torch_backward(dout, q, k, v, out, lse, causal, scale, keep=None):
     qt, kt, vt = (t.transpose(1, 2) for t in (q, _expand_kv(k, h), _expand_kv(v, h)))
     dot, ot = dout.transpose(1, 2), out.transpose(1, 2)
     if q.device.type == "cpu":
-        lse_k = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous()
+        lse_k = _safe(lse).to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        lse_k = lse_k.contiguous()
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dot, qt, kt, vt, ot, lse_k, 0.0, causal, attn_mask=_additive(keep, q.dtype),
             scale=scale)

@@ -70,3 +70,27 @@ def test_kernels_book_flops_by_the_papers_convention():
                                     backend="math")
     assert book.flops["forward"] == 4 * 8 * 8 * 2 * 4 / 2
     assert book.flops["backward"] == 2.5 * book.flops["forward"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "math"])
+@pytest.mark.parametrize("band", [(-7, 1), (-150, 1), (-40, 25), (300, 400)])
+def test_a_narrow_band_runs_as_row_tiles_that_equal_the_masked_rectangle(backend, band,
+                                                                          monkeypatch):
+    """Tiles see only their keys (fewer pairs than the rectangle) and give the masked rectangle's
+    out, lse and gradients; rows that see no key stay -inf and 0."""
+    monkeypatch.setattr(kernels, "BAND_TILE", 64)
+    sq, sk = 600, 700
+    tiles = kernels.band_tiles(sq, sk, band)
+    assert len(tiles) > 1
+    assert sum((r1 - r0) * max(c1 - c0, 0) for r0, r1, c0, c1, _ in tiles) < sq * sk / 2
+    q = torch.randn(1, sq, 2, 4, dtype=torch.float64)
+    k, v = torch.randn(2, 1, sk, 1, 4, dtype=torch.float64).unbind(0)
+    dout = torch.randn_like(q)
+    got = kernels.attend(q, k, v, "band", backend=backend, band=band)
+    got_grads = kernels.attend_backward(dout, q, k, v, *got, "band", backend=backend, band=band)
+    monkeypatch.setattr(kernels, "BAND_TILE", 10**6)  # one dense call under the explicit mask
+    assert len(kernels.band_tiles(sq, sk, band)) == 1
+    want = kernels.attend(q, k, v, "band", backend="math", band=band)
+    want_grads = kernels.attend_backward(dout, q, k, v, *want, "band", backend="math", band=band)
+    for g, w in zip((*got, *got_grads), (*want, *want_grads), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
