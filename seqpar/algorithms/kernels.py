@@ -204,7 +204,7 @@ def band_tiles(sq: int, sk: int, band: tuple[int, int]
                ) -> list[tuple[int, int, int, int, tuple[int, int]]]:
     """(r0, r1, c0, c1, tile band) for the row tiles [r0, r1) of a band block, each against keys
     [c0, c1) (c1 <= c0: its rows see nothing) and the band relative to the tile. One tile, the block
-    as it is, unless tiling computes under half the rectangle."""
+    as it is, unless tiling computes under three quarters of the rectangle."""
     width = band[1] - band[0]
     if sq <= BAND_TILE or 4 * (BAND_TILE + width) >= 3 * sk:
         return [(0, sq, 0, sk, band)]
