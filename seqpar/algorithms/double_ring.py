@@ -29,7 +29,8 @@ class DoubleRingOptions(Options):
         return self.as_usp().resolved(world)
 
     def as_usp(self) -> UspOptions:
-        return UspOptions(self.backend, self.scale, self.grad_dtype, inner_ring=self.inner_ring)
+        return UspOptions(self.backend, self.scale, self.grad_dtype, self.skip_transfers,
+                          inner_ring=self.inner_ring)
 
     def check(self, world: int) -> None:
         self.resolved(world)
