@@ -24,6 +24,10 @@ counted (`packed_size`).
 
 `query_ring_backward` and the byte packing are shared with `wallfacer`, whose sub-rings run the same
 query-moving backward.
+
+With skip_transfers (`route`) the forward skips as ring's does, and the backward's query blocks
+travel only as far as the last rank whose keys they see (`route.transpose` of the forward's need);
+`ring_inner` is the inner ring the analytic count assumes (ranks_per_node, else the flat ring).
 """
 
 from __future__ import annotations

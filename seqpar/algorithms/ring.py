@@ -8,7 +8,19 @@ the accumulation dtype by default, see `Options.grad_dtype`).
 
 `travel` is the one ring schedule: it also runs usp's context ring and the double ring (inner rings
 of w with the outer ring's prefetch on its own communicator, LoongTrain Alg. 2), burst's
-topology-aware ring and WallFacer's sub-rings.
+topology-aware ring and WallFacer's sub-rings; `carry` is the one backward over it (a block's
+gradient follows the block and comes home), for K,V here and for burst's travelling queries.
+
+Transfer skipping (option `skip_transfers`, `route`): with a window or documents, a block travels
+only as far as the last position whose queries see it, its gradient goes from reader to reader and
+then home in one hop, and the ring ends after the last step any block is read. Every rank derives
+the same route from the global relation, so sender and receiver agree on every message. The ledger
+books the skipped messages apart (`Ledger.skipped`), and `skipped_ring_bytes` counts them: e.g.
+contiguous, P = 4, a window within one neighbour: 1 of 3 K,V messages, 1-2 of 4 dK,dV messages,
+2 steps. A layout whose every rank sees every other (zigzag or stripe without a window, any full
+attention) skips nothing; a causal contiguous ring skips the hops past the last rank (block b
+travels P-1-b hops). The ring runs one way, so a zigzag window (each rank reads both neighbours)
+still needs the full forward ring; only gradients are saved there.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ a position that no longer needs a block only relays it when a later one does. Wi
 (every block needed everywhere) the route is the unskipped schedule message for message.
 
 Messages of one step are posted in the same step on both ends, so no step waits on a later one.
+
+Only rings skip: ulysses' all-to-alls move every head of every token (nothing a query cannot see),
+allgather's and WallFacer's collectives move every shard of the group.
 """
 
 from __future__ import annotations

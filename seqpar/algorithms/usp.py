@@ -20,6 +20,10 @@ inner-ring block from it, so every layout and placement is exact without re-deal
 
 `double_ring` is the dhp = 1 case. dhp = 1 is exactly `ring`, dcp = 1 exactly `ulysses`: the same
 bytes.
+
+With skip_transfers the context ring (inner rings, outer prefetch and the gradients) skips the blocks
+no query of an HP group's holding sees (`route`, need over the holdings); the all-to-alls move every
+head of every token and skip nothing.
 """
 
 from __future__ import annotations

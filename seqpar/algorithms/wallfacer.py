@@ -29,6 +29,10 @@ The rank grid (mesh.py): collective-intra `(group, subring, team)` puts a team o
 p2p-intra `(group, team, subring)` a sub-ring; the team and the sub-ring are process groups of their
 own, and Alg. 2's placement exchange runs on the whole group. `groups.WallFacerGrid` holds Alg. 2
 and 3 (`get_init_send`, `get_p2p_config`); a test holds its teams and sub-rings against the grid's.
+
+With skip_transfers the sub-rings skip (`route`, `subring_needs`): forward a team K,V block travels
+only as far as the last team that sees it, backward a team's queries only as far as the last K,V
+block they see. The team collectives and the placement send what they send.
 """
 
 from __future__ import annotations

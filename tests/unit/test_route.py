@@ -158,3 +158,38 @@ def test_sees_agrees_with_block_tasks(layout):
             tasks = layouts.block_tasks(pos[a], pos[b], rel)
             assert layouts.sees(pos[a], pos[b], rel) == bool(tasks), (rel, a, b)
     assert not layouts.sees(torch.tensor([3]), torch.tensor([5, 9]), Relation(True))
+
+
+OPTIONS = {"usp": {"dhp": 2}, "double_ring": {"inner_ring": 2}, "wallfacer": {"team_size": 2},
+           "burst": {"ranks_per_node": 2}}
+
+
+@pytest.mark.parametrize("name", ["allgather", "ulysses", "ring", "usp", "double_ring",
+                                  "wallfacer", "burst"])
+def test_skipped_bytes_are_part_of_the_unskipped_count(name):
+    """For every algorithm: skip off, or a mask that hides nothing, skips 0 bytes; with it on,
+    each rank's net count plus its skipped bytes is its unskipped count, and only the ring-based
+    algorithms skip at all (a contiguous window of one token hides every other block)."""
+    from seqpar import algorithms
+
+    shape = AttnShape(1, 64, 4, 2, 4)
+    opts = OPTIONS.get(name, {})
+    spec = algorithms.get(name)
+    world = 4
+    full = algorithms.expected_bytes(name, shape, world, **opts)
+    for layout, window, cu in itertools.product(layouts.LAYOUTS, (None, 1, 8),
+                                                (None, (0, 10, 40, 64))):
+        mask = dict(layout=layout, window=window, cu_seqlens=cu)
+        assert algorithms.expected_bytes(name, shape, world, **mask, **opts) == full
+        assert algorithms.skipped_bytes(name, shape, world, **mask, **opts) == {
+            "forward": 0, "backward": 0}
+        on = {**opts, "skip_transfers": True}
+        m = Mask.of(shape, world, layout, True, cu, window)
+        for r in range(world):
+            net = spec.bytes_of_rank(shape, world, on, r, m)
+            skipped = spec.skipped_of_rank(shape, world, on, r, m)
+            whole = spec.bytes_of_rank(shape, world, on, r)
+            assert all(net[p] + skipped[p] == whole[p] and skipped[p] >= 0 for p in net)
+    one = algorithms.skipped_bytes(name, shape, world, layout="contiguous", window=1,
+                                   skip_transfers=True, **opts)
+    assert (sum(one.values()) > 0) == (name in ("ring", "usp", "double_ring", "burst"))
