@@ -9,7 +9,10 @@ per axis when `group` is the whole world (every rank calls it), point-to-point v
 caller that builds the mesh itself (collectively, once: `mesh_for`) passes `mesh=` instead.
 
 Each algorithm states its rules (`check`) and its analytic bytes per rank per call
-(`expected_bytes`), so a ledger from `ledger.recording()` can be held against it.
+(`expected_bytes`), so a ledger from `ledger.recording()` can be held against it. With the option
+`skip_transfers=True` the ring schedules do not carry blocks that no query ahead sees (`route`);
+`expected_bytes(..., layout=, causal=, cu_seqlens=, window=)` then counts what travels and
+`skipped_bytes` what does not, as the ledger's `skipped` entries do.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from typing import Any
 import torch.distributed as dist
 
 from seqpar.algorithms.allgather import AllGather
-from seqpar.algorithms.base import Algorithm, Attention, AttnShape
+from seqpar.algorithms.base import Algorithm, Attention, AttnShape, Mask
 from seqpar.algorithms.burst import Burst
 from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.double_ring import DoubleRing
 from seqpar.algorithms.layouts import LAYOUTS, check_layout
-from seqpar.algorithms.ledger import Ledger, recording
+from seqpar.algorithms.ledger import PHASES, Ledger, recording
 from seqpar.algorithms.local import Local
 from seqpar.algorithms.mesh import Grid, Mesh, build_mesh, view_mesh
 from seqpar.algorithms.options import Options
@@ -127,10 +130,40 @@ def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
     get(name).check(shape, world, layout, causal, options)
 
 
-def expected_bytes(name: str, shape: AttnShape, world: int, **options: Any) -> dict[str, int]:
-    """Analytic bytes one rank sends per call, by phase ('forward', 'backward')."""
+def expected_bytes(name: str, shape: AttnShape, world: int, *, layout: str | None = None,
+                   causal: bool = True, cu_seqlens: Sequence[int] | None = None,
+                   window: int | None = None, rank: int | None = None,
+                   **options: Any) -> dict[str, int]:
+    """Analytic bytes one rank sends per call, by phase ('forward', 'backward'): the most any rank
+    sends, or `rank`'s. With the call's mask (layout, causal, cu_seqlens, window) the count is net
+    of the transfers the schedule skips (option skip_transfers, see `skipped_bytes`); without a
+    layout it is the unskipped count."""
     cls = get(name)
-    return cls.expected_bytes(shape, world, cls.parse(options))
+    opts = cls.parse(options)
+    if layout is None and rank is None:
+        return cls.expected_bytes(shape, world, opts)
+    mask = None if layout is None else Mask.of(shape, world, layout, causal, cu_seqlens, window)
+    ranks = range(world) if rank is None else (rank,)
+    per_rank = [cls.bytes_of_rank(shape, world, opts, r, mask) for r in ranks]
+    return {p: max(b[p] for b in per_rank) for p in PHASES}
+
+
+def skipped_bytes(name: str, shape: AttnShape, world: int, *, layout: str, causal: bool = True,
+                  cu_seqlens: Sequence[int] | None = None, window: int | None = None,
+                  rank: int | None = None, **options: Any) -> dict[str, int]:
+    """Bytes per phase the schedule does not send under this mask because no query of the ranks
+    a block would reach sees it (option skip_transfers; 0 for algorithms without a ring): `rank`'s,
+    or (rank None) how far the busiest rank's count falls, i.e. `expected_bytes` without the mask
+    minus `expected_bytes` with it."""
+    cls = get(name)
+    opts = cls.parse(options)
+    mask = Mask.of(shape, world, layout, causal, cu_seqlens, window)
+    if rank is not None:
+        return cls.skipped_bytes(shape, world, opts, rank, mask)
+    full = expected_bytes(name, shape, world, **options)
+    net = expected_bytes(name, shape, world, layout=layout, causal=causal,
+                         cu_seqlens=cu_seqlens, window=window, **options)
+    return {p: full[p] - net[p] for p in PHASES}
 
 
 def options_of(name: str) -> Mapping[str, Any]:
@@ -147,6 +180,6 @@ def option_space(name: str, world: int) -> list[dict[str, Any]]:
 
 
 __all__ = ["LAYOUTS", "REGISTRY", "Algorithm", "AlgorithmSpec", "Attention", "AttnShape", "Grid",
-           "Ledger", "Mesh", "Options", "build_attention", "build_mesh", "check",
+           "Ledger", "Mask", "Mesh", "Options", "build_attention", "build_mesh", "check",
            "expected_bytes", "get", "grid_for", "mesh_for", "option_space", "options_of",
-           "recording", "register"]
+           "recording", "register", "skipped_bytes"]

@@ -4,6 +4,10 @@ Forward sends (P-1) * 2Hkv * u bytes per rank; backward keeps the gathered K, V 
 reduce-scatter of dK, dV (in the accumulation dtype by default: it sums P contributions):
 (P-1)/P * 2Hkv * P * u. The gathered K, V are in rank order; `tokens.gather_plan` decides whether
 to sort them into token order (contiguous, zigzag) or plan one call per shard (stripe).
+
+No transfer skipping (skip_transfers changes nothing here): one all-gather brings every shard to
+every rank, and gathering only the visible ones would replace it by per-pair point-to-point sends;
+the compute of blocks no query sees is skipped as everywhere (`layouts.block_tasks`).
 """
 
 from __future__ import annotations

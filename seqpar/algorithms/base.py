@@ -63,6 +63,29 @@ class AttnShape:
         return self.unit(world) // self.elem_bytes * self.grad_bytes(options)
 
 
+@dataclass(frozen=True)
+class Mask:
+    """What the queries of a call see, as the analytic byte counts need it: the layout, the padded
+    length the algorithms run on (s * P, s = ceil(N / P)) and the relation (documents, window)."""
+
+    layout: str
+    seq_len: int
+    relation: layouts.Relation
+
+    @classmethod
+    def of(cls, shape: AttnShape, world: int, layout: str, causal: bool = True,
+           cu_seqlens: Sequence[int] | None = None, window: int | None = None) -> Mask:
+        """The mask of a call on `shape` (seq_len = N) as `Attention` builds it."""
+        cu = layouts.as_cu(cu_seqlens) or None
+        if cu is not None:
+            cu = layouts.normal_cu(layout, world, cu[-1], cu)
+        return cls(layout, shape.shard_len(world) * world, layouts.Relation(causal, cu, window))
+
+    def need(self, world: int) -> tuple[tuple[bool, ...], ...]:
+        """need[q_rank][k_rank] in the layout (`layouts.layout_need`)."""
+        return layouts.layout_need(self.layout, world, self.seq_len, self.relation)
+
+
 class Algorithm:
     """A distributed attention (see the module docstring). Built by `build_attention`."""
 
@@ -112,6 +135,14 @@ class Algorithm:
         return cls.expected_bytes(shape, world, options)
 
     @classmethod
+    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
+                      mask: Mask) -> dict[str, int]:
+        """Bytes of `rank_bytes` that `rank` does not send under `mask` because its schedule skips
+        blocks no query ahead sees (option skip_transfers; none by default: collectives and
+        all-to-alls send what they send)."""
+        return dict.fromkeys(ledger.PHASES, 0)
+
+    @classmethod
     def check(cls, shape: AttnShape, world: int, layout: str, causal: bool,
               options: Mapping[str, Any] | Options | None,
               cu_seqlens: tuple[int, ...] | None = None) -> Options:
@@ -126,8 +157,22 @@ class Algorithm:
 
     @classmethod
     def bytes_of_rank(cls, shape: AttnShape, world: int,
-                      options: Mapping[str, Any] | Options | None, rank: int) -> dict[str, int]:
-        return cls.rank_bytes(shape, world, cls.parse(options), rank)
+                      options: Mapping[str, Any] | Options | None, rank: int,
+                      mask: Mask | None = None) -> dict[str, int]:
+        """Bytes `rank` sends per call; with the call's `mask`, net of the skipped transfers
+        (without it: the unskipped count, an upper bound when skip_transfers is on)."""
+        opts = cls.parse(options)
+        sent = cls.rank_bytes(shape, world, opts, rank)
+        if mask is None:
+            return sent
+        skipped = cls.skipped_bytes(shape, world, opts, rank, mask)
+        return {p: sent[p] - skipped[p] for p in sent}
+
+    @classmethod
+    def skipped_of_rank(cls, shape: AttnShape, world: int,
+                        options: Mapping[str, Any] | Options | None, rank: int,
+                        mask: Mask) -> dict[str, int]:
+        return cls.skipped_bytes(shape, world, cls.parse(options), rank, mask)
 
     # -- the rank's own work -----------------------------------------------------------------------
     @property
@@ -246,8 +291,15 @@ class Attention:
             q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
         return _Shell.apply(a, q, k, v).narrow(1, 0, held)
 
-    def expected_bytes(self, shape: AttnShape) -> dict[str, int]:
-        return type(self.algo).expected_bytes(shape, self.algo.world, self.algo.options)
+    def expected_bytes(self, shape: AttnShape, cu_seqlens: Sequence[int] | None = None
+                       ) -> dict[str, int]:
+        """The most bytes any rank sends per call on `shape` (with cu_seqlens: that call's
+        documents), net of the transfers skipped under this attention's mask."""
+        a = self.algo
+        mask = Mask.of(shape, a.world, a.layout, a.causal, cu_seqlens, a.window)
+        per_rank = [type(a).bytes_of_rank(shape, a.world, a.options, r, mask)
+                    for r in range(a.world)]
+        return {p: max(b[p] for b in per_rank) for p in ledger.PHASES}
 
     def __repr__(self) -> str:
         a = self.algo

@@ -24,6 +24,10 @@ counted (`packed_size`).
 
 `query_ring_backward` and the byte packing are shared with `wallfacer`, whose sub-rings run the same
 query-moving backward.
+
+With skip_transfers (`route`) the forward skips as ring's does, and the backward's query blocks
+travel only as far as the last rank whose keys they see (`route.transpose` of the forward's need);
+`ring_inner` is the inner ring the analytic count assumes (ranks_per_node, else the flat ring).
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ from dataclasses import dataclass
 
 import torch
 
-from seqpar.algorithms import blocks, groups, layouts
-from seqpar.algorithms.base import AttnShape
+from seqpar.algorithms import blocks, groups, layouts, route
+from seqpar.algorithms.base import AttnShape, Mask
 from seqpar.algorithms.kernels import acc_dtype
 from seqpar.algorithms.mesh import Grid
 from seqpar.algorithms.options import Options, is_int
-from seqpar.algorithms.ring import Ring, RingComms, pass_grad, ring_bytes, travel
+from seqpar.algorithms.ring import Ring, RingComms, carry, plan_of, ring_bytes
 from seqpar.errors import require
 
 ALIGN = 16  # bytes: every segment of a packed message starts at a multiple of this
@@ -115,29 +119,25 @@ def query_backward(parts: Sequence[torch.Tensor], k: torch.Tensor, v: torch.Tens
 # ---------------------------------------------------------------------------- the query ring
 def query_ring_backward(parts: Sequence[torch.Tensor], comms: RingComms,
                         compute: Callable[[list[torch.Tensor], int], torch.Tensor],
-                        dq_dtype: torch.dtype) -> torch.Tensor:
+                        dq_dtype: torch.dtype, plan: route.Plan | None = None) -> torch.Tensor:
     """BurstAttention Alg. 2 on a ring: the query blocks (`parts`, packed into one message) visit
-    every position; compute(parts, src) returns the dq of the block that started at position src
-    and adds its dK,dV into the caller's accumulators. Returns this rank's own dq, arrived home."""
+    every position (`plan`: those whose keys they see, see `route`); compute(parts, src) returns
+    the dq of the block that started at position src and adds its dK,dV into the caller's
+    accumulators. Returns this rank's own dq, arrived home."""
     bundle, specs = pack_bytes(parts)
-    grad_in = None  # the travelling dq of the block held this step, from its last holder
-    dq = None
-    for step, src, block in travel(comms, bundle):
-        dq = compute(unpack_bytes(block, specs), src)
-        if grad_in is not None:
-            (arrived,) = grad_in.wait()
-            dq += arrived
-        if comms.ring.size > 1:
-            grad_in = pass_grad(comms, step, dq.to(dq_dtype))
-    if grad_in is None:
-        return dq
-    (home,) = grad_in.wait()
-    return home
+    return carry(comms, bundle, plan or plan_of(comms, None),
+                 lambda block, src: compute(unpack_bytes(block, specs), src), parts[2], dq_dtype)
 
 
 def query_ring_bytes(q_bytes: int, dq_bytes: int, world: int) -> int:
     """Backward bytes one rank sends on a query ring of `world`: the block P - 1 times, dq P times."""
     return 0 if world == 1 else (world - 1) * q_bytes + world * dq_bytes
+
+
+def skipped_query_ring_bytes(q_bytes: int, dq_bytes: int, plan: route.Plan) -> int:
+    """Bytes of `query_ring_bytes` a position does not send on its route (`plan`)."""
+    return ((plan.full_kv_messages - plan.kv_messages) * q_bytes
+            + (plan.full_grad_messages - plan.grad_messages) * dq_bytes)
 
 
 def query_block_bytes(shape: AttnShape, world: int, tokens_factor: int = 1,
@@ -183,7 +183,7 @@ class Burst(Ring):
             return Grid.line(world)
         return Grid((("outer", world // per_node), ("inner", per_node)))
 
-    def backward(self, dout, saved, tasks_for):
+    def backward(self, dout, saved, state):
         q, k, v, out, lse = saved
         seq_len = q.shape[1] * self.world
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
@@ -193,8 +193,11 @@ class Burst(Ring):
                                          self.relation)
             return query_backward(parts, k, v, tasks, dk, dv, self.backend, self.scale)
 
+        comms = RingComms.of(self.mesh)
+        need = self.need(seq_len)
+        plan = plan_of(comms, None if need is None else route.transpose(need))
         parts = query_parts(q, dout, rowsum_delta(dout, out), lse)
-        dq = query_ring_backward(parts, RingComms.of(self.mesh), compute, self.grad_dtype(q))
+        dq = query_ring_backward(parts, comms, compute, self.grad_dtype(q), plan)
         return dq, dk, dv
 
     @classmethod
@@ -202,3 +205,23 @@ class Burst(Ring):
         block, dq = query_block_bytes(shape, world, options=options)
         forward = ring_bytes(2 * shape.kv_heads * shape.unit(world), world)["forward"]
         return {"forward": forward, "backward": query_ring_bytes(block, dq, world)}
+
+    @classmethod
+    def ring_inner(cls, world: int, options: Options) -> int:
+        """The inner ring of the grid without a topology: ranks_per_node, else the flat ring (a
+        mesh's own node map, which the class cannot see, may cut it otherwise)."""
+        dims = dict(cls.grid(world, options).dims)
+        return dims.get("inner", world)
+
+    @classmethod
+    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
+                      mask: Mask) -> dict[str, int]:
+        if not options.skip_transfers or world == 1:
+            return dict.fromkeys(("forward", "backward"), 0)
+        inner, need = cls.ring_inner(world, options), mask.need(world)
+        forward = route.plan(world, inner, rank, need)
+        backward = route.plan(world, inner, rank, route.transpose(need))
+        block, dq = query_block_bytes(shape, world, options=options)
+        kv = 2 * shape.kv_heads * shape.unit(world)
+        return {"forward": (forward.full_kv_messages - forward.kv_messages) * kv,
+                "backward": skipped_query_ring_bytes(block, dq, backward)}

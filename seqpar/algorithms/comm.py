@@ -142,14 +142,16 @@ class Comm:
         return (self.rank + offset) % self.size
 
     # -- bookkeeping -------------------------------------------------------------------------
+    def _ledger_link(self, ledger: _ledger.Ledger, peer: int) -> str:
+        if ledger.node_of_rank is not None:
+            return ledger.link(self.global_ranks[self.rank], self.global_ranks[peer])
+        return self.link(peer)
+
     def _book(self, op: str, bytes_per_peer: dict[int, int]) -> float:
         """Book bytes sent to each peer (group ranks); return the emulated duration in seconds."""
-        me = self.global_ranks[self.rank]
         for ledger in _ledger.active():
             for peer, nbytes in bytes_per_peer.items():
-                link = (ledger.link(me, self.global_ranks[peer]) if ledger.node_of_rank is not None
-                        else self.link(peer))
-                ledger.add(op, self.label, link, nbytes)
+                ledger.add(op, self.label, self._ledger_link(ledger, peer), nbytes)
         if not _emulated:
             return 0.0
         by_link: dict[str, int] = {}
@@ -160,6 +162,11 @@ class Comm:
             (_emulated[link].seconds(n) for link, n in by_link.items() if link in _emulated),
             default=0.0,
         )
+
+    def skip(self, nbytes: int, peer: int, op: str = "p2p") -> None:
+        """Book a message of nbytes to group rank `peer` that the schedule skips (sends nothing)."""
+        for ledger in _ledger.active():
+            ledger.skip(op, self.label, self._ledger_link(ledger, peer), nbytes)
 
     def _finish(self, start: float, emulated_s: float) -> None:
         remaining = start + emulated_s - time.perf_counter()

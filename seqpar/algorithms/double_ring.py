@@ -4,7 +4,8 @@ The ring of P ranks is split into P / w inner rings of w consecutive ranks (`inn
 outer step runs a plain ring inside every inner ring while each rank prefetches, from the previous
 inner ring and on the outer ring's own communicator, the K,V its inner ring starts the next outer
 step with: that inter-node p2p overlaps the whole inner ring, and all w ranks of a node use their
-own NIC at once. Bytes equal the ring's.
+own NIC at once. Bytes equal the ring's. With skip_transfers (`route`) an inner hop travels only
+when the block is read later in that inner ring, a prefetch only when it is read in a later one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ class DoubleRingOptions(Options):
         return self.as_usp().resolved(world)
 
     def as_usp(self) -> UspOptions:
-        return UspOptions(self.backend, self.scale, self.grad_dtype, inner_ring=self.inner_ring)
+        return UspOptions(self.backend, self.scale, self.grad_dtype, self.skip_transfers,
+                          inner_ring=self.inner_ring)
 
     def check(self, world: int) -> None:
         self.resolved(world)

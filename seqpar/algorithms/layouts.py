@@ -17,7 +17,8 @@ For sorted key positions every query row then sees one *contiguous range* of key
 [lo, hi); `block_tasks` cuts the rows into runs where lo and hi each stay put or step by one per row
 and emits one or two kernel calls per run: full, causal (hi steps), or 'band' (lo steps: a window's
 lower edge; the kernel takes the band's two diagonal offsets). Rows and blocks no query can see get
-no call at all (no compute).
+no call at all (no compute); `sees` and `layout_need` say which rank pairs see each other at all,
+from which the ring schedules skip transfers (`route`, option `skip_transfers`).
 
 Documents in the layouts: contiguous and stripe deal tokens exactly as without documents (stripe's
 round robin keeps every document's causal work balanced to within one row per rank). zigzag deals
@@ -326,3 +327,26 @@ def layout_tasks(layout: str, world: int, seq_len: int, q_rank: int, k_rank: int
     cu = as_relation(causal).cu
     return block_tasks(positions(layout, q_rank, world, seq_len, cu),
                        positions(layout, k_rank, world, seq_len, cu), causal)
+
+
+def sees(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: Relation | bool = True) -> bool:
+    """Whether any query at q_pos sees any key at k_pos (k_pos in any order): exactly when
+    `block_tasks` plans at least one kernel call for the pair."""
+    rel = as_relation(causal)
+    if q_pos.numel() == 0 or k_pos.numel() == 0:
+        return False
+    return rel.full or rel.pairs(q_pos, torch.sort(k_pos).values) > 0
+
+
+@lru_cache(maxsize=256)
+def layout_need(layout: str, world: int, seq_len: int, causal: Relation | bool,
+                holders: tuple[tuple[int, ...], ...] | None = None
+                ) -> tuple[tuple[bool, ...], ...]:
+    """need[i][j]: whether the queries of holding i see any key of holding j, a holding being the
+    shards of some ranks (`holders`; default: each rank its own shard). From the global relation,
+    so every rank computes the same matrix; `route` skips the transfers it rules out."""
+    cu = as_relation(causal).cu
+    holders = holders or tuple((r,) for r in range(world))
+    pos = [torch.cat([positions(layout, r, world, seq_len, cu) for r in h]) for h in holders]
+    return tuple(tuple(sees(pos[q], pos[k], causal) for k in range(len(pos)))
+                 for q in range(len(pos)))

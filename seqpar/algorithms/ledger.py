@@ -3,6 +3,11 @@
 Bytes follow the NCCL-tests convention (bytes that must leave a rank): p2p send = tensor bytes;
 all-gather = (G-1) x shard; reduce-scatter and all-to-all = (G-1)/G x input. A collective's bytes are
 split by peer, so a group that spans nodes books its intra- and inter-node shares separately.
+
+Messages a schedule skips because no query of the ranks they would reach sees their block
+(`route`, option `skip_transfers`) are booked apart, in `skipped`, by the same keys (the op, group
+and link of the message the unskipped schedule sends): `total()` is what was sent, `total() +
+skipped_total()` what the unskipped schedule sends.
 """
 
 from __future__ import annotations
@@ -46,34 +51,55 @@ class Ledger:
     node_of_rank: Sequence[int] | None = None
     entries: dict[tuple[str, str, str, str], Entry] = field(default_factory=dict)
     flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    skipped: dict[tuple[str, str, str, str], Entry] = field(default_factory=dict)
 
     def link(self, rank_a: int, rank_b: int) -> str:
         """Link class by this ledger's own node map (which overrides the mesh's)."""
         return link_class(rank_a, rank_b, self.node_of_rank)
 
     def add(self, op: str, group: str, link: str, nbytes: int, calls: int = 1) -> None:
-        phase = _phase.get()
-        key = (op, group, link, phase)
-        entry = self.entries.get(key)
-        if entry is None:
-            entry = self.entries[key] = Entry(op, group, link, phase)
-        entry.bytes_sent += int(nbytes)
-        entry.calls += calls
+        _book(self.entries, op, group, link, nbytes, calls)
+
+    def skip(self, op: str, group: str, link: str, nbytes: int, calls: int = 1) -> None:
+        """Book a message the schedule skipped (its bytes under `bytes_sent` of `skipped`)."""
+        _book(self.skipped, op, group, link, nbytes, calls)
 
     def total(self, phase: str | None = None, op: str | None = None, link: str | None = None,
               group: str | None = None) -> int:
         """Bytes sent, summed over the entries that match every given filter."""
-        return sum(
-            e.bytes_sent
-            for e in self.entries.values()
-            if (phase is None or e.phase == phase)
-            and (op is None or e.op == op)
-            and (link is None or e.link == link)
-            and (group is None or e.group == group)
-        )
+        return _sum(self.entries, phase, op, link, group)
+
+    def skipped_total(self, phase: str | None = None, op: str | None = None,
+                      link: str | None = None, group: str | None = None) -> int:
+        """Bytes skipped (not sent), summed over the skipped entries that match every filter."""
+        return _sum(self.skipped, phase, op, link, group)
 
     def to_dict(self) -> dict:
-        return {"entries": [asdict(e) for e in self.entries.values()], "flops": dict(self.flops)}
+        return {"entries": [asdict(e) for e in self.entries.values()], "flops": dict(self.flops),
+                "skipped": [asdict(e) for e in self.skipped.values()]}
+
+
+def _book(entries: dict[tuple[str, str, str, str], Entry], op: str, group: str, link: str,
+          nbytes: int, calls: int) -> None:
+    phase = _phase.get()
+    key = (op, group, link, phase)
+    entry = entries.get(key)
+    if entry is None:
+        entry = entries[key] = Entry(op, group, link, phase)
+    entry.bytes_sent += int(nbytes)
+    entry.calls += calls
+
+
+def _sum(entries: dict[tuple[str, str, str, str], Entry], phase: str | None, op: str | None,
+         link: str | None, group: str | None) -> int:
+    return sum(
+        e.bytes_sent
+        for e in entries.values()
+        if (phase is None or e.phase == phase)
+        and (op is None or e.op == op)
+        and (link is None or e.link == link)
+        and (group is None or e.group == group)
+    )
 
 
 def current_phase() -> str:

@@ -32,13 +32,17 @@ def is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Options:
-    """What every algorithm takes: the local kernel, the softmax scale and the dtype in which
+    """What every algorithm takes: the local kernel, the softmax scale, the dtype in which
     gradients that are summed elsewhere travel ('accumulate': float32, float64 for float64 inputs,
-    so a bf16 ring does not round its dK,dV at every hop; 'input': the input dtype)."""
+    so a bf16 ring does not round its dK,dV at every hop; 'input': the input dtype), and whether
+    ring schedules skip the transfers of blocks no query of the ranks ahead sees (`route`; the
+    ring-based algorithms: ring, usp's and the double ring's context ring, burst, WallFacer's
+    sub-rings; collectives send what they send)."""
 
     backend: str = "auto"
     scale: float | None = None
     grad_dtype: str = "accumulate"
+    skip_transfers: bool = False
 
     def __post_init__(self) -> None:
         require(self.backend in BACKENDS, "backend", self.backend,
@@ -48,6 +52,8 @@ class Options:
                 "scale", self.scale, "must be a positive number (default 1/sqrt(head_dim))")
         require(self.grad_dtype in GRAD_DTYPES, "grad_dtype", self.grad_dtype,
                 f"must be one of {', '.join(GRAD_DTYPES)}")
+        require(isinstance(self.skip_transfers, bool), "skip_transfers", self.skip_transfers,
+                "must be true or false")
 
     # -- construction --------------------------------------------------------------------------
     @classmethod

@@ -8,7 +8,19 @@ the accumulation dtype by default, see `Options.grad_dtype`).
 
 `travel` is the one ring schedule: it also runs usp's context ring and the double ring (inner rings
 of w with the outer ring's prefetch on its own communicator, LoongTrain Alg. 2), burst's
-topology-aware ring and WallFacer's sub-rings.
+topology-aware ring and WallFacer's sub-rings; `carry` is the one backward over it (a block's
+gradient follows the block and comes home), for K,V here and for burst's travelling queries.
+
+Transfer skipping (option `skip_transfers`, `route`): with a window or documents, a block travels
+only as far as the last position whose queries see it, its gradient goes from reader to reader and
+then home in one hop, and the ring ends after the last step any block is read. Every rank derives
+the same route from the global relation, so sender and receiver agree on every message. The ledger
+books the skipped messages apart (`Ledger.skipped`), and `skipped_ring_bytes` counts them: e.g.
+contiguous, P = 4, a window within one neighbour: 1 of 3 K,V messages, 1-2 of 4 dK,dV messages,
+2 steps. A layout whose every rank sees every other (zigzag or stripe without a window, any full
+attention) skips nothing; a causal contiguous ring skips the hops past the last rank (block b
+travels P-1-b hops). The ring runs one way, so a zigzag window (each rank reads both neighbours)
+still needs the full forward ring; only gradients are saved there.
 """
 
 from __future__ import annotations
@@ -18,9 +30,9 @@ from dataclasses import dataclass
 
 import torch
 
-from seqpar.algorithms import blocks, layouts
-from seqpar.algorithms.base import Algorithm, AttnShape
-from seqpar.algorithms.comm import Comm
+from seqpar.algorithms import blocks, kernels, layouts, route
+from seqpar.algorithms.base import Algorithm, AttnShape, Mask
+from seqpar.algorithms.comm import Comm, Handle
 from seqpar.algorithms.groups import DoubleRing
 from seqpar.algorithms.mesh import Mesh
 from seqpar.algorithms.options import Options
@@ -51,80 +63,151 @@ class RingComms:
         return DoubleRing(self.ring.size, self.inner.size, self.ring.rank)
 
 
-def travel(comms: RingComms, kv: torch.Tensor) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """Yield (inner step, source position, block) for every block as it passes this rank.
+def plan_of(comms: RingComms, need: route.Need | None) -> route.Plan:
+    """This rank's route on the ring of `comms` (need=None: every block travels the whole ring)."""
+    return route.plan(comms.ring.size, comms.inner.size, comms.ring.rank, need)
+
+
+def _nbytes(t: torch.Tensor, dtype: torch.dtype | None = None) -> int:
+    return t.numel() * (dtype or t.dtype).itemsize
+
+
+def travel(comms: RingComms, kv: torch.Tensor,
+           plan: route.Plan | None = None) -> Iterator[tuple[int, int, torch.Tensor | None]]:
+    """Yield (global step, source position, block or None) at every step of the ring: the block
+    that started at the source position as it passes this rank (None: it does not travel here,
+    see `route`).
 
     The exchange that brings the next block is posted before a block is yielded, so it overlaps
     the caller's compute on it. With inner rings each outer step also posts, at its start and on
     the outer ring's communicator, the prefetch of the next inner ring's first block from the
-    previous inner ring, which overlaps the whole inner ring.
+    previous inner ring, which overlaps the whole inner ring. Messages the plan skips are booked
+    in the ledger as skipped (`Ledger.skipped`).
     """
+    plan = plan or plan_of(comms, None)
     ring, inner, outer = comms.schedule, comms.inner, comms.outer
-    for outer_step in range(ring.outer):
+    w = ring.inner
+    start: torch.Tensor | None = kv
+    for o in range(-(-plan.steps // w)):
         prefetch = None
-        if outer_step < ring.outer - 1:
-            prefetch = outer.exchange([(kv, outer.peer(1))],
-                                      [(torch.empty_like(kv), outer.peer(-1))], tag=OUTER_TAG)
-        block = kv
-        for step in range(ring.inner):
+        if plan.fetch_send[o] or plan.fetch_recv[o]:
+            prefetch = outer.exchange(
+                [(start, outer.peer(1))] if plan.fetch_send[o] else [],
+                [(torch.empty_like(kv), outer.peer(-1))] if plan.fetch_recv[o] else [],
+                tag=OUTER_TAG)
+        block = start
+        for s in range(min(w, plan.steps - o * w)):
+            g = o * w + s
             pending = None
-            if step < ring.inner - 1:
-                pending = inner.exchange([(block, inner.peer(1))],
-                                         [(torch.empty_like(block), inner.peer(-1))], tag=KV_TAG)
-            yield step, ring.source(outer_step, step), block
-            if pending is not None:
-                (block,) = pending.wait()
-        if prefetch is not None:
-            (kv,) = prefetch.wait()
+            if plan.hop_send[g] or plan.hop_recv[g]:
+                pending = inner.exchange(
+                    [(block, inner.peer(1))] if plan.hop_send[g] else [],
+                    [(torch.empty_like(kv), inner.peer(-1))] if plan.hop_recv[g] else [],
+                    tag=KV_TAG)
+            yield g, ring.source(o, s), block if plan.held[g] else None
+            got = pending.wait() if pending is not None else []
+            block = got[0] if plan.hop_recv[g] else None
+        got = prefetch.wait() if prefetch is not None else []
+        start = got[0] if plan.fetch_recv[o] else None
+    for g in range(plan.size):  # what the unskipped ring would have sent besides
+        if g % w < w - 1 and not plan.hop_send[g]:
+            inner.skip(_nbytes(kv), inner.peer(1))
+    for o in range(plan.size // w - 1):
+        if not plan.fetch_send[o]:
+            outer.skip(_nbytes(kv), outer.peer(1))
 
 
-def pass_grad(comms: RingComms, step: int, grad: torch.Tensor):
-    """Send a travelling gradient on after inner step `step` and post the receive of the next one:
-    inside an inner ring to the next member, after its last step one hop diagonally on the whole
-    ring (see `DoubleRing.grad_peers`)."""
+def carry(comms: RingComms, payload: torch.Tensor, plan: route.Plan,
+          compute: Callable[[torch.Tensor, int], torch.Tensor], grad_like: torch.Tensor,
+          grad_dtype: torch.dtype) -> torch.Tensor:
+    """Backward on a ring: `payload` travels as in `travel`; for every block this rank needs,
+    compute(block, src) returns the block's gradient contribution, which is added to the
+    accumulator that arrived with it and sent on to the block's next reader, or home after its
+    last (`route`). Returns this rank's own block's gradient (zeros shaped like grad_like when no
+    one needs the block)."""
     ring = comms.schedule
-    if step < ring.inner - 1:
-        comm, to, frm = comms.inner, comms.inner.peer(1), comms.inner.peer(-1)
-    else:
-        comm = comms.ring
-        to, frm = ring.grad_peers(step)
-    return comm.exchange([(grad, to)], [(torch.empty_like(grad), frm)], tag=GRAD_TAG)
+    w = ring.inner
+    arrivals: dict[int, tuple[Handle, int]] = {}  # consumed at step (or HOME) -> (handle, index)
+    outgoing: list[Handle] = []  # exchanges that send: waited before returning
+    own = None
+    # one gradient exchange per communicator and step, the inner ring's first, on every rank
+    # (a plain ring's inner ring is the ring itself: one exchange)
+    order = [comms.inner] if comms.inner is comms.ring else [comms.inner, comms.ring]
+
+    def on(via_inner: bool) -> int:
+        return 0 if via_inner or len(order) == 1 else 1
+
+    def group_rank(pos: int, via_inner: bool) -> int:
+        return pos % w if via_inner and len(order) > 1 else pos
+
+    for g, src, block in travel(comms, payload, plan):
+        grad = None
+        if block is not None and plan.needed[g]:
+            grad = compute(block, src)
+            if g in arrivals:
+                handle, i = arrivals.pop(g)
+                grad += handle.wait()[i]
+        if g == 0 and plan.home == "kept":
+            own = grad
+        posts: list[tuple[list, list, list[int]]] = [([], [], []) for _ in order]
+        if plan.grad_to[g] is not None:
+            to, via_inner = plan.grad_to[g]
+            posts[on(via_inner)][0].append((grad.to(grad_dtype), group_rank(to, via_inner)))
+        for frm, at, via_inner in plan.grad_from[g]:
+            sends, recvs, purpose = posts[on(via_inner)]
+            recvs.append((torch.empty(grad_like.shape, dtype=grad_dtype,
+                                      device=grad_like.device), group_rank(frm, via_inner)))
+            purpose.append(at)
+        for comm, (sends, recvs, purpose) in zip(order, posts, strict=True):
+            if sends or recvs:
+                handle = comm.exchange(sends, recvs, tag=GRAD_TAG)
+                arrivals.update({at: (handle, i) for i, at in enumerate(purpose)})
+                if sends:
+                    outgoing.append(handle)
+    for g in range(plan.size if plan.size > 1 else 0):  # skipped gradient messages
+        if plan.grad_to[g] is None:
+            s = g % w
+            comm, p = ((comms.inner, comms.inner.peer(1)) if s < w - 1
+                       else (comms.ring, ring.grad_peers(s)[0]))
+            comm.skip(_nbytes(grad_like, grad_dtype), p)
+    for handle in outgoing:
+        handle.wait()
+    if plan.home == "arrives":
+        handle, i = arrivals.pop(route.HOME)
+        return handle.wait()[i]
+    if own is not None:
+        return own
+    return torch.zeros(grad_like.shape, dtype=kernels.acc_dtype(grad_like.dtype),
+                       device=grad_like.device)
 
 
 def ring_forward(q: torch.Tensor, kv: torch.Tensor, comms: RingComms, tasks_for: TasksFor,
                  acc_out: torch.Tensor, acc_lse: torch.Tensor, backend: str,
-                 scale: float | None) -> None:
+                 scale: float | None, plan: route.Plan | None = None) -> None:
     """Merge attention over every position's kv into the accumulators; `tasks_for(src)` plans the
     block that started at position src."""
-    for _, src, block in travel(comms, kv):
-        k, v = blocks.unpack_kv(block)
-        blocks.forward_tasks(q, k, v, tasks_for(src), acc_out, acc_lse, backend, scale)
+    for _, src, block in travel(comms, kv, plan):
+        if block is not None:
+            k, v = blocks.unpack_kv(block)
+            blocks.forward_tasks(q, k, v, tasks_for(src), acc_out, acc_lse, backend, scale)
 
 
 def ring_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, comms: RingComms, tasks_for: TasksFor, dq: torch.Tensor,
-                  backend: str, scale: float | None, grad_dtype: torch.dtype) -> torch.Tensor:
+                  backend: str, scale: float | None, grad_dtype: torch.dtype,
+                  plan: route.Plan | None = None) -> torch.Tensor:
     """Add dq in place; return this rank's own dK,dV (packed) after they have travelled home.
 
     K,V move as in `ring_forward`; each block's dK,dV accumulator follows its block one step
-    behind, `size` hops in all, in `grad_dtype`.
+    behind (`size` hops in all, unskipped), in `grad_dtype`.
     """
-    grad_in = None  # the travelling dK,dV of the block held this step, arriving from its last holder
-    dkv = None
-    for step, src, block in travel(comms, kv):
+    def compute(block: torch.Tensor, src: int) -> torch.Tensor:
         k, v = blocks.unpack_kv(block)
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
         blocks.backward_tasks(dout, q, k, v, out, lse, tasks_for(src), dq, dk, dv, backend, scale)
-        dkv = blocks.pack_kv(dk, dv)
-        if grad_in is not None:
-            (arrived,) = grad_in.wait()
-            dkv += arrived
-        if comms.ring.size > 1:
-            grad_in = pass_grad(comms, step, dkv.to(grad_dtype))
-    if grad_in is None:
-        return dkv
-    (home,) = grad_in.wait()
-    return home
+        return blocks.pack_kv(dk, dv)
+
+    return carry(comms, kv, plan or plan_of(comms, None), compute, kv, grad_dtype)
 
 
 def ring_bytes(kv_bytes: int, world: int, grad_bytes: int | None = None) -> dict[str, int]:
@@ -137,6 +220,14 @@ def ring_bytes(kv_bytes: int, world: int, grad_bytes: int | None = None) -> dict
             "backward": (world - 1) * kv_bytes + world * grad_bytes}
 
 
+def skipped_ring_bytes(kv_bytes: int, grad_bytes: int, plan: route.Plan) -> dict[str, int]:
+    """Bytes of `ring_bytes` that a position does not send on its route (`plan`): its skipped
+    K,V messages (forward, and again backward) and skipped gradient messages."""
+    kv = (plan.full_kv_messages - plan.kv_messages) * kv_bytes
+    return {"forward": kv,
+            "backward": kv + (plan.full_grad_messages - plan.grad_messages) * grad_bytes}
+
+
 class Ring(Algorithm):
     name = "ring"
     summary = "K,V shards travel a ring; online-softmax merge; overlapped p2p"
@@ -147,19 +238,29 @@ class Ring(Algorithm):
                                         self.relation)
         return tasks
 
-    def forward(self, q, k, v):
-        tasks_for = self.tasks_for(q.shape[1] * self.world)
-        acc_out, acc_lse = blocks.new_partial(q)
-        ring_forward(q, blocks.pack_kv(k, v), RingComms.of(self.mesh), tasks_for, acc_out,
-                     acc_lse, self.backend, self.scale)
-        out = acc_out.to(q.dtype)
-        return out, (q, k, v, out, acc_lse), tasks_for
+    def need(self, seq_len: int) -> route.Need | None:
+        """need[pos][src] of this call (None: skip_transfers off, every block travels)."""
+        if not self.options.skip_transfers:
+            return None
+        return layouts.layout_need(self.layout, self.world, seq_len, self.relation)
 
-    def backward(self, dout, saved, tasks_for):
+    def forward(self, q, k, v):
+        seq_len = q.shape[1] * self.world
+        tasks_for = self.tasks_for(seq_len)
+        comms = RingComms.of(self.mesh)
+        plan = plan_of(comms, self.need(seq_len))
+        acc_out, acc_lse = blocks.new_partial(q)
+        ring_forward(q, blocks.pack_kv(k, v), comms, tasks_for, acc_out, acc_lse, self.backend,
+                     self.scale, plan)
+        out = acc_out.to(q.dtype)
+        return out, (q, k, v, out, acc_lse), (tasks_for, plan)
+
+    def backward(self, dout, saved, state):
         q, k, v, out, lse = saved
+        tasks_for, plan = state
         dq = blocks.zeros_acc(q)
         dkv = ring_backward(dout, q, blocks.pack_kv(k, v), out, lse, RingComms.of(self.mesh),
-                            tasks_for, dq, self.backend, self.scale, self.grad_dtype(k))
+                            tasks_for, dq, self.backend, self.scale, self.grad_dtype(k), plan)
         dk, dv = blocks.unpack_kv(dkv)
         return dq, dk, dv
 
@@ -168,3 +269,17 @@ class Ring(Algorithm):
         kv = 2 * shape.kv_heads * shape.unit(world)
         grad = 2 * shape.kv_heads * shape.grad_unit(world, options)
         return ring_bytes(kv, world, grad)
+
+    @classmethod
+    def ring_inner(cls, world: int, options: Options) -> int:
+        """Inner ring size of the schedule the analytic counts assume (the plain ring: world)."""
+        return world
+
+    @classmethod
+    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
+                      mask: Mask) -> dict[str, int]:
+        if not options.skip_transfers or world == 1:
+            return super().skipped_bytes(shape, world, options, rank, mask)
+        plan = route.plan(world, cls.ring_inner(world, options), rank, mask.need(world))
+        return skipped_ring_bytes(2 * shape.kv_heads * shape.unit(world),
+                                  2 * shape.kv_heads * shape.grad_unit(world, options), plan)

@@ -20,6 +20,10 @@ inner-ring block from it, so every layout and placement is exact without re-deal
 
 `double_ring` is the dhp = 1 case. dhp = 1 is exactly `ring`, dcp = 1 exactly `ulysses`: the same
 bytes.
+
+With skip_transfers the context ring (inner rings, outer prefetch and the gradients) skips the blocks
+no query of an HP group's holding sees (`route`, need over the holdings); the all-to-alls move every
+head of every token and skip nothing.
 """
 
 from __future__ import annotations
@@ -28,11 +32,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from seqpar.algorithms import blocks, groups, ledger, tokens
-from seqpar.algorithms.base import Algorithm, AttnShape, divides
+from seqpar.algorithms import blocks, groups, layouts, ledger, route, tokens
+from seqpar.algorithms.base import Algorithm, AttnShape, Mask, divides
 from seqpar.algorithms.mesh import Grid
 from seqpar.algorithms.options import Options, divisors, is_int
-from seqpar.algorithms.ring import RingComms, ring_backward, ring_bytes, ring_forward
+from seqpar.algorithms.ring import (
+    RingComms,
+    plan_of,
+    ring_backward,
+    ring_bytes,
+    ring_forward,
+    skipped_ring_bytes,
+)
 from seqpar.algorithms.ulysses import (
     check_kv_split,
     heads_to_seq,
@@ -114,10 +125,18 @@ class Usp(Algorithm):
         holders = usp_grid(self.world, self.options).groups("hp")  # by CP position
         return tokens.gather_plan(self.layout, self.world, seq_len, holders, self.relation)
 
+    def need(self, seq_len: int) -> route.Need | None:
+        """need[pos][src] of the context ring (None: skip_transfers off)."""
+        if not self.options.skip_transfers:
+            return None
+        holders = usp_grid(self.world, self.options).groups("hp")
+        return layouts.layout_need(self.layout, self.world, seq_len, self.relation, holders)
+
     def forward(self, q, k, v):
         hp, comms = self.mesh.comm("hp"), RingComms.of(self.mesh, "cp")
         me = comms.ring.rank  # CP position: which HP group's tokens this rank holds
         plan = self.plan(q.shape[1] * self.world)
+        path = plan_of(comms, self.need(q.shape[1] * self.world))
         reps = kv_replicas(k.shape[2], hp.size)
         k, v = replicate_kv(k, v, reps)
         qh, kh, vh = seq_to_heads([q, k, v], hp, plan.order(me, q.device))
@@ -127,20 +146,20 @@ class Usp(Algorithm):
             return plan.tasks(me, src)
 
         acc_out, acc_lse = blocks.new_partial(qh)
-        ring_forward(qh, kv, comms, tasks_for, acc_out, acc_lse, self.backend, self.scale)
+        ring_forward(qh, kv, comms, tasks_for, acc_out, acc_lse, self.backend, self.scale, path)
         out_h = acc_out.to(q.dtype)
         (out,) = heads_to_seq([out_h], hp, plan.inverse(me, q.device))
-        return out, (qh, kv, out_h, acc_lse), (plan, me, reps, tasks_for)
+        return out, (qh, kv, out_h, acc_lse), (plan, me, reps, tasks_for, path)
 
     def backward(self, dout, saved, state):
         qh, kv, out_h, lse = saved
-        plan, me, reps, tasks_for = state
+        plan, me, reps, tasks_for, path = state
         hp, comms = self.mesh.comm("hp"), RingComms.of(self.mesh, "cp")
         dq = blocks.zeros_acc(qh)
         # one fixed order on every rank: a2a, ring (K,V then dK,dV), a2a
         (doh,) = seq_to_heads([dout], hp, plan.order(me, dout.device))
         dkv = ring_backward(doh, qh, kv, out_h, lse, comms, tasks_for, dq, self.backend,
-                            self.scale, self.grad_dtype(qh))
+                            self.scale, self.grad_dtype(qh), path)
         dkh, dvh = blocks.unpack_kv(dkv.to(qh.dtype))
         dq, dk, dv = heads_to_seq([dq.to(qh.dtype), dkh, dvh], hp, plan.inverse(me, dout.device))
         dk, dv = sum_replicas(dk, dv, reps)
@@ -156,6 +175,22 @@ class Usp(Algorithm):
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
         by_op = bytes_by_op(shape, world, options)
         return {phase: sum(ops.values()) for phase, ops in by_op.items()}
+
+    @classmethod
+    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
+                      mask: Mask) -> dict[str, int]:
+        """The context ring's skipped messages (the all-to-alls send what they send)."""
+        dhp, dcp, _, inner = options.resolved(world)
+        if not options.skip_transfers or dcp == 1:
+            return super().skipped_bytes(shape, world, options, rank, mask)
+        grid = usp_grid(world, options)
+        need = layouts.layout_need(mask.layout, world, mask.seq_len, mask.relation,
+                                   grid.groups("hp"))
+        pos = grid.coord("cp", rank)  # which HP group's tokens rank holds: its ring position
+        kv_heads = shape.kv_heads * kv_replicas(shape.kv_heads, dhp)
+        return skipped_ring_bytes(2 * kv_heads * shape.unit(world),
+                                  2 * kv_heads * shape.grad_unit(world, options),
+                                  route.plan(dcp, inner, pos, need))
 
 
 def bytes_by_op(shape: AttnShape, world: int,

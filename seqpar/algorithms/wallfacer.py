@@ -29,6 +29,10 @@ The rank grid (mesh.py): collective-intra `(group, subring, team)` puts a team o
 p2p-intra `(group, team, subring)` a sub-ring; the team and the sub-ring are process groups of their
 own, and Alg. 2's placement exchange runs on the whole group. `groups.WallFacerGrid` holds Alg. 2
 and 3 (`get_init_send`, `get_p2p_config`); a test holds its teams and sub-rings against the grid's.
+
+With skip_transfers the sub-rings skip (`route`, `subring_needs`): forward a team K,V block travels
+only as far as the last team that sees it, backward a team's queries only as far as the last K,V
+block they see. The team collectives and the placement send what they send.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
-from seqpar.algorithms import blocks, groups, tokens
-from seqpar.algorithms.base import Algorithm, AttnShape
+from seqpar.algorithms import blocks, groups, layouts, route, tokens
+from seqpar.algorithms.base import Algorithm, AttnShape, Mask
 from seqpar.algorithms.burst import (
     pack_bytes,
     packed_size,
@@ -49,13 +53,14 @@ from seqpar.algorithms.burst import (
     query_ring_backward,
     query_ring_bytes,
     rowsum_delta,
+    skipped_query_ring_bytes,
     unpack_bytes,
 )
 from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.groups import WallFacerGrid
 from seqpar.algorithms.mesh import Grid
 from seqpar.algorithms.options import Options, divisors, is_int
-from seqpar.algorithms.ring import RingComms, ring_forward
+from seqpar.algorithms.ring import RingComms, plan_of, ring_forward, skipped_ring_bytes
 from seqpar.algorithms.softmax_merge import merge
 from seqpar.errors import require
 
@@ -143,10 +148,18 @@ class WallFacer(Algorithm):
         teams = wallfacer_grid(self.world, self.options).groups("team")  # by team index
         return tokens.gather_plan(self.layout, self.world, seq_len, teams, self.relation)
 
+    def needs(self, seq_len: int) -> tuple[route.Need | None, route.Need | None]:
+        """need[pos][src] of this rank's sub-ring, forward and backward (None: skip off)."""
+        if not self.options.skip_transfers:
+            return None, None
+        mask = Mask(self.layout, seq_len, self.relation)
+        return subring_needs(self.world, self.options, self.rank, mask)
+
     def forward(self, q, k, v):
         grid = grid_of(self.world, self.options)
         team, ring = self.mesh.comm("team"), RingComms.of(self.mesh, "subring")
         plan = self.plan(q.shape[1] * self.world)
+        need_f, need_b = self.needs(q.shape[1] * self.world)
         mine = grid.coords(self.rank)[0]
         heads = (q.shape[2], k.shape[2], v.shape[2])
         # Alg. 1 line 1: the team's q, k, v in one all-gather, then in the plan's order
@@ -162,14 +175,15 @@ class WallFacer(Algorithm):
             return plan.tasks(mine, grid.block_team(sub[j]))
 
         acc_out, acc_lse = blocks.new_partial(q_t)
-        ring_forward(q_t, kv0, ring, tasks_for, acc_out, acc_lse, self.backend, self.scale)
+        ring_forward(q_t, kv0, ring, tasks_for, acc_out, acc_lse, self.backend, self.scale,
+                     plan_of(ring, need_f))
         out, lse = combine(team, acc_out, acc_lse, plan.inverse(mine, q.device))
         out = out.to(q.dtype)
-        return out, (q_t, kv0, out, lse), (plan, heads)
+        return out, (q_t, kv0, out, lse), (plan, heads, need_b)
 
     def backward(self, dout, saved, state):
         q_t, kv0, out, lse = saved
-        plan, heads = state
+        plan, heads, need_b = state
         grid = grid_of(self.world, self.options)
         team, ring = self.mesh.comm("team"), RingComms.of(self.mesh, "subring")
         mine, dtype = grid.coords(self.rank)[0], q_t.dtype
@@ -191,7 +205,7 @@ class WallFacer(Algorithm):
         delta_t, lse_t, dout_t = (blocks.permute(torch.cat([m[j] for m in got], dim=1), order)
                                   for j in range(3))
         parts = query_parts(q_t, dout_t, delta_t, lse_t.transpose(1, 2))
-        dq_t = query_ring_backward(parts, ring, compute, grad_dtype)
+        dq_t = query_ring_backward(parts, ring, compute, grad_dtype, plan_of(ring, need_b))
         # dK,dV of the placed block go back to the rank that placed it (Alg. 2 inverse)
         dkv = _place(self.comm, blocks.pack_kv(dk0, dv0).to(grad_dtype),
                      grid.init_recv(self.rank), grid.init_send(self.rank))
@@ -223,10 +237,41 @@ class WallFacer(Algorithm):
         return {"forward": forward, "backward": backward}
 
     @classmethod
+    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
+                      mask: Mask) -> dict[str, int]:
+        """The sub-ring's skipped messages (team collectives and the placement send all)."""
+        grid = grid_of(world, options)
+        c, t = grid.team_size, grid.ring_size
+        if not options.skip_transfers or t == 1:
+            return super().skipped_bytes(shape, world, options, rank, mask)
+        need_f, need_b = subring_needs(world, options, rank, mask)
+        pos = grid.subring(rank).index(rank)
+        fwd, bwd = route.plan(t, t, pos, need_f), route.plan(t, t, pos, need_b)
+        q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)
+        return {"forward": skipped_ring_bytes(2 * c * shape.kv_heads * shape.unit(world), 0,
+                                              fwd)["forward"],
+                "backward": skipped_query_ring_bytes(q_block, dq_block, bwd)}
+
+    @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
         """The most any rank sends (every rank that places its block elsewhere)."""
         per_rank = [cls.rank_bytes(shape, world, options, r) for r in range(world)]
         return {p: max(b[p] for b in per_rank) for p in ("forward", "backward")}
+
+
+def subring_needs(world: int, options: WallFacerOptions, rank: int,
+                  mask: Mask) -> tuple[route.Need, route.Need]:
+    """need[pos][src] on rank's sub-ring: forward, whether the team at pos sees the K,V block
+    placed at src; backward (queries travel), whether the team of src sees the block held at pos."""
+    grid = grid_of(world, options)
+    teams = wallfacer_grid(world, options).groups("team")
+    need = layouts.layout_need(mask.layout, world, mask.seq_len, mask.relation, teams)
+    sub = grid.subring(rank)
+    team = [grid.coords(x)[0] for x in sub]
+    held = [grid.block_team(x) for x in sub]
+    ring = range(len(sub))
+    return (tuple(tuple(need[team[p]][held[j]] for j in ring) for p in ring),
+            tuple(tuple(need[team[j]][held[p]] for j in ring) for p in ring))
 
 
 def rank_bytes(shape: AttnShape, world: int, options, rank: int) -> dict[str, int]:
