@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqpar.algorithms.base import DTYPES, AttnShape
-from seqpar.errors import ConfigError, require
+from seqpar.errors import require
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/accuracy.py)
 
@@ -56,8 +56,8 @@ class Case:
 
     def check(self) -> None:
         """Every rule of the algorithm for this case (`seqpar.algorithms.check`, one place for the
-        rules). With documents (cu_seqlens) any length runs: the layout's seq_len rule relaxes, and
-        uneven shards (N not a multiple of P) need an algorithm that takes them."""
+        rules). With documents (cu_seqlens) any length runs: the layout's seq_len rule relaxes (uneven
+        shards are padded)."""
         from seqpar import algorithms
         from seqpar.algorithms import layouts
 
@@ -72,9 +72,4 @@ class Case:
         cls = algorithms.get(self.algorithm)
         layouts.check_layout(self.layout)
         cu = layouts.normal_cu(self.layout, self.world, self.seq_len, self.cu_seqlens)
-        opts = cls.check(self.shape, self.world, self.layout, self.causal, self.option_dict, cu)
-        if cu is not None and self.seq_len % self.world and not cls.takes_uneven(
-                self.shape, self.world, opts):  # the rule Attention applies per call, here early
-            raise ConfigError("seq_len", self.seq_len,
-                              f"{self.algorithm} with these heads needs a multiple of {self.world} "
-                              f"(uneven shards are not supported with per-rank K,V head ranges)")
+        cls.check(self.shape, self.world, self.layout, self.causal, self.option_dict, cu)

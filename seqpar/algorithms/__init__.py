@@ -9,8 +9,9 @@ per axis when `group` is the whole world (every rank calls it), point-to-point v
 caller that builds the mesh itself (collectively, once: `mesh_for`) passes `mesh=` instead.
 
 Each algorithm states its rules (`check`) and its analytic bytes per rank per call
-(`expected_bytes`), so a ledger from `ledger.recording()` can be held against it. With the option
-`skip_transfers=True` the ring schedules do not carry blocks that no query ahead sees (`route`);
+(`expected_bytes`), so a ledger from `ledger.recording()` can be held against it. With documents or
+a window (or the option `skip_transfers=True`) the ring schedules do not carry blocks that no query
+ahead sees (`route`);
 `expected_bytes(..., layout=, causal=, cu_seqlens=, window=)` then counts what travels and
 `skipped_bytes` what does not, as the ledger's `skipped` entries do.
 """

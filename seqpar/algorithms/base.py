@@ -119,11 +119,6 @@ class Algorithm:
         """Rules beyond the options' own and the layout's (none by default)."""
 
     @classmethod
-    def takes_uneven(cls, shape: AttnShape, world: int, options: Options) -> bool:
-        """Whether this configuration runs on padded uneven shards (N not a multiple of P)."""
-        return True
-
-    @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
         """The most bytes any rank sends per call, by phase."""
         raise NotImplementedError
@@ -283,9 +278,6 @@ class Attention:
         require(q.shape[1] == held, "q.shape", tuple(q.shape),
                 f"rank {a.rank} holds {held} of the N={shape.seq_len} tokens in the {a.layout} "
                 f"layout (layouts.shard with cu_seqlens)")
-        require(shape.seq_len % a.world == 0 or type(a).takes_uneven(shape, a.world, a.options),
-                "seq_len", shape.seq_len, f"{a.name} with these heads needs a multiple of "
-                f"{a.world} (uneven shards are not supported with per-rank K,V head ranges)")
         pad = shape.shard_len(a.world) - held
         if pad:
             q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))

@@ -216,7 +216,7 @@ class Burst(Ring):
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
                       mask: Mask) -> dict[str, int]:
-        if not options.skip_transfers or world == 1:
+        if not options.skips(mask.relation) or world == 1:
             return dict.fromkeys(("forward", "backward"), 0)
         inner, need = cls.ring_inner(world, options), mask.need(world)
         forward = route.plan(world, inner, rank, need)

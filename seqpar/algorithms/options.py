@@ -42,7 +42,7 @@ class Options:
     backend: str = "auto"
     scale: float | None = None
     grad_dtype: str = "accumulate"
-    skip_transfers: bool = False
+    skip_transfers: bool | None = None  # None: skip where the call has documents or a window
 
     def __post_init__(self) -> None:
         require(self.backend in BACKENDS, "backend", self.backend,
@@ -52,8 +52,15 @@ class Options:
                 "scale", self.scale, "must be a positive number (default 1/sqrt(head_dim))")
         require(self.grad_dtype in GRAD_DTYPES, "grad_dtype", self.grad_dtype,
                 f"must be one of {', '.join(GRAD_DTYPES)}")
-        require(isinstance(self.skip_transfers, bool), "skip_transfers", self.skip_transfers,
-                "must be true or false")
+        require(self.skip_transfers is None or isinstance(self.skip_transfers, bool),
+                "skip_transfers", self.skip_transfers,
+                "must be true, false or null (skip where there are documents or a window)")
+
+    def skips(self, relation: Any) -> bool:
+        """Whether the ring schedules skip transfers for a call under `relation` (a
+        `layouts.Relation`): as `skip_transfers` says, and by default only with documents or a
+        window, so a plain full or causal call moves the bytes its paper counts."""
+        return (not relation.plain) if self.skip_transfers is None else self.skip_transfers
 
     # -- construction --------------------------------------------------------------------------
     @classmethod

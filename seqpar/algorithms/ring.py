@@ -183,28 +183,44 @@ def carry(comms: RingComms, payload: torch.Tensor, plan: route.Plan,
 
 def ring_forward(q: torch.Tensor, kv: torch.Tensor, comms: RingComms, tasks_for: TasksFor,
                  acc_out: torch.Tensor, acc_lse: torch.Tensor, backend: str,
-                 scale: float | None, plan: route.Plan | None = None) -> None:
+                 scale: float | None, plan: route.Plan | None = None,
+                 kv_index: torch.Tensor | None = None) -> None:
     """Merge attention over every position's kv into the accumulators; `tasks_for(src)` plans the
-    block that started at position src."""
+    block that started at position src. `kv_index` (usp with K,V head ranges): the K,V head of
+    each query head within the travelling block, expanded locally before the kernel."""
     for _, src, block in travel(comms, kv, plan):
         if block is not None:
-            k, v = blocks.unpack_kv(block)
+            k, v = _expanded(block, kv_index)
             blocks.forward_tasks(q, k, v, tasks_for(src), acc_out, acc_lse, backend, scale)
+
+
+def _expanded(block: torch.Tensor, kv_index: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    k, v = blocks.unpack_kv(block)
+    if kv_index is None:
+        return k, v
+    return k.index_select(2, kv_index), v.index_select(2, kv_index)
 
 
 def ring_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, comms: RingComms, tasks_for: TasksFor, dq: torch.Tensor,
                   backend: str, scale: float | None, grad_dtype: torch.dtype,
-                  plan: route.Plan | None = None) -> torch.Tensor:
+                  plan: route.Plan | None = None,
+                  kv_index: torch.Tensor | None = None) -> torch.Tensor:
     """Add dq in place; return this rank's own dK,dV (packed) after they have travelled home.
 
     K,V move as in `ring_forward`; each block's dK,dV accumulator follows its block one step
-    behind (`size` hops in all, unskipped), in `grad_dtype`.
+    behind (`size` hops in all, unskipped), in `grad_dtype`. With `kv_index` the gradients of the
+    expanded heads are summed back into the block's own heads before they travel.
     """
     def compute(block: torch.Tensor, src: int) -> torch.Tensor:
-        k, v = blocks.unpack_kv(block)
+        k, v = _expanded(block, kv_index)
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
         blocks.backward_tasks(dout, q, k, v, out, lse, tasks_for(src), dq, dk, dv, backend, scale)
+        if kv_index is not None:
+            width = block.shape[2] // 2
+            dk, dv = (torch.zeros(*g.shape[:2], width, g.shape[3], dtype=g.dtype,
+                                  device=g.device).index_add_(2, kv_index, g) for g in (dk, dv))
         return blocks.pack_kv(dk, dv)
 
     return carry(comms, kv, plan or plan_of(comms, None), compute, kv, grad_dtype)
@@ -240,7 +256,7 @@ class Ring(Algorithm):
 
     def need(self, seq_len: int) -> route.Need | None:
         """need[pos][src] of this call (None: skip_transfers off, every block travels)."""
-        if not self.options.skip_transfers:
+        if not self.options.skips(self.relation):
             return None
         return layouts.layout_need(self.layout, self.world, seq_len, self.relation)
 
@@ -278,7 +294,7 @@ class Ring(Algorithm):
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
                       mask: Mask) -> dict[str, int]:
-        if not options.skip_transfers or world == 1:
+        if not options.skips(mask.relation) or world == 1:
             return super().skipped_bytes(shape, world, options, rank, mask)
         plan = route.plan(world, cls.ring_inner(world, options), rank, mask.need(world))
         return skipped_ring_bytes(2 * shape.kv_heads * shape.unit(world),

@@ -24,7 +24,6 @@ from seqpar.algorithms import blocks, tokens
 from seqpar.algorithms.base import Algorithm, AttnShape, divides
 from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.options import Options
-from seqpar.errors import require
 
 
 def kv_replicas(kv_heads: int, world: int) -> int:
@@ -45,13 +44,6 @@ def sum_replicas(dk: torch.Tensor, dv: torch.Tensor, reps: int) -> tuple[torch.T
         return dk, dv
     b, s, h, d = dk.shape
     return (dk.view(b, s, h // reps, reps, d).sum(3), dv.view(b, s, h // reps, reps, d).sum(3))
-
-
-def check_kv_split(kv_heads: int, ways: int, what: str) -> None:
-    """kv_heads must split `ways` ways, or be replicated up to it."""
-    require(kv_heads % ways == 0 or ways % kv_heads == 0, "kv_heads", kv_heads,
-            f"must be a multiple or a divisor of {what} ({ways}) so K,V heads can be split or "
-            "replicated")
 
 
 def seq_to_heads(tensors: Sequence[torch.Tensor], comm: Comm,

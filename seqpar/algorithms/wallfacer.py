@@ -150,7 +150,7 @@ class WallFacer(Algorithm):
 
     def needs(self, seq_len: int) -> tuple[route.Need | None, route.Need | None]:
         """need[pos][src] of this rank's sub-ring, forward and backward (None: skip off)."""
-        if not self.options.skip_transfers:
+        if not self.options.skips(self.relation):
             return None, None
         mask = Mask(self.layout, seq_len, self.relation)
         return subring_needs(self.world, self.options, self.rank, mask)
@@ -242,7 +242,7 @@ class WallFacer(Algorithm):
         """The sub-ring's skipped messages (team collectives and the placement send all)."""
         grid = grid_of(world, options)
         c, t = grid.team_size, grid.ring_size
-        if not options.skip_transfers or t == 1:
+        if not options.skips(mask.relation) or t == 1:
             return super().skipped_bytes(shape, world, options, rank, mask)
         need_f, need_b = subring_needs(world, options, rank, mask)
         pos = grid.subring(rank).index(rank)

@@ -161,7 +161,10 @@ def _analytic_bytes(spec: Any) -> float | None:
     try:
         from seqpar import algorithms
 
+        w = spec.workload  # the call's mask: with documents or a window the rings skip
         by_phase = algorithms.expected_bytes(spec.plan.algorithm, spec.shape, spec.plan.world,
+                                             layout=spec.plan.layout, causal=w.causal,
+                                             cu_seqlens=w.cu_seqlens, window=w.window,
                                              **spec.options)
         backward = spec.workload.mode != "fwd"  # fwd+bwd and accuracy run backward
         return float(by_phase["forward"] + (by_phase["backward"] if backward else 0))

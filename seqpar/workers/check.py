@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from seqpar import algorithms
 from seqpar.algorithms import layouts
-from seqpar.algorithms.base import DTYPES
+from seqpar.algorithms.base import DTYPES, Mask
 from seqpar.case import Case
 from seqpar.workers.bench import _sync
 
@@ -166,13 +166,17 @@ def evaluate(case: Case, results: list[RankResult]) -> CheckResult:
         scale = max(float(ref[name].abs().max()), 1e-4)
         errors[name] = float((got - ref[name]).abs().max()) / scale
     measured = {p: max(r.bytes_sent[p] for r in results) for p in ("forward", "backward")}
+    mask = Mask.of(case.shape, case.world, case.layout, case.causal, case.cu_seqlens or None,
+                   case.window)  # net of the transfers the rings skip (documents, windows)
     expected = algorithms.expected_bytes(case.algorithm, case.shape, case.world,
+                                         layout=case.layout, causal=case.causal,
+                                         cu_seqlens=case.cu_seqlens or None, window=case.window,
                                          **dict(case.options))
     failures = [f"{n} error {e:.1e} > {TOLERANCE[case.dtype]:.0e}"
                 for n, e in errors.items() if not e <= TOLERANCE[case.dtype]]
     spec = algorithms.get(case.algorithm)
     for r, res in enumerate(results):
-        want = spec.bytes_of_rank(case.shape, case.world, dict(case.options), r)
+        want = spec.bytes_of_rank(case.shape, case.world, dict(case.options), r, mask)
         for p in ("forward", "backward"):
             if res.bytes_sent[p] != want[p]:
                 failures.append(f"rank {r} {p} bytes {res.bytes_sent[p]} != {want[p]}")

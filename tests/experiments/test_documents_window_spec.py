@@ -50,17 +50,9 @@ def test_any_length_runs_with_documents_and_only_with_them():
     assert case.cu_seqlens == (0, 1001)
 
 
-def test_an_algorithm_refusing_uneven_shards_is_refused_at_parse_time(monkeypatch):
-    from seqpar import algorithms
-
-    data = spec({"seq_len": 1001, "documents": {"count": 3}}, {"algorithm": "ulysses"})
-    ExperimentSpec.parse(data)  # ulysses takes uneven shards today ...
-    monkeypatch.setattr(algorithms.get("ulysses"), "takes_uneven", classmethod(lambda *a: False))
-    with pytest.raises(ConfigError) as info:  # ... and a refusal reaches the user before Ray
-        ExperimentSpec.parse(data)
-    assert (info.value.field, info.value.value) == ("workload.seq_len", 1001)
-    assert "ulysses with these heads needs a multiple of 4" in info.value.rule
-    ExperimentSpec.parse(spec({"seq_len": 1024, "documents": {"count": 3}}, {"algorithm": "ulysses"}))
+def test_with_documents_any_length_parses_for_every_algorithm():
+    for name in ("ulysses", "ring", "usp", "allgather"):
+        ExperimentSpec.parse(spec({"seq_len": 1001, "documents": {"count": 3}}, {"algorithm": name}))
 
 
 @pytest.mark.parametrize(("data", "field", "value", "rule"), [

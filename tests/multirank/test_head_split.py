@@ -5,6 +5,7 @@ receives exactly the K,V heads its query heads need)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -31,4 +32,25 @@ def test_ulysses_uneven_kv_heads_are_exact_with_exact_bytes(gang, world, heads, 
                  (((), None), ((0, n), None), ((0, 2 * world, n), None), ((0, 5, n), 7)))
              if (cu or n % world == 0) and (window is None or causal)]
     failures = failures_of(gang, cases)
+    assert not failures, "\n".join(failures[:10])
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world,heads,kv_heads,dhp", [(4, 6, 3, 2), (8, 12, 6, 4), (8, 6, 3, 2)])
+def test_usp_uneven_kv_heads_are_exact_with_exact_bytes(gang, world, heads, kv_heads, dhp, seed):
+    """usp whose kv_heads neither split nor replicate over dhp: each HP member receives its
+    query heads' K,V heads, the context ring carries that range, gradients go back summed."""
+    n = 8 * world
+    dcp = world // dhp
+    grids = [{"dhp": dhp, "placement": p, "inner_ring": w}
+             for p in ("head-first", "context-first") for w in sorted({1, dcp})]
+    failures = []
+    for o in grids:  # one mesh per grid
+        cases = [Case("usp", world, layout, causal, batch=1, seq_len=n, heads=heads,
+                      kv_heads=kv_heads, head_dim=4, seed=seed,
+                      options=tuple(sorted(o.items())), cu_seqlens=cu)
+                 for layout in ("contiguous", "zigzag", "stripe")
+                 for causal in (True, False) for cu in ((), (0, 3, n + 1))]
+        failures += failures_of(gang, [dataclasses.replace(c, seq_len=c.cu_seqlens[-1])
+                                       if c.cu_seqlens else c for c in cases])
     assert not failures, "\n".join(failures[:10])

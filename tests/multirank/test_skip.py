@@ -113,7 +113,7 @@ def test_contiguous_window_ring_ends_after_two_steps(gang, seed):
     need = mask_of(case).need(world)
     assert all(route.plan(world, world, r, need).steps == 2 for r in range(world))
     kv = 2 * 2 * (n // world) * 4 * 8  # K and V, 2 heads, s rows, D = 4, float64
-    results = run_cases(gang, [case, dataclasses.replace(case, options=())])
+    results = run_cases(gang, [case, dataclasses.replace(case, options=(('skip_transfers', False),))])
     skip, full = results
     for r in range(world):
         kv_msgs = 0 if r == world - 1 else 1

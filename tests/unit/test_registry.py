@@ -38,7 +38,7 @@ def test_ulysses_bytes_count_replicated_kv_heads():
     (lambda: algorithms.check("ring", AttnShape(1, 64, 8, 3, 16), 4), "kv_heads=3.*divide"),
     (lambda: algorithms.check("local", SHAPE, 2), "world=2"),
     (lambda: algorithms.check("ring", SHAPE, 4, "spiral"), "layout='spiral'"),
-    (lambda: algorithms.check("usp", AttnShape(1, 64, 12, 6, 16), 4, dhp=4), "kv_heads=6"),
+    (lambda: algorithms.check("usp", AttnShape(1, 64, 6, 6, 16), 4, dhp=4), "heads=6"),
 ])
 def test_bad_configurations_name_field_value_and_rule(call, match):
     with pytest.raises(ConfigError, match=match):
