@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -39,6 +40,24 @@ def ray_runner():
 
     with TrialRunner(device="cpu") as runner:
         yield runner
+
+
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with its schema and nothing else, made once: MLflow's schema
+    migrations take seconds per new store (tests that create a store on purpose do not use it)."""
+    from seqpar.platform.tracking import Tracker
+
+    path = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    Tracker(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def fresh_store(empty_store_file, tmp_path) -> str:
+    """The URI of a new, empty MLflow SQLite store, tmp_path/mlflow.db (a copy of the session's)."""
+    shutil.copyfile(empty_store_file, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path}/mlflow.db"
 
 
 @pytest.fixture

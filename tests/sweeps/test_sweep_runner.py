@@ -20,8 +20,8 @@ MINI = {"name": "mini",
 
 
 @pytest.fixture
-def tracker(tmp_path) -> Tracker:
-    return Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+def tracker(fresh_store) -> Tracker:
+    return Tracker(fresh_store)
 
 
 def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_path):
