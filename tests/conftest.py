@@ -124,6 +124,8 @@ class Quickstart:
     dashboard_dom: str = ""
     dashboard_seen_while_running: bool = False
     dashboard_error: str = ""
+    dashboard_text: str = ""  # what the actors page showed last
+    dashboard_address: str = ""  # the dashboard the sweep announced
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -131,17 +133,19 @@ def _browser_tests_selected(session: pytest.Session) -> bool:
     return any(item.nodeid.startswith("tests/ui/test_browser.py") for item in session.items)
 
 
-def _capture_dashboard(run: Quickstart, binary: str, address: str,
-                       proc: subprocess.Popen) -> None:
+def _capture_dashboard(run: Quickstart, binary: str, address: str, proc: subprocess.Popen,
+                       started: float) -> None:
     """The Ray dashboard's actors page (through a proxy that presents the token, as its login page
     would), looked at until a rank-1 actor is on it, while the sweep still runs."""
     from seqpar.platform import dashboard
     from tests.ui import browser as web
 
     t0 = time.monotonic()
+    run.dashboard_address = address
     proxy = web.dashboard_proxy(address, dashboard.read_token())
     try:
         run.dashboard_url = f"http://127.0.0.1:{proxy.server_address[1]}/#/actors"
+        run.timings["dashboard_opened_after_s"] = time.monotonic() - started
         with web.Page(binary, run.dashboard_url, window=(1400, 600)) as page:
             text = page.wait_for(lambda t: "rank-1" in t, timeout_s=QUICKSTART_TIMEOUT_S,
                                  poll_s=2, reload_every_s=20, stop=lambda: proc.poll() is not None)
@@ -150,6 +154,7 @@ def _capture_dashboard(run: Quickstart, binary: str, address: str,
             if os.environ.get("SEQPAR_SCREENSHOTS") == "1":  # for docs/ (tests/ui/conftest.py)
                 page.screenshot(ROOT / "docs" / "ray-dashboard-actors.png")
         run.dashboard_seen_while_running = running and "rank-1" in text
+        run.dashboard_text = text
     finally:
         proxy.shutdown()
     run.timings["dashboard_s"] = time.monotonic() - t0
@@ -169,6 +174,7 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
     run = Quickstart(f"sqlite:///{workdir}/store/mlflow.db", workdir)
     binary = web.browser() if _browser_tests_selected(request.session) else None
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    env["PYTHONUNBUFFERED"] = "1"  # each line as it is printed (a pipe is block-buffered)
     seqpar = str(Path(sys.executable).parent / "seqpar")
     t0 = time.monotonic()
     proc = subprocess.Popen([seqpar, "--tracking-uri", run.uri, "sweep", str(QUICKSTART)],
@@ -187,13 +193,17 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
                 address.append(found.group(1))
             if found or "Ray dashboard: not running" in line:
                 announced.set()
+        announced.set()
+
+    def read_stderr() -> None:  # the progress: one line per trial as it ends
+        for line in proc.stderr:
+            err.append(line)
             if line.startswith(("✓ ", "✗ ")):  # a trial ended: the next (on 4 ranks) starts
                 first_trial.set()
-        announced.set()
         first_trial.set()
 
     readers = [threading.Thread(target=read_stdout, daemon=True),
-               threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)]
+               threading.Thread(target=read_stderr, daemon=True)]
     for t in readers:
         t.start()
     try:
@@ -204,7 +214,7 @@ def quickstart(request, tmp_path_factory) -> Quickstart:
             if address:
                 first_trial.wait(QUICKSTART_TIMEOUT_S)  # the local (one-rank) trials come first
                 try:
-                    _capture_dashboard(run, binary, address[0], proc)
+                    _capture_dashboard(run, binary, address[0], proc, t0)
                 except Exception as problem:  # the browser's: tests/ui reports it
                     run.dashboard_error = f"{type(problem).__name__}: {problem}"
         run.returncode = proc.wait(timeout=max(1.0, QUICKSTART_TIMEOUT_S - (time.monotonic() - t0)))

@@ -44,6 +44,8 @@ class UiSweep:
     dashboard_seen_while_running: bool = False
     dashboard_url: str = ""
     dashboard_error: str = ""
+    dashboard_text: str = ""
+    dashboard_address: str = ""
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -60,7 +62,8 @@ def ui_sweep(chromium, quickstart) -> Iterator[UiSweep]:
                   tracker.client.get_run(sweep.run_id).info.experiment_id,
                   [r.name for r in tracker.trials(sweep.run_id)],
                   quickstart.dashboard_dom, quickstart.dashboard_seen_while_running,
-                  quickstart.dashboard_url, quickstart.dashboard_error, quickstart.timings)
+                  quickstart.dashboard_url, quickstart.dashboard_error, quickstart.dashboard_text,
+                  quickstart.dashboard_address, quickstart.timings)
 
 
 @pytest.fixture(scope="session")

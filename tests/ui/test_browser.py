@@ -94,7 +94,9 @@ def test_report_page_renders_tables_and_images(chromium, ui_sweep, tmp_path):
 def test_ray_dashboard_shows_the_rank_actors_while_a_trial_runs(ui_sweep):
     assert not ui_sweep.dashboard_error, ui_sweep.dashboard_error
     assert ui_sweep.dashboard_url, "the quickstart's embedded Ray has no dashboard"
-    assert ui_sweep.dashboard_seen_while_running, "never captured while the sweep ran"
+    assert ui_sweep.dashboard_seen_while_running, (
+        f"never captured while the sweep ran: {ui_sweep.timings}; the page at "
+        f"{ui_sweep.dashboard_address} showed: {ui_sweep.dashboard_text[:1500]!r}")
     names = set(re.findall(r"seqpar:sweep-[0-9a-f]{8}:rank-\d+", ui_sweep.dashboard_dom))
     assert {n.rsplit(":", 1)[1] for n in names} >= {"rank-0", "rank-1"}, names
     print("timings:", {k: round(v, 1) for k, v in ui_sweep.timings.items()})
