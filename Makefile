@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 # Every package pinned to what CI tested; `make constraints` refreshes the pins.
 CONSTRAINTS := constraints.txt
 
-.PHONY: demo test lint setup clean gpu-check constraints
+.PHONY: demo test test-full lint setup clean gpu-check constraints
 
 setup: $(STAMP)
 
@@ -42,6 +42,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# `make test`, plus the documents matrix's full product at P=8 (make test samples a covering quarter)
+test-full: $(STAMP)
+	$(BIN)/ruff check seqpar tests benchmarks
+	SEQPAR_TEST_FULL=1 $(BIN)/python -m pytest -q
 
 # On a machine with CUDA GPUs: `seqpar check` in bfloat16 and float32 on all of them, then a one-trial
 # sweep (examples/gpu-check.yaml: ring on every GPU); elsewhere it says it needs CUDA and exits 0.

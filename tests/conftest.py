@@ -1,13 +1,27 @@
-"""Shared fixtures: one gang of 8 local gloo ranks serves every multi-rank test (P = 1, 2, 3, 4, 8)."""
+"""Shared fixtures: one gang of 8 local gloo ranks serves every multi-rank test (P = 1, 2, 3, 4, 8);
+one embedded Ray serves the in-process Ray tests; the quickstart sweep runs once for tests/cli and
+tests/ui."""
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+QUICKSTART_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +40,24 @@ def ray_runner():
 
     with TrialRunner(device="cpu") as runner:
         yield runner
+
+
+@pytest.fixture(scope="session")
+def empty_store_file(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with its schema and nothing else, made once: MLflow's schema
+    migrations take seconds per new store (tests that create a store on purpose do not use it)."""
+    from seqpar.platform.tracking import Tracker
+
+    path = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    Tracker(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def fresh_store(empty_store_file, tmp_path) -> str:
+    """The URI of a new, empty MLflow SQLite store, tmp_path/mlflow.db (a copy of the session's)."""
+    shutil.copyfile(empty_store_file, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path}/mlflow.db"
 
 
 @pytest.fixture
@@ -76,3 +108,122 @@ def arm_fault(monkeypatch):
 
     monkeypatch.setattr(cluster, "start_gang", started)
     return arm
+
+
+@dataclass
+class Quickstart:
+    """One `seqpar sweep examples/quickstart.yaml` and what was seen while it ran."""
+
+    uri: str
+    workdir: Path  # its working directory (a default ./mlflow.db would land here)
+    returncode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    mlflow: tuple[str, subprocess.Popen] | None = None  # (url, process) of the MLflow server
+    dashboard_url: str = ""
+    dashboard_dom: str = ""
+    dashboard_seen_while_running: bool = False
+    dashboard_error: str = ""
+    dashboard_text: str = ""  # what the actors page showed last
+    dashboard_address: str = ""  # the dashboard the sweep announced
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _browser_tests_selected(session: pytest.Session) -> bool:
+    return any(item.nodeid.startswith("tests/ui/test_browser.py") for item in session.items)
+
+
+def _capture_dashboard(run: Quickstart, binary: str, address: str, proc: subprocess.Popen,
+                       started: float) -> None:
+    """The Ray dashboard's actors page (through a proxy that presents the token, as its login page
+    would), looked at until a rank-1 actor is on it, while the sweep still runs."""
+    from seqpar.platform import dashboard
+    from tests.ui import browser as web
+
+    t0 = time.monotonic()
+    run.dashboard_address = address
+    proxy = web.dashboard_proxy(address, dashboard.read_token())
+    try:
+        run.dashboard_url = f"http://127.0.0.1:{proxy.server_address[1]}/#/actors"
+        run.timings["dashboard_opened_after_s"] = time.monotonic() - started
+        with web.Page(binary, run.dashboard_url, window=(1400, 600)) as page:
+            text = page.wait_for(lambda t: "rank-1" in t, timeout_s=QUICKSTART_TIMEOUT_S,
+                                 poll_s=2, reload_every_s=20, stop=lambda: proc.poll() is not None)
+            running = proc.poll() is None
+            run.dashboard_dom = page.html()
+            if os.environ.get("SEQPAR_SCREENSHOTS") == "1":  # for docs/ (tests/ui/conftest.py)
+                page.screenshot(ROOT / "docs" / "ray-dashboard-actors.png")
+        run.dashboard_seen_while_running = running and "rank-1" in text
+        run.dashboard_text = text
+    finally:
+        proxy.shutdown()
+    run.timings["dashboard_s"] = time.monotonic() - t0
+
+
+@pytest.fixture(scope="session")
+def quickstart(request, tmp_path_factory) -> Quickstart:
+    """examples/quickstart.yaml run once as a user runs it: `seqpar sweep` in a subprocess with its
+    own embedded Ray, into a temporary SQLite store. tests/cli checks the store and `seqpar compare`
+    on it, tests/ui shows it in the browser. When browser tests are selected (and Chromium is
+    found), the MLflow server starts on the store as soon as the sweep created it, and the Ray
+    dashboard's actors page is captured while the sweep runs."""
+    from tests.ui import browser as web
+
+    workdir = tmp_path_factory.mktemp("quickstart")
+    (workdir / "store").mkdir()
+    run = Quickstart(f"sqlite:///{workdir}/store/mlflow.db", workdir)
+    binary = web.browser() if _browser_tests_selected(request.session) else None
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    env["PYTHONUNBUFFERED"] = "1"  # each line as it is printed (a pipe is block-buffered)
+    seqpar = str(Path(sys.executable).parent / "seqpar")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([seqpar, "--tracking-uri", run.uri, "sweep", str(QUICKSTART)],
+                            cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    out: list[str] = []
+    err: list[str] = []
+    address: list[str] = []
+    announced, first_trial = threading.Event(), threading.Event()
+
+    def read_stdout() -> None:
+        for line in proc.stdout:
+            out.append(line)
+            found = re.search(r"Ray dashboard: (http://\S+?)/#/actors", line)
+            if found:
+                address.append(found.group(1))
+            if found or "Ray dashboard: not running" in line:
+                announced.set()
+        announced.set()
+
+    def read_stderr() -> None:  # the progress: one line per trial as it ends
+        for line in proc.stderr:
+            err.append(line)
+            if line.startswith(("✓ ", "✗ ")):  # a trial ended: the next (on 4 ranks) starts
+                first_trial.set()
+        first_trial.set()
+
+    readers = [threading.Thread(target=read_stdout, daemon=True),
+               threading.Thread(target=read_stderr, daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        if binary is not None:
+            announced.wait(QUICKSTART_TIMEOUT_S)  # Ray is up: the store exists by now
+            run.mlflow = web.start_mlflow_server(run.uri)
+            request.addfinalizer(lambda: web.stop_process_group(run.mlflow[1]))
+            if address:
+                first_trial.wait(QUICKSTART_TIMEOUT_S)  # the local (one-rank) trials come first
+                try:
+                    _capture_dashboard(run, binary, address[0], proc, t0)
+                except Exception as problem:  # the browser's: tests/ui reports it
+                    run.dashboard_error = f"{type(problem).__name__}: {problem}"
+        run.returncode = proc.wait(timeout=max(1.0, QUICKSTART_TIMEOUT_S - (time.monotonic() - t0)))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for t in readers:
+        t.join(timeout=10)
+    run.stdout, run.stderr = "".join(out), "".join(err)
+    run.timings["sweep_s"] = time.monotonic() - t0
+    return run

@@ -161,13 +161,13 @@ def test_the_installed_command_rejects_bad_input_fast_without_ray(tmp_path):
     assert time.perf_counter() - start < 60
 
 
-def test_unknown_resume_id_is_refused_before_ray_starts(monkeypatch, capsys, tmp_path):
+def test_unknown_resume_id_is_refused_before_ray_starts(monkeypatch, capsys, tmp_path, fresh_store):
     def forbidden(*args, **kwargs):
         raise AssertionError("Ray started for a sweep id that does not exist")
 
     monkeypatch.setattr(options, "trial_runner", forbidden)
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store
     code, err = invoke(monkeypatch, capsys, ["--tracking-uri", uri, "sweep",
                                              str(ROOT / "examples" / "quickstart.yaml"),
                                              "--resume", "0123abcd"])

@@ -3,6 +3,7 @@ its exit codes, --json, --bench, and the real forms it gives usp, double_ring an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -17,6 +18,15 @@ TINY = ["--seq-len", "16", "--batch", "1", "--heads", "4", "--kv-heads", "2", "-
         "--layouts", "zigzag", "--seed", "7"]
 
 
+@pytest.fixture
+def session_gang(gang, monkeypatch):
+    """`seqpar check` runs on the session's gang instead of starting (and stopping) one of its
+    own: the same ranks, without their start-up (the gang's sizes hold every P used here)."""
+    from seqpar.platform import localgang
+
+    monkeypatch.setattr(localgang, "LocalGang", lambda *a, **k: contextlib.nullcontext(gang))
+
+
 def seqpar(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["seqpar", *args])
     with pytest.raises(SystemExit) as info:
@@ -25,7 +35,7 @@ def seqpar(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return info.value.code, out.out, out.err
 
 
-def test_check_passes_with_exit_0_and_prints_only_json_on_stdout(monkeypatch, capsys):
+def test_check_passes_with_exit_0_and_prints_only_json_on_stdout(session_gang, monkeypatch, capsys):
     code, out, err = seqpar(monkeypatch, capsys, "check", "-P", "4", "--algorithms",
                             "local,ring,usp,double_ring,wallfacer", "--json", *TINY)
     assert code == 0, out + err
@@ -51,7 +61,7 @@ def test_the_forms_check_gives_each_algorithm():
     assert not skipped and {c.options for c in cases} == {()}  # P=2: the defaults, not skipped
 
 
-def test_a_wrong_result_exits_1_and_names_the_failure(monkeypatch, capsys):
+def test_a_wrong_result_exits_1_and_names_the_failure(session_gang, monkeypatch, capsys):
     from seqpar.workers import check as check_worker
 
     evaluate = check_worker.evaluate
@@ -81,7 +91,7 @@ def test_bad_input_exits_2_on_one_line(monkeypatch, capsys, args, needle):
     assert line.startswith("error: ") and needle in line
 
 
-def test_bench_times_every_algorithm_against_local(monkeypatch, capsys):
+def test_bench_times_every_algorithm_against_local(session_gang, monkeypatch, capsys):
     import dataclasses
 
     median_ms = check_cli._median_ms

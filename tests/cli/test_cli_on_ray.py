@@ -48,13 +48,13 @@ class Cli:
 
 
 @pytest.fixture
-def cli(ray_runner, monkeypatch, capsys, tmp_path) -> Cli:
+def cli(ray_runner, monkeypatch, capsys, tmp_path, fresh_store) -> Cli:
     # the commands run on the shared Ray instead of starting (and stopping) their own
     monkeypatch.setattr(options, "trial_runner",
                         lambda device=None: contextlib.nullcontext(ray_runner))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "two.yaml").write_text(TWO_TRIALS)
-    return Cli(monkeypatch, capsys, f"sqlite:///{tmp_path}/mlflow.db")
+    return Cli(monkeypatch, capsys, fresh_store)
 
 
 def sweep_id_of(out: str) -> str:

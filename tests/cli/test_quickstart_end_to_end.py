@@ -1,5 +1,7 @@
 """`seqpar sweep examples/quickstart.yaml` as a user runs it: a subprocess, its own embedded Ray, a
-temporary MLflow store; then every run is read back, and `seqpar compare` prints the table."""
+temporary MLflow store (the session's `quickstart` fixture, tests/conftest.py, run once and also
+shown in the browser by tests/ui); then every run is read back, and `seqpar compare` prints the
+table."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ from seqpar.platform.tracking import Tracker
 
 pytestmark = pytest.mark.ray
 
-ROOT = Path(__file__).resolve().parents[2]
 SEQPAR = str(Path(sys.executable).parent / "seqpar")
 
 
@@ -25,11 +26,8 @@ def seqpar(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess
                           timeout=timeout)
 
 
-def test_quickstart_sweep_lands_in_mlflow_and_compares(tmp_path):
-    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
-    (tmp_path / "store").mkdir()
-    out = seqpar("--tracking-uri", uri, "sweep", str(ROOT / "examples" / "quickstart.yaml"),
-                 cwd=tmp_path, timeout=400)
+def test_quickstart_sweep_lands_in_mlflow_and_compares(quickstart, tmp_path):
+    out, uri = quickstart, quickstart.uri
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "best by tokens_per_s" in out.stdout
 
@@ -53,7 +51,7 @@ def test_quickstart_sweep_lands_in_mlflow_and_compares(tmp_path):
         assert len(detail["per_rank"]) == int(run.params["plan.world"])
         sent = run.metrics["bytes_total"]
         assert (sent == 0) == (run.params["plan.algorithm"] == "local")
-    assert not (tmp_path / "mlflow.db").exists()  # --tracking-uri wins over the default
+    assert not (quickstart.workdir / "mlflow.db").exists()  # --tracking-uri wins over the default
 
     shown = seqpar("--tracking-uri", uri, "compare", "--json", cwd=tmp_path, timeout=120)
     assert shown.returncode == 0, shown.stderr

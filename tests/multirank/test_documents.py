@@ -2,11 +2,18 @@
 against SDPA with an explicit boolean mask on the unsharded sequence (workers/check.reference_mask):
 output and all three gradients, and every rank's ledger bytes against the analytic count.
 
-One gang round-trip per (algorithm, options, P) runs the whole batch of layouts x masks x relations."""
+One gang round-trip per (algorithm, options, P) runs the whole batch. At P = 2, 3 and 4 the batch is
+the full product layout x {causal, full} x {MHA, GQA} x relation (156 cases). At P = 8 (eight
+processes on a small machine: a case costs ~4x more than at P = 4) it is a covering design of a
+quarter of that (39 cases): every relation with every layout, with causal and full and with MHA
+and GQA; and in each kind of relation (documents, windows, uneven lengths) every layout x
+{causal, full} x {MHA, GQA}. Which combination meets which relation rotates with the seed.
+`SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at P = 8 as well."""
 
 from __future__ import annotations
 
 import itertools
+import os
 
 import pytest
 
@@ -22,6 +29,11 @@ ALGORITHMS = {  # name -> options per world
     "wallfacer": lambda p: (("team_size", 2),) if p >= 4 else (("team_size", 1),),
     "burst": lambda p: (),
 }
+LAYOUTS = ("contiguous", "zigzag", "stripe")
+# worlds that run the covering design instead of the full product (SEQPAR_TEST_FULL=1: none)
+SAMPLED = () if os.environ.get("SEQPAR_TEST_FULL") == "1" else (8,)
+
+Relation = tuple[int, tuple[int, ...], int | None]  # (N, cu_seqlens, window)
 
 
 def documents(n: int, world: int, units: tuple[int, ...]) -> tuple[int, ...]:
@@ -33,32 +45,75 @@ def documents(n: int, world: int, units: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(cu)
 
 
-def relations(n: int, world: int) -> list[tuple[int, tuple[int, ...], int | None]]:
-    """(N, cu_seqlens, window): 2 and 5 documents of unequal lengths; windows 1, 7, N/2 alone and
-    with documents; documents of any length (1 token, odd); lengths N-1 and N+3 that do not
-    divide into 2P (uneven shards: one document [0, N], or four, with and without a window)."""
+def relations(n: int, world: int) -> dict[str, list[Relation]]:
+    """(N, cu_seqlens, window) by kind: documents (2 and 5 of unequal lengths, documents of any
+    length: 1 token, odd; with and without a window), windows 1, 7, N/2 (alone and with
+    documents), and lengths N-1 and N+3 that do not divide into 2P (uneven shards: one document
+    [0, N], or four, with and without a window)."""
     u = n // (2 * world)
     docs2 = documents(n, world, (u // 3, u - u // 3))
     docs5 = documents(n, world, (1, 2, 1, u - 5, 1))
     odd = (0, 5, 6, n - 3, n)
     m = n - 1
-    return [(n, docs2, None), (n, docs5, None), (n, (), 1), (n, (), 7), (n, (), n // 2),
-            (n, docs5, 7), (n, docs2, n // 2), (n, odd, None), (n, odd, 3),
-            (m, (0, m), None), (n + 3, (0, n + 3), 7), (m, (0, 1, 7, m - 2, m), None),
-            (m, (0, 1, 7, m - 2, m), n // 2)]
+    return {
+        "documents": [(n, docs2, None), (n, docs5, None), (n, odd, None), (n, docs5, 7)],
+        "windows": [(n, (), 1), (n, (), 7), (n, (), n // 2), (n, docs2, n // 2), (n, odd, 3)],
+        "uneven": [(m, (0, m), None), (n + 3, (0, n + 3), 7), (m, (0, 1, 7, m - 2, m), None),
+                   (m, (0, 1, 7, m - 2, m), n // 2)],
+    }
+
+
+def covering(seed: int) -> list[tuple[str, int, int, bool, int]]:
+    """(kind, relation index, layout index, causal, heads index) of the sampled design: relation j
+    of a kind meets layout l with mask x heads combination (j + l + seed) % 4 — over j every
+    layout meets all four combinations within each kind, over l every relation meets both masks
+    and both head counts."""
+    rows = []
+    for kind, count in (("documents", 4), ("windows", 5), ("uneven", 4)):
+        for j, layout in itertools.product(range(count), range(len(LAYOUTS))):
+            combo = (j + layout + seed) % 4
+            rows.append((kind, j, layout, combo % 2 == 0, combo // 2))
+    return rows
 
 
 def batch(algorithm: str, world: int, seed: int) -> list[Case]:
     n = 2 * world * (10 if world <= 4 else 8)
     heads = {3: ((6, 6), (6, 3)), 8: ((8, 8), (8, 2))}.get(world, ((4, 4), (4, 2)))
+    by_kind = relations(n, world)
+    if world in SAMPLED:
+        rows = covering(seed)
+    else:
+        rows = [(kind, j, layout, causal, h)
+                for layout, causal, h in itertools.product(range(len(LAYOUTS)), (True, False),
+                                                           range(len(heads)))
+                for kind, rels in by_kind.items() for j in range(len(rels))]
     out = []
-    for layout, causal, (h, hkv) in itertools.product(
-            ("contiguous", "zigzag", "stripe"), (True, False), heads):
-        for length, cu, window in relations(n, world):
-            out.append(Case(algorithm, world, layout, causal, batch=1, seq_len=length, heads=h,
-                            kv_heads=hkv, head_dim=4, seed=seed, cu_seqlens=cu, window=window,
-                            options=ALGORITHMS[algorithm](world)))
+    for kind, j, layout, causal, h in rows:
+        length, cu, window = by_kind[kind][j]
+        out.append(Case(algorithm, world, LAYOUTS[layout], causal, batch=1, seq_len=length,
+                        heads=heads[h][0], kv_heads=heads[h][1], head_dim=4, seed=seed,
+                        cu_seqlens=cu, window=window, options=ALGORITHMS[algorithm](world)))
     return out
+
+
+def test_the_sampled_design_covers_what_the_full_product_does():
+    """At P = 8: every relation x layout, x mask, x heads; every kind x layout x mask x heads."""
+    for seed in range(4):
+        rows = covering(seed)
+        assert len(rows) == 39
+        assert {(k, j, lay) for k, j, lay, _, _ in rows} == {
+            (k, j, lay) for k, n in (("documents", 4), ("windows", 5), ("uneven", 4))
+            for j in range(n) for lay in range(3)}
+        assert {(k, j, c) for k, j, _, c, _ in rows} == {(k, j, c) for k, j, *_ in rows
+                                                          for c in (True, False)}
+        assert {(k, j, h) for k, j, _, _, h in rows} == {(k, j, h) for k, j, *_ in rows
+                                                          for h in (0, 1)}
+        assert {(k, lay, c, h) for k, _, lay, c, h in rows} == set(itertools.product(
+            ("documents", "windows", "uneven"), range(3), (True, False), (0, 1)))
+    cases = batch("ring", 8, seed=5)
+    assert {c.window for c in cases} == {None, 1, 3, 7, 64}
+    assert {len(c.cu_seqlens) - 1 for c in cases} >= {1, 2, 4, 5}
+    assert any(c.seq_len % 16 for c in cases)
 
 
 @pytest.mark.multirank

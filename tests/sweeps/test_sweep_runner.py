@@ -20,8 +20,8 @@ MINI = {"name": "mini",
 
 
 @pytest.fixture
-def tracker(tmp_path) -> Tracker:
-    return Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+def tracker(fresh_store) -> Tracker:
+    return Tracker(fresh_store)
 
 
 def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_path):
@@ -74,7 +74,7 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
 
 
 def test_interrupted_sweep_resumes_with_only_the_rest_and_no_duplicates(ray_runner, tracker):
-    plan = spec.parse(MINI)
+    plan = spec.parse({**MINI, "grid": {**MINI["grid"], "workload.seq_len": [64]}})  # 3 trials
     done: list[str] = []
 
     def interrupt_after_two(trial) -> None:
@@ -90,15 +90,15 @@ def test_interrupted_sweep_resumes_with_only_the_rest_and_no_duplicates(ray_runn
     assert len(tracker.trials(sweep_id)) == 2
 
     outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False, resume=sweep_id)
-    assert outcome.resumed == 2 and len(outcome.trials) == 4
+    assert outcome.resumed == 2 and len(outcome.trials) == 1
     runs = tracker.trials(sweep_id)
     hashes = [r.tags["seqpar.spec_hash"] for r in runs]
-    assert len(runs) == 6 and len(set(hashes)) == 6
+    assert len(runs) == 3 and len(set(hashes)) == 3
     assert set(hashes) == {p.spec.hash for p in plan.trials}
     assert tracker.sweep(sweep_id).status == "FINISHED"
 
     again = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False, resume=sweep_id)
-    assert again.resumed == 6 and again.trials == []
+    assert again.resumed == 3 and again.trials == []
     other = spec.parse({**MINI, "name": "elsewhere"})
     with pytest.raises(ConfigError, match="resume"):
         run_sweep(other, tracker=tracker, runner=ray_runner, progress=False, resume=sweep_id)

@@ -1,12 +1,15 @@
 """What users look at, loaded in headless Chromium: the MLflow experiment page, the chart view,
-`seqpar report`'s HTML page and the Ray dashboard's actors page. Screenshots go to docs/."""
+`seqpar report`'s HTML page and the Ray dashboard's actors page, all of the session's quickstart
+sweep. Screenshots go to docs/."""
 
 from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
-from tests.ui.conftest import DOCS, SCREENSHOTS, run_chromium
+from tests.ui.browser import Page, run_chromium
+from tests.ui.conftest import DOCS, PAGE_TIMEOUT_S, SCREENSHOTS
 
 ML_VIEW = "workflowType=machine_learning"  # MLflow 3.17's runs view (its default is GenAI traces)
 
@@ -16,36 +19,43 @@ def text(dom: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body))
 
 
+def shown(chromium: str, url: str, want: list[str], window: tuple[int, int] = (1400, 1000),
+          screenshot: Path | None = None) -> str:
+    """The page's text once every string in `want` is on it (or PAGE_TIMEOUT_S passed); with
+    `screenshot`, a 1400 x 800 picture of it for docs/."""
+    with Page(chromium, url, window=window) as page:
+        page_text = page.wait_for(lambda t: all(w in t for w in want), PAGE_TIMEOUT_S)
+        if screenshot is not None:
+            page.resize(1400, 800)
+            time.sleep(3)  # let it lay out again
+            page.screenshot(screenshot)
+    return re.sub(r"\s+", " ", page_text)
+
+
 def test_mlflow_experiment_page_lists_every_trial(chromium, ui_sweep, mlflow_ui):
     url = f"{mlflow_ui}/#/experiments/{ui_sweep.experiment_id}?{ML_VIEW}"
     t0 = time.monotonic()
-    page = text(run_chromium(chromium, url, budget_ms=25000))
+    page = shown(chromium, url, [*ui_sweep.trial_names, "quickstart"],
+                 screenshot=DOCS / "mlflow-runs.png" if SCREENSHOTS else None)
     ui_sweep.timings["mlflow_runs_page_s"] = time.monotonic() - t0
     assert "Traces 0" not in page and "Runs" in page
     missing = [name for name in ui_sweep.trial_names if name not in page]
     assert not missing, f"trials not on the page: {missing}"
-    assert "ui-test" in page  # the sweep's parent run, beside its trials
-    if SCREENSHOTS:
-        run_chromium(chromium, url, budget_ms=25000, screenshot=DOCS / "mlflow-runs.png",
-                     window="1400,800")
+    assert "quickstart" in page  # the sweep's parent run, beside its trials
 
 
 def test_mlflow_chart_view_shows_trials_and_the_headline(chromium, ui_sweep, mlflow_ui):
     url = (f"{mlflow_ui}/#/experiments/{ui_sweep.experiment_id}/runs?{ML_VIEW}"
            "&compareRunsMode=CHART")
-    # charts render lazily, as they scroll into view: a tall window holds them all. A loaded
-    # machine may not have drawn them within the budget, so look again
-    for _ in range(4):
-        page = text(run_chromium(chromium, url, budget_ms=30000, window="1400,6000"))
-        if "tokens_per_s" in page:
-            break
+    # charts are drawn lazily, as they scroll into view: a tall window holds them all
+    t0 = time.monotonic()
+    page = shown(chromium, url, [*ui_sweep.trial_names, "tokens_per_s"], window=(1400, 6000),
+                 screenshot=DOCS / "mlflow-charts.png" if SCREENSHOTS else None)
+    ui_sweep.timings["mlflow_chart_page_s"] = time.monotonic() - t0
     missing = [name for name in ui_sweep.trial_names if name not in page]
     assert not missing, f"trials not in the chart view: {missing}"
     assert "tokens_per_s" in page  # the headline metric: the parent's best and per algorithm
     assert "Model metrics (0)" not in page
-    if SCREENSHOTS:
-        run_chromium(chromium, url, budget_ms=90000, screenshot=DOCS / "mlflow-charts.png",
-                     window="1400,1000")
 
 
 CHECK_IMAGES = """<script>
@@ -82,8 +92,11 @@ def test_report_page_renders_tables_and_images(chromium, ui_sweep, tmp_path):
 
 
 def test_ray_dashboard_shows_the_rank_actors_while_a_trial_runs(ui_sweep):
-    assert ui_sweep.dashboard_url, "the embedded Ray has no dashboard"
-    assert ui_sweep.dashboard_seen_while_running, "never captured while the sweep ran"
+    assert not ui_sweep.dashboard_error, ui_sweep.dashboard_error
+    assert ui_sweep.dashboard_url, "the quickstart's embedded Ray has no dashboard"
+    assert ui_sweep.dashboard_seen_while_running, (
+        f"never captured while the sweep ran: {ui_sweep.timings}; the page at "
+        f"{ui_sweep.dashboard_address} showed: {ui_sweep.dashboard_text[:1500]!r}")
     names = set(re.findall(r"seqpar:sweep-[0-9a-f]{8}:rank-\d+", ui_sweep.dashboard_dom))
     assert {n.rsplit(":", 1)[1] for n in names} >= {"rank-0", "rank-1"}, names
     print("timings:", {k: round(v, 1) for k, v in ui_sweep.timings.items()})

@@ -37,18 +37,32 @@ def test_a_bogus_tracking_uri_is_one_line_and_exit_2_before_ray(tmp_path):
     print(f"bogus uri rejected in {time.monotonic() - start:.1f} s")
 
 
-def test_mlflow_tracking_uri_is_the_store_when_no_flag_is_given(tmp_path):
+def in_process(monkeypatch, capsys, cwd: Path, *args: str) -> tuple[int, str]:
+    """`seqpar ARGS` in this process (the path a user's process takes, without its start-up):
+    the exit code and stderr."""
+    from seqpar.cli import app as cli_app
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["seqpar", *args])
+    with pytest.raises(SystemExit) as info:
+        cli_app.main()
+    return info.value.code, capsys.readouterr().err
+
+
+def test_mlflow_tracking_uri_is_the_store_when_no_flag_is_given(tmp_path, monkeypatch, capsys):
     store = f"sqlite:///{tmp_path / 'elsewhere.db'}"
-    out = seqpar("report", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": store})
-    assert out.returncode == 2
-    assert f"tracking-uri='{store}': holds no sweep yet" in out.stderr
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    code, err = in_process(monkeypatch, capsys, tmp_path, "report")
+    assert code == 2
+    assert f"tracking-uri='{store}': holds no sweep yet" in err
     assert (tmp_path / "elsewhere.db").exists() and not (tmp_path / "mlflow.db").exists()
 
 
-def test_the_default_store_is_mlflow_db_in_the_working_directory(tmp_path):
-    out = seqpar("compare", cwd=tmp_path)
-    assert out.returncode == 2
-    assert f"tracking-uri='sqlite:///{tmp_path.resolve() / 'mlflow.db'}': holds no sweep" in out.stderr
+def test_the_default_store_is_mlflow_db_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    code, err = in_process(monkeypatch, capsys, tmp_path, "compare")
+    assert code == 2
+    assert f"tracking-uri='sqlite:///{tmp_path.resolve() / 'mlflow.db'}': holds no sweep" in err
     assert (tmp_path / "mlflow.db").exists()
 
 
@@ -79,10 +93,10 @@ def test_sweeps_started_together_on_a_fresh_store_all_succeed(tmp_path):
     assert len(t.client.search_runs([t.experiment_id("race", create=False)])) == n
 
 
-def test_experiments_open_on_runs_and_trials_are_top_level(tmp_path):
+def test_experiments_open_on_runs_and_trials_are_top_level(fresh_store):
     from seqpar.sweeps import report
 
-    t = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    t = Tracker(fresh_store)
     sweep = t.start_sweep("ui", "ui", {"sweep.name": "ui"}, {"seqpar.headline": "tokens_per_s"})
     for algo, world, tps in (("local", 1, 100.0), ("ring", 2, 150.0), ("ulysses", 2, 170.0)):
         detail = {"per_rank": [{"step_ms": [10.0, 11.0], "flops": {"forward": 1e6}}] * world}
@@ -108,8 +122,8 @@ def test_experiments_open_on_runs_and_trials_are_top_level(tmp_path):
     assert {"comparison.json", "report.html", "plots"} <= set(t.artifacts(sweep))
 
 
-def test_trials_nested_the_old_way_are_still_read(tmp_path):
-    t = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}")
+def test_trials_nested_the_old_way_are_still_read(fresh_store):
+    t = Tracker(fresh_store)
     sweep = t.start_sweep("old", "old", {}, {})
     exp = t.experiment_id("old")
     t.client.create_run(exp, run_name="nested", tags={tracking.PARENT_TAG: sweep,
