@@ -22,17 +22,34 @@ CASES = [
     ("wallfacer", 4, {"team_size": 1}), ("wallfacer", 4, {"team_size": 2}),
     ("wallfacer", 16, {"team_size": 2, "placement": "p2p-intra"}),
     ("wallfacer", 16, {"team_size": 4}),
+    ("ring", 4, {"grad_dtype": "input"}), ("burst", 4, {"grad_dtype": "input"}),
+    ("wallfacer", 4, {"team_size": 2, "grad_dtype": "input"}),
+    ("usp", 8, {"dhp": 2, "grad_dtype": "input"}),
 ]
 
 
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("elem", [4, 2])
-@pytest.mark.parametrize(("name", "world", "options"), CASES)
+@pytest.mark.parametrize(("name", "world", "options"), CASES, ids=[
+    "-".join([n, str(w), *(f"{k}={v}" for k, v in o.items())]) for n, w, o in CASES])
 def test_schedule_bytes_are_the_algorithms_bytes(name, world, options, kv_heads, elem):
     shape = AttnShape(2, 64 * world, 8, kv_heads, 16, elem)
     algorithms.check(name, shape, world, "zigzag", True, **options)
     assert phase_bytes(schedule(name, shape, world, options, nodes=2 if world > 1 else 1)) == \
         algorithms.expected_bytes(name, shape, world, **options)
+
+
+@pytest.mark.parametrize(("name", "options"), [("burst", {}), ("wallfacer", {"team_size": 2})])
+def test_query_ring_gradient_follows_grad_dtype(name, options):
+    """A bf16 plan with grad_dtype="input" sends dq in bf16: half the default (fp32) bytes."""
+    shape = AttnShape(1, 1024, 8, 8, 32, 2)
+
+    def dq(**extra):
+        (ring,) = [st for st in schedule(name, shape, 4, {**options, **extra}).phases["backward"]
+                   if isinstance(st, Ring)]
+        return ring.grad
+
+    assert dq(grad_dtype="input") * 2 == dq() == dq(grad_dtype="accumulate")
 
 
 def test_every_registered_algorithm_has_a_schedule():
