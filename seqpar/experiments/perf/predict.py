@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from seqpar.algorithms.base import AttnShape
@@ -62,31 +63,37 @@ class Job:
     layout: str
     causal: bool
     dtype: str
+    _blocks: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    @cached_property
     def net(self) -> Net:
         return Net(self.cluster, self.world, self.nodes)
 
     def block(self, q: tuple[int, ...], k: tuple[int, ...], heads: int) -> tuple[float, float]:
-        calls = kernel.block_calls(self.layout, self.world, q, k, self.causal)
-        return kernel.block_seconds(self.cluster, self.dtype, self.shape.batch, self.shape.seq_len,
-                                    heads, self.shape.head_dim, calls, self.world)
+        """(seconds, FLOPs) of the forward kernel calls of q_members' queries on k_members' keys
+        (memoised per job: a ring visits each pair once per step and phase)."""
+        key = (q, k, heads)
+        got = self._blocks.get(key)
+        if got is None:
+            calls = kernel.block_calls(self.layout, self.world, q, k, self.causal)
+            got = self._blocks[key] = kernel.block_seconds(
+                self.cluster, self.dtype, self.shape.batch, self.shape.seq_len, heads,
+                self.shape.head_dim, calls, self.world)
+        return got
 
 
 def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
     net, n, w = job.net, st.size, st.inner
     outer = n // w
     steps = [(o, i) for o in range(outer) for i in range(w)]
+    schedules = [DoubleRing(n, w, pos) for pos in range(n)]
     comp, flops = [], []
-    memo: dict[tuple, tuple[float, float]] = {}
     for o, i in steps:  # the slowest rank of every ring sets each step
         worst, worst_f = 0.0, 0.0
-        for r in range(len(st.rings)):
-            for pos in range(n):
-                qk = st.blocks(r, pos, st.source(pos, o, i))
-                if qk not in memo:
-                    memo[qk] = job.block(*qk, st.heads)
-                sec, f = memo[qk]
+        sources = [(pos, schedules[pos].source(o, i)) for pos in range(n)]
+        for r in range(1 if st.same_blocks else len(st.rings)):
+            for pos, src in sources:
+                sec, f = job.block(*st.blocks(r, pos, src), st.heads)
                 if sec > worst:
                     worst, worst_f = sec, f
         comp.append(worst * st.factor)

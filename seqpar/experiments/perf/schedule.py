@@ -59,6 +59,7 @@ class Ring:
     heads: int
     blocks: Callable[[int, int, int], tuple[Members, Members]]
     factor: float = 1.0
+    same_blocks: bool = True  # every ring meets the same blocks (blocks ignores its ring argument)
 
     @property
     def size(self) -> int:
@@ -230,9 +231,10 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
     s = Schedule()
     s.phases["forward"] += [Collective("team all-gather q,k,v + combine", team_groups, fwd_coll),
                             P2P("initial placement", pairs, placed),
-                            Ring("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks)]
+                            Ring("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks,
+                                 same_blocks=False)]
     s.phases["backward"] += [Ring("query sub-ring", rings, t, q_block, dq, shape.heads, bwd_blocks,
-                                  BACKWARD),
+                                  BACKWARD, same_blocks=False),
                              P2P("placement back", pairs, placed),
                              Collective("team all-gather dO,D,lse + reduce-scatter", team_groups,
                                         bwd_coll)]
