@@ -113,10 +113,15 @@ def test_block_costs_are_computed_once_per_block():
 
     a100 = clusters.load("loongtrain-a100")
     shape = AttnShape(1, 65536, 32, 32, 128, 2)
+    predict_module = importlib.import_module("seqpar.experiments.perf.predict")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernel, "block_seconds", counting)
+        mp.setattr(predict_module, "_SHARED", {})
         perf.predict(a100, "ring", shape, 16, nodes=2)
-        assert len(calls) <= 16 * 16
+        assert len(calls) == 16 * 16  # every (position, source) pair once, forward and backward
+        perf.predict(a100, "ring", shape, 16, nodes=2, layout="zigzag")
+        perf.predict(a100, "double_ring", shape, 16, nodes=2, options={"inner_ring": 4})
+        assert len(calls) == 16 * 16  # the double ring met the ring's blocks: none computed again
         calls.clear()
         perf.predict(a100, "usp", shape, 16, nodes=2, options={"dhp": 4})
         assert len(calls) <= 4 * 4

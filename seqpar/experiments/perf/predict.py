@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from seqpar.algorithms.base import AttnShape
@@ -69,15 +69,27 @@ class Job:
     layout: str
     causal: bool
     dtype: str
-    _blocks: dict = field(default_factory=dict, compare=False, repr=False)
 
     @cached_property
     def net(self) -> Net:
         return Net(self.cluster, self.world, self.nodes)
 
+    @cached_property
+    def _blocks(self) -> dict:
+        """Block costs, shared by every job on the same cluster, shape, world, layout and dtype
+        (a plan's configurations meet the same blocks again and again)."""
+        key = (self.cluster.model_dump_json(), self.shape, self.world, self.layout, self.causal,
+               self.dtype)
+        got = _SHARED.get(key)
+        if got is None:
+            if len(_SHARED) >= 32:
+                _SHARED.clear()
+            got = _SHARED[key] = {}
+        return got
+
     def block(self, q: tuple[int, ...], k: tuple[int, ...], heads: int) -> kernel.Block:
-        """The forward kernel calls of q_members' queries on k_members' keys (memoised per job: a
-        ring visits each pair once per step and phase)."""
+        """The forward kernel calls of q_members' queries on k_members' keys (memoised: a ring
+        visits each pair once per step and phase)."""
         key = (q, k, heads)
         got = self._blocks.get(key)
         if got is None:
@@ -102,20 +114,45 @@ class Job:
             return seconds + c.merge_seconds(b.q_rows * row, b.calls)
         return seconds + c.copy_seconds((b.q_len + 2 * b.k_len) * row)
 
+    def ring_work(self, q: tuple[int, ...], k: tuple[int, ...], heads: int,
+                  factor: float) -> tuple[float, float]:
+        """(seconds, FLOPs) of a ring step's block with its accumulation (memoised)."""
+        key = (q, k, heads, factor)
+        got = self._blocks.get(key)
+        if got is None:
+            b = self.block(q, k, heads)
+            got = self._blocks[key] = (self.work(b, heads, factor, True), b.flops)
+        return got
+
     def host(self, worst: float, total: float | None = None) -> float:
         """A stage's time from its busiest rank's work and every rank's (default: all as busy)."""
         return self.cluster.host_seconds(worst, worst * self.world if total is None else total,
                                          self.world)
 
 
+_SHARED: dict[tuple, dict] = {}
+
+
+@lru_cache(maxsize=256)
+def _steps(n: int, w: int) -> tuple[tuple[int, int], ...]:
+    """(outer step, inner step) of a ring of n in inner rings of w, in order."""
+    return tuple((o, i) for o in range(n // w) for i in range(w))
+
+
+@lru_cache(maxsize=256)
+def _sources(n: int, w: int) -> tuple[tuple[int, ...], ...]:
+    """Per step, the position whose block each position holds."""
+    rings = [DoubleRing(n, w, pos) for pos in range(n)]
+    return tuple(tuple(r.source(o, i) for r in rings) for o, i in _steps(n, w))
+
+
 def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
     c, net, n, w = job.cluster, job.net, st.size, st.inner
     outer = n // w
     ranks = n * len(st.rings)
-    steps = [(o, i) for o in range(outer) for i in range(w)]
-    schedules = [DoubleRing(n, w, pos) for pos in range(n)]
     comp, flops = [], []
-    for o, i in steps:  # the slowest rank of every ring sets each step; all ranks share a host
+    for (o, i), sources in zip(_steps(n, w), _sources(n, w), strict=True):
+        # the slowest rank of every ring sets each step; all ranks share a host
         # what every rank does beside its kernels: the fixed step cost; backward, packing the
         # travelling gradient and adding the one that arrives; on a host transport, sending and
         # receiving this step's messages (K,V or the query block, while one more is to come; the
@@ -126,15 +163,13 @@ def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
         fixed = (c.step_us * 1e-6 + c.copy_seconds(2 * grads * st.grad)
                  + c.transport_seconds(2 * sent, 2 * (blocks_out + grads)))
         worst, worst_f, total = 0.0, 0.0, 0.0
-        sources = [(pos, schedules[pos].source(o, i)) for pos in range(n)]
         copies = len(st.rings) if st.same_blocks else 1
         for r in range(1 if st.same_blocks else len(st.rings)):
-            for pos, src in sources:
-                b = job.block(*st.blocks(r, pos, src), st.heads)
-                t = job.work(b, st.heads, st.factor, True)
+            for pos, src in enumerate(sources):
+                t, f = job.ring_work(*st.blocks(r, pos, src), st.heads, st.factor)
                 total += t * copies
                 if t > worst:
-                    worst, worst_f = t, b.flops
+                    worst, worst_f = t, f
         comp.append(c.host_seconds(worst + fixed, total + ranks * fixed, job.world))
         flops.append(worst_f * st.factor)
     total_compute = sum(comp)
