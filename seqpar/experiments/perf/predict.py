@@ -190,8 +190,8 @@ def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
     x_in = both(inner_pairs) if w > 1 else Cost(0.0)
     x_out = both(outer_pairs) if outer > 1 else Cost(0.0)
     home = net.p2p(outer_pairs if outer > 1 else inner_pairs, st.grad)
-    # the last gradient's trip home: the link, or a host transport's own time, whichever is longer
-    home_s = max(home.seconds, job.host(c.transport_seconds(2 * st.grad, 2 if st.grad else 0)))
+    # the last gradient's trip home is exposed (its host transport cost is the last step's)
+    home_s = home.seconds
     seconds = 0.0
     for o in range(outer):
         cs = comp[o * w:(o + 1) * w]
