@@ -2,13 +2,16 @@
 local transport costs. A few seconds on 2 cores.
 
 Compute is timed in the thread's own CPU time (`time.thread_time`), so other processes on a busy
-machine do not count (a rank of a LocalGang or a Ray trial runs one thread):
+machine do not count (a rank of a LocalGang or a Ray trial runs one thread); a deterministic
+computation takes the least of its repeats, the event-driven costs (messages, thread wake-ups,
+the tiny cases below) their median:
 - kernel: forward + backward of causal attention (`kernels.attend`, the kernel the algorithms call)
   on blocks of t tokens, fitted as time(t) = c + F(t) (1 + t_half / t) / R;
 - merge: `softmax_merge.merge_into` of a block's partial output, time = merge_us + bytes / rate;
 - copy: an accumulation `acc += g` (what gradients and travelling messages cost), bytes / s.
-Between two local ranks (a LocalGang ping-pong): the link's wall latency and bandwidth, and the
-ranks' own CPU per message and per byte (process time: gloo's threads included). Then what the
+Between two local ranks (a LocalGang): the link's wall latency and bandwidth (a ping-pong), and
+the ranks' own CPU per message and per byte of an exchange as a ring step makes it (process time:
+gloo's threads included). Then what the
 others leave over, the fixed host costs of the software per attention call, ring step and
 collective: each = (CPU per iteration of a tiny case whose kernels, merges and messages are all
 fixed costs: local, ring and ulysses on 1 or 2 ranks) - (the model's prediction of it with the
@@ -128,18 +131,20 @@ def gemm_rate(dtype: torch.dtype = torch.float32, n: int = 512) -> float:
 
 
 def _pingpong(env, sizes: tuple[int, ...], repeats: int) -> dict[int, tuple[float, float]]:
-    """Bytes -> (one-way wall seconds, this rank's CPU seconds per round trip), each the least of
-    `repeats` (the least disturbed by other processes)."""
+    """Bytes -> (one-way wall seconds of a ping-pong, least of `repeats`; this rank's CPU seconds
+    per exchange, median of `repeats`). An exchange is what a ring step does: post a send of the
+    block and a receive into a fresh buffer, wait for both."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     out = {}
+    peer = 1 - env.rank
     for n in sizes:
         buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
         walls, cpus = [], []
         for _ in range(repeats + 1):
             dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0 = time.perf_counter()
             if env.rank == 0:
                 dist.send(buf, 1)
                 dist.recv(buf, 1)
@@ -147,13 +152,19 @@ def _pingpong(env, sizes: tuple[int, ...], repeats: int) -> dict[int, tuple[floa
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
             walls.append((time.perf_counter() - t0) / 2)
+            dist.barrier()
+            c0 = time.process_time()
+            ops = [dist.P2POp(dist.isend, buf, peer),
+                   dist.P2POp(dist.irecv, torch.empty_like(buf), peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
             cpus.append(time.process_time() - c0)
-        out[n] = (min(walls[1:]), min(cpus[1:]))
+        out[n] = (min(walls[1:]), statistics.median(cpus[1:]))
     return out
 
 
 def _case_cpu(env, case, iters: int) -> float:
-    """This rank's CPU seconds (all its threads) per iteration of `case`, the least of iters."""
+    """This rank's CPU seconds (all its threads) per iteration of `case`, median of iters."""
     import dataclasses
 
     from seqpar.workers.bench import measure
@@ -167,7 +178,7 @@ def _case_cpu(env, case, iters: int) -> float:
         # one memory-metered and one timed iteration (bench.measure's protocol): two per call
         measure(dataclasses.replace(case, warmup=0, iters=1), env.rank, group, env.device)
         cpus.append((time.process_time() - c0) / 2)
-    return min(cpus)
+    return statistics.median(cpus)
 
 
 # the tiny cases, in the order their residuals are taken: a call (local), a ring step (ring on 2
@@ -195,7 +206,7 @@ def host_links(repeats: int = 10) -> tuple[Link, float, float, dict[str, float]]
     wall = {n: max(p[n][0] for p in pings) for n in PING_SIZES}
     cpu = {n: statistics.mean(p[n][1] for p in pings) for n in PING_SIZES}
     bandwidth = (big - mid) / max(wall[big] - wall[mid], 1e-9)
-    # per round trip a rank sends one message and receives one: 2 messages, 2 x n bytes
+    # per exchange a rank sends one message and receives one: 2 messages, 2 x n bytes
     per_message = cpu[small] / 2
     per_byte = max(cpu[big] - cpu[small], 1e-9) / (2 * (big - small))
     lk = Link(bandwidth_gb_per_s=round(bandwidth / 1e9, 3), latency_us=round(wall[small] * 1e6, 1))
