@@ -20,13 +20,14 @@ def calibrate(
     from seqpar.experiments import clusters
     from seqpar.experiments.perf.calibrate import measure
 
-    c, rates = measure(with_link=links)
-    display_table("attention kernel, causal fwd+bwd (float32, one thread)", ["block tokens", "GFLOP/s"],
-                  [[t, f"{r / 1e9:.2f}"] for t, r in rates.items()])
+    c, table = measure(with_link=links)
+    display_table("attention kernel fwd+bwd (float32, one thread), GFLOP/s",
+                  ["block tokens", *table],
+                  [[t, *(f"{table[m][t] / 1e9:.2f}" for m in table)] for t in table["causal"]])
     path = clusters.save(c, out)
     console.print(
         f"{c.cores} cores; kernel {c.attention_tflops['float32'] * 1e3:.2f} GFLOP/s at large blocks, "
-        f"half rate at {c.kernel_half_tokens} tokens, {c.kernel_call_us} us per call; merge "
+        f"half rate at {c.kernel_half_tokens} tokens; merge "
         f"{c.merge_gb_per_s} GB/s + {c.merge_us} us; copy {c.copy_gb_per_s} GB/s; link "
         f"{c.intra.latency_us} us, {c.intra.bandwidth_gb_per_s} GB/s; transport "
         f"{c.transport_gb_per_s} GB/s + {c.message_us} us per message; fixed host costs: call "

@@ -21,6 +21,7 @@ shared out (`host_seconds`).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
@@ -75,6 +76,10 @@ class Cluster(_Strict):
                                     description="query tokens at which the kernel runs at half rate")
     kernel_call_us: float = Field(0.0, ge=0, description="fixed cost of one kernel call (a CPU's "
                                   "dispatch; negligible on GPUs at these sizes)")
+    attention_tflops_by_block: dict[str, dict[int, float]] = Field(
+        default_factory=dict, description="measured kernel TFLOP/s (fwd+bwd) by mask (causal | full) "
+        "and call tokens, in the measured dtype (`seqpar calibrate`); when given it replaces "
+        "attention_tflops x t / (t + kernel_half_tokens)")
     memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
     intra: Link = Field(description="one GPU's link to the others of its node")
     nics_per_node: int = Field(1, gt=0)
@@ -143,6 +148,23 @@ class Cluster(_Strict):
         table = self.attention_tflops if kind == "attention" else self.gemm_tflops
         value = table.get(dtype) or table.get("bfloat16") or next(iter(table.values()))
         return value * 1e12
+
+    def call_rate(self, dtype: str, tokens: float, mask: str) -> float:
+        """FLOP/s of one attention kernel call of `tokens` query tokens under `mask`: the measured
+        table, interpolated in log(tokens) and held at its ends, or the sustained rate times the
+        small-block efficiency t / (t + kernel_half_tokens)."""
+        table = self.attention_tflops_by_block.get("full" if mask == "full" else "causal")
+        if not table:
+            half = self.kernel_half_tokens
+            return self.rate(dtype) * (tokens / (tokens + half) if half else 1.0)
+        points = sorted(table.items())
+        if tokens <= points[0][0]:
+            return points[0][1] * 1e12
+        for (t0, r0), (t1, r1) in zip(points, points[1:], strict=False):
+            if tokens <= t1:
+                x = math.log(tokens / t0) / math.log(t1 / t0)
+                return (r0 + x * (r1 - r0)) * 1e12
+        return points[-1][1] * 1e12
 
     def peak(self, dtype: str) -> float:
         table = self.peak_tflops or self.gemm_tflops

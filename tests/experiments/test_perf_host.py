@@ -95,6 +95,22 @@ def test_gpu_merge_and_copy_rates_come_from_memory_bandwidth():
     assert measured.merge_seconds(1e9, calls=3) == pytest.approx(0.5 + 3e-5)
 
 
+def test_a_measured_kernel_table_sets_each_calls_rate():
+    """calibrate's table by mask and size: interpolated in log(tokens), held at its ends; causal
+    and shifted calls read the causal row, full calls the full row."""
+    c = host(attention_tflops_by_block={"causal": {256: 0.01, 1024: 0.03},
+                                        "full": {256: 0.02, 1024: 0.04}})
+    assert c.call_rate("float32", 512, "causal") == pytest.approx(0.02e12)
+    assert c.call_rate("float32", 512, "shifted") == pytest.approx(0.02e12)
+    assert c.call_rate("float32", 512, "full") == pytest.approx(0.03e12)
+    assert c.call_rate("float32", 64, "full") == pytest.approx(0.02e12)
+    assert c.call_rate("float32", 8192, "causal") == pytest.approx(0.03e12)
+    assert host(kernel_half_tokens=100).call_rate("float32", 100, "full") == pytest.approx(0.02e12)
+    slow_causal = c.model_copy(update={"attention_tflops_by_block": {
+        "causal": {256: 0.001, 1024: 0.001}, "full": {256: 0.02, 1024: 0.04}}})
+    assert ms(slow_causal, "local", 1) > 5 * ms(c, "local", 1)  # one causal call
+
+
 def test_merges_and_accumulation_add_to_ring_compute():
     cheap, dear = host(cores=None), host(cores=None, merge_gb_per_s=0.1, copy_gb_per_s=0.1)
     fwd = [perf.predict(c, "ring", SHAPE, 4, dtype="float32").forward_ms for c in (cheap, dear)]
@@ -189,4 +205,6 @@ def test_calibrate_without_links_measures_this_thread(tmp_path):
     c = clusters.load(str(out))
     assert c.cores == calibrate.cores()
     assert c.attention_tflops["float32"] > 0 and c.merge_gb_per_s > 0 and c.copy_gb_per_s > 0
+    assert set(c.attention_tflops_by_block) == {"causal", "full"}
+    assert all(r > 0 for rates in c.attention_tflops_by_block.values() for r in rates.values())
     assert c.transport_gb_per_s is None  # no link measured: no host transport

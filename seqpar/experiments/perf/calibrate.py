@@ -5,8 +5,9 @@ Compute is timed in the thread's own CPU time (`time.thread_time`), so other pro
 machine do not count (a rank of a LocalGang or a Ray trial runs one thread); a deterministic
 computation takes the least of its repeats, the event-driven costs (messages, thread wake-ups,
 the tiny cases below) their median:
-- kernel: forward + backward of causal attention (`kernels.attend`, the kernel the algorithms call)
-  on blocks of t tokens, fitted as time(t) = c + F(t) (1 + t_half / t) / R;
+- kernel: forward + backward of attention (`kernels.attend`, the kernel the algorithms call) on
+  t x t blocks, causal and full, kept as a table (the model interpolates it); the causal rates are
+  also summarised as time(t) = c + F(t) (1 + t_half / t) / R (R: `attention_tflops`);
 - merge: `softmax_merge.merge_into` of a block's partial output, time = merge_us + bytes / rate;
 - copy: an accumulation `acc += g` (what gradients and travelling messages cost), bytes / s.
 Between two local ranks (a LocalGang): the link's wall latency and bandwidth (a ping-pong), and
@@ -31,7 +32,8 @@ import torch
 from seqpar.algorithms.kernels import attend, attend_backward, attention_flops
 from seqpar.experiments.clusters import Cluster, Link
 
-BLOCKS = (64, 128, 256, 512, 1024, 2048)
+BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
+MASKS = ("causal", "full")
 MERGE_BLOCKS = (64, 256, 1024)
 HEADS, HEAD_DIM = 8, 32  # the `tiny` preset's attention shape
 PING_SIZES = (4, 1 << 20, 4 << 20)
@@ -51,27 +53,27 @@ def _best(fn: Callable[[], object], repeats: int = 5,
 
 
 def kernel_rates(dtype: torch.dtype = torch.float32, blocks: tuple[int, ...] = BLOCKS,
-                 sweeps: int = 3) -> dict[int, float]:
-    """Block tokens -> sustained FLOP/s of causal forward + backward on this thread, the best of
-    `sweeps` passes over the blocks (a busy machine's caches slow some passes)."""
+                 sweeps: int = 2, mask: str = "causal") -> dict[int, float]:
+    """Block tokens -> sustained FLOP/s of forward + backward under `mask` (t x t blocks) on this
+    thread, the best of `sweeps` passes over the blocks (a busy machine's caches slow some)."""
     out: dict[int, float] = {}
     for _ in range(sweeps):
-        for t, r in _kernel_pass(dtype, blocks).items():
+        for t, r in _kernel_pass(dtype, blocks, mask).items():
             out[t] = max(out.get(t, 0.0), r)
     return out
 
 
-def _kernel_pass(dtype: torch.dtype, blocks: tuple[int, ...]) -> dict[int, float]:
+def _kernel_pass(dtype: torch.dtype, blocks: tuple[int, ...], mask: str) -> dict[int, float]:
     out = {}
     for t in blocks:
         q, k, v = (torch.randn(1, t, HEADS, HEAD_DIM, dtype=dtype) for _ in range(3))
 
         def step(q=q, k=k, v=v):
-            o, lse = attend(q, k, v, "causal")
-            attend_backward(torch.ones_like(o), q, k, v, o, lse, "causal")
+            o, lse = attend(q, k, v, mask)
+            attend_backward(torch.ones_like(o), q, k, v, o, lse, mask)
 
-        flops = 3.5 * attention_flops(1, t, t, HEADS, HEAD_DIM, "causal")
-        out[t] = flops / _best(step)
+        flops = 3.5 * attention_flops(1, t, t, HEADS, HEAD_DIM, mask)
+        out[t] = flops / _best(step, repeats=3 if t >= 2048 else 5)
     return out
 
 
@@ -202,7 +204,7 @@ def host_links(repeats: int = 10) -> tuple[Link, float, float, dict[str, float]]
             world = 1 if name == "local" else 2
             case = Case(name, world, batch=1, seq_len=STEP_TOKENS, heads=HEADS, kv_heads=HEADS,
                         head_dim=HEAD_DIM, dtype="float32")
-            tiny[name] = max(gang.run(_case_cpu, case, 9, size=world))
+            tiny[name] = max(gang.run(_case_cpu, case, 21, size=world))
     wall = {n: max(p[n][0] for p in pings) for n in PING_SIZES}
     cpu = {n: statistics.mean(p[n][1] for p in pings) for n in PING_SIZES}
     bandwidth = (big - mid) / max(wall[big] - wall[mid], 1e-9)
@@ -240,18 +242,20 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def measure(name: str = "local", with_link: bool = True) -> tuple[Cluster, dict[int, float]]:
-    """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores)."""
+def measure(name: str = "local",
+            with_link: bool = True) -> tuple[Cluster, dict[str, dict[int, float]]]:
+    """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores),
+    and the kernel's FLOP/s by mask and block tokens."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what one rank of a LocalGang or a Ray trial gets
     try:
-        rates = kernel_rates()
+        table = {mask: kernel_rates(mask=mask) for mask in MASKS}
         merge_us, merge_slope = fit_line({float(b): s for b, s in merge_times().items()})
         copy = copy_rate()
         gemm = gemm_rate()
     finally:
         torch.set_num_threads(threads)
-    peak, half, call = fit_rate(rates)
+    peak, half, _ = fit_rate(table["causal"])
     n = cores()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     cluster = Cluster(
@@ -260,7 +264,9 @@ def measure(name: str = "local", with_link: bool = True) -> tuple[Cluster, dict[
                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; ranks share the cores",
         attention_tflops={"float32": round(peak / 1e12, 6)},
         gemm_tflops={"float32": round(gemm / 1e12, 6)},
-        kernel_half_tokens=half, kernel_call_us=round(call * 1e6, 1), memory_gb=round(mem, 1),
+        kernel_half_tokens=half, memory_gb=round(mem, 1),
+        attention_tflops_by_block={m: {t: round(r / 1e12, 6) for t, r in rates.items()}
+                                   for m, rates in table.items()},
         intra=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), nics_per_node=1,
         inter=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), cores=n,
         merge_gb_per_s=round(1 / merge_slope / 1e9, 3), merge_us=round(merge_us * 1e6, 1),
@@ -270,4 +276,4 @@ def measure(name: str = "local", with_link: bool = True) -> tuple[Cluster, dict[
         cluster = fixed_costs(cluster.model_copy(update={
             "intra": lk, "inter": lk, "transport_gb_per_s": round(transport / 1e9, 3),
             "message_us": round(per_message * 1e6, 1)}), tiny)
-    return cluster, rates
+    return cluster, table

@@ -4,8 +4,9 @@ The block's kernel calls come from `layouts.block_tasks` (the one place the caus
 live) on a small proxy of the sequence (PROXY tokens per layout chunk), scaled to the real size: so
 causal imbalance per layout (contiguous vs zigzag vs stripe) and the kernel's size per call follow
 from the layout itself. FLOPs per call are `kernels.attention_flops`; a call of t query tokens runs
-at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), plus
-the cluster's fixed cost per call (a CPU's dispatch). Rates are one core's (one device's): how
+at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), or at
+the rate a calibrated host measured for its mask and size (`Cluster.call_rate`), plus the cluster's
+fixed cost per call (a CPU's dispatch). Rates are one core's (one device's): how
 ranks share a host's cores is the caller's (`Cluster.host_seconds`).
 """
 
@@ -61,13 +62,11 @@ def block_seconds(cluster: Cluster, dtype: str, batch: int, seq_len: int, heads:
                   q_len: float = 0.0, k_len: float = 0.0) -> Block:
     """The forward kernel calls on one core of the cluster (one device), for a block of q_len
     query and k_len key tokens."""
-    rate, half = cluster.rate(dtype), cluster.kernel_half_tokens
     seconds = flops = q_rows = 0.0
     for fq, fk, mask in calls:
         sq, sk = fq * seq_len, fk * seq_len
         f = attention_flops(batch, 1, 1, heads, head_dim, mask) * sq * sk
-        eff = sq / (sq + half) if half else 1.0
-        seconds += f / (rate * eff) + cluster.kernel_call_us * 1e-6
+        seconds += f / cluster.call_rate(dtype, sq, mask) + cluster.kernel_call_us * 1e-6
         flops += f
         q_rows += sq
     return Block(seconds, flops, len(calls), q_rows, q_len, k_len)
