@@ -15,14 +15,20 @@ def calibrate(
     links: Annotated[bool, typer.Option(help="Also measure the link between two local ranks.")
                      ] = True,
 ) -> None:
-    """Kernel throughput by block size and local link latency/bandwidth -> the `local` cluster."""
+    """Kernel throughput by block size, merge and copy rates, local link latency/bandwidth and the
+    transport's CPU cost, a ring step's fixed cost -> the `local` cluster."""
     from seqpar.experiments import clusters
     from seqpar.experiments.perf.calibrate import measure
 
-    cluster, rates = measure(with_link=links)
-    display_table("attention kernel, causal fwd+bwd (float32)", ["block tokens", "GFLOP/s"],
-                  [[t, f"{r / 1e9:.2f}"] for t, r in rates.items()])
-    path = clusters.save(cluster, out)
-    console.print(f"rate {cluster.attention_tflops['float32'] * 1e3:.2f} GFLOP/s at large blocks, "
-                  f"half rate at {cluster.kernel_half_tokens} tokens; link "
-                  f"{cluster.intra.latency_us} us, {cluster.intra.bandwidth_gb_per_s} GB/s -> {path}")
+    c, table = measure(with_link=links)
+    display_table("attention kernel fwd+bwd (float32, one thread), GFLOP/s",
+                  ["block tokens", *table],
+                  [[t, *(f"{table[m][t] / 1e9:.2f}" for m in table)] for t in table["causal"]])
+    path = clusters.save(c, out)
+    console.print(
+        f"{c.cores} cores; kernel {c.attention_tflops['float32'] * 1e3:.2f} GFLOP/s at large blocks, "
+        f"half rate at {c.kernel_half_tokens} tokens; merge "
+        f"{c.merge_gb_per_s} GB/s + {c.merge_us} us; copy {c.copy_gb_per_s} GB/s; link "
+        f"{c.intra.latency_us} us, {c.intra.bandwidth_gb_per_s} GB/s; transport "
+        f"{c.transport_gb_per_s} GB/s + {c.message_us} us per message; fixed host costs: call "
+        f"{c.call_us} us, ring step {c.step_us} us, collective {c.collective_us} us -> {path}")

@@ -8,10 +8,20 @@ Throughputs are sustained rates at large blocks. The attention kernel's rate fal
 blocks: rate(t) = attention_tflops * t / (t + kernel_half_tokens) for a kernel call of t query
 tokens. The presets take peak numbers from the vendor datasheets and one documented efficiency
 for FlashAttention-2 on Ampere (FLASH_EFFICIENCY, below); nothing is fitted to the papers' tables.
+
+Work beside the kernel, per rank: the online-softmax merge of each forward call's partial output,
+gradient accumulation and message packing (memory-bound: `merge_gb_per_s`, `copy_gb_per_s`; on a
+GPU from its memory bandwidth), and on a host whose ranks talk through the operating system (gloo
+over loopback) the transport itself, which runs on the ranks' cores (`transport_gb_per_s`,
+`message_us`), plus fixed host costs per ring step, per collective and per attention call
+(`step_us`, `collective_us`, `call_us`). `seqpar calibrate` measures all of them here. A host
+with `cores` runs its ranks on those cores: when ranks outnumber them, the ranks' CPU work is
+shared out (`host_seconds`).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import yaml
@@ -28,6 +38,13 @@ FLASH_EFFICIENCY = 0.6
 FLASH_HALF_TOKENS = 256
 # NCCL reaches ~80% of a link's stated bandwidth on large messages (nccl-tests bus bandwidth)
 LINK_EFFICIENCY = 0.8
+# memory-bound element-wise kernels reach ~80% of HBM bandwidth (STREAM-like copies on A100/H100)
+MEMORY_EFFICIENCY = 0.8
+# softmax_merge.merge_into moves its block ~9 times: two scaled reads (read + write each), their
+# sum (two reads, one write) and the copy back into the accumulator (read + write)
+MERGE_PASSES = 9
+# an accumulation (`dq += g`) reads two blocks and writes one
+ADD_PASSES = 3
 
 
 class _Strict(BaseModel):
@@ -59,6 +76,10 @@ class Cluster(_Strict):
                                     description="query tokens at which the kernel runs at half rate")
     kernel_call_us: float = Field(0.0, ge=0, description="fixed cost of one kernel call (a CPU's "
                                   "dispatch; negligible on GPUs at these sizes)")
+    attention_tflops_by_block: dict[str, dict[int, float]] = Field(
+        default_factory=dict, description="measured kernel TFLOP/s (fwd+bwd) by mask (causal | full) "
+        "and call tokens, in the measured dtype (`seqpar calibrate`); when given it replaces "
+        "attention_tflops x t / (t + kernel_half_tokens)")
     memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
     intra: Link = Field(description="one GPU's link to the others of its node")
     nics_per_node: int = Field(1, gt=0)
@@ -66,20 +87,84 @@ class Cluster(_Strict):
     shared_links: bool = Field(True, description="concurrent transfers on one link share it (real "
                                "links); False: each is delayed on its own (link emulation)")
     cores: int | None = Field(None, gt=0, description="a host whose ranks share its cores (local); "
-                              "rates are one thread's")
+                              "rates are one thread's (a CPU rank runs one thread)")
+    memory_gb_per_s: float | None = Field(None, gt=0, description="device memory bandwidth, GB/s "
+                                          "(datasheet): the default for merge and copy rates")
+    merge_gb_per_s: float | None = Field(None, gt=0, description="bytes of partial output (in the "
+                                         "accumulation dtype) merged per second by the online softmax")
+    merge_us: float = Field(0.0, ge=0, description="fixed cost of one merge call")
+    copy_gb_per_s: float | None = Field(None, gt=0, description="bytes per second written by an "
+                                        "accumulation or a packing copy")
+    transport_gb_per_s: float | None = Field(None, gt=0, description="bytes per second one rank's "
+                                             "cores send (or receive) through a host transport; "
+                                             "None: links move data without the ranks' compute")
+    message_us: float = Field(0.0, ge=0, description="host time one rank spends per message it "
+                              "sends or receives (host transport)")
+    step_us: float = Field(0.0, ge=0, description="fixed host time per ring step (posting the "
+                           "exchange, planning the calls; a CPU rank's Python and dispatch)")
+    collective_us: float = Field(0.0, ge=0, description="fixed host time per collective call "
+                                 "(packing loops, posting one message per peer)")
+    call_us: float = Field(0.0, ge=0, description="fixed host time per attention call, forward "
+                           "and backward (autograd, allocation, the timing barrier)")
 
     def share(self, world: int) -> float:
-        """One rank's multiple of the one-thread rate when `world` ranks share the host: cores / P
-        of a core when P > cores, else cores // P threads (the platform's CPU share per rank)."""
+        """One rank's fraction of a core when `world` one-thread ranks share the host (1 when
+        there are cores enough, cores / P when there are not)."""
         if self.cores is None:
             return 1.0
-        return self.cores / world if world > self.cores else float(self.cores // world)
+        return min(1.0, self.cores / world)
+
+    def host_seconds(self, worst: float, total: float, world: int) -> float:
+        """Time of a stage whose busiest rank works `worst` seconds and all `world` ranks `total`:
+        a device per rank gives `worst`; a host with fewer cores than ranks needs at least
+        total / cores as well (its cores are shared out)."""
+        if self.cores is None or world <= self.cores:
+            return worst
+        return max(worst, total / self.cores)
+
+    def _memory_rate(self, passes: int) -> float | None:
+        if self.memory_gb_per_s is None:
+            return None
+        return MEMORY_EFFICIENCY * self.memory_gb_per_s * 1e9 / passes
+
+    def merge_seconds(self, nbytes: float, calls: int = 1) -> float:
+        """Merging `calls` partial outputs of nbytes in all into their accumulators."""
+        rate = self.merge_gb_per_s * 1e9 if self.merge_gb_per_s else self._memory_rate(MERGE_PASSES)
+        return (nbytes / rate if rate else 0.0) + calls * self.merge_us * 1e-6
+
+    def copy_seconds(self, nbytes: float) -> float:
+        """Accumulating or packing nbytes."""
+        rate = self.copy_gb_per_s * 1e9 if self.copy_gb_per_s else self._memory_rate(ADD_PASSES)
+        return nbytes / rate if rate else 0.0
+
+    def transport_seconds(self, nbytes: float, messages: int) -> float:
+        """A rank's own time to send or receive `messages` of nbytes in all (host transport)."""
+        if self.transport_gb_per_s is None:
+            return 0.0
+        return nbytes / (self.transport_gb_per_s * 1e9) + messages * self.message_us * 1e-6
 
     def rate(self, dtype: str, kind: str = "attention") -> float:
         """FLOP/s of one device for `kind` (attention | gemm) in `dtype` (nearest known dtype)."""
         table = self.attention_tflops if kind == "attention" else self.gemm_tflops
         value = table.get(dtype) or table.get("bfloat16") or next(iter(table.values()))
         return value * 1e12
+
+    def call_rate(self, dtype: str, tokens: float, mask: str) -> float:
+        """FLOP/s of one attention kernel call of `tokens` query tokens under `mask`: the measured
+        table, interpolated in log(tokens) and held at its ends, or the sustained rate times the
+        small-block efficiency t / (t + kernel_half_tokens)."""
+        table = self.attention_tflops_by_block.get("full" if mask == "full" else "causal")
+        if not table:
+            half = self.kernel_half_tokens
+            return self.rate(dtype) * (tokens / (tokens + half) if half else 1.0)
+        points = sorted(table.items())
+        if tokens <= points[0][0]:
+            return points[0][1] * 1e12
+        for (t0, r0), (t1, r1) in zip(points, points[1:], strict=False):
+            if tokens <= t1:
+                x = math.log(tokens / t0) / math.log(t1 / t0)
+                return (r0 + x * (r1 - r0)) * 1e12
+        return points[-1][1] * 1e12
 
     def peak(self, dtype: str) -> float:
         table = self.peak_tflops or self.gemm_tflops
@@ -95,9 +180,10 @@ class Cluster(_Strict):
 
 
 def _ampere(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: float, nics: int,
-            nic_gbit: float, peak_bf16: float = 312.0, inter_latency: float = 10.0) -> Cluster:
+            nic_gbit: float, peak_bf16: float = 312.0, inter_latency: float = 10.0,
+            hbm: float = 2039.0) -> Cluster:
     return Cluster(
-        name=name, source=source, nodes=nodes, gpus_per_node=gpn,
+        name=name, source=source, nodes=nodes, gpus_per_node=gpn, memory_gb_per_s=hbm,
         attention_tflops={"bfloat16": FLASH_EFFICIENCY * peak_bf16,
                           "float16": FLASH_EFFICIENCY * peak_bf16,
                           "float32": FLASH_EFFICIENCY * peak_bf16 / 16},
@@ -111,6 +197,7 @@ def _ampere(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: fl
 
 # NVLink figures are per direction per GPU (A100/A800 NVLink3: 600 GB/s both ways = 300 each way;
 # BurstEngine states 400 GB/s for its A800 nodes, i.e. 200 each way); H100 NVLink4 450 each way.
+# HBM bandwidth (datasheets): A100/A800 80 GB SXM 2039 GB/s, A100 40 GB 1555, H100 SXM 3350.
 PRESETS: dict[str, Cluster] = {
     "loongtrain-a100": _ampere(
         "loongtrain-a100", "LoongTrain §5 testbed: 8 nodes x 8 Ampere 80 GB, NVLink, "
@@ -120,15 +207,15 @@ PRESETS: dict[str, Cluster] = {
         "8 x HDR 200 Gb/s NICs per node", 8, 8, 80, 200, 8, 200),
     "wallfacer-h100": _ampere(
         "wallfacer-h100", "WallFacer §5: 8 nodes x 8 H100 80 GB, NVLink, InfiniBand with 8 "
-        "ConnectX-7 (400 Gb/s) per node", 8, 8, 80, 450, 8, 400, peak_bf16=989.0),
+        "ConnectX-7 (400 Gb/s) per node", 8, 8, 80, 450, 8, 400, peak_bf16=989.0, hbm=3350.0),
     "wallfacer-a100-16": _ampere(
         "wallfacer-a100-16", "WallFacer §5: Google Cloud, 2 machines x 16 A100 40 GB, NVLink, "
         "Ethernet between (100 Gb/s assumed: the paper gives no rate)", 2, 16, 40, 300, 1, 100,
-        inter_latency=30.0),
+        inter_latency=30.0, hbm=1555.0),
     "wallfacer-a100-8": _ampere(
         "wallfacer-a100-8", "WallFacer §5: Google Cloud, 4 machines x 8 A100 40 GB, NVLink, "
         "Ethernet between (100 Gb/s assumed: the paper gives no rate)", 4, 8, 40, 300, 1, 100,
-        inter_latency=30.0),
+        inter_latency=30.0, hbm=1555.0),
 }
 
 

@@ -98,8 +98,9 @@ def fitting(points: list[Point], cluster: str) -> list[Point]:
 
 
 def _throughput(preset: str) -> Sweep:
-    if preset == "cpu":
-        return _base(preset), {"plan": ALL, "workload.seq_len": [1024, 2048, 4096]}
+    if preset == "cpu":  # on the emulated twin (TWIN, below): an A100 node's compute/link balance
+        return (_base(preset, env={"link_emulation": TWIN}),
+                {"plan": ALL, "workload.seq_len": [1024, 2048, 4096]})
     return (_base(preset, plan={"world": 16, "nodes": 2}),
             {"plan": [{"algorithm": "local", "world": 1, "nodes": 1}, *gpu_all(16)],
              "workload.seq_len": [131072, 262144, 524288, 1048576]})

@@ -22,17 +22,34 @@ CASES = [
     ("wallfacer", 4, {"team_size": 1}), ("wallfacer", 4, {"team_size": 2}),
     ("wallfacer", 16, {"team_size": 2, "placement": "p2p-intra"}),
     ("wallfacer", 16, {"team_size": 4}),
+    ("ring", 4, {"grad_dtype": "input"}), ("burst", 4, {"grad_dtype": "input"}),
+    ("wallfacer", 4, {"team_size": 2, "grad_dtype": "input"}),
+    ("usp", 8, {"dhp": 2, "grad_dtype": "input"}),
 ]
 
 
 @pytest.mark.parametrize("kv_heads", [8, 2])
 @pytest.mark.parametrize("elem", [4, 2])
-@pytest.mark.parametrize(("name", "world", "options"), CASES)
+@pytest.mark.parametrize(("name", "world", "options"), CASES, ids=[
+    "-".join([n, str(w), *(f"{k}={v}" for k, v in o.items())]) for n, w, o in CASES])
 def test_schedule_bytes_are_the_algorithms_bytes(name, world, options, kv_heads, elem):
     shape = AttnShape(2, 64 * world, 8, kv_heads, 16, elem)
     algorithms.check(name, shape, world, "zigzag", True, **options)
     assert phase_bytes(schedule(name, shape, world, options, nodes=2 if world > 1 else 1)) == \
         algorithms.expected_bytes(name, shape, world, **options)
+
+
+@pytest.mark.parametrize(("name", "options"), [("burst", {}), ("wallfacer", {"team_size": 2})])
+def test_query_ring_gradient_follows_grad_dtype(name, options):
+    """A bf16 plan with grad_dtype="input" sends dq in bf16: half the default (fp32) bytes."""
+    shape = AttnShape(1, 1024, 8, 8, 32, 2)
+
+    def dq(**extra):
+        (ring,) = [st for st in schedule(name, shape, 4, {**options, **extra}).phases["backward"]
+                   if isinstance(st, Ring)]
+        return ring.grad
+
+    assert dq(grad_dtype="input") * 2 == dq() == dq(grad_dtype="accumulate")
 
 
 def test_every_registered_algorithm_has_a_schedule():
@@ -116,7 +133,7 @@ def test_overlap_first_and_last_steps_are_exposed():
     p = perf.predict(free_link, "ring", shape, 8)
     assert p.attention_ms == pytest.approx(p.compute_ms, rel=1e-6)
     fast = A100.model_copy(update={"attention_tflops": {"bfloat16": 1e9},
-                                   "kernel_half_tokens": 0})
+                                   "kernel_half_tokens": 0, "memory_gb_per_s": 1e12})
     p = perf.predict(fast, "ring", shape, 8)
     msg = 2 * 8 * shape.unit(8)
     link = fast.intra
@@ -134,7 +151,8 @@ def test_contention_on_shared_nics_slows_head_first():
 
 def test_causal_imbalance_contiguous_vs_zigzag():
     shape = AttnShape(1, 65536, 8, 8, 128, 2)
-    fast_links = A100.model_copy(update={"intra": clusters.Link(bandwidth_gb_per_s=1e9)})
+    fast_links = A100.model_copy(update={"intra": clusters.Link(bandwidth_gb_per_s=1e9),
+                                         "memory_gb_per_s": 1e12})  # the kernels alone
     contiguous, zigzag = (perf.predict(fast_links, "ring", shape, 8, layout=lay)
                           for lay in ("contiguous", "zigzag"))
     assert contiguous.compute_ms / zigzag.compute_ms == pytest.approx(2 * 8 / 9, rel=0.05)
@@ -142,8 +160,9 @@ def test_causal_imbalance_contiguous_vs_zigzag():
 
 def test_small_blocks_run_slower():
     shape = AttnShape(1, 16384, 8, 8, 128, 2)
-    eager = A100.model_copy(update={"kernel_half_tokens": 0})
-    slow, ideal = perf.predict(A100, "ring", shape, 64), perf.predict(eager, "ring", shape, 64)
+    kernels = A100.model_copy(update={"memory_gb_per_s": 1e12})  # the kernels alone
+    eager = kernels.model_copy(update={"kernel_half_tokens": 0})
+    slow, ideal = perf.predict(kernels, "ring", shape, 64), perf.predict(eager, "ring", shape, 64)
     assert slow.compute_ms > 1.5 * ideal.compute_ms
 
 

@@ -34,10 +34,10 @@ def test_twin_keeps_the_clusters_compute_to_link_balance():
     assert tw.inter.bandwidth_gb_per_s < tw.intra.bandwidth_gb_per_s
 
 
-def test_placement_ring_size_wallfacer_studies_use_the_twin():
+def test_throughput_placement_ring_size_wallfacer_studies_use_the_twin():
     from seqpar.experiments.spec import ClusterTwin
 
-    for name in ("placement", "ring-size", "wallfacer-c"):
+    for name in ("throughput", "placement", "ring-size", "wallfacer-c"):
         for p in STUDIES[name].points("cpu"):
             if p.spec is not None:
                 assert isinstance(p.spec.env.link_emulation, ClusterTwin)

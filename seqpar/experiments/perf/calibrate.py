@@ -1,48 +1,79 @@
-"""Measure this machine into a Cluster: attention kernel rate by block size, GEMM rate, and the
-latency and bandwidth between two local ranks (a LocalGang ping-pong). A minute or two on 2 cores.
+"""Measure this machine into a Cluster (`seqpar calibrate`): what one rank's core does and what the
+local transport costs. A few seconds on 2 cores.
 
-Kernel: forward + backward of causal attention (`kernels.attend`, the kernel the algorithms call) on
-blocks of t tokens; rate(t) = R * t / (t + t_half) is fitted through 1/rate = 1/R + (t_half/R)/t.
+Compute is timed in the thread's own CPU time (`time.thread_time`), so other processes on a busy
+machine do not count (a rank of a LocalGang or a Ray trial runs one thread); a deterministic
+computation takes the least of its repeats, the event-driven costs (messages, thread wake-ups,
+the tiny cases below) their median:
+- kernel: forward + backward of attention (`kernels.attend`, the kernel the algorithms call) on
+  t x t blocks, causal and full, kept as a table (the model interpolates it); the causal rates are
+  also summarised as time(t) = c + F(t) (1 + t_half / t) / R (R: `attention_tflops`);
+- merge: `softmax_merge.merge_into` of a block's partial output, time = merge_us + bytes / rate;
+- copy: an accumulation `acc += g` (what gradients and travelling messages cost), bytes / s.
+Between two local ranks (a LocalGang): the link's wall latency and bandwidth (a ping-pong), and
+the ranks' own CPU per message and per byte of an exchange as a ring step makes it (process time:
+gloo's threads included). Then what the
+others leave over, the fixed host costs of the software per attention call, ring step and
+collective: each = (CPU per iteration of a tiny case whose kernels, merges and messages are all
+fixed costs: local, ring and ulysses on 1 or 2 ranks) - (the model's prediction of it with the
+costs found before it), over the case's calls, steps or collectives.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
 from seqpar.algorithms.kernels import attend, attend_backward, attention_flops
 from seqpar.experiments.clusters import Cluster, Link
 
-BLOCKS = (64, 128, 256, 512, 1024, 2048)
+BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
+MASKS = ("causal", "full")
+MERGE_BLOCKS = (64, 256, 1024)
 HEADS, HEAD_DIM = 8, 32  # the `tiny` preset's attention shape
+PING_SIZES = (4, 1 << 20, 4 << 20)
+STEP_TOKENS = 64  # the tiny cases' sequence: kernels, merges and messages are fixed costs there
 
 
-def _best(fn, repeats: int = 5) -> float:
+def _best(fn: Callable[[], object], repeats: int = 5,
+          clock: Callable[[], float] = time.thread_time) -> float:
+    """The least time of `repeats` calls after one warm-up, on `clock` (this thread's CPU)."""
     fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return min(times)
 
 
-def kernel_rates(dtype: torch.dtype = torch.float32,
-                 blocks: tuple[int, ...] = BLOCKS) -> dict[int, float]:
-    """Block tokens -> sustained FLOP/s of causal forward + backward."""
+def kernel_rates(dtype: torch.dtype = torch.float32, blocks: tuple[int, ...] = BLOCKS,
+                 sweeps: int = 2, mask: str = "causal") -> dict[int, float]:
+    """Block tokens -> sustained FLOP/s of forward + backward under `mask` (t x t blocks) on this
+    thread, the best of `sweeps` passes over the blocks (a busy machine's caches slow some)."""
+    out: dict[int, float] = {}
+    for _ in range(sweeps):
+        for t, r in _kernel_pass(dtype, blocks, mask).items():
+            out[t] = max(out.get(t, 0.0), r)
+    return out
+
+
+def _kernel_pass(dtype: torch.dtype, blocks: tuple[int, ...], mask: str) -> dict[int, float]:
     out = {}
     for t in blocks:
         q, k, v = (torch.randn(1, t, HEADS, HEAD_DIM, dtype=dtype) for _ in range(3))
 
         def step(q=q, k=k, v=v):
-            o, lse = attend(q, k, v, "causal")
-            attend_backward(torch.ones_like(o), q, k, v, o, lse, "causal")
+            o, lse = attend(q, k, v, mask)
+            attend_backward(torch.ones_like(o), q, k, v, o, lse, mask)
 
-        flops = 3.5 * attention_flops(1, t, t, HEADS, HEAD_DIM, "causal")
-        out[t] = flops / _best(step)
+        flops = 3.5 * attention_flops(1, t, t, HEADS, HEAD_DIM, mask)
+        out[t] = flops / _best(step, repeats=3 if t >= 2048 else 5)
     return out
 
 
@@ -67,18 +98,52 @@ def fit_rate(rates: dict[int, float]) -> tuple[float, int, float]:
     return best[1], best[2], best[3]
 
 
+def fit_line(points: dict[float, float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through {x: y} (slope kept >= 1e-15)."""
+    xs, ys = list(points), list(points.values())
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    slope = max(slope, 1e-15)
+    return max(0.0, my - slope * mx), slope
+
+
+def merge_times(blocks: tuple[int, ...] = MERGE_BLOCKS) -> dict[int, float]:
+    """Bytes of a block's partial output (float32) -> seconds of one merge into accumulators."""
+    from seqpar.algorithms.softmax_merge import merge_into
+
+    out = {}
+    for t in blocks:
+        o, acc = torch.randn(1, t, HEADS, HEAD_DIM), torch.randn(1, t, HEADS, HEAD_DIM)
+        lse, acc_lse = torch.randn(1, HEADS, t), torch.randn(1, HEADS, t)
+        out[o.numel() * o.element_size()] = _best(lambda o=o, a=acc, lo=lse, la=acc_lse:
+                                                  merge_into(a, la, o, lo), repeats=9)
+    return out
+
+
+def copy_rate(tokens: int = 1024) -> float:
+    """Bytes per second of an accumulation acc += g (float32) on this thread."""
+    acc, g = torch.randn(1, tokens, HEADS, HEAD_DIM), torch.randn(1, tokens, HEADS, HEAD_DIM)
+    return acc.numel() * acc.element_size() / _best(lambda: acc.add_(g), repeats=9)
+
+
 def gemm_rate(dtype: torch.dtype = torch.float32, n: int = 512) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     return 2 * n ** 3 / _best(lambda: a @ b)
 
 
-def _pingpong(env, sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
+def _pingpong(env, sizes: tuple[int, ...], repeats: int) -> dict[int, tuple[float, float]]:
+    """Bytes -> (one-way wall seconds of a ping-pong, least of `repeats`; this rank's CPU seconds
+    per exchange, median of `repeats`). An exchange is what a ring step does: post a send of the
+    block and a receive into a fresh buffer, wait for both."""
     import torch.distributed as dist
 
+    torch.set_num_threads(1)
     out = {}
+    peer = 1 - env.rank
     for n in sizes:
-        buf = torch.zeros(n // 4, dtype=torch.float32)
-        times = []
+        buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
+        walls, cpus = [], []
         for _ in range(repeats + 1):
             dist.barrier()
             t0 = time.perf_counter()
@@ -88,42 +153,127 @@ def _pingpong(env, sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
             else:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-            times.append((time.perf_counter() - t0) / 2)
-        out[n] = min(times[1:])
+            walls.append((time.perf_counter() - t0) / 2)
+            dist.barrier()
+            c0 = time.process_time()
+            ops = [dist.P2POp(dist.isend, buf, peer),
+                   dist.P2POp(dist.irecv, torch.empty_like(buf), peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            cpus.append(time.process_time() - c0)
+        out[n] = (min(walls[1:]), statistics.median(cpus[1:]))
     return out
 
 
-def link(repeats: int = 10) -> Link:
-    """Latency (a 4-byte message) and bandwidth (16 MB) between two local gloo ranks."""
+def _case_cpu(env, case, iters: int) -> float:
+    """This rank's CPU seconds (all its threads) per iteration of `case`, median of iters."""
+    import dataclasses
+
+    from seqpar.workers.bench import measure
+
+    torch.set_num_threads(1)
+    group = env.group(case.world)
+    measure(dataclasses.replace(case, warmup=1, iters=1), env.rank, group, env.device)
+    cpus = []
+    for _ in range(iters):
+        c0 = time.process_time()
+        # one memory-metered and one timed iteration (bench.measure's protocol): two per call
+        measure(dataclasses.replace(case, warmup=0, iters=1), env.rank, group, env.device)
+        cpus.append((time.process_time() - c0) / 2)
+    return statistics.median(cpus)
+
+
+# the tiny cases, in the order their residuals are taken: a call (local), a ring step (ring on 2
+# ranks: 2 x 2 steps), a collective (ulysses: four all-to-alls)
+TINY = ("local", "ring", "ulysses")
+FIXED = {"local": ("call_us", 1), "ring": ("step_us", 4), "ulysses": ("collective_us", 4)}
+
+
+def host_links(repeats: int = 10) -> tuple[Link, float, float, dict[str, float]]:
+    """(link, transport bytes/s, seconds per message, tiny cases' CPU per iteration) between two
+    local gloo ranks: wall latency (4 bytes) and bandwidth (1 MB to 4 MB); CPU per message (half a
+    4-byte round trip) and per byte; CPU per iteration of the TINY cases on 1 or 2 ranks."""
+    from seqpar.case import Case
     from seqpar.platform.localgang import LocalGang
 
-    sizes = (4, 1 << 20, 16 << 20)
-    with LocalGang(2, device="cpu") as gang:
-        one_way = gang.run(_pingpong, sizes, repeats)[0]
-    latency = one_way[4]
-    bandwidth = (sizes[2] - sizes[1]) / max(one_way[sizes[2]] - one_way[sizes[1]], 1e-9)
-    return Link(bandwidth_gb_per_s=round(bandwidth / 1e9, 3), latency_us=round(latency * 1e6, 1))
+    small, mid, big = PING_SIZES
+    with LocalGang(2, sizes=(1, 2), device="cpu") as gang:
+        pings = gang.run(_pingpong, PING_SIZES, repeats)
+        tiny = {}
+        for name in TINY:
+            world = 1 if name == "local" else 2
+            case = Case(name, world, batch=1, seq_len=STEP_TOKENS, heads=HEADS, kv_heads=HEADS,
+                        head_dim=HEAD_DIM, dtype="float32")
+            tiny[name] = max(gang.run(_case_cpu, case, 21, size=world))
+    wall = {n: max(p[n][0] for p in pings) for n in PING_SIZES}
+    cpu = {n: statistics.mean(p[n][1] for p in pings) for n in PING_SIZES}
+    bandwidth = (big - mid) / max(wall[big] - wall[mid], 1e-9)
+    # per exchange a rank sends one message and receives one: 2 messages, 2 x n bytes
+    per_message = cpu[small] / 2
+    per_byte = max(cpu[big] - cpu[small], 1e-9) / (2 * (big - small))
+    lk = Link(bandwidth_gb_per_s=round(bandwidth / 1e9, 3), latency_us=round(wall[small] * 1e6, 1))
+    return lk, 1 / per_byte, per_message, tiny
 
 
-def measure(name: str = "local", with_link: bool = True) -> tuple[Cluster, dict[int, float]]:
-    """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores)."""
+def fixed_costs(cluster: Cluster, tiny: dict[str, float]) -> Cluster:
+    """`cluster` with its fixed host costs per call, ring step and collective: each tiny case's CPU
+    per iteration less the model's prediction of it with the costs found before it, over its
+    calls, steps or collectives."""
+    from seqpar.algorithms.base import AttnShape
+    from seqpar.experiments.perf.api import predict
+
+    free = Link(bandwidth_gb_per_s=1e9, latency_us=0.0)
+    shape = AttnShape(1, STEP_TOKENS, HEADS, HEADS, HEAD_DIM, 4)
+    for name in TINY:
+        field, count = FIXED[name]
+        alone = cluster.model_copy(update={"cores": None, "intra": free, "inter": free, field: 0.0})
+        modelled = predict(alone, name, shape, 1 if name == "local" else 2, layout="contiguous",
+                           dtype="float32").attention_ms / 1e3
+        residual = max(0.0, tiny[name] - modelled) / count
+        cluster = cluster.model_copy(update={field: round(residual * 1e6, 1)})
+    return cluster
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's count elsewhere)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def measure(name: str = "local",
+            with_link: bool = True) -> tuple[Cluster, dict[str, dict[int, float]]]:
+    """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores),
+    and the kernel's FLOP/s by mask and block tokens."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what one rank of a LocalGang or a Ray trial gets
     try:
-        rates = kernel_rates()
+        table = {mask: kernel_rates(mask=mask) for mask in MASKS}
+        merge_us, merge_slope = fit_line({float(b): s for b, s in merge_times().items()})
+        copy = copy_rate()
+        gemm = gemm_rate()
     finally:
         torch.set_num_threads(threads)
-    peak, half, call = fit_rate(rates)
-    gemm = gemm_rate()
-    lk = link() if with_link else Link(bandwidth_gb_per_s=1.0, latency_us=50.0)
+    peak, half, _ = fit_rate(table["causal"])
+    n = cores()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    cores = os.cpu_count() or 1
     cluster = Cluster(
         name=name, nodes=1, gpus_per_node=8,
-        source=f"seqpar calibrate on {platform.node()} ({cores} cores, torch {torch.__version__}), "
+        source=f"seqpar calibrate on {platform.node()} ({n} cores, torch {torch.__version__}), "
                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; ranks share the cores",
         attention_tflops={"float32": round(peak / 1e12, 6)},
         gemm_tflops={"float32": round(gemm / 1e12, 6)},
-        kernel_half_tokens=half, kernel_call_us=round(call * 1e6, 1), memory_gb=round(mem, 1),
-        intra=lk, nics_per_node=1, inter=lk, cores=cores)
-    return cluster, rates
+        kernel_half_tokens=half, memory_gb=round(mem, 1),
+        attention_tflops_by_block={m: {t: round(r / 1e12, 6) for t, r in rates.items()}
+                                   for m, rates in table.items()},
+        intra=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), nics_per_node=1,
+        inter=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), cores=n,
+        merge_gb_per_s=round(1 / merge_slope / 1e9, 3), merge_us=round(merge_us * 1e6, 1),
+        copy_gb_per_s=round(copy / 1e9, 3))
+    if with_link:
+        lk, transport, per_message, tiny = host_links()
+        cluster = fixed_costs(cluster.model_copy(update={
+            "intra": lk, "inter": lk, "transport_gb_per_s": round(transport / 1e9, 3),
+            "message_us": round(per_message * 1e6, 1)}), tiny)
+    return cluster, table

@@ -4,12 +4,15 @@ The block's kernel calls come from `layouts.block_tasks` (the one place the caus
 live) on a small proxy of the sequence (PROXY tokens per layout chunk), scaled to the real size: so
 causal imbalance per layout (contiguous vs zigzag vs stripe) and the kernel's size per call follow
 from the layout itself. FLOPs per call are `kernels.attention_flops`; a call of t query tokens runs
-at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), plus
-the cluster's fixed cost per call (a CPU's dispatch).
+at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), or at
+the rate a calibrated host measured for its mask and size (`Cluster.call_rate`), plus the cluster's
+fixed cost per call (a CPU's dispatch). Rates are one core's (one device's): how
+ranks share a host's cores is the caller's (`Cluster.host_seconds`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -42,16 +45,28 @@ def block_calls(layout: str, world: int, q_members: tuple[int, ...], k_members: 
                  for t in layouts.block_tasks(q, k, causal))
 
 
+@dataclass(frozen=True)
+class Block:
+    """One rank's kernel calls for a block of queries against a block of keys."""
+
+    seconds: float  # forward kernel time on one core (or device), the calls' fixed cost included
+    flops: float
+    calls: int
+    q_rows: float   # query rows summed over the calls: the partial outputs merged (forward)
+    q_len: float    # the block's query rows: dq accumulated (backward)
+    k_len: float    # the block's key rows: dk, dv accumulated (backward)
+
+
 def block_seconds(cluster: Cluster, dtype: str, batch: int, seq_len: int, heads: int,
                   head_dim: int, calls: tuple[tuple[float, float, str], ...],
-                  world: int = 1) -> tuple[float, float]:
-    """(seconds, flops) of one forward over the calls, on one of `world` ranks."""
-    rate, half = cluster.rate(dtype) * cluster.share(world), cluster.kernel_half_tokens
-    seconds = flops = 0.0
+                  q_len: float = 0.0, k_len: float = 0.0) -> Block:
+    """The forward kernel calls on one core of the cluster (one device), for a block of q_len
+    query and k_len key tokens."""
+    seconds = flops = q_rows = 0.0
     for fq, fk, mask in calls:
         sq, sk = fq * seq_len, fk * seq_len
         f = attention_flops(batch, 1, 1, heads, head_dim, mask) * sq * sk
-        eff = sq / (sq + half) if half else 1.0
-        seconds += f / (rate * eff) + cluster.kernel_call_us * 1e-6
+        seconds += f / cluster.call_rate(dtype, sq, mask) + cluster.kernel_call_us * 1e-6
         flops += f
-    return seconds, flops
+        q_rows += sq
+    return Block(seconds, flops, len(calls), q_rows, q_len, k_len)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from seqpar.experiments.clusters import Cluster
 
@@ -34,15 +35,20 @@ class Net:
     world: int
     nodes: int = 1
 
-    @property
+    @cached_property
     def ranks_per_node(self) -> int:
         return max(1, self.world // self.nodes)
 
     def node(self, rank: int) -> int:
         return rank // self.ranks_per_node
 
+    @cached_property
+    def _nics(self) -> tuple[tuple[int, int], ...]:
+        per = self.ranks_per_node
+        return tuple((r // per, self.cluster.nic_of(r % per, per)) for r in range(self.world))
+
     def nic(self, rank: int) -> tuple[int, int]:
-        return self.node(rank), self.cluster.nic_of(rank % self.ranks_per_node, self.ranks_per_node)
+        return self._nics[rank]
 
     def p2p(self, pairs: Sequence[tuple[int, int]], nbytes: int) -> Cost:
         """Concurrent sends of nbytes each, (src, dst) pairs; the slowest sets the time."""

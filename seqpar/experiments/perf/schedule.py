@@ -59,6 +59,7 @@ class Ring:
     heads: int
     blocks: Callable[[int, int, int], tuple[Members, Members]]
     factor: float = 1.0
+    same_blocks: bool = True  # every ring meets the same blocks (blocks ignores its ring argument)
 
     @property
     def size(self) -> int:
@@ -89,6 +90,11 @@ def _per_msg(total: int, count: int) -> int:
     return total // count if count else 0
 
 
+def _parsed(name: str, options: Mapping[str, Any]) -> Any:
+    """The algorithm's Options object for these options (gradient dtype and the like)."""
+    return algorithms.get(name).parse(dict(options))
+
+
 ALL = lambda world: tuple(range(world))  # noqa: E731
 
 
@@ -116,7 +122,7 @@ def _burst(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int)
     inner = groups.node_block_size([r // per_node for r in range(world)])
     b = algorithms.expected_bytes("burst", shape, world, **options)
     msg = _per_msg(b["forward"], world - 1)
-    q_block, dq = burst.query_block_bytes(shape, world)
+    q_block, dq = burst.query_block_bytes(shape, world, options=_parsed("burst", options))
     ring = [list(range(world))]
     s = Schedule()
     s.phases["forward"].append(Ring("burst ring", ring, inner, msg, 0, shape.heads,
@@ -199,7 +205,8 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
     ring_fwd = algorithms.expected_bytes("ring", shape, teams, **{})["forward"]
     block = _per_msg(ring_fwd, teams - 1)  # a team's K,V: the ring message of P/C team-sized shards
     placed = block if placing else 0
-    q_block, dq = burst.query_block_bytes(shape, world, tokens_factor=c)
+    q_block, dq = burst.query_block_bytes(shape, world, tokens_factor=c,
+                                          options=_parsed("wallfacer", options))
     team_groups = [grid.members(i) for i in range(teams)]
     rings = [grid.subring(grid.rank(g * t * c + a)) for g in range(c) for a in range(c)]
     pairs = [(r, grid.init_send(r)) for r in range(world)]
@@ -224,9 +231,10 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
     s = Schedule()
     s.phases["forward"] += [Collective("team all-gather q,k,v + combine", team_groups, fwd_coll),
                             P2P("initial placement", pairs, placed),
-                            Ring("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks)]
+                            Ring("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks,
+                                 same_blocks=False)]
     s.phases["backward"] += [Ring("query sub-ring", rings, t, q_block, dq, shape.heads, bwd_blocks,
-                                  BACKWARD),
+                                  BACKWARD, same_blocks=False),
                              P2P("placement back", pairs, placed),
                              Collective("team all-gather dO,D,lse + reduce-scatter", team_groups,
                                         bwd_coll)]
