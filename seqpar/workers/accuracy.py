@@ -13,7 +13,6 @@ relative error of the reassembled tensor. World 1 (`local`) is the plain kernel 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import torch
@@ -25,7 +24,7 @@ from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.mesh import Mesh
 from seqpar.case import Case
-from seqpar.workers.bench import MemoryMeter, RankMeasurement, _sync
+from seqpar.workers.bench import MemoryMeter, RankMeasurement, timed_pass
 from seqpar.workers.check import GRADS, make_inputs, reference_mask
 
 SCALE_FLOOR = 1e-4  # a vanishing gradient is held to its absolute error over this (check.evaluate)
@@ -93,18 +92,10 @@ def measure_accuracy(case: Case, rank: int, group: dist.ProcessGroup | None,
     docs = {"cu_seqlens": cu} if cu else {}
 
     def one_pass() -> tuple[float, float, dict[str, torch.Tensor]]:
-        q, k, v = (local[n].detach().requires_grad_() for n in ("q", "k", "v"))
-        if group is not None:
-            dist.barrier(group=group)
-        _sync(device)
-        t0 = time.perf_counter()
-        out = attn(q, k, v, **docs)
-        _sync(device)
-        t1 = time.perf_counter()
-        out.backward(local["dout"])
-        _sync(device)
+        fwd_s, bwd_s, (out, q, k, v) = timed_pass(
+            attn, [local[n] for n in ("q", "k", "v")], local["dout"], docs, group, device)
         shards = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-        return t1 - t0, time.perf_counter() - t1, shards
+        return fwd_s, bwd_s, shards
 
     for _ in range(case.warmup):
         one_pass()

@@ -168,6 +168,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def timed_pass(attn, inputs: Sequence[torch.Tensor], dout: torch.Tensor | None,
+               docs: dict, group: dist.ProcessGroup | None, device: torch.device
+               ) -> tuple[float, float, tuple[torch.Tensor, ...]]:
+    """One timed call on fresh leaves of `inputs` (q, k, v), after a barrier: (forward seconds,
+    backward seconds (0 without dout), (out, q, k, v)), synchronised on CUDA so the clock sees
+    the kernels, not their enqueue."""
+    q, k, v = (t.detach().requires_grad_(dout is not None) for t in inputs)
+    if group is not None:
+        dist.barrier(group=group)
+    _sync(device)
+    t0 = time.perf_counter()
+    out = attn(q, k, v, **docs)
+    _sync(device)
+    t1 = time.perf_counter()
+    if dout is not None:
+        out.backward(dout)
+        _sync(device)
+    return t1 - t0, time.perf_counter() - t1, (out, q, k, v)
+
+
 def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
             device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
             mesh: Mesh | None = None) -> RankMeasurement:
@@ -191,18 +211,9 @@ def measure(case: Case, rank: int, group: dist.ProcessGroup | None,
     meter = MemoryMeter(device)
 
     def one_iteration() -> tuple[float, float]:
-        q, k, v = (t.detach().requires_grad_(backward) for t in (q0, k0, v0))
-        if group is not None:
-            dist.barrier(group=group)
-        _sync(device)
-        t0 = time.perf_counter()
-        out = attn(q, k, v, **docs)
-        _sync(device)
-        t1 = time.perf_counter()
-        if backward:
-            out.backward(dout)
-            _sync(device)
-        return t1 - t0, time.perf_counter() - t1
+        fwd_s, bwd_s, _ = timed_pass(attn, (q0, k0, v0), dout if backward else None, docs,
+                                     group, device)
+        return fwd_s, bwd_s
 
     # memory is measured over one untimed iteration: the last warm-up one, or an extra one after a
     # single warm-up (a process's first iteration also allocates one-time state); over many
