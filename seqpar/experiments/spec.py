@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from seqpar.algorithms.base import DTYPES, AttnShape
-from seqpar.case import Case
+from seqpar.case import Case, TrainCase
 from seqpar.errors import ConfigError
 
 Scalar = bool | int | float | str | None
@@ -271,7 +271,7 @@ class ExperimentSpec(_Strict):
             if rpn is not None and rpn * p.nodes != p.world:
                 raise ConfigError("plan.ranks_per_node", rpn,
                                   f"nodes x ranks_per_node must equal world={p.world}")
-            self.to_case().check()
+            self.to_case().validate()
         except ConfigError as err:
             home = _FIELD_HOME.get(err.field)
             if home is None and "." not in err.field:
@@ -302,7 +302,7 @@ class ExperimentSpec(_Strict):
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def to_case(self) -> Case:
+    def to_case(self) -> Case | TrainCase:
         if self.train is not None:
             return _train_case(self)
         w, m = self.workload, self.model
@@ -339,9 +339,7 @@ class ExperimentSpec(_Strict):
             raise config_error(err, where) from None
 
 
-def _train_case(spec: ExperimentSpec) -> Any:
-    from seqpar.workers.train import TrainCase
-
+def _train_case(spec: ExperimentSpec) -> TrainCase:
     t, w, p = spec.train, spec.workload, spec.plan
     assert t is not None
     return TrainCase(algorithm=p.algorithm, sp=p.world // t.dp, dp=t.dp, layout=p.layout,
@@ -370,7 +368,7 @@ def _train_rules(spec: ExperimentSpec) -> None:
             raise ConfigError("model.shape", spec.model.preset or "custom",
                               f"a training trial's model section must be {t.model}'s attention "
                               f"shape (heads, kv_heads, head_dim) = {shape}")
-        case.check()
+        case.validate()
     except ConfigError as err:
         home = _TRAIN_HOME.get(err.field) or _FIELD_HOME.get(err.field, err.field)
         raise PydanticCustomError("seqpar_rule", "{rule}", {
