@@ -20,6 +20,7 @@ from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.errors import require
 from seqpar.model import checkpointing
 from seqpar.model.config import ModelConfig
+from seqpar.model.states import StatePolicy
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
 
@@ -116,6 +117,10 @@ class TrainCase:
     iters: int = 3
     seed: int = 0
     lr: float = 1e-3
+    states: str = "replicated"       # replicated | fsdp (FSDP2 over the DP x SP world)
+    master_dtype: str | None = None  # fp32 master weights for a bf16 model: "float32"
+    offload: bool = False            # FSDP2's CPU offload (CUDA only)
+    text: str | None = None          # a UTF-8 text file: byte tokens, documents packed (None: random)
 
     def config(self) -> ModelConfig:
         return dataclasses.replace(ModelConfig.preset(self.model), **dict(self.model_overrides))
@@ -145,14 +150,27 @@ class TrainCase:
         require(isinstance(self.dp, int) and self.dp >= 1, "dp", self.dp, "must be a positive integer")
         _common_rules(self.world, self.dtype, self.warmup, self.iters)
         checkpointing.check_mode(self.checkpoint, self.seq_fraction)
-        self.config()
+        require(self.master_dtype is None or self.master_dtype in DTYPES, "master_dtype",
+                self.master_dtype, f"must be one of {', '.join(DTYPES)} (or none)")
+        self.state_policy().check(DTYPES[self.dtype], None)
+        cfg = self.config()
+        require(self.text is None or cfg.vocab >= 256, "vocab", cfg.vocab,
+                "must be at least 256 to train on text (one token per byte)")
         algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
+
+    def state_policy(self) -> StatePolicy:
+        """Where the model states live (the runner and the planner read the same policy)."""
+        master = None if self.master_dtype is None else DTYPES[self.master_dtype]
+        return StatePolicy(self.states, master, self.offload)
 
 
     def label(self) -> str:
         opts = "".join(f" {k}={v}" for k, v in self.options)
         dp = f" DP={self.dp}" if self.dp > 1 else ""
         head = " fused-head" if self.fused_head else ""
+        head += "" if self.states == "replicated" else f" {self.states}" + (
+            "+offload" if self.offload else "")
+        head += f" master={self.master_dtype}" if self.master_dtype else ""
         ckpt = self.checkpoint + (f"({self.seq_fraction})" if "sequence" in self.checkpoint else "")
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "

@@ -10,26 +10,45 @@ before entering (the caller's job).
 
 Unlike a saved-tensor hook (`workers.bench.SavedTensorMeter`), this sees what checkpointing keeps
 outside autograd's saved tensors (a checkpoint's inputs, the fused head's gradients) and what its
-own hooks replace; unlike an RSS peak it is exact at small sizes. CPU tensors only.
+own hooks replace; unlike an RSS peak it is exact at small sizes. On a CUDA device it reads the
+caching allocator instead (bytes allocated at the end minus at the start; the allocator's peak).
+
+`state_bytes(net, optimizer)`: the bytes this rank holds for model states — parameters, gradients
+and optimizer moments (a sharded parameter counts its local shard).
 """
 
 from __future__ import annotations
 
+import torch
+from torch import nn
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
 class AllocationMeter:
-    def __init__(self) -> None:
-        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self._prof = (None if self.device.type == "cuda"
+                      else profile(activities=[ProfilerActivity.CPU], profile_memory=True))
         self.retained = 0
         self.peak = 0
+        self._base = 0
 
     def __enter__(self) -> AllocationMeter:
-        self._prof.__enter__()
+        if self._prof is None:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            self._prof.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._prof is None:
+            torch.cuda.synchronize(self.device)
+            self.retained = torch.cuda.memory_allocated(self.device) - self._base
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
+            return
         self._prof.__exit__(*exc)
         # the raw allocation events, in time order (op-level totals would misplace frees)
         steps = sorted((e.start_ns(), e.nbytes()) for e in self._prof.profiler.kineto_results.events()
@@ -39,3 +58,25 @@ class AllocationMeter:
             running += delta
             self.peak = max(self.peak, running)
         self.retained = running
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def state_breakdown(net: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes this rank holds for parameters, gradients and optimizer states (local shards)."""
+    params = list(net.parameters())
+    out = {"params": sum(_nbytes(p) for p in params),
+           "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
+           "optimizer": 0}
+    if optimizer is not None:
+        out["optimizer"] = sum(_nbytes(v) for state in optimizer.state.values()
+                               for v in state.values() if isinstance(v, torch.Tensor))
+    return out
+
+
+def state_bytes(net: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """The bytes this rank holds for model states: parameters, gradients and optimizer moments."""
+    return sum(state_breakdown(net, optimizer).values())

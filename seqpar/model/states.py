@@ -36,7 +36,8 @@ class StatePolicy:
     master_dtype: torch.dtype | None = None    # None: parameters in the compute dtype
     offload: bool = False                      # FSDP2's CPU offload of sharded states (CUDA only)
 
-    def check(self, dtype: torch.dtype, device: torch.device) -> None:
+    def check(self, dtype: torch.dtype, device: torch.device | None) -> None:
+        """Every rule; the device's only where it is known (None: before any rank starts)."""
         require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
         require(self.master_dtype is None or (self.master_dtype.is_floating_point
                 and torch.finfo(self.master_dtype).bits >= torch.finfo(dtype).bits),
@@ -46,9 +47,9 @@ class StatePolicy:
         if self.offload:
             require(self.states == "fsdp", "offload", True,
                     "needs states='fsdp' (FSDP2's CPUOffloadPolicy moves the sharded states)")
-            require(device.type == "cuda", "offload", True,
-                    f"needs CUDA: FSDP2 offloads device states to the host, and on a {device.type} "
-                    "mesh they are already there")
+            kind = "cuda" if device is None else device.type
+            require(kind == "cuda", "offload", True, "needs CUDA: FSDP2 offloads device states to "
+                    f"the host, and on a {kind} mesh they are already there")
 
     def param_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype parameters are stored in (what the optimizer updates)."""

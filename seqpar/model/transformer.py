@@ -24,6 +24,7 @@ master_dtype=torch.float32`. Parameter names are the same in every mode.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -161,38 +162,44 @@ class Transformer(nn.Module):
                 value = torch.randn(p.shape, generator=gen, dtype=torch.float64) * INIT_STD
             model_states.assign(p, value)
 
-    def shard(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(positions, inputs, labels) of this rank's tokens from the full (batch, N + 1) batch."""
+    def shard(self, tokens: torch.Tensor, cu_seqlens=None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions, inputs, labels) of this rank's tokens from the full (batch, N + 1) batch;
+        with packed documents (`cu_seqlens`, boundaries over N) the layout deals each document."""
         require(tokens.dim() == 2 and tokens.shape[1] >= 2, "tokens.shape", tuple(tokens.shape),
                 "must be (batch, N + 1) with N >= 1")
         n = tokens.shape[1] - 1
-        check_seq_len(self.layout, self.world, n)
+        if cu_seqlens is None:
+            check_seq_len(self.layout, self.world, n)
         tokens = tokens.to(self.device)
-        pos = positions(self.layout, self.rank, self.world, n).to(self.device)
+        pos = positions(self.layout, self.rank, self.world, n, cu_seqlens).to(self.device)
         return pos, tokens[:, pos], tokens[:, pos + 1]
 
-    def hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def hidden(self, tokens: torch.Tensor, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final-norm hidden states of this rank's tokens and their labels."""
-        pos, inp, labels = self.shard(tokens)
+        pos, inp, labels = self.shard(tokens, cu_seqlens)
         cos, sin = rope_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
+        attend = self.attend if cu_seqlens is None else functools.partial(
+            self.attend, cu_seqlens=cu_seqlens)
         x = F.embedding(inp, self.w(self.embed))
         for blk in self.blocks:
-            x = blk(x, cos, sin, self.attend, self.checkpoint, self.seq_fraction)
+            x = blk(x, cos, sin, attend, self.checkpoint, self.seq_fraction)
         return rms_norm(x, self.w(self.norm), self.cfg.norm_eps), labels
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
         """This rank's share of the mean loss: its tokens' cross-entropy sum / (batch x N)."""
-        h, labels = self.hidden(tokens)
+        h, labels = self.hidden(tokens, cu_seqlens)
         if self.fused_head:
             local = head.fused_loss_sum(h, self.w(self.head), labels, *self.head_tiles)
         else:
             local = head.unfused_loss_sum(h, self.w(self.head), labels)
         return local / (tokens.shape[0] * (tokens.shape[1] - 1))
 
-    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
+    def loss(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
         """Mean next-token cross-entropy over the whole batch (the same value on every rank);
-        backward leaves the reduced gradients (full under replicated, shards under fsdp)."""
-        local = self(tokens)
+        backward leaves the reduced gradients (full under replicated, shards under fsdp).
+        `cu_seqlens`: packed documents [0, ..., N]; attention stays inside each document."""
+        local = self(tokens, cu_seqlens)
         if self.group is None and self.dp_group is None:
             return local
         value = local.detach().clone()

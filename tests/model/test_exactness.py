@@ -140,3 +140,32 @@ def test_dp2_x_sp2_matches_one_process(gang, seed, algorithm, states):
         want = reference("gqa", False, seed, 2 * BATCH)
         for rank, results in enumerate(per_rank):
             check(f"DP2xSP2 {alg} {layout} {mode} rank {rank}", results[i], want)
+
+
+def _doc_runs(env, algorithm: str, world: int, cu: tuple[int, ...], seed: int, states: str):
+    out = []
+    for layout in LAYOUTS:
+        net = Transformer(CONFIGS["gqa"], attention=algorithm, layout=layout, group=env.group(world),
+                          checkpoint="sc++", seed=3, dtype=torch.float64, states=states,
+                          **options_for(algorithm, world))
+        loss = net.loss(tokens_for(seed), cu_seqlens=cu)
+        loss.backward()
+        out.append((loss.item(), net.full_grads()))
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("algorithm", ["ring", "ulysses", "usp"])
+def test_packed_documents_match_one_process(gang, algorithm, seed):
+    """Packed documents (text data): attention stays inside each document, on every layout."""
+    cu = (0, 5, 12, N)
+    net = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64)
+    loss = net.loss(tokens_for(seed), cu_seqlens=cu)
+    loss.backward()
+    want = (loss.item(), {name: p.grad for name, p in net.named_parameters()})
+    plain = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64).loss(tokens_for(seed)).item()
+    assert abs(plain - want[0]) > 1e-6, "documents changed nothing: the mask was not applied"
+    states = "fsdp" if algorithm == "ring" else "replicated"
+    for rank_results in gang.run(_doc_runs, algorithm, 2, cu, seed, states, size=2):
+        for layout, got in zip(LAYOUTS, rank_results, strict=True):
+            check(f"{algorithm} docs {layout}", got, want)

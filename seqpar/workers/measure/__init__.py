@@ -36,7 +36,7 @@ def _training(case: TrainCase, rank: int, group: dist.ProcessGroup | None,
     (its peak FLOP/s gives the MFU)."""
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return measure_training(case, rank, name)
+    return measure_training(case, rank, name, device, nodes)
 
 
 # mode -> what a rank runs; each takes (case, rank, group, device, *, nodes, mesh)

@@ -1,22 +1,28 @@
-"""Training steps of the model on one rank: AdamW on seeded synthetic token batches, warm-up, timed
-steps, and the metrics the papers report, per step and per rank.
+"""Training steps of the model on one rank: AdamW on seeded synthetic token batches (or packed
+documents of a text file), warm-up, timed steps, and the metrics the papers report, per step and rank.
 
-    case = TrainCase(algorithm="ring", sp=4, seq_len=1024)
-    out = train_steps(case, rank, sp_group, dp_group=None)      # on every rank of the gang
+    case = TrainCase(algorithm="ring", sp=4, seq_len=1024, states="fsdp", dtype="bfloat16",
+                     master_dtype="float32")
+    out = train_steps(case, rank, sp_group, dp_group=None, device=torch.device("cuda", 0))
     out.steps[i]["step_s"], out.summary["tgs"], out.summary["mfu_halved"], ...
 
-Metrics: step time, tokens/s (whole DP x SP job), TGS (tokens per device per second), model FLOP/s
-per device and MFU under both FLOP conventions (`model.flops`, tagged `halved` / `full`; MFU only
-where the device's peak is known), peak memory over one untimed step (`meters.MemoryMeter`),
-activation bytes kept for backward (`model.memory.AllocationMeter` over one forward), FLOPs the
-checkpointing mode recomputes, and attention bytes by (op, link, phase) from the ledger.
-`gang_train` runs it on a LocalGang rank (tests, `python -m seqpar.workers.measure.train`).
+The model, its states and every batch live on the rank's device; every timestamp follows a device
+sync, so the clock sees the kernels and not their enqueue. Metrics: step time, tokens/s (whole DP x
+SP job), TGS (tokens per device per second), model FLOP/s per device and MFU under both FLOP
+conventions (`model.flops`; MFU only where the device's peak is known), peak memory over one
+untimed step (`meters.MemoryMeter`: the CUDA allocator's peak on a GPU), the bytes of model states
+this rank holds (`model.memory.state_bytes`), activation bytes kept for backward (`model.memory.
+AllocationMeter` over one forward, on the device), FLOPs the checkpointing mode recomputes, the loss
+of every step, and attention bytes by (op, link, phase) from the ledger, links by the trial's node
+map. `gang_train` runs it on a LocalGang rank (tests, `python -m seqpar.workers.measure.train`).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +34,12 @@ from seqpar.algorithms.base import DTYPES
 from seqpar.case import TrainCase
 from seqpar.model import Transformer
 from seqpar.model import flops as model_flops
-from seqpar.model.memory import AllocationMeter
+from seqpar.model.memory import AllocationMeter, state_bytes
+from seqpar.model.text import TextData
 from seqpar.platform.devices import peak_flops
 from seqpar.workers.measure.meters import MemoryMeter
 from seqpar.workers.measure.record import RankMeasurement
+from seqpar.workers.measure.timing import sync
 
 
 @dataclass
@@ -39,50 +47,74 @@ class TrainResult:
     rank: int
     steps: list[dict[str, float]]
     summary: dict[str, Any]
-    losses: list[float]
+    losses: list[float]          # every step's loss, warm-up included, in order
     ledger: algorithms.Ledger = field(default_factory=algorithms.Ledger)
+    mem_method: str = "rss-hwm-delta"
 
 
-def batch_tokens(case: TrainCase, step: int, replica: int) -> torch.Tensor:
-    """The (batch, N + 1) batch of `replica` at `step`: the same on every SP rank, from the seed."""
+@functools.lru_cache(maxsize=4)
+def _text(path: str) -> TextData:
+    return TextData.load(path)
+
+
+def batch_tokens(case: TrainCase, step: int, replica: int
+                 ) -> tuple[torch.Tensor, tuple[int, ...] | None]:
+    """The (batch, N + 1) batch of `replica` at `step`, the same on every SP rank, and its packed
+    documents' boundaries (None for random tokens, drawn from the seed)."""
+    if case.text is not None:
+        return _text(case.text).batch(step * case.dp + replica, case.seq_len)
     gen = torch.Generator().manual_seed(case.seed * 1_000_003 + step * 1_009 + replica)
-    return torch.randint(0, case.config().vocab, (case.batch, case.seq_len + 1), generator=gen)
+    return torch.randint(0, case.config().vocab, (case.batch, case.seq_len + 1), generator=gen), None
 
 
 def build(case: TrainCase, sp_group: dist.ProcessGroup | None,
-          dp_group: dist.ProcessGroup | None = None, mesh: algorithms.Mesh | None = None
-          ) -> Transformer:
+          dp_group: dist.ProcessGroup | None = None, mesh: algorithms.Mesh | None = None,
+          device: torch.device | str = "cpu") -> Transformer:
+    policy = case.state_policy()
     return Transformer(case.config(), attention=case.algorithm, layout=case.layout, group=sp_group,
                        dp_group=dp_group, checkpoint=case.checkpoint, seq_fraction=case.seq_fraction,
                        fused_head=case.fused_head, head_tiles=case.head_tiles, seed=case.seed,
-                       dtype=DTYPES[case.dtype], mesh=mesh, **dict(case.options))
+                       dtype=DTYPES[case.dtype], mesh=mesh, master_dtype=policy.master_dtype,
+                       states=policy.states, offload=policy.offload, device=device,
+                       **dict(case.options))
 
 
 def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
                 dp_group: dist.ProcessGroup | None = None, replica: int = 0,
-                device_name: str = "cpu", mesh: algorithms.Mesh | None = None) -> TrainResult:
+                device_name: str = "cpu", mesh: algorithms.Mesh | None = None,
+                device: torch.device | str = "cpu", node_of_rank: Sequence[int] | None = None
+                ) -> TrainResult:
     """Warm-up, then `iters` timed AdamW steps on this rank; metrics per step and a summary.
-    With `mesh` (DP x SP), the groups come from it."""
+    With `mesh` (DP x SP), the groups come from it; `node_of_rank` classes the ledger's links."""
+    device = torch.device(device)
     cfg = case.config()
-    net = build(case, sp_group, dp_group, mesh)
+    net = build(case, sp_group, dp_group, mesh, device)
     sp_group = net.group
     opt = torch.optim.AdamW(net.parameters(), lr=case.lr)
     losses: list[float] = []
+    held: list[int] = []
 
     def step(i: int) -> tuple[float, float]:
-        tokens = batch_tokens(case, i, replica)
+        tokens, cu = batch_tokens(case, i, replica)
+        tokens = tokens.to(device, non_blocking=True)
         if sp_group is not None:
             dist.barrier(group=sp_group)
+        sync(device)
         t0 = time.perf_counter()
-        loss = net.loss(tokens)
+        loss = net.loss(tokens, cu)
+        sync(device)
         t1 = time.perf_counter()
         loss.backward()
         opt.step()
+        if not held:  # parameters, gradients and moments all alive here
+            held.append(state_bytes(net, opt))
         opt.zero_grad(set_to_none=True)
+        sync(device)
+        t2 = time.perf_counter()
         losses.append(loss.item())
-        return t1 - t0, time.perf_counter() - t1
+        return t1 - t0, t2 - t1
 
-    meter = MemoryMeter(torch.device("cpu"))
+    meter = MemoryMeter(device)
     for i in range(max(case.warmup - 1, 0)):
         step(i)
     meter.start()
@@ -93,24 +125,25 @@ def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
     recorded = None
     for i in range(case.iters):
         if i == 0:
-            with algorithms.recording() as recorded:
+            with algorithms.recording(node_of_rank) as recorded:
                 fwd, bwd = step(case.warmup + i)
         else:
             fwd, bwd = step(case.warmup + i)
         steps.append(step_metrics(case, fwd + bwd, peak_device) | {"fwd_s": fwd, "bwd_s": bwd})
     # activation bytes: one more forward, outside the timed steps (the profiler slows it)
     gc.collect()
-    with AllocationMeter() as mem:
-        loss = net.loss(batch_tokens(case, 0, replica))
+    tokens, cu = batch_tokens(case, 0, replica)
+    with AllocationMeter(device) as mem:
+        loss = net.loss(tokens.to(device), cu)
     del loss
     net.zero_grad(set_to_none=True)
     summary: dict[str, Any] = {k: sorted(r[k] for r in steps)[len(steps) // 2] for k in steps[0]}
-    summary.update(peak_mem_bytes=peak, activation_bytes=mem.retained,
+    summary.update(peak_mem_bytes=peak, activation_bytes=mem.retained, state_bytes=held[0],
                    recomputed_flops=model_flops.recomputed_flops(
                        cfg, case.batch, case.seq_len, case.sp, case.checkpoint, case.seq_fraction),
                    params=cfg.params(), loss_last=losses[-1])
     assert recorded is not None
-    return TrainResult(rank, steps, summary, losses, recorded)
+    return TrainResult(rank, steps, summary, losses, recorded, meter.method)
 
 
 def step_metrics(case: TrainCase, step_s: float, peak_device: float | None) -> dict[str, float]:
@@ -134,19 +167,23 @@ def dp_sp_mesh(case: TrainCase, nodes=None) -> algorithms.Mesh:
                                **dict(case.options))
 
 
-def measure_training(case: TrainCase, rank: int, device_name: str = "cpu") -> RankMeasurement:
+def measure_training(case: TrainCase, rank: int, device_name: str = "cpu",
+                     device: torch.device | str = "cpu", nodes: Sequence[int] | None = None
+                     ) -> RankMeasurement:
     """`train_steps` on a rank of an initialised world of sp x dp ranks, as a RankMeasurement (the
-    Ray rank worker's currency); the training metrics ride in `extra`."""
-    mesh = dp_sp_mesh(case)
+    Ray rank worker's currency); the training metrics ride in `extra`. `nodes`: each rank's node
+    (the trial's node map: link classes, burst's and usp's node-aware rings)."""
+    mesh = dp_sp_mesh(case, nodes)
     replica = mesh.coord("dp") if "dp" in mesh.comms else 0
-    out = train_steps(case, rank, None, None, replica, device_name, mesh=mesh)
+    out = train_steps(case, rank, None, None, replica, device_name, mesh=mesh, device=device,
+                      node_of_rank=nodes)
     ledger = out.ledger
     return RankMeasurement(
         rank=rank, step_ms=[1e3 * r["step_s"] for r in out.steps],
         fwd_ms=[1e3 * r["fwd_s"] for r in out.steps], bwd_ms=[1e3 * r["bwd_s"] for r in out.steps],
         flops=dict(ledger.flops), ledger=ledger.to_dict(),
         bytes_sent={p: ledger.total(phase=p) for p in ("forward", "backward")},
-        peak_mem_bytes=out.summary["peak_mem_bytes"], mem_method="rss-hwm-delta",
+        peak_mem_bytes=out.summary["peak_mem_bytes"], mem_method=out.mem_method,
         extra={"train": {k: v for k, v in out.summary.items() if k != "peak_mem_bytes"},
                "losses": out.losses})
 
@@ -157,7 +194,7 @@ def train_metrics(case: TrainCase, per_rank: list[RankMeasurement], step_ms: flo
     out = step_metrics(case, step_ms / 1e3, peak_flops(device_name, case.dtype))
     out.pop("step_s")
     summaries = [m.extra.get("train", {}) for m in per_rank]
-    for key in ("activation_bytes", "recomputed_flops", "loss_last"):
+    for key in ("activation_bytes", "state_bytes", "recomputed_flops", "loss_last"):
         values = [s[key] for s in summaries if key in s]
         if values:
             out[key] = float(max(values))
