@@ -121,6 +121,7 @@ class TrainCase:
     master_dtype: str | None = None  # fp32 master weights for a bf16 model: "float32"
     offload: bool = False            # FSDP2's CPU offload (CUDA only)
     text: str | None = None          # a UTF-8 text file: byte tokens, documents packed (None: random)
+    text_separator: str = "\n\n"     # what separates two documents of the text
 
     def config(self) -> ModelConfig:
         return dataclasses.replace(ModelConfig.preset(self.model), **dict(self.model_overrides))
@@ -156,6 +157,9 @@ class TrainCase:
         cfg = self.config()
         require(self.text is None or cfg.vocab >= 256, "vocab", cfg.vocab,
                 "must be at least 256 to train on text (one token per byte)")
+        require(self.text is None or self.batch == 1, "batch", self.batch,
+                "must be 1 with text data (a batch row is one window of packed documents; "
+                "use train.dp for more rows)")
         algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
 
     def state_policy(self) -> StatePolicy:

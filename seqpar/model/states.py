@@ -69,6 +69,8 @@ def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: State
         fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload)
     for unit in units:
         unit.set_gradient_divide_factor(float(dp))
+        if mesh.device_type == "cpu":  # gloo has no PREMUL_SUM: sum, then scale
+            unit.set_force_sum_reduction_for_comms(True)
 
 
 def is_sharded(p: torch.Tensor) -> bool:

@@ -37,7 +37,7 @@ from seqpar.algorithms.layouts import check_seq_len, positions
 from seqpar.errors import require
 from seqpar.model import checkpointing, head
 from seqpar.model import states as model_states
-from seqpar.model.config import ModelConfig
+from seqpar.model.config import ModelConfig, block_shapes
 from seqpar.model.layers import apply_rope, rms_norm, rope_tables, swiglu
 
 INIT_STD = 0.02
@@ -52,15 +52,9 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, stored: torch.dtype, compute: torch.dtype,
                  device: torch.device | None = None):
         super().__init__()
-        d, kv = cfg.hidden, cfg.kv_heads * cfg.head_dim
-
-        def param(*shape: int) -> nn.Parameter:
-            return nn.Parameter(torch.empty(*shape, dtype=stored, device=device))
-
         self.cfg, self.compute = cfg, compute
-        self.attn_norm, self.ffn_norm = param(d), param(d)
-        self.wq, self.wk, self.wv, self.wo = param(d, d), param(kv, d), param(kv, d), param(d, d)
-        self.w1, self.w3, self.w2 = param(cfg.ffn, d), param(cfg.ffn, d), param(d, cfg.ffn)
+        for name, shape in block_shapes(cfg).items():
+            setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=stored, device=device)))
 
     def w(self, p: torch.Tensor) -> torch.Tensor:
         return p if p.dtype == self.compute else p.to(self.compute)

@@ -22,6 +22,7 @@ from seqpar.algorithms import usp
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.ulysses import kv_replicas
 from seqpar.experiments.perf.schedule import Ring, Schedule
+from seqpar.model.memory import AttentionHeld
 
 # a transformer layer's activations besides q, k, v with FlashAttention, in units of A (bf16):
 # Korthikanti et al. 2022 count 34·s·b·h bytes per layer = 17 A, of which q, k, v are 3 A
@@ -41,6 +42,16 @@ def held(name: str, shape: AttnShape, world: int, options: Mapping[str, Any]) ->
     if name == "allgather":
         return 1 + 2 * kv * world
     return 1 + 2 * kv
+
+
+def attention_held(name: str, shape: AttnShape, world: int,
+                   options: Mapping[str, Any]) -> AttentionHeld:
+    """`held` as the model's memory count takes it: elements per token of the rank's shard, whether
+    they are the attention's own inputs (sc++ recomputes those), whether its output changes layout."""
+    d = shape.heads * shape.head_dim
+    return AttentionHeld(saved=held(name, shape, world, options) * d,
+                         inputs=name not in ("ulysses", "usp", "allgather"),
+                         relayout=name in ("ulysses", "usp"))
 
 
 def unit_bytes(shape: AttnShape, world: int) -> int:

@@ -53,8 +53,8 @@ class TrainResult:
 
 
 @functools.lru_cache(maxsize=4)
-def _text(path: str) -> TextData:
-    return TextData.load(path)
+def _text(path: str, separator: str) -> TextData:
+    return TextData.load(path, separator)
 
 
 def batch_tokens(case: TrainCase, step: int, replica: int
@@ -62,7 +62,7 @@ def batch_tokens(case: TrainCase, step: int, replica: int
     """The (batch, N + 1) batch of `replica` at `step`, the same on every SP rank, and its packed
     documents' boundaries (None for random tokens, drawn from the seed)."""
     if case.text is not None:
-        return _text(case.text).batch(step * case.dp + replica, case.seq_len)
+        return _text(case.text, case.text_separator).batch(step * case.dp + replica, case.seq_len)
     gen = torch.Generator().manual_seed(case.seed * 1_000_003 + step * 1_009 + replica)
     return torch.randint(0, case.config().vocab, (case.batch, case.seq_len + 1), generator=gen), None
 
