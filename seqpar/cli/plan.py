@@ -46,21 +46,59 @@ def plan(
     if as_json:
         print(json.dumps({"cluster": c.name, "configs": [p.json() for p in ranked]}, indent=1))
         return
+    groups = perf_plan.equivalents(ranked)
+    model_scope = scope == "model"
+    columns = ["#", "algorithm", "options", "layout", "attn\nms",
+               *(["step\nms", "MFU"] * model_scope), "compute\nms", "exposed\nintra ms",
+               "exposed\ninter ms", "MB\nintra", "MB\ninter", "mem\nGB", "bound"]
     rows = []
-    for i, p in enumerate(ranked[:top]):
-        opts = " ".join(f"{k}={v}" for k, v in p.options.items() if k != "dcp")
-        rows.append([i + 1 if p.fits else "no fit", p.algorithm, opts, p.layout,
-                     f"{p.attention_ms:.2f}", "-" if p.step_ms is None else f"{p.step_ms:.1f}",
+    for i, group in enumerate(groups[:top]):
+        p = group[0]
+        options, layouts = _describe(group)
+        rows.append([i + 1 if p.fits else "no fit", p.algorithm, options, layouts,
+                     f"{p.attention_ms:.2f}",
+                     *([f"{p.step_ms:.1f}", f"{100 * p.mfu:.1f}%"] if model_scope else []),
                      f"{p.compute_ms:.2f}", f"{p.exposed_ms['intra']:.2f}",
                      f"{p.exposed_ms['inter']:.2f}", f"{p.bytes_intra / 1e6:.1f}",
                      f"{p.bytes_inter / 1e6:.1f}", f"{p.peak_mem_bytes / 1e9:.2f}",
-                     "-" if p.mfu is None else f"{100 * p.mfu:.1f}%", p.bottleneck])
+                     p.bottleneck.replace(" communication", "")])
     display_table(f"{model} N={seq_len} P={world} on {c.name} ({nodes} node(s)), scope {scope}",
-                  ["rank", "algorithm", "options", "layout", "attn ms", "step ms", "compute ms",
-                   "exposed intra", "exposed inter", "MB intra", "MB inter", "mem GB", "MFU",
-                   "bottleneck"], rows, highlight_row=0)
+                  columns, rows, highlight_row=0, compact=True, wrap=("options", "layout"))
     unfit = sum(not p.fits for p in ranked)
-    console.print(f"{len(ranked)} configurations, {unfit} do not fit in {c.memory_gb:g} GB")
+    console.print(f"{len(ranked)} configurations in {len(groups)} rows (a row: configurations "
+                  f"with identical predictions; --json lists each), {unfit} do not fit in "
+                  f"{c.memory_gb:g} GB")
+
+
+SHORT = {"head-first": "hf", "context-first": "cf", "collective-intra": "coll",
+         "p2p-intra": "p2p", "contiguous": "contig"}
+KEYS = {"inner_ring": "ring", "team_size": "C", "checkpoint": "ckpt", "placement": ""}
+LAYOUTS = ("contiguous", "zigzag", "stripe")
+
+
+def _describe(group: list) -> tuple[str, str]:
+    """(options, layouts) of configurations with identical predictions: the values that vary
+    joined by '|' when the group is every combination of them, else the first and '+N more'."""
+    configs = [{**{k: v for k, v in p.options.items() if k != "dcp" and v is not None},
+                "layout": p.layout} for p in group]
+    values = {k: list(dict.fromkeys(c[k] for c in configs)) for k in configs[0]}
+    combinations = 1
+    for v in values.values():
+        combinations *= len(v)
+    if combinations != len({json.dumps(c, sort_keys=True) for c in configs}):
+        values = {k: [v] for k, v in configs[0].items()}
+    layouts = values.pop("layout")
+    opts = " ".join(_option(k, v) for k, v in values.items())
+    if combinations != len(configs):
+        opts += f" +{len(configs) - 1} more"
+    shown = "any" if set(layouts) == set(LAYOUTS) else "|".join(SHORT.get(x, x) for x in layouts)
+    return opts, shown
+
+
+def _option(key: str, values: list) -> str:
+    text = "|".join(str(SHORT.get(v, v)) for v in values)
+    name = KEYS.get(key, key)
+    return f"{name}={text}" if name else text
 
 
 def _validate(sweep_id: str, cluster, as_json: bool) -> None:
