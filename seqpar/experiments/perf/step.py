@@ -46,10 +46,16 @@ def step(p: Prediction, cfg: ModelConfig, cluster: Cluster, shape: AttnShape, wo
     seconds = cfg.layers * (3 * g_fwd + attn + recompute) + head
     model_flops = (cfg.layers * 3 * gemm_flops(cfg, tokens) + 3 * 2.0 * tokens * cfg.hidden * cfg.vocab
                    + cfg.layers * attention_flops_per_rank(shape, world))
-    peak = memory.step_peak(p.algorithm, shape, world, p.options, cfg.layers, cfg.params(),
-                            checkpoint, p.peak_mem_bytes, cfg.vocab)
+    peak = step_peak(p.algorithm, shape, world, p.options, cfg, checkpoint, p.peak_mem_bytes)
     return replace(p, step_ms=1e3 * seconds, mfu=model_flops / (seconds * cluster.peak(dtype)),
                    peak_mem_bytes=peak, fits=peak <= cluster.memory_gb * 1e9)
+
+
+def step_peak(name: str, shape: AttnShape, world: int, options: dict, cfg: ModelConfig,
+              checkpoint: str, attention_bytes: int) -> int:
+    """Bytes one rank holds at a training step's peak (what `fits` compares to the device)."""
+    return memory.step_peak(name, shape, world, options, cfg.layers, cfg.params(), checkpoint,
+                            attention_bytes, cfg.vocab)
 
 
 def attention_flops_per_rank(shape: AttnShape, world: int) -> float:
