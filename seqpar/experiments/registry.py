@@ -88,7 +88,7 @@ def fitting(points: list[Point], cluster: str) -> list[Point]:
     out = []
     for p in points:
         if p.spec is not None:
-            peak = perf.predict_spec(p.spec, c).peak_mem_bytes
+            peak = perf.predict_trial(p.spec, c).peak_mem_bytes
             if peak > c.memory_gb * 1e9:
                 why = (f"predicted peak {peak / 1e9:.1f} GB per rank exceeds the {c.memory_gb:g} GB "
                        f"of a {cluster} device")
@@ -273,7 +273,13 @@ def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any
     base = _base(preset, model={"heads": cfg.heads, "kv_heads": cfg.kv_heads,
                                 "head_dim": cfg.head_dim},
                  workload={"batch": 1, "warmup": 1, "iters": 3 if preset == "cpu" else 5})
-    base["train"] = {"model": name, **sections.pop("train", {})}
+    # on GPUs what a real run uses: bf16 compute, fp32 master weights and moments, states sharded
+    # by FSDP over the DP x SP world, the fused LM head
+    real = {} if preset == "cpu" else {"states": "fsdp", "master_dtype": "float32",
+                                       "fused_head": True}
+    if preset != "cpu":
+        base["workload"]["dtype"] = "bfloat16"
+    base["train"] = {"model": name, **real, **sections.pop("train", {})}
     for key, values in sections.items():
         base[key] = {**base.get(key, {}), **values}
     return base
@@ -315,7 +321,8 @@ def _e2e_scaling(preset: str) -> Sweep:
     world = 4 if preset == "cpu" else 32
     splits = [{"train.dp": d} for d in (1, 2, 4) + (() if preset == "cpu" else (8,))]
     n = 1024 if preset == "cpu" else 262144
-    return (_train_base(preset, plan={"world": world}, workload={"seq_len": n}),
+    train = {} if preset == "cpu" else {"checkpoint": "sc++"}
+    return (_train_base(preset, plan={"world": world}, workload={"seq_len": n}, train=train),
             {"plan.algorithm": ["ring", "ulysses"], "split": splits})
 
 

@@ -65,6 +65,26 @@ def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *
     return sorted(out, key=lambda p: (not p.fits, key(p)))
 
 
+def _same(p: Prediction) -> tuple:
+    """What two configurations must share to be one row: every predicted number (to 1e-9)."""
+    def r(x: float | None) -> float | None:
+        return None if x is None else float(f"{x:.9g}")
+
+    return (p.algorithm, p.fits, p.bottleneck, r(p.attention_ms), r(p.forward_ms), r(p.compute_ms),
+            r(p.exposed_ms["intra"]), r(p.exposed_ms["inter"]), p.bytes_intra, p.bytes_inter,
+            p.peak_mem_bytes, r(p.step_ms), r(p.mfu))
+
+
+def equivalents(ranked: Sequence[Prediction]) -> list[list[Prediction]]:
+    """The ranked configurations in groups of one algorithm whose predictions are identical (a
+    layout or an option that changes nothing at this shape: ulysses's layout, usp's inner ring
+    when its context ring is one node), in rank order of each group's first member."""
+    groups: dict[tuple, list[Prediction]] = {}
+    for p in ranked:
+        groups.setdefault(_same(p), []).append(p)
+    return list(groups.values())
+
+
 # ------------------------------------------------------------------------------- validation
 def _value(text: str) -> Any:
     """A param as MLflow stores it (str(value)) back to the value."""

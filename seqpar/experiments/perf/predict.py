@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Any
 
 from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.groups import DoubleRing
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import kernel
 from seqpar.experiments.perf.net import Cost, Net
-from seqpar.experiments.perf.schedule import P2P, Collective, Kernel, Ring, Stage, schedule
+from seqpar.experiments.perf.ring import ring_time
+from seqpar.experiments.perf.schedule import P2P, Collective, Kernel, Stage, schedule
 
 
 @dataclass
@@ -133,86 +133,6 @@ class Job:
 _SHARED: dict[tuple, dict] = {}
 
 
-@lru_cache(maxsize=256)
-def _steps(n: int, w: int) -> tuple[tuple[int, int], ...]:
-    """(outer step, inner step) of a ring of n in inner rings of w, in order."""
-    return tuple((o, i) for o in range(n // w) for i in range(w))
-
-
-@lru_cache(maxsize=256)
-def _sources(n: int, w: int) -> tuple[tuple[int, ...], ...]:
-    """Per step, the position whose block each position holds."""
-    rings = [DoubleRing(n, w, pos) for pos in range(n)]
-    return tuple(tuple(r.source(o, i) for r in rings) for o, i in _steps(n, w))
-
-
-def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
-    c, net, n, w = job.cluster, job.net, st.size, st.inner
-    outer = n // w
-    ranks = n * len(st.rings)
-    comp, flops = [], []
-    for (o, i), sources in zip(_steps(n, w), _sources(n, w), strict=True):
-        # the slowest rank of every ring sets each step; all ranks share a host
-        # what every rank does beside its kernels: the fixed step cost; backward, packing the
-        # travelling gradient and adding the one that arrives; on a host transport, sending and
-        # receiving this step's messages (K,V or the query block, while one more is to come; the
-        # outer prefetch at an inner ring's start; the gradient every step)
-        blocks_out = (i < w - 1) + (i == 0 and o < outer - 1) if n > 1 else 0
-        grads = 1 if (st.grad and n > 1) else 0
-        sent = blocks_out * st.msg + grads * st.grad
-        fixed = (c.step_us * 1e-6 + c.copy_seconds(2 * grads * st.grad)
-                 + c.transport_seconds(2 * sent, 2 * (blocks_out + grads)))
-        worst, worst_f, total = 0.0, 0.0, 0.0
-        copies = len(st.rings) if st.same_blocks else 1
-        for r in range(1 if st.same_blocks else len(st.rings)):
-            for pos, src in enumerate(sources):
-                t, f = job.ring_work(*st.blocks(r, pos, src), st.heads, st.factor)
-                total += t * copies
-                if t > worst:
-                    worst, worst_f = t, f
-        comp.append(c.host_seconds(worst + fixed, total + ranks * fixed, job.world))
-        flops.append(worst_f * st.factor)
-    total_compute = sum(comp)
-    if n == 1:
-        timing.add(st.label, total_compute, total_compute, Cost(0.0), sum(flops))
-        return
-    inner_pairs = [(ring[p], ring[DoubleRing(n, w, p).next_inner]) for ring in st.rings
-                   for p in range(n)]
-    outer_pairs = [(ring[p], ring[DoubleRing(n, w, p).next_outer]) for ring in st.rings
-                   for p in range(n)]
-
-    def both(pairs):  # the block and the gradient behind it: one link, or (emulated) each its own
-        if c.shared_links or not st.grad:
-            return net.p2p(pairs, st.msg + st.grad)
-        a, b = net.p2p(pairs, st.msg), net.p2p(pairs, st.grad)
-        return Cost(max(a.seconds, b.seconds), a.intra + b.intra, a.inter + b.inter)
-
-    x_in = both(inner_pairs) if w > 1 else Cost(0.0)
-    x_out = both(outer_pairs) if outer > 1 else Cost(0.0)
-    home = net.p2p(outer_pairs if outer > 1 else inner_pairs, st.grad)
-    # the last gradient's trip home is exposed (its host transport cost is the last step's)
-    home_s = home.seconds
-    seconds = 0.0
-    for o in range(outer):
-        cs = comp[o * w:(o + 1) * w]
-        inner_time = sum(max(ci, x_in.seconds) for ci in cs[:-1]) + cs[-1]
-        seconds += max(inner_time, x_out.seconds) if o < outer - 1 else inner_time
-    seconds += home_s
-    cost = max((x_in, x_out), key=lambda x: x.seconds)
-    # bytes by link: the busiest rank's messages, inner and outer hops as the ring makes them
-    intra = inter = 0
-    for x, count in ((x_in, (w - 1) * outer), (x_out, outer - 1)):
-        intra += x.intra * count
-        inter += x.inter * count
-    last = st.nbytes - intra - inter
-    if last > 0:
-        if home.inter:
-            inter += last
-        else:
-            intra += last
-    timing.add(st.label, seconds, total_compute, Cost(cost.seconds, intra, inter), sum(flops))
-
-
 def attention(job: Job, name: str, options: Mapping[str, Any]) -> tuple[Timing, Timing]:
     """(forward, backward) timings of one attention call."""
     sched = schedule(name, job.shape, job.world, options, job.nodes)
@@ -232,7 +152,7 @@ def _collective_host(job: Job, groups: list[list[int]], nbytes: int) -> tuple[fl
     """(copies, transport) seconds of a collective on the busiest rank, host cores shared: it packs
     and unpacks its whole buffer (what it sends is (G-1)/G of it) and, on a host transport, sends
     and receives nbytes in a message to and from every peer."""
-    g = max((len(m) for m in groups), default=1)
+    g = max(map(len, groups), default=1)
     if g < 2 or nbytes <= 0:
         return 0.0, 0.0
     c = job.cluster
@@ -255,4 +175,4 @@ def _stage(job: Job, st: Stage, timing: Timing) -> None:
         t = job.host(job.work(b, st.heads, st.factor, b.calls > 1))
         timing.add(st.label, t, t, Cost(0.0), b.flops * st.factor)
     else:
-        _ring_time(job, st, timing)
+        ring_time(job, st, timing)
