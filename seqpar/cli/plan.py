@@ -140,6 +140,14 @@ def _option(key: str, values: list) -> str:
     return f"{name}={text}" if name else text
 
 
+def _memory_cell(pair: tuple[float, float] | None) -> str:
+    if pair is None:
+        return ""
+    predicted, measured = pair
+    error = f" ({100 * (predicted - measured) / measured:+.0f}%)" if measured else ""
+    return f"{predicted / 1e6:.2f}/{measured / 1e6:.2f}{error}"
+
+
 def _validate(sweep_id: str, cluster, as_json: bool) -> None:
     from seqpar.cli import options
     from seqpar.experiments.perf import plan as perf_plan
@@ -147,15 +155,19 @@ def _validate(sweep_id: str, cluster, as_json: bool) -> None:
     tracker = options.tracker()
     checks = perf_plan.validate(((t.params, t.metrics) for t in tracker.trials(sweep_id)), cluster)
     s = perf_plan.summary(checks)
-    rows = [[c.label, f"{c.measured_ms:.2f}", f"{c.predicted_ms:.2f}", f"{100 * c.error:+.1f}%"]
+    memory = [k for k in ("state_bytes", "activation_bytes") if any(k in c.memory for c in checks)]
+    rows = [[c.label, f"{c.measured_ms:.2f}", f"{c.predicted_ms:.2f}", f"{100 * c.error:+.1f}%",
+             *(_memory_cell(c.memory.get(k)) for k in memory)]
             for c in sorted(checks, key=lambda c: c.measured_ms)]
     if as_json:
         print(json.dumps({"cluster": cluster.name, "summary": s, "trials": [
-            {"label": c.label, "measured_ms": c.measured_ms, "predicted_ms": c.predicted_ms}
+            {"label": c.label, "measured_ms": c.measured_ms, "predicted_ms": c.predicted_ms,
+             **{k: {"predicted": v[0], "measured": v[1]} for k, v in c.memory.items()}}
             for c in checks]}, indent=1))
         return
     display_table(f"sweep {sweep_id} on {cluster.name}: predicted vs measured step",
-                  ["trial", "measured ms", "predicted ms", "error"], rows)
+                  ["trial", "measured ms", "predicted ms", "error",
+                   *(f"{k.split('_')[0]}s MB pred/meas" for k in memory)], rows)
     if s["trials"]:
         console.print(f"median |error| {100 * s['median_abs_error']:.1f}% over {s['trials']} trials")
         for group, regret in s["regret"].items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from seqpar import algorithms
@@ -14,8 +14,8 @@ from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError, SeqparError, require
 from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf.api import Prediction, predict, predict_spec
-from seqpar.experiments.perf.step import CHECKPOINTS, shape_of, step
+from seqpar.experiments.perf.api import Prediction, predict
+from seqpar.experiments.perf.step import CHECKPOINTS, predict_trial, shape_of, step
 
 Space = Iterable[tuple[str, Mapping[str, Any]]]
 
@@ -103,7 +103,7 @@ def spec_of_params(params: Mapping[str, str]) -> Any:
     data: dict[str, Any] = {}
     for key, text in params.items():
         parts = key.split(".")
-        if parts[0] not in ("model", "plan", "workload", "env"):
+        if parts[0] not in ("model", "plan", "workload", "env", "train"):
             continue
         node = data
         for p in parts[:-1]:
@@ -119,6 +119,8 @@ class Check:
     measured_ms: float
     predicted_ms: float
     group: str = ""  # trials that answer one question (same workload and shape): best is chosen here
+    # a training trial's memory, {"state_bytes" | "activation_bytes": (predicted, measured)}
+    memory: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -151,11 +153,20 @@ def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
             continue
         if spec.plan.algorithm not in algorithms.REGISTRY:
             continue
-        p = predict_spec(spec, emulated(spec, cluster))
+        p = predict_trial(spec, emulated(spec, cluster))
         w, m = spec.workload, spec.model
         group = f"N={w.seq_len} B={w.batch} H={m.heads}/{m.hkv} D={m.head_dim} {w.dtype} {w.mode}"
-        out.append(Check(spec.label(), float(metrics["step_ms"]), p.attention_ms, group))
+        memory = {}
+        if spec.train is not None:
+            group = f"train {spec.train.model} " + group
+            memory = {f"{k}_bytes": (float(p.memory[part]), float(metrics[f"{k}_bytes"]))
+                      for k, part in _MEMORY_PART.items() if f"{k}_bytes" in metrics}
+        predicted = p.step_ms if spec.train is not None else p.attention_ms
+        out.append(Check(spec.label(), float(metrics["step_ms"]), predicted, group, memory))
     return out
+
+
+_MEMORY_PART = {"state": "states", "activation": "activations"}
 
 
 def summary(checks: Sequence[Check]) -> dict[str, Any]:
