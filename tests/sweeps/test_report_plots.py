@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from seqpar.platform.tracking import RunRecord
@@ -54,10 +56,21 @@ def test_sequence_lengths_read_as_2k_128k_1m():
 
 
 def test_an_algorithm_has_one_colour_everywhere():
-    from seqpar.sweeps.style import colour
+    import subprocess
+    import sys
 
-    assert colour("ring") == colour("ring") != colour("ulysses")
-    assert colour("some_new_algo") == colour("some_new_algo")  # stable for unknown names too
+    from seqpar.sweeps.style import ALGORITHM_COLOURS, colour
+
+    known = [colour(name) for name in ALGORITHM_COLOURS]
+    assert len(set(known)) == len(known)  # no two algorithms share a colour
+    # an unknown name gets one colour in every process (not Python's per-process string hash)
+    names = ["some_new_algo", "ring2", "flash_ring", "x"]
+    script = f"from seqpar.sweeps.style import colour; print([colour(n) for n in {names!r}])"
+    runs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")}
+    assert runs == {f"{[colour(n) for n in names]}\n"}
+    assert len({colour(n) for n in names}) > 1 and not {colour(n) for n in names} & set(known)
 
 
 def tagged(r: RunRecord, cores: int, world: int | None = None) -> RunRecord:
