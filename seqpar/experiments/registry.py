@@ -33,13 +33,14 @@ GPU_BASE = {"model": "llama2-7b", "plan": {"world": 8, "layout": "zigzag", "node
 CPU_LINKS = {"intra": {"latency_us": 5.0, "bandwidth_gb_per_s": 10.0},
              "inter": {"latency_us": 50.0, "bandwidth_gb_per_s": 1.0}}
 
-ALL = [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"}, {"algorithm": "ulysses"},
+# every algorithm in the form the cpu preset runs it (world 4; local on one rank)
+CPU_PLANS = [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"}, {"algorithm": "ulysses"},
        {"algorithm": "ring"}, {"algorithm": "usp", "options": {"dhp": 2, "dcp": 2}},
        {"algorithm": "double_ring", "options": {"inner_ring": 2}},
        {"algorithm": "wallfacer", "options": {"team_size": 2}}, {"algorithm": "burst"}]
 
 
-def gpu_all(world: int) -> list[dict[str, Any]]:
+def gpu_plans(world: int) -> list[dict[str, Any]]:
     """Every algorithm at a GPU world size: USP with 4-way head parallelism, double ring of 2."""
     return [{"algorithm": "allgather"}, {"algorithm": "ulysses"}, {"algorithm": "ring"},
             {"algorithm": "usp", "options": {"dhp": 4, "dcp": world // 4}},
@@ -108,18 +109,18 @@ def fitting(points: list[Point], cluster: str) -> list[Point]:
 def _throughput(preset: str) -> Sweep:
     if preset == "cpu":  # on the emulated twin (TWIN, below): an A100 node's compute/link balance
         return (_base(preset, env={"link_emulation": TWIN}),
-                {"plan": ALL, "workload.seq_len": [1024, 2048, 4096]})
+                {"plan": CPU_PLANS, "workload.seq_len": [1024, 2048, 4096]})
     return (_base(preset, plan={"world": 16, "nodes": 2}),
-            {"plan": [{"algorithm": "local", "world": 1, "nodes": 1}, *gpu_all(16)],
+            {"plan": [{"algorithm": "local", "world": 1, "nodes": 1}, *gpu_plans(16)],
              "workload.seq_len": [131072, 262144, 524288, 1048576]})
 
 
 def _memory(preset: str) -> Sweep:
     if preset == "cpu":
         return (_base(preset, workload={"iters": 2}),
-                {"plan": ALL, "workload.seq_len": [1024, 2048, 4096, 8192]})
+                {"plan": CPU_PLANS, "workload.seq_len": [1024, 2048, 4096, 8192]})
     return (_base(preset, workload={"iters": 3}),
-            {"plan": [{"algorithm": "local", "world": 1}, *gpu_all(8)],
+            {"plan": [{"algorithm": "local", "world": 1}, *gpu_plans(8)],
              "workload.seq_len": [131072, 262144, 524288]})
 
 
@@ -219,13 +220,13 @@ def _varlen(preset: str) -> Sweep:
     if preset == "cpu":
         docs = {"count": 16, "spread": 1.25, "seed": 0}  # 32..1382 tokens, 256 on average
         base = _base(preset, workload={"seq_len": 4096, "documents": docs})
-        plans = [{"plan": ALL[0]}] + [{"plan": {**p, "layout": lay}} for p in ALL[1:]
+        plans = [{"plan": CPU_PLANS[0]}] + [{"plan": {**p, "layout": lay}} for p in CPU_PLANS[1:]
                                       for lay in LAYOUTS]
         return base, {"point": plans}
     docs = {"count": 128, "spread": 1.25, "seed": 0}  # 2K tokens per document on average
     return (_base(preset, plan={"world": 16, "nodes": 2},
                   workload={"seq_len": 262144, "documents": docs}),
-            {"plan": gpu_all(16), "plan.layout": LAYOUTS})
+            {"plan": gpu_plans(16), "plan.layout": LAYOUTS})
 
 
 def _sliding_window(preset: str) -> Sweep:
@@ -238,7 +239,7 @@ def _sliding_window(preset: str) -> Sweep:
                 {"plan": plans, "workload.window": [None, n // 2, n // 8, n // 32]})
     n = 131072
     return (_base(preset, model="llama3-8b", workload={"seq_len": n}),
-            {"plan": [*gpu_all(8), {"algorithm": "ring", "layout": "stripe"}],
+            {"plan": [*gpu_plans(8), {"algorithm": "ring", "layout": "stripe"}],
              "workload.window": [None, n // 2, n // 8, n // 32]})
 
 
@@ -289,9 +290,9 @@ def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any
 
 def _e2e_throughput(preset: str) -> Sweep:
     if preset == "cpu":
-        return _train_base(preset), {"plan": ALL, "workload.seq_len": [256, 512, 1024]}
+        return _train_base(preset), {"plan": CPU_PLANS, "workload.seq_len": [256, 512, 1024]}
     return (_train_base(preset, plan={"world": 16, "nodes": 2}, train={"checkpoint": "sc++"}),
-            {"plan": gpu_all(16), "workload.seq_len": [131072, 262144, 524288]})
+            {"plan": gpu_plans(16), "workload.seq_len": [131072, 262144, 524288]})
 
 
 CHECKPOINT_AXIS = [{"train.checkpoint": "none"}, {"train.checkpoint": "full"},

@@ -34,20 +34,20 @@ from seqpar.algorithms.kernels.aten import efficient_lse
 from seqpar.algorithms.kernels.bands import BAND_TILE, band_keep, band_tiles
 from seqpar.algorithms.kernels.binding import op_parameters
 from seqpar.algorithms.kernels.capability import (
-                                                   BACKENDS,
-                                                   FLASH_MAX_HEAD_DIM,
-                                                   flash_attn,
-                                                   flash_unsupported,
-                                                   flash_varlen_supported,
-                                                   resolve_backend,
+    BACKENDS,
+    FLASH_MAX_HEAD_DIM,
+    flash_attn,
+    flash_unsupported,
+    flash_varlen_supported,
+    resolve_backend,
 )
 from seqpar.algorithms.kernels.dispatch import MASKS, attend, attend_backward
 from seqpar.algorithms.kernels.flash import (
-                                                   Side,
-                                                   Varlen,
-                                                   flash_varlen_backward,
-                                                   flash_varlen_forward,
-                                                   window_sides,
+    Side,
+    Varlen,
+    flash_varlen_backward,
+    flash_varlen_forward,
+    window_sides,
 )
 from seqpar.algorithms.kernels.flops import BACKWARD_FLOPS, attention_flops, band_pairs, book_flops
 from seqpar.algorithms.kernels.tensors import acc_dtype, contiguous, default_scale
