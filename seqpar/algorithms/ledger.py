@@ -102,10 +102,6 @@ def _sum(entries: dict[tuple[str, str, str, str], Entry], phase: str | None, op:
     )
 
 
-def current_phase() -> str:
-    return _phase.get()
-
-
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
     """Book communication and FLOPs inside the block under `name` ('forward' or 'backward')."""

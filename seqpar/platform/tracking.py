@@ -221,6 +221,10 @@ class Tracker:
         self.client.set_terminated(run_id, status=status)
         return run_id
 
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run (a trial superseded by its rerun on resume)."""
+        self.client.delete_run(run_id)
+
     def trials(self, sweep_id: str) -> list[RunRecord]:
         parent = self.client.get_run(sweep_id)
         exp = [parent.info.experiment_id]

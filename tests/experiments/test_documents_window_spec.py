@@ -73,7 +73,7 @@ def test_with_documents_any_length_parses_for_every_algorithm():
      "greater than or equal to 0"),
     (spec({"documents": {"count": 4, "shape": 2}}), "workload.documents.shape", "shape",
      "unknown key"),
-    (spec({"seq_len": 1001}), "workload.seq_len", 1001, "positive multiple of 8"),
+    (spec({"seq_len": 1001}), "workload.seq_len", 1001, "positive multiple of world=4"),
     (spec({"documents": {"count": 3}}, train={"model": "tiny"}), "workload.documents",
      {"count": 3, "spread": 1.25, "seed": 0}, "a training trial"),
     (spec({"mode": "accuracy"}, train={"model": "tiny"}), "workload.mode", "accuracy",
