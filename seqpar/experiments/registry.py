@@ -60,7 +60,8 @@ def _base(preset: str, **sections: dict[str, Any]) -> dict[str, Any]:
 # metrics where less is better (by prefix); every other metric (tokens/s, TGS, MFU, TFLOP/s) is
 # better higher. The one table the comparison and the sweep's headline read.
 LOWER_IS_BETTER = ("step_ms", "fwd_ms", "bwd_ms", "peak_mem", "bytes", "load_imbalance", "setup_s",
-                   "run_s", "activation_bytes", "recomputed_flops", "err_", "attn_flops")
+                   "run_s", "activation_bytes", "recomputed_flops", "err_", "attn_flops", "loss",
+                   "state_bytes")
 
 
 def higher_is_better(metric: str) -> bool:
@@ -379,7 +380,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("e2e-scaling", "DP x SP splits of a fixed number of ranks: TGS", "tgs",
           _e2e_scaling),
     Study("text", "the decoder on real text (byte tokens, packed documents): the learning curve",
-          "loss_last", False, "train", _text),
+          "loss_last", _text),
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
           "bytes_total", _burst_backward),
     Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "
