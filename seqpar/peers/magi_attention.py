@@ -22,7 +22,8 @@ from seqpar.algorithms import layouts
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.options import Options
 from seqpar.errors import SeqparError, require
-from seqpar.peers.adapter import AutogradPeer, Hook, gather_sends, nbytes
+from seqpar.peers.adapter import AutogradPeer
+from seqpar.peers.booking import Hook, gather_sends, nbytes
 
 
 def alltoallv_sends(comm: Any, output: torch.Tensor, input: torch.Tensor,

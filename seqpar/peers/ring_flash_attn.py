@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,14 +22,8 @@ import torch.distributed as dist
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.options import Options, is_int
 from seqpar.errors import require
-from seqpar.peers.adapter import (
-    INSTALL,
-    P2P_HOOK,
-    AutogradPeer,
-    Hook,
-    gather_sends,
-    scatter_sends,
-)
+from seqpar.peers.adapter import INSTALL, AutogradPeer
+from seqpar.peers.booking import P2P_HOOK, Hook, gather_sends, scatter_sends
 
 
 class RingFlashZigzag(AutogradPeer):
@@ -71,15 +66,16 @@ class Llama3Options(Options):
                 "heads_k_stride", self.heads_k_stride, "must be a positive integer or null")
 
 
-def varlen_args(seq_len: int, rank: int, world: int, causal: bool,
-                device: torch.device) -> dict[str, Any]:
+def varlen_args(seq_len: int, rank: int, world: int, causal: bool, device: torch.device,
+                prepare: Callable[..., tuple] | None = None) -> dict[str, Any]:
     """The llama3 function's cu_seqlens arguments for one document of `seq_len` tokens dealt
-    contiguously over `world` ranks, as `llama3_flash_attn_prepare_cu_seqlens` computes them."""
-    from ring_flash_attn import llama3_flash_attn_prepare_cu_seqlens
+    contiguously over `world` ranks, as `prepare` (ring-flash-attention's
+    `llama3_flash_attn_prepare_cu_seqlens`) computes them."""
+    if prepare is None:
+        from ring_flash_attn import llama3_flash_attn_prepare_cu_seqlens as prepare
 
     cu = torch.tensor([0, seq_len], dtype=torch.int32, device=device)
-    cu_q, cu_k, max_q, max_k, local_k = llama3_flash_attn_prepare_cu_seqlens(cu, causal, rank,
-                                                                             world)
+    cu_q, cu_k, max_q, max_k, local_k = prepare(cu, causal, rank, world)
     return {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": max_q,
             "max_seqlen_k": max_k, "local_k_slice": local_k}
 

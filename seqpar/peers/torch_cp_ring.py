@@ -15,7 +15,8 @@ them around each forward and backward and restores them:
 - `convert_to_f32` from `grad_dtype`: 'accumulate' merges and accumulates in float32 (torch's
   default) except for float64 inputs, which stay in float64 ('input': never converted).
 
-Rules: K,V heads as many as query heads (torch's kernels here take MHA), causal zigzag or contiguous.
+Rules: causal zigzag or contiguous; GQA as the kernel takes it (CPU flash and CUDA flash: yes; the
+CUDA memory-efficient kernel, float32: no).
 Bytes (NCCL-tests convention, u_kv = the K and V shards): allgather sends (P-1) u_kv forward and
 backward; alltoall sends u_kv to the next rank P-1 times per phase; backward adds P rotations of
 the dK,dV accumulators (accumulation dtype).
@@ -36,7 +37,8 @@ from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.options import Options
 from seqpar.errors import require
-from seqpar.peers.adapter import Hook, Peer, nbytes
+from seqpar.peers.adapter import Peer
+from seqpar.peers.booking import Hook, nbytes
 
 ROTATE = ("allgather", "alltoall")
 aten = torch.ops.aten
@@ -94,7 +96,6 @@ class TorchCpRing(Peer):
     summary = "torch's context-parallel ring (rotate: allgather | alltoall), head-tail = zigzag"
     Options = TorchCpOptions
     layouts = ("zigzag", "contiguous")
-    mha_only = True
 
     @classmethod
     def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
@@ -120,13 +121,14 @@ class TorchCpRing(Peer):
         scale = kernels.default_scale(self.scale, q.shape[-1])
         require(not (q.is_cuda and q.dtype == torch.float64), "dtype", "float64",
                 f"{self.name}: torch's CUDA attention kernels take no float64")
+        require(not q.is_cuda or _flash_takes(q) or q.shape[2] == k.shape[2], "kv_heads",
+                k.shape[2], f"{self.name}: torch's CUDA memory-efficient kernel (float32) takes "
+                f"as many K,V heads as query heads ({q.shape[2]})")
         self.book_share(q, 1.0)
         with self._options(q.dtype) as a, self.booking():
             if q.is_cuda:
-                fn = (a._scaled_dot_product_ring_flash_attention if _flash_takes(q) else
-                      a._scaled_dot_product_ring_efficient_attention)
-                out, lse, *rest = fn(self._mesh(q.device), qt, kt, vt, is_causal=self.causal,
-                                     scale=scale)
+                out, lse, *rest = _cuda_forward(a, self._mesh(q.device), qt, kt, vt, self.causal,
+                                                scale)
             else:
                 out, lse, *rest = a._templated_ring_attention(
                     self.comm.group, 2, aten._scaled_dot_product_flash_attention_for_cpu, qt, kt,
@@ -160,6 +162,14 @@ class TorchCpRing(Peer):
 
 def _flash_takes(q: torch.Tensor) -> bool:
     return q.dtype in (torch.float16, torch.bfloat16)
+
+
+def _cuda_forward(a, mesh, qt, kt, vt, causal, scale):
+    """torch's ring SDPA handler for the kernel context_parallel would dispatch to: flash for
+    half precision, memory-efficient otherwise."""
+    fn = (a._scaled_dot_product_ring_flash_attention if _flash_takes(qt) else
+          a._scaled_dot_product_ring_efficient_attention)
+    return fn(mesh, qt, kt, vt, is_causal=causal, scale=scale)
 
 
 def _cuda_backward(a, mesh, dot, qt, kt, vt, out, lse, rest, causal, scale):

@@ -20,14 +20,8 @@ import torch.distributed as dist
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.options import Options
 from seqpar.errors import SeqparError, require
-from seqpar.peers.adapter import (
-    P2P_HOOK,
-    AutogradPeer,
-    Hook,
-    equal_alltoall_sends,
-    gather_sends,
-    nbytes,
-)
+from seqpar.peers.adapter import AutogradPeer
+from seqpar.peers.booking import P2P_HOOK, Hook, equal_alltoall_sends, gather_sends, nbytes
 
 COMM_TYPES = ("p2p", "all_gather", "a2a")
 
@@ -48,14 +42,14 @@ def isend_sends(comm: Any, tensor: torch.Tensor, dst: int | None = None, *args: 
     return {comm.global_ranks.index(dst): nbytes(tensor)}
 
 
-def te_arguments(shape_heads: int, kv_heads: int, head_dim: int, causal: bool, scale: float | None,
-                 group: Any, comm: str) -> dict[str, Any]:
-    """DotProductAttention's constructor arguments for this call (documented names)."""
-    return {"num_attention_heads": shape_heads, "kv_channels": head_dim,
-            "num_gqa_groups": kv_heads, "attention_dropout": 0.0, "qkv_format": "bshd",
+def te_arguments(heads: int, kv_heads: int, head_dim: int, causal: bool, scale: float | None,
+                 group: Any, ranks: list[int], stream: Any, comm: str) -> dict[str, Any]:
+    """DotProductAttention's constructor arguments for this call (its documented names)."""
+    return {"num_attention_heads": heads, "kv_channels": head_dim, "num_gqa_groups": kv_heads,
+            "attention_dropout": 0.0, "qkv_format": "bshd",
             "attn_mask_type": "causal" if causal else "no_mask", "softmax_scale": scale,
-            "cp_group": group, "cp_global_ranks": dist.get_process_group_ranks(group),
-            "cp_stream": torch.cuda.Stream(), "cp_comm_type": comm}
+            "cp_group": group, "cp_global_ranks": ranks, "cp_stream": stream,
+            "cp_comm_type": comm}
 
 
 class TransformerEngineCp(AutogradPeer):
@@ -84,7 +78,8 @@ class TransformerEngineCp(AutogradPeer):
             from transformer_engine.pytorch import DotProductAttention
 
             args = te_arguments(q.shape[2], k.shape[2], q.shape[3], self.causal, self.scale,
-                                self.comm.group, self.options.comm)
+                                self.comm.group, self.comm.global_ranks, torch.cuda.Stream(),
+                                self.options.comm)
             self._modules[key] = DotProductAttention(**args).to(q.device)
         return self._modules[key]
 
