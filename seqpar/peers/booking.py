@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,9 @@ def _group_getter(hook: Hook, fn: Callable) -> Callable[[tuple, dict], Any]:
 def booking(comms: dict[Any, Comm], hooks: Sequence[Hook]) -> Iterator[None]:
     """Inside the block, every call of a hooked function on one of `comms`' process groups books
     its bytes under that Comm's label (link classes by its node map) in the active ledgers; calls
-    on other groups pass through unbooked."""
+    on other groups pass through unbooked. Under link emulation (comm.py) a booked call returns no
+    earlier than its emulated transfer time after it started: an asynchronous call waits for it at
+    once, so a peer's overlap of communication with compute is not credited while emulating."""
     originals = [(h, getattr(h.module, h.name)) for h in hooks]
 
     def wrap(hook: Hook, fn: Callable) -> Callable:
@@ -63,9 +66,14 @@ def booking(comms: dict[Any, Comm], hooks: Sequence[Hook]) -> Iterator[None]:
         def booked(*args: Any, **kwargs: Any) -> Any:
             group = group_of(args, kwargs)
             comm = comms.get(dist.group.WORLD if group is None else group)
-            if comm is not None:
-                comm._book(hook.op, hook.sends(comm, *args, **kwargs))
-            return fn(*args, **kwargs)
+            if comm is None:
+                return fn(*args, **kwargs)
+            emulated_s = comm._book(hook.op, hook.sends(comm, *args, **kwargs))
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if emulated_s:
+                comm._finish(start, emulated_s)
+            return out
         return booked
 
     for hook, fn in originals:

@@ -10,6 +10,7 @@ import importlib.util
 import inspect
 import json
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -134,6 +135,25 @@ def test_booking_books_the_calls_on_the_groups_it_knows_and_restores_the_functio
         module.all_to_all_single(torch.empty_like(send), send, group=other)
     assert calls == [mine, other] and module.all_to_all_single is original
     assert book.total(op="all_to_all") == 3 * 2 * 3 * 8  # 3 other ranks, a quarter each
+
+
+def test_booking_holds_a_call_for_its_emulated_link_time():
+    from seqpar.algorithms import comm as comm_module
+
+    module = SimpleNamespace(all_to_all_single=lambda out, inp, group=None: None)
+    comm = Comm.solo("sp")
+    comm.size, comm.global_ranks = 2, [0, 1]
+    hook = Hook(module, "all_to_all_single", "all_to_all", equal_alltoall_sends)
+    send = torch.zeros(4, 4)
+    comm_module.set_link_emulation({"intra": comm_module.LinkModel(latency_s=0.05)})
+    try:
+        with booking({"g": comm}, [hook]):
+            start = time.perf_counter()
+            module.all_to_all_single(torch.empty_like(send), send, group="g")
+            held = time.perf_counter() - start
+    finally:
+        comm_module.set_link_emulation(None)
+    assert held >= 0.05
 
 
 # ------------------------------------------- GPU-only adapters, bound against the peers' own code
