@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -qq -c $(CONSTRAINTS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -qq -c $(CONSTRAINTS) -e ".[dev]"
+	$(BIN)/pip install -qq -c $(CONSTRAINTS) -e ".[dev,peers]"
 	touch $(STAMP)
 
 # Refresh the pins: the newest versions pyproject.toml allows (torch stays TORCH_SPEC), written to

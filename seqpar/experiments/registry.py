@@ -273,6 +273,32 @@ def _accuracy(preset: str) -> Sweep:
             {"plan": _accuracy_plans(range(2, 9), 32), "workload.dtype": ["bfloat16", "float32"]})
 
 
+# ------------------------------------------------------------------------------- peers
+def _peer_plans(preset: str) -> list[dict[str, Any]]:
+    """Each of seqpar's algorithms beside the peers that do the same thing, in the layout both
+    deal: Ulysses (contiguous) and the load-balanced ring (zigzag, torch's head-tail)."""
+    plans = [{"algorithm": "ulysses", "layout": "contiguous"},
+             {"algorithm": "peer:yunchang-ulysses", "layout": "contiguous"},
+             {"algorithm": "ring", "layout": "zigzag"},
+             *({"algorithm": "peer:torch-cp-ring", "layout": "zigzag", "options": {"rotate": r}}
+               for r in ("allgather", "alltoall"))]
+    if preset != "cpu":  # the GPU-only peers (TE and MagiAttention have no byte model to plan by)
+        plans += [{"algorithm": "peer:ring-flash-zigzag", "layout": "zigzag"},
+                  {"algorithm": "peer:ring-flash-llama3", "layout": "contiguous"},
+                  {"algorithm": "usp", "layout": "contiguous", "options": {"dhp": 4}},
+                  {"algorithm": "peer:yunchang-usp", "layout": "contiguous",
+                   "options": {"ulysses_degree": 4}}]
+    return plans
+
+
+def _peers(preset: str) -> Sweep:
+    if preset == "cpu":  # P = 2 on 2 cores: a few seconds a trial, the same CPU kernel on both sides
+        return (_base(preset, plan={"world": 2}, workload={"warmup": 2, "iters": 10}),
+                {"plan": _peer_plans(preset), "workload.seq_len": [1024, 2048]})
+    return (_base(preset, model="llama3-8b", workload={"seq_len": 131072}),
+            {"plan": _peer_plans(preset)})
+
+
 # ------------------------------------------------------------------ model training studies (issue 10)
 def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
     """A training trial's base: the decoder preset (`seqpar.model.PRESETS`) and its attention shape."""
@@ -389,4 +415,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "saved (BurstEngine §3.4)", "step_ms", _sliding_window),
     Study("accuracy", "forward and backward error against float64 by algorithm, world 1..8 and "
           "dtype, on fixed seeded inputs", "err_max", _accuracy),
+    Study("peers", "seqpar's algorithms beside the peers' own code doing the same thing "
+          "(peer:<name>): ulysses vs yunchang, ring vs torch's context-parallel ring", "step_ms",
+          _peers),
 )}
