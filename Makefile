@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # constraints.txt. Run `make test` on the result before committing it.
 constraints:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -qq --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH_SPEC)"
+	$(BIN)/pip install -qq --upgrade --upgrade-strategy eager -e ".[dev,peers]" "$(TORCH_SPEC)"
 	{ sed -n '1,2p' $(CONSTRAINTS); $(BIN)/pip freeze --exclude-editable | \
 	  grep -v -i -e '^seqpar' -e '^-e' | sed -e 's/+cpu$$//'; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
