@@ -55,8 +55,11 @@ def attention_held(name: str, shape: AttnShape, world: int,
     """`held` as the model's memory count takes it: elements per token of the rank's shard, whether
     they are the attention's own inputs (sc++ recomputes those), whether its output changes layout."""
     d = shape.heads * shape.head_dim
-    return AttentionHeld(saved=held(name, shape, world, options) * d,
-                         inputs=name not in ("ulysses", "usp", "allgather"),
+    saved = held(name, shape, world, options) * d
+    # ring, burst and wallfacer save q, k, v as they came; allgather its q (beside the gathered
+    # K,V); ulysses, usp and double_ring save copies (head layout, or their context ring's)
+    recomputable = {"ulysses": 0.0, "usp": 0.0, "double_ring": 0.0, "allgather": d}.get(name, saved)
+    return AttentionHeld(saved=saved, recomputable=recomputable,
                          relayout=name in ("ulysses", "usp"))
 
 
