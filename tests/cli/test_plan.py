@@ -78,6 +78,7 @@ def test_tune_prune_keeps_exactly_the_models_top_k():
 def test_validate_rebuilds_specs_from_flat_params_and_scores():
     from seqpar.experiments import clusters
     from seqpar.experiments.perf import plan as perf_plan
+    from seqpar.experiments.perf import predict_spec
     from seqpar.experiments.registry import STUDIES
 
     local = clusters.load("local")
@@ -86,7 +87,7 @@ def test_validate_rebuilds_specs_from_flat_params_and_scores():
         if p.spec is None:
             continue
         params = {k: str(v) for k, v in p.spec.flat().items()}  # as MLflow stores them
-        pred = perf_plan.predict_spec(p.spec, perf_plan.emulated(p.spec, local)).attention_ms
+        pred = predict_spec(p.spec, perf_plan.emulated(p.spec, local)).attention_ms
         trials.append((params, {"step_ms": pred * 1.1}))
     checks = perf_plan.validate(trials, local)
     assert len(checks) == len(trials) >= 4

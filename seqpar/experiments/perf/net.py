@@ -80,10 +80,12 @@ class Net:
         if nbytes <= 0 or g.ndim != 2 or g.shape[1] < 2:
             return Cost(0.0)
         m = g.shape[1]
-        node = g // self.ranks_per_node
-        same = (node[:, :, None] == node[:, None, :]).sum(axis=2)  # members on one's own node
         ranks = g.ravel()
-        inter = nbytes * (m - same.ravel()) / (m - 1)
+        # members of one's group on one's own node: count (group, node) pairs
+        nodes = self.world // self.ranks_per_node + 1
+        where = np.repeat(np.arange(len(g)), m) * nodes + ranks // self.ranks_per_node
+        same = np.bincount(where)[where]
+        inter = nbytes * (m - same) / (m - 1)
         intra = nbytes - inter
         sending = inter > 0
         c = self.cluster

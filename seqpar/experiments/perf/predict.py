@@ -71,15 +71,29 @@ class Job:
     dtype: str
 
     @cached_property
+    def _cluster_key(self) -> str:
+        """The cluster's content (a plan's jobs share one Cluster object: dumped once)."""
+        held = _DUMPED.get(id(self.cluster))
+        if held is None or held[0] is not self.cluster:
+            if len(_DUMPED) >= 32:
+                _DUMPED.clear()
+            held = _DUMPED[id(self.cluster)] = (self.cluster, self.cluster.model_dump_json())
+        return held[1]
+
+    @cached_property
     def net(self) -> Net:
-        return Net(self.cluster, self.world, self.nodes)
+        """The links, shared by every job on the same cluster, world and nodes."""
+        key = ("net", self._cluster_key, self.world, self.nodes)
+        got = _SHARED.get(key)
+        if got is None:
+            got = _SHARED[key] = Net(self.cluster, self.world, self.nodes)
+        return got
 
     @cached_property
     def _blocks(self) -> dict:
         """Block costs, shared by every job on the same cluster, shape, world, layout and dtype
         (a plan's configurations meet the same blocks again and again)."""
-        key = (self.cluster.model_dump_json(), self.shape, self.world, self.layout, self.causal,
-               self.dtype)
+        key = (self._cluster_key, self.shape, self.world, self.layout, self.causal, self.dtype)
         got = _SHARED.get(key)
         if got is None:
             if len(_SHARED) >= 32:
@@ -130,7 +144,8 @@ class Job:
                                          self.world)
 
 
-_SHARED: dict[tuple, dict] = {}
+_SHARED: dict[tuple, Any] = {}
+_DUMPED: dict[int, tuple[Cluster, str]] = {}
 
 
 def attention(job: Job, name: str, options: Mapping[str, Any]) -> tuple[Timing, Timing]:

@@ -77,9 +77,12 @@ def _ordered(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, .
     return worst, flops, total
 
 
-def _keyed(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
-    """Per step (worst seconds, its FLOPs, all ranks' seconds) from the rings' keys: a block is
-    costed once per way its keys compare, whichever ring meets it."""
+def _kinds(st: Ring, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """(steps x rings*positions) kind of each rank's block, ranks in ring order; and per kind one
+    (ring, position, source) that meets it. Memoised on the stage: a plan asks for each layout."""
+    held = _KINDS.get(id(st))
+    if held is not None and held[0] is st:
+        return held[1], held[2]
     n, w = st.size, st.inner
     src = sources(n, w)
     here, there = (np.asarray(k[:rings], dtype=np.int64).reshape(rings, n, -1) for k in st.keys)
@@ -87,9 +90,21 @@ def _keyed(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...
     kind = (signs * 3 ** np.arange(signs.shape[3])).sum(axis=3).transpose(1, 0, 2)
     _, first, index = np.unique(kind, return_index=True, return_inverse=True)
     step, r, pos = np.unravel_index(first, kind.shape)
-    cost = np.array([_cost(job, st, int(r_), int(p), int(src[s_, p]))
-                     for s_, r_, p in zip(step, r, pos, strict=True)])
-    index = index.reshape(len(src), -1)  # (steps, rings x positions): ranks in ring order
+    meets = [(int(r_), int(p), int(src[s_, p])) for s_, r_, p in zip(step, r, pos, strict=True)]
+    if len(_KINDS) >= 64:
+        _KINDS.clear()
+    _KINDS[id(st)] = (st, index.reshape(len(src), -1), meets)
+    return _KINDS[id(st)][1], meets
+
+
+_KINDS: dict[int, tuple[Ring, np.ndarray, list[tuple[int, int, int]]]] = {}
+
+
+def _keyed(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+    """Per step (worst seconds, its FLOPs, all ranks' seconds) from the rings' keys: a block is
+    costed once per way its keys compare, whichever ring meets it."""
+    index, meets = _kinds(st, rings)
+    cost = np.array([_cost(job, st, r, pos, src) for r, pos, src in meets])
     t_all, f_all = cost[index, 0], cost[index, 1]
     busiest = t_all.argmax(axis=1)  # the first busiest rank
     worst = t_all.max(axis=1)

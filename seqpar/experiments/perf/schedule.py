@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from seqpar import algorithms
@@ -142,9 +143,7 @@ def _usp(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -
 
     dhp, dcp, placement, inner = usp.grid_of(world, options)
     ops = usp.bytes_by_op(shape, world, options)
-    hp = groups.usp_hp_groups(dhp, dcp, placement)
-    cp = groups.usp_cp_groups(dhp, dcp, placement)
-    union = [tuple(members) for members in hp]  # CP position b holds HP group b's tokens
+    hp, cp, union = _usp_groups(dhp, dcp, placement)
     msg = _per_msg(ops["forward"]["p2p"], dcp - 1)
     grad = _per_msg(ops["backward"]["p2p"] - (dcp - 1) * msg, dcp)
     heads = shape.heads // dhp
@@ -159,6 +158,14 @@ def _usp(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -
                             Ring("cp ring", cp, inner, msg, g, heads, blocks, factor),
                             Collective("seq all-to-all", hp, a2a - a2a // 2)]
     return s
+
+
+@lru_cache(maxsize=64)
+def _usp_groups(dhp: int, dcp: int, placement: str) -> tuple[list, list, list[Members]]:
+    """(HP groups, CP rings, the ranks whose tokens CP position b holds: HP group b), shared by
+    every inner ring and shape."""
+    hp = groups.usp_hp_groups(dhp, dcp, placement)
+    return hp, groups.usp_cp_groups(dhp, dcp, placement), [tuple(m) for m in hp]
 
 
 def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
