@@ -132,7 +132,7 @@ def test_a_ring_costs_each_kind_of_block_once_whatever_its_size(world):
 
     a100 = clusters.load("loongtrain-a100")
     shape = AttnShape(1, 64 * world, 32, 32, 128, 2)
-    predict_module = importlib.import_module("seqpar.experiments.perf.predict")
+    predict_module = importlib.import_module("seqpar.experiments.perf.job")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernel, "block_seconds", counting)
         mp.setattr(predict_module, "_SHARED", {})

@@ -20,7 +20,7 @@ from seqpar.experiments.perf.net import Cost
 from seqpar.experiments.perf.schedule import Ring
 
 if TYPE_CHECKING:
-    from seqpar.experiments.perf.predict import Job, Timing
+    from seqpar.experiments.perf.job import Job, Timing
 
 
 @lru_cache(maxsize=64)
