@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from seqpar import algorithms
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES, AttnShape
+from seqpar.algorithms.layouts import call_cu
 from seqpar.errors import require
 from seqpar.model import checkpointing
 from seqpar.model.config import ModelConfig
@@ -53,6 +54,11 @@ class Case:
     iters: int = 3
     cu_seqlens: tuple[int, ...] = ()  # global document boundaries [0, ..., N]; () = one document
     window: int | None = None          # sliding window (None: none)
+
+    def __post_init__(self) -> None:  # any length: uneven shards carry N as one document [0, N]
+        if self.world > 0:
+            cu = call_cu(self.world, self.seq_len, self.cu_seqlens) or ()
+            object.__setattr__(self, "cu_seqlens", cu)
 
     @property
     def shape(self) -> AttnShape:

@@ -35,10 +35,11 @@ hold positions N + r*s + j: no query sees them, they see nothing; the algorithms
 shards of s rows and the padding is cut off again), so every message has s rows and the bytes are
 those of N' = s*P tokens (`AttnShape.shard_len`).
 
-One rule for the length: without cu_seqlens a sequence is one document [0, N], dealt as above, so N
-need not divide into the layout's pieces (136 tokens over 8 zigzag ranks: 17 each, exact) — only
-into the ranks: a plain call's ranks hold N/P tokens each, the one way every rank knows N from its
-own shard (`check_seq_len`). Uneven shards (N mod P != 0) carry their N in cu_seqlens.
+One rule for the length, in every layout: any N. A plain call (no cu_seqlens) is dealt as the one
+document [0, N] is, so N need not divide into the layout's pieces (136 tokens over 8 zigzag ranks:
+17 each, exact), only over the ranks: every rank then holds N/P tokens and knows N from its own
+shard (`check_seq_len`). Uneven shards (N mod P != 0) carry N as cu_seqlens=[0, N] (`call_cu`:
+what a Case, the spec and `seqpar check` hand the attention for such a length).
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ def normal_cu(layout: str, world: int, seq_len: int, cu_seqlens) -> tuple[int, .
             and seq_len % world == 0:
         return None
     return cu
+
+
+def call_cu(world: int, seq_len: int, cu: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The documents a call on N tokens runs with: cu as given; without them, none when N splits
+    over the ranks (a plain call), else one document [0, N] (uneven shards carry N)."""
+    if cu:
+        return cu
+    return None if seq_len % world == 0 else (0, seq_len)
 
 
 def check_documents(layout: str, world: int, seq_len: int, cu: tuple[int, ...] | None) -> None:

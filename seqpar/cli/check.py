@@ -75,7 +75,6 @@ CHECK_FORMS = {
 
 
 def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim, dtype, seed):
-    from seqpar import algorithms
     from seqpar.case import Case
 
     cases, skipped = [], []
@@ -90,7 +89,7 @@ def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim,
                         case = Case(name, p, layout, causal, batch, seq_len, heads, hkv, head_dim,
                                     dtype, seed, options=tuple(sorted(options.items())))
                         try:
-                            algorithms.check(name, case.shape, p, layout, causal, **options)
+                            case.check()  # the Case's rules: any length runs
                         except ConfigError as err:
                             why = str(err)
                             continue

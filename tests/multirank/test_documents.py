@@ -129,14 +129,16 @@ def test_documents_and_windows_are_exact(gang, algorithm, world, seed):
 
 
 def plain(algorithm: str, world: int, seed: int) -> list[Case]:
-    """Plain calls (no cu_seqlens) of lengths N/P odd, which do not divide into zigzag's 2P chunks
-    (N odd at P = 3): every layout x {causal, full} x {MHA, GQA}, with and without a window."""
+    """Cases given no documents, of lengths that do not divide into zigzag's 2P chunks: N/P odd
+    (a plain call: every rank holds N/P tokens) and N = 7P - 1, 7P + 1 (uneven shards, which the
+    case hands the attention as one document [0, N]); odd lengths at every P; every layout x
+    {causal, full} x {MHA, GQA}, with and without a window."""
     heads = ((6, 6), (6, 3)) if world == 3 else ((4, 4), (4, 2))
-    n = world * 7
     return [Case(algorithm, world, layout, causal, batch=1, seq_len=n, heads=h, kv_heads=hkv,
                  head_dim=4, seed=seed, window=window, options=ALGORITHMS[algorithm](world))
-            for layout, causal, (h, hkv), window in itertools.product(
-                LAYOUTS, (True, False), heads, (None, 5))]
+            for n, layout, causal, (h, hkv), window in itertools.product(
+                (7 * world - 1, 7 * world, 7 * world + 1), LAYOUTS, (True, False), heads,
+                (None, 5))]
 
 
 @pytest.mark.multirank
@@ -144,6 +146,7 @@ def plain(algorithm: str, world: int, seed: int) -> list[Case]:
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_plain_calls_of_any_length_per_rank_are_exact(gang, algorithm, world, seed):
     cases = plain(algorithm, world, seed)
-    assert all(not c.cu_seqlens and c.seq_len % (2 * world) for c in cases)
+    assert all(c.seq_len % (2 * world) for c in cases)
+    assert {c.cu_seqlens for c in cases if c.seq_len % world == 0} == {()}  # plain calls
     failures = failures_of(gang, cases)
     assert not failures, "\n".join(failures[:10])
