@@ -21,7 +21,7 @@ import torch.distributed as dist
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.options import Options
-from seqpar.errors import SeqparError, require
+from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import Hook, gather_sends, nbytes
 
@@ -102,5 +102,6 @@ class MagiAttention(AutogradPeer):
 
     @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        raise SeqparError(f"{cls.name}: no analytic byte count is modelled (its dispatch solver "
-                          "decides what travels); its bytes are counted from its calls")
+        raise NotImplementedError(f"{cls.name}: no analytic byte count is modelled (its dispatch "
+                                  "solver decides what travels); its bytes are counted from its "
+                                  "calls")

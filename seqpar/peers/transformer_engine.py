@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.options import Options
-from seqpar.errors import SeqparError, require
+from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import P2P_HOOK, Hook, equal_alltoall_sends, gather_sends, nbytes
 
@@ -94,5 +94,5 @@ class TransformerEngineCp(AutogradPeer):
 
     @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        raise SeqparError(f"{cls.name}: no analytic byte count is modelled; its bytes are "
-                          "counted from the torch.distributed calls it makes")
+        raise NotImplementedError(f"{cls.name}: no analytic byte count is modelled; its bytes "
+                                  "are counted from the torch.distributed calls it makes")
