@@ -19,7 +19,7 @@ from emulated import emulated_link, most_bytes, step_ms
 from seqpar.algorithms import comm
 from seqpar.case import Case
 from seqpar.platform.localgang import LocalGang
-from seqpar.workers.bench import measure
+from seqpar.workers.measure import measure
 
 NODES = [0, 0, 0, 0, 1, 1, 1, 1]
 

@@ -26,7 +26,7 @@ from seqpar import algorithms
 from seqpar.algorithms import comm
 from seqpar.case import Case
 from seqpar.platform.localgang import LocalGang
-from seqpar.workers.bench import measure
+from seqpar.workers.measure import measure
 
 OPTIONS = {"usp": (("dhp", 2),), "double_ring": (("inner_ring", 2),)}
 SKIP = ("skip_transfers", True)

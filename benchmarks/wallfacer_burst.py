@@ -25,7 +25,9 @@ from seqpar import algorithms
 from seqpar.algorithms import comm
 from seqpar.case import Case
 from seqpar.platform.localgang import LocalGang
-from seqpar.workers.bench import SavedTensorMeter, local_inputs, measure
+from seqpar.workers.measure import measure
+from seqpar.workers.measure.attention import local_inputs
+from seqpar.workers.measure.meters import SavedTensorMeter
 
 
 def _rank(env, case: Case, nodes: list[int], link: comm.LinkModel | None):

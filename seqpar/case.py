@@ -1,18 +1,37 @@
-"""One attention experiment on one process group, as plain data: what a rank needs to run it.
+"""What one trial is, as plain data: what a rank needs to run it, and every rule it must keep.
 
-The pydantic ExperimentSpec (experiments/spec.py) validates user input and becomes a Case; the
-check, the benchmark and the Ray rank workers (workers/) all run Cases. It lives at the top of the
-package, beside the errors, so that both layers use it without either importing the other.
+`Case` is one attention experiment on one process group (modes fwd, fwd+bwd, accuracy); `TrainCase`
+is training steps of the decoder (mode train). The pydantic ExperimentSpec (experiments/spec.py)
+validates user input and becomes one of them; the check, the benchmark and the Ray rank workers
+(workers/) run them. Each has one `validate()` holding all its rules (the algorithm's own rules come
+from `seqpar.algorithms.check`); the trial runner adds only the rules of the run (nodes, links,
+timeout). It lives at the top of the package, beside the errors, so that both layers use it without
+either importing the other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from seqpar import algorithms
+from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.errors import require
+from seqpar.model import checkpointing
+from seqpar.model.config import ModelConfig
+from seqpar.model.states import StatePolicy
 
-MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/accuracy.py)
+MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
+
+
+def _common_rules(world: int, dtype: str, warmup: int, iters: int) -> None:
+    """The rules every trial keeps, whatever it measures."""
+    require(isinstance(world, int) and world >= 1, "world", world, "must be a positive integer")
+    require(dtype in DTYPES, "dtype", dtype, f"must be one of {', '.join(DTYPES)}")
+    require(isinstance(warmup, int) and warmup >= 0, "warmup", warmup,
+            "must be a non-negative integer")
+    require(isinstance(iters, int) and iters >= 1, "iters", iters, "must be a positive integer")
 
 
 @dataclass(frozen=True)
@@ -54,13 +73,13 @@ class Case:
         return (f"{self.algorithm}{opts} P={self.world} {self.layout} {mask} N={self.seq_len} "
                 f"H={self.heads}/{self.kv_heads} {self.dtype}")
 
-    def check(self) -> None:
-        """Every rule of the algorithm for this case (`seqpar.algorithms.check`, one place for the
-        rules). With documents (cu_seqlens) any length runs: the layout's seq_len rule relaxes (uneven
-        shards are padded)."""
-        from seqpar import algorithms
-        from seqpar.algorithms import layouts
-
+    def validate(self) -> None:
+        """Every rule of this case, before any actor starts (raises ConfigError): the trial's own
+        (world, mode, dtype, iterations, window, documents) and the algorithm's
+        (`seqpar.algorithms.check`). With documents (cu_seqlens) any length runs: the layout's
+        seq_len rule relaxes (uneven shards are padded)."""
+        _common_rules(self.world, self.dtype, self.warmup, self.iters)
+        require(self.mode in MODES, "mode", self.mode, f"must be one of {', '.join(MODES)}")
         require(self.window is None or (isinstance(self.window, int) and self.window > 0),
                 "window", self.window, "must be a positive integer (or None: no window)")
         if not self.cu_seqlens:
@@ -73,3 +92,90 @@ class Case:
         layouts.check_layout(self.layout)
         cu = layouts.normal_cu(self.layout, self.world, self.seq_len, self.cu_seqlens)
         cls.check(self.shape, self.world, self.layout, self.causal, self.option_dict, cu)
+
+
+
+@dataclass(frozen=True)
+class TrainCase:
+    """Training steps of the decoder with one attention algorithm over SP ranks, DP replicas."""
+
+    algorithm: str = "ring"
+    sp: int = 1                      # sequence-parallel ranks
+    dp: int = 1                      # data-parallel replicas (each its own batch)
+    layout: str = "zigzag"
+    model: str = "tiny"              # a model.PRESETS name
+    model_overrides: tuple[tuple[str, int], ...] = ()   # e.g. (("vocab", 4096),)
+    seq_len: int = 256
+    batch: int = 1                   # per DP replica
+    dtype: str = "float32"
+    checkpoint: str = "none"
+    seq_fraction: float = 0.5
+    fused_head: bool = False
+    head_tiles: tuple[int, int] = (1024, 8192)
+    options: tuple[tuple[str, object], ...] = ()
+    warmup: int = 1
+    iters: int = 3
+    seed: int = 0
+    lr: float = 1e-3
+    states: str = "replicated"       # replicated | fsdp (FSDP2 over the DP x SP world)
+    master_dtype: str | None = None  # fp32 master weights for a bf16 model: "float32"
+    offload: bool = False            # FSDP2's CPU offload (CUDA only)
+    text: str | None = None          # a UTF-8 text file: byte tokens, documents packed (None: random)
+    text_separator: str = "\n\n"     # what separates two documents of the text
+
+    def config(self) -> ModelConfig:
+        return dataclasses.replace(ModelConfig.preset(self.model), **dict(self.model_overrides))
+
+    # what the trial runner and TrialResult read from any case
+    causal: bool = True
+    mode: str = "train"
+
+    @property
+    def world(self) -> int:
+        return self.sp * self.dp
+
+    @property
+    def option_dict(self) -> dict[str, object]:
+        return dict(self.options)
+
+    @property
+    def shape(self) -> AttnShape:
+        """One attention layer of the model over the SP group (per DP replica)."""
+        c = self.config()
+        return AttnShape(self.batch, self.seq_len, c.heads, c.kv_heads, c.head_dim,
+                         DTYPES[self.dtype].itemsize)
+
+    def validate(self) -> None:
+        """Every rule of this training case, before any actor starts. Raises ConfigError."""
+        require(isinstance(self.sp, int) and self.sp >= 1, "sp", self.sp, "must be a positive integer")
+        require(isinstance(self.dp, int) and self.dp >= 1, "dp", self.dp, "must be a positive integer")
+        _common_rules(self.world, self.dtype, self.warmup, self.iters)
+        checkpointing.check_mode(self.checkpoint, self.seq_fraction)
+        require(self.master_dtype is None or self.master_dtype in DTYPES, "master_dtype",
+                self.master_dtype, f"must be one of {', '.join(DTYPES)} (or none)")
+        self.state_policy().check(DTYPES[self.dtype], None)
+        cfg = self.config()
+        require(self.text is None or cfg.vocab >= 256, "vocab", cfg.vocab,
+                "must be at least 256 to train on text (one token per byte)")
+        require(self.text is None or self.batch == 1, "batch", self.batch,
+                "must be 1 with text data (a batch row is one window of packed documents; "
+                "use train.dp for more rows)")
+        algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
+
+    def state_policy(self) -> StatePolicy:
+        """Where the model states live (the runner and the planner read the same policy)."""
+        master = None if self.master_dtype is None else DTYPES[self.master_dtype]
+        return StatePolicy(self.states, master, self.offload)
+
+
+    def label(self) -> str:
+        opts = "".join(f" {k}={v}" for k, v in self.options)
+        dp = f" DP={self.dp}" if self.dp > 1 else ""
+        head = " fused-head" if self.fused_head else ""
+        head += "" if self.states == "replicated" else f" {self.states}" + (
+            "+offload" if self.offload else "")
+        head += f" master={self.master_dtype}" if self.master_dtype else ""
+        ckpt = self.checkpoint + (f"({self.seq_fraction})" if "sequence" in self.checkpoint else "")
+        model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
+        return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "
+                f"N={self.seq_len} ckpt={ckpt}{head} {self.dtype}")

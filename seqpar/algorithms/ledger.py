@@ -151,6 +151,19 @@ def backward_of(saved: tuple[Ledger, ...]) -> Iterator[None]:
         _ledgers.reset(token_l)
 
 
+@contextlib.contextmanager
+def replay_of(saved: tuple[Ledger, ...]) -> Iterator[None]:
+    """A forward recomputed inside backward (activation checkpointing): book into the ledgers active
+    when the forward first ran, as 'forward', on whichever thread autograd runs it."""
+    token_l = _ledgers.set(saved)
+    token_p = _phase.set("forward")
+    try:
+        yield
+    finally:
+        _phase.reset(token_p)
+        _ledgers.reset(token_l)
+
+
 def add_flops(flops: float) -> None:
     for ledger in _ledgers.get():
         ledger.flops[_phase.get()] += flops

@@ -131,6 +131,7 @@ class Mesh:
     nodes: tuple[int, ...] | None = None  # node id of each grid position (None: one node)
     comms: dict[str, Comm] = field(default_factory=dict)
     real: bool = True  # axes are process groups of their own (False: views of one group)
+    whole: dist.ProcessGroup | None = None  # the group of every rank of the mesh (DP x SP)
 
     @property
     def size(self) -> int:
@@ -149,6 +150,32 @@ class Mesh:
         if self.nodes is None:
             return None
         return dict(zip(self.ranks, self.nodes, strict=True))
+
+    def device_mesh(self, device_type: str):
+        """A `torch.distributed.device_mesh.DeviceMesh` view of this mesh with the same groups:
+        dims ("dp", "sp") (or ("sp",) without DP), "sp" being every sequence-parallel dim together,
+        so FSDP2, DTensor and a user's own torch code run on the communicators the attention uses."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        require(self.real, "mesh", "views", "a DeviceMesh needs real process groups (build_mesh)")
+        names = tuple(n for n in (DP, ALL) if n in self.comms and self.comms[n].group is not None)
+        require(bool(names), "mesh", self.grid.size, "a one-rank mesh has no DeviceMesh view")
+        groups = [self.comms[n].group for n in names]
+        shape = [self.grid.axis_size(n) for n in names]
+        cube = torch.tensor(self.ranks).view(*shape)
+        if len(names) == 1:
+            return DeviceMesh.from_group(groups[0], device_type, mesh=cube, mesh_dim_names=names)
+        return DeviceMesh.from_group(groups, device_type, mesh=cube, mesh_dim_names=names)
+
+    def shard_mesh(self, device_type: str):
+        """The 1-D DeviceMesh over every rank of the mesh ("dp_sp"), on the mesh's whole group: what
+        FSDP2 shards model states over (torchtitan's dp_shard x cp), no new communicator."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        require(self.real and self.whole is not None, "mesh", "views",
+                "sharding needs the mesh's own process groups (build_mesh)")
+        return DeviceMesh.from_group(self.whole, device_type, mesh=torch.tensor(self.ranks),
+                                     mesh_dim_names=("dp_sp",))
 
 
 def _check_nodes(nodes: Sequence[int] | None, size: int) -> tuple[int, ...] | None:
@@ -192,7 +219,7 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
                                else Comm.solo(axis, me, node_of))
     if me not in members:
         return None
-    return Mesh(grid, members, members.index(me), node_tuple, comms, real=True)
+    return Mesh(grid, members, members.index(me), node_tuple, comms, real=True, whole=base_pg)
 
 
 def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,

@@ -18,7 +18,7 @@ def calibrate(
     """Kernel throughput by block size, merge and copy rates, local link latency/bandwidth and the
     transport's CPU cost, a ring step's fixed cost -> the `local` cluster."""
     from seqpar.experiments import clusters
-    from seqpar.experiments.perf.calibrate import measure
+    from seqpar.sweeps.calibrate import calibrate as measure
 
     c, table = measure(with_link=links)
     display_table("attention kernel fwd+bwd (float32, one thread), GFLOP/s",

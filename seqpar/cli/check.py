@@ -103,7 +103,7 @@ def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim,
 
 def run_cases(cases, world, device):
     from seqpar.platform.localgang import LocalGang
-    from seqpar.workers.check import evaluate, run_case
+    from seqpar.workers.measure.check import evaluate, run_case
 
     rows, failed = [], 0
     sizes = {c.world for c in cases}
@@ -127,8 +127,8 @@ def run_cases(cases, world, device):
 
 
 def _median_ms(gang, case, size, threads=None) -> float:
-    from seqpar.workers.bench import gang_measure
-    from seqpar.workers.check import mesh_key
+    from seqpar.workers.measure import gang_measure
+    from seqpar.workers.measure.check import mesh_key
 
     results = gang.run(gang_measure, case, threads, size=size, mesh=mesh_key(case))
     return max(statistics.median(r.step_ms) for r in results)

@@ -319,6 +319,23 @@ def _e2e_scaling(preset: str) -> Sweep:
             {"plan.algorithm": ["ring", "ulysses"], "split": splits})
 
 
+def _text(preset: str) -> Sweep:
+    """The decoder on real text (bytes as tokens, paragraphs packed as documents): the loss of every
+    step is logged as the metric `loss`, so MLflow draws the learning curve."""
+    data = {"data": {"text": "shipped:sequence-parallelism"}}
+    if preset == "cpu":
+        return (_train_base(preset, plan={"algorithm": "ring", "world": 2},
+                            workload={"seq_len": 256, "iters": 60, "warmup": 0, **data},
+                            train={"lr": 3e-3}),
+                {"train.states": ["replicated", "fsdp"]})
+    return (_train_base(preset, model="llama2-7b", plan={"algorithm": "usp", "world": 8},
+                        workload={"seq_len": 32768, "iters": 50, "warmup": 0,
+                                  "dtype": "bfloat16", **data},
+                        train={"lr": 3e-4, "states": "fsdp", "master_dtype": "float32",
+                               "checkpoint": "sc++", "vocab": 256}),
+            {"plan.options": [{"dhp": 8}]})
+
+
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("throughput", "tokens/s of every algorithm against local as the sequence grows",
           "tokens_per_s", True, "throughput", _throughput),
@@ -347,6 +364,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "(BurstEngine §3.3)", "peak_mem_bytes", False, "train", _lm_head),
     Study("e2e-scaling", "DP x SP splits of a fixed number of ranks: TGS", "tgs", True, "train",
           _e2e_scaling),
+    Study("text", "the decoder on real text (byte tokens, packed documents): the learning curve",
+          "loss_last", False, "train", _text),
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
           "bytes_total", False, "bar", _burst_backward),
     Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from seqpar.algorithms.base import DTYPES, AttnShape
-from seqpar.case import Case
+from seqpar.case import Case, TrainCase
 from seqpar.errors import ConfigError
 
 Scalar = bool | int | float | str | None
@@ -116,6 +117,38 @@ class Documents(_Strict):
         return draw_lengths(seq_len, self.count, self.spread, self.seed)
 
 
+def shipped_texts() -> dict[str, str]:
+    """name -> path of the texts in seqpar/experiments/texts."""
+    folder = Path(__file__).parent / "texts"
+    return {p.stem: str(p) for p in sorted(folder.glob("*.txt"))}
+
+
+def resolve_text(value: str) -> str:
+    if value.startswith("shipped:"):
+        return shipped_texts().get(value.removeprefix("shipped:"), value)
+    return value
+
+
+class TextSource(_Strict):
+    """Real text for a training trial: a UTF-8 file read as bytes (one token a byte, vocabulary
+    256), documents split at `separator` and packed with their boundaries (seqpar.model.text)."""
+
+    text: str = Field(description="path of a UTF-8 text file; 'shipped:NAME' for a text seqpar "
+                                  "ships (" + ", ".join(sorted(shipped_texts())) + ")")
+    separator: str = Field("\n\n", min_length=1, description="what separates two documents")
+
+    @field_validator("text")
+    @classmethod
+    def _readable(cls, value: str) -> str:
+        path = resolve_text(value)
+        if not Path(path).is_file():
+            raise ValueError(f"must be a readable text file (no file at {path})")
+        return value
+
+    def path(self) -> str:
+        return resolve_text(self.text)
+
+
 class Workload(_Strict):
     seq_len: int = Field(gt=0, description="tokens in the whole sequence N")
     batch: int = Field(1, gt=0)
@@ -130,6 +163,8 @@ class Workload(_Strict):
     documents: Documents | None = Field(None, description="packed documents (None: one)")
     window: int | None = Field(None, gt=0, description="sliding window W: query t sees keys "
                                                        "t-W+1..t (None: no window)")
+    data: TextSource | None = Field(None, description="train on text: {text: PATH} (training "
+                                                      "trials; None: seeded random tokens)")
 
     @field_validator("dtype")
     @classmethod
@@ -230,6 +265,12 @@ class TrainSpec(_Strict):
     fused_head: bool = False
     dp: int = Field(1, gt=0, description="data-parallel replicas; SP = world / dp")
     lr: float = Field(1e-3, gt=0)
+    states: Literal["replicated", "fsdp"] = Field(
+        "replicated", description="model states: replicated on every rank, or sharded by FSDP2 over "
+                                  "the DP x SP world")
+    master_dtype: str | None = Field(None, description="fp32 master weights and moments for a "
+                                                       "bf16 model: float32 (None: the model's dtype)")
+    offload: bool = Field(False, description="FSDP2's CPU offload of the sharded states (CUDA)")
 
     def overrides(self) -> tuple[tuple[str, int], ...]:
         return (("vocab", self.vocab),) if self.vocab is not None else ()
@@ -252,6 +293,9 @@ class ExperimentSpec(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> ExperimentSpec:
+        if self.train is None and self.workload.data is not None:
+            raise _rule("workload.data", self.workload.data.text,
+                        "text data trains a model: it needs a train section")
         p = self.plan
         if self.train is not None:
             w = self.workload
@@ -271,7 +315,7 @@ class ExperimentSpec(_Strict):
             if rpn is not None and rpn * p.nodes != p.world:
                 raise ConfigError("plan.ranks_per_node", rpn,
                                   f"nodes x ranks_per_node must equal world={p.world}")
-            self.to_case().check()
+            self.to_case().validate()
         except ConfigError as err:
             home = _FIELD_HOME.get(err.field)
             if home is None and "." not in err.field:
@@ -302,7 +346,7 @@ class ExperimentSpec(_Strict):
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
-    def to_case(self) -> Case:
+    def to_case(self) -> Case | TrainCase:
         if self.train is not None:
             return _train_case(self)
         w, m = self.workload, self.model
@@ -339,20 +383,23 @@ class ExperimentSpec(_Strict):
             raise config_error(err, where) from None
 
 
-def _train_case(spec: ExperimentSpec) -> Any:
-    from seqpar.workers.train import TrainCase
-
+def _train_case(spec: ExperimentSpec) -> TrainCase:
     t, w, p = spec.train, spec.workload, spec.plan
     assert t is not None
     return TrainCase(algorithm=p.algorithm, sp=p.world // t.dp, dp=t.dp, layout=p.layout,
                      model=t.model, model_overrides=t.overrides(), seq_len=w.seq_len, batch=w.batch,
                      dtype=w.dtype, checkpoint=t.checkpoint, seq_fraction=t.seq_fraction,
                      fused_head=t.fused_head, options=tuple(sorted(spec.options.items())),
-                     warmup=w.warmup, iters=w.iters, seed=w.seed, lr=t.lr)
+                     warmup=w.warmup, iters=w.iters, seed=w.seed, lr=t.lr, states=t.states,
+                     master_dtype=t.master_dtype, offload=t.offload,
+                     text=w.data.path() if w.data is not None else None,
+                     text_separator=w.data.separator if w.data is not None else "\n\n")
 
 
 _TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkpoint",
-               "seq_fraction": "train.seq_fraction", "model": "train.model"}
+               "seq_fraction": "train.seq_fraction", "model": "train.model",
+               "states": "train.states", "master_dtype": "train.master_dtype",
+               "offload": "train.offload", "vocab": "train.vocab"}
 
 
 def _train_rules(spec: ExperimentSpec) -> None:
@@ -370,7 +417,7 @@ def _train_rules(spec: ExperimentSpec) -> None:
             raise ConfigError("model.shape", spec.model.preset or "custom",
                               f"a training trial's model section must be {t.model}'s attention "
                               f"shape (heads, kv_heads, head_dim) = {shape}")
-        case.check()
+        case.validate()
     except ConfigError as err:
         home = _TRAIN_HOME.get(err.field) or _FIELD_HOME.get(err.field, err.field)
         raise PydanticCustomError("seqpar_rule", "{rule}", {

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from seqpar.algorithms import ledger
 from seqpar.errors import require
 
 MODES = ("none", "full", "sc++", "sequence", "sc++,sequence")
@@ -91,8 +92,12 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _recomputed(fn: Callable, *args):
-    """fn(*args) keeping only its inputs; the model draws no random numbers, so no RNG state."""
-    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+    """fn(*args) keeping only its inputs; the model draws no random numbers, so no RNG state.
+    The recomputation books its communication into the ledgers active now: autograd may run it on
+    another thread (CUDA's device thread), where this thread's context is not set."""
+    saved = ledger.active()
+    return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False,
+                      context_fn=lambda: (contextlib.nullcontext(), ledger.replay_of(saved)))
 
 
 def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, cos: torch.Tensor,

@@ -44,14 +44,34 @@ class ModelConfig:
 
     def params(self) -> int:
         """Parameters: embedding, per block (norms, q/k/v/o projections, SwiGLU), final norm, head."""
-        kv = self.kv_heads * self.head_dim
-        block = 2 * self.hidden + self.hidden * (2 * self.hidden + 2 * kv) + 3 * self.hidden * self.ffn
-        return 2 * self.vocab * self.hidden + self.layers * block + self.hidden
+        total = 0
+        for shape in param_shapes(self).values():
+            n = 1
+            for size in shape:
+                n *= size
+            total += n
+        return total
 
     @classmethod
     def preset(cls, name: str) -> ModelConfig:
         require(name in PRESETS, "model", name, f"must be one of {', '.join(PRESETS)}")
         return PRESETS[name]
+
+
+def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """One block's parameters, in the order they are created (and drawn from the seed)."""
+    d, kv, f = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.ffn
+    return {"attn_norm": (d,), "ffn_norm": (d,), "wq": (d, d), "wk": (kv, d), "wv": (kv, d),
+            "wo": (d, d), "w1": (f, d), "w3": (f, d), "w2": (d, f)}
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the decoder by name (`Transformer.named_parameters()` order)."""
+    out: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab, cfg.hidden), "norm": (cfg.hidden,),
+                                       "head": (cfg.vocab, cfg.hidden)}
+    for i in range(cfg.layers):
+        out.update({f"blocks.{i}.{k}": s for k, s in block_shapes(cfg).items()})
+    return out
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -21,7 +21,8 @@ def rope_tables(pos: torch.Tensor, head_dim: int, theta: float,
     Computed from the positions themselves, so a zigzag or stripe shard rotates each token by the
     angle of its place in the whole sequence, as the one-process model does.
     """
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=pos.device)
+                         / head_dim)
     angles = pos.to(torch.float64)[:, None] * inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
     return (angles.cos().to(dtype)[None, :, None, :], angles.sin().to(dtype)[None, :, None, :])

@@ -1,21 +1,30 @@
 """A LLaMA-style decoder trained with any registered sequence-parallel attention.
 
     net = Transformer(cfg, attention="ring", layout="zigzag", group=sp_group, checkpoint="sc++",
-                      fused_head=True, seed=0, dtype=torch.float64)
+                      fused_head=True, seed=0, dtype=torch.bfloat16, master_dtype=torch.float32,
+                      states="fsdp", device="cuda")
+    opt = torch.optim.AdamW(net.parameters())   # the master weights (sharded under fsdp)
     loss = net.loss(tokens)    # the FULL (batch, N + 1) batch, identical on every rank
-    loss.backward()            # every .grad is now the full gradient, identical on every rank
+    loss.backward()
+    grads = net.full_grads()   # {name: full gradient}, identical on every rank, in every mode
 
 The model shards the batch itself: this rank's inputs are tokens[:, pos] and its next-token labels
 tokens[:, pos + 1], pos = `layouts.positions(layout, rank, world, N)` (the one source of truth for
 which tokens a rank holds), so a label that sits in another rank's shard under zigzag or stripe is
 still the right one, and RoPE rotates every token by its global position. The loss is the mean
-cross-entropy over all batch x N predictions (averaged over the data-parallel replicas too);
-gradients are summed over the sequence-parallel group and averaged over `dp_group` in one
-all-reduce each, at the end of backward.
+cross-entropy over all batch x N predictions (averaged over the data-parallel replicas too).
+
+Gradients are summed over the sequence-parallel group and averaged over `dp_group`: with
+`states="replicated"` in one all-reduce each at the end of backward (every .grad is then the full
+gradient); with `states="fsdp"` by FSDP2's reduce-scatter over the whole DP x SP world (`states.py`).
+`dtype` is the compute dtype; `master_dtype` (default: `dtype`) the parameters' dtype, so bf16
+compute with fp32 master weights, moments and gradient reductions is `dtype=torch.bfloat16,
+master_dtype=torch.float32`. Parameter names are the same in every mode.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -27,39 +36,48 @@ from seqpar.algorithms import Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len, positions
 from seqpar.errors import require
 from seqpar.model import checkpointing, head
-from seqpar.model.config import ModelConfig
+from seqpar.model import states as model_states
+from seqpar.model.config import ModelConfig, block_shapes
 from seqpar.model.layers import apply_rope, rms_norm, rope_tables, swiglu
 
 INIT_STD = 0.02
 
 
 class Block(nn.Module):
-    """RMSNorm -> Q/K/V (GQA) -> RoPE -> attention -> O -> residual -> RMSNorm -> SwiGLU -> residual."""
+    """RMSNorm -> Q/K/V (GQA) -> RoPE -> attention -> O -> residual -> RMSNorm -> SwiGLU -> residual.
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    Parameters are stored in `stored` and used in `compute` (a cast per use when they differ, as
+    autocast does: the gradient flows back to the stored dtype)."""
+
+    def __init__(self, cfg: ModelConfig, stored: torch.dtype, compute: torch.dtype,
+                 device: torch.device | None = None):
         super().__init__()
-        d, kv = cfg.hidden, cfg.kv_heads * cfg.head_dim
+        self.cfg, self.compute = cfg, compute
+        for name, shape in block_shapes(cfg).items():
+            setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=stored, device=device)))
 
-        def param(*shape: int) -> nn.Parameter:
-            return nn.Parameter(torch.empty(*shape, dtype=dtype))
-
-        self.cfg = cfg
-        self.attn_norm, self.ffn_norm = param(d), param(d)
-        self.wq, self.wk, self.wv, self.wo = param(d, d), param(kv, d), param(kv, d), param(d, d)
-        self.w1, self.w3, self.w2 = param(cfg.ffn, d), param(cfg.ffn, d), param(d, cfg.ffn)
+    def w(self, p: torch.Tensor) -> torch.Tensor:
+        return p if p.dtype == self.compute else p.to(self.compute)
 
     def pre(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        c = self.cfg
+        c, w = self.cfg, self.w
         b, s, _ = x.shape
-        h = rms_norm(x, self.attn_norm, c.norm_eps)
-        q = F.linear(h, self.wq).view(b, s, c.heads, c.head_dim)
-        k = F.linear(h, self.wk).view(b, s, c.kv_heads, c.head_dim)
-        v = F.linear(h, self.wv).view(b, s, c.kv_heads, c.head_dim)
+        h = rms_norm(x, w(self.attn_norm), c.norm_eps)
+        q = F.linear(h, w(self.wq)).view(b, s, c.heads, c.head_dim)
+        k = F.linear(h, w(self.wk)).view(b, s, c.kv_heads, c.head_dim)
+        v = F.linear(h, w(self.wv)).view(b, s, c.kv_heads, c.head_dim)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def post(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        x = x + F.linear(a.reshape(x.shape[0], x.shape[1], -1), self.wo)
-        return x + swiglu(rms_norm(x, self.ffn_norm, self.cfg.norm_eps), self.w1, self.w3, self.w2)
+        w = self.w
+        x = x + F.linear(a.reshape(x.shape[0], x.shape[1], -1), w(self.wo))
+        return x + swiglu(rms_norm(x, w(self.ffn_norm), self.cfg.norm_eps), w(self.w1), w(self.w3),
+                          w(self.w2))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend,
+                mode: str, fraction: float) -> torch.Tensor:
+        """The block under a checkpointing mode (one forward call: FSDP2 gathers around it)."""
+        return checkpointing.run_block(self.pre, self.post, attend, x, cos, sin, mode, fraction)
 
 
 class _SyncGrads(torch.autograd.Function):
@@ -86,6 +104,8 @@ class Transformer(nn.Module):
                  fused_head: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32,
                  dp_group: dist.ProcessGroup | None = None, seq_fraction: float = 0.5,
                  head_tiles: tuple[int, int] = (1024, 8192), mesh: Mesh | None = None,
+                 master_dtype: torch.dtype | None = None, states: str = "replicated",
+                 offload: bool = False, device: torch.device | str | None = None,
                  **attention_options: Any):
         super().__init__()
         if mesh is not None:  # a prebuilt DP x SP mesh (algorithms.mesh_for(..., dp=)) gives both
@@ -95,59 +115,85 @@ class Transformer(nn.Module):
         checkpointing.check_mode(checkpoint, seq_fraction)
         require(len(head_tiles) == 2 and all(isinstance(t, int) and t > 0 for t in head_tiles),
                 "head_tiles", head_tiles, "must be two positive integers (tokens, vocabulary)")
+        device = torch.device("cpu" if device is None else device)
+        self.policy = states_policy = model_states.StatePolicy(states, master_dtype, offload)
+        states_policy.check(dtype, device)
         self.cfg, self.layout, self.group, self.dp_group = cfg, layout, group, dp_group
         self.checkpoint, self.seq_fraction = checkpoint, seq_fraction
         self.fused_head, self.head_tiles, self.dtype = fused_head, tuple(head_tiles), dtype
+        self.device = device
         self.world = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
         self.dp = 1 if dp_group is None else dist.get_world_size(dp_group)
         self.attend = build_attention(attention, causal=True, layout=layout, group=group,
                                       mesh=mesh, **attention_options)
+        sharded = states_policy.states == "fsdp"
+        stored, build_on = states_policy.param_dtype(dtype), torch.device("meta") if sharded else device
         d = cfg.hidden
-        self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=dtype))
-        self.blocks = nn.ModuleList(Block(cfg, dtype) for _ in range(cfg.layers))
-        self.norm = nn.Parameter(torch.empty(d, dtype=dtype))
-        self.head = nn.Parameter(torch.empty(cfg.vocab, d, dtype=dtype))
+        self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
+        self.blocks = nn.ModuleList(Block(cfg, stored, dtype, build_on) for _ in range(cfg.layers))
+        self.norm = nn.Parameter(torch.empty(d, dtype=stored, device=build_on))
+        self.head = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
+        if sharded:
+            world_mesh = shard_mesh(mesh, group, dp_group, device)
+            model_states.shard_model(self, self.blocks, world_mesh, states_policy, dtype, self.dp)
+            self.to_empty(device=device)
         self.reset_parameters(seed)
+
+    def w(self, p: torch.Tensor) -> torch.Tensor:
+        return p if p.dtype == self.dtype else p.to(self.dtype)
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
         """Norm weights 1, every matrix N(0, 0.02^2) drawn in float64 from one generator in parameter
-        order: the same seed gives the same parameters on every rank and at every world size."""
+        order: the same seed gives the same parameters on every rank, at every world size and in
+        every `states` mode (a sharded parameter takes its shard of the same draw)."""
         gen = torch.Generator().manual_seed(seed)
         for p in self.parameters():
             if p.dim() == 1:
-                p.fill_(1.0)
+                value = torch.ones(p.shape, dtype=torch.float64)
             else:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * INIT_STD)
+                value = torch.randn(p.shape, generator=gen, dtype=torch.float64) * INIT_STD
+            model_states.assign(p, value)
 
-    def shard(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(positions, inputs, labels) of this rank's tokens from the full (batch, N + 1) batch."""
+    def shard(self, tokens: torch.Tensor, cu_seqlens=None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(positions, inputs, labels) of this rank's tokens from the full (batch, N + 1) batch;
+        with packed documents (`cu_seqlens`, boundaries over N) the layout deals each document."""
         require(tokens.dim() == 2 and tokens.shape[1] >= 2, "tokens.shape", tuple(tokens.shape),
                 "must be (batch, N + 1) with N >= 1")
         n = tokens.shape[1] - 1
-        check_seq_len(self.layout, self.world, n)
-        pos = positions(self.layout, self.rank, self.world, n).to(tokens.device)
+        if cu_seqlens is None:
+            check_seq_len(self.layout, self.world, n)
+        tokens = tokens.to(self.device)
+        pos = positions(self.layout, self.rank, self.world, n, cu_seqlens).to(self.device)
         return pos, tokens[:, pos], tokens[:, pos + 1]
 
-    def hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def hidden(self, tokens: torch.Tensor, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final-norm hidden states of this rank's tokens and their labels."""
-        pos, inp, labels = self.shard(tokens)
+        pos, inp, labels = self.shard(tokens, cu_seqlens)
         cos, sin = rope_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
-        x = F.embedding(inp, self.embed)
+        attend = self.attend if cu_seqlens is None else functools.partial(
+            self.attend, cu_seqlens=cu_seqlens)
+        x = F.embedding(inp, self.w(self.embed))
         for blk in self.blocks:
-            x = checkpointing.run_block(blk.pre, blk.post, self.attend, x, cos, sin,
-                                        self.checkpoint, self.seq_fraction)
-        return rms_norm(x, self.norm, self.cfg.norm_eps), labels
+            x = blk(x, cos, sin, attend, self.checkpoint, self.seq_fraction)
+        return rms_norm(x, self.w(self.norm), self.cfg.norm_eps), labels
 
-    def loss(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy over the whole batch; backward leaves full gradients."""
-        h, labels = self.hidden(tokens)
+    def forward(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+        """This rank's share of the mean loss: its tokens' cross-entropy sum / (batch x N)."""
+        h, labels = self.hidden(tokens, cu_seqlens)
         if self.fused_head:
-            local = head.fused_loss_sum(h, self.head, labels, *self.head_tiles)
+            local = head.fused_loss_sum(h, self.w(self.head), labels, *self.head_tiles)
         else:
-            local = head.unfused_loss_sum(h, self.head, labels)
-        local = local / (tokens.shape[0] * (tokens.shape[1] - 1))
+            local = head.unfused_loss_sum(h, self.w(self.head), labels)
+        return local / (tokens.shape[0] * (tokens.shape[1] - 1))
+
+    def loss(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+        """Mean next-token cross-entropy over the whole batch (the same value on every rank);
+        backward leaves the reduced gradients (full under replicated, shards under fsdp).
+        `cu_seqlens`: packed documents [0, ..., N]; attention stays inside each document."""
+        local = self(tokens, cu_seqlens)
         if self.group is None and self.dp_group is None:
             return local
         value = local.detach().clone()
@@ -156,7 +202,14 @@ class Transformer(nn.Module):
         if self.dp_group is not None:
             dist.all_reduce(value, group=self.dp_group)
             value /= self.dp
-        return _SyncGrads.apply(local + (value - local).detach(), self)
+        out = local + (value - local).detach()
+        return out if self.policy.states == "fsdp" else _SyncGrads.apply(out, self)
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """{parameter name: the full gradient}, identical on every rank, in every `states` mode (under
+        fsdp an all-gather per parameter: every rank must call it)."""
+        return {name: model_states.full(p.grad) for name, p in self.named_parameters()
+                if p.grad is not None}
 
     @torch.no_grad()
     def _reduce_grads(self, before: list[torch.Tensor | None]) -> None:
@@ -178,3 +231,22 @@ class Transformer(nn.Module):
             delta = flat[offset:offset + n].view_as(p)
             p.grad = delta.clone() if b is None else b + delta
             offset += n
+
+
+def shard_mesh(mesh: Mesh | None, group: dist.ProcessGroup | None,
+               dp_group: dist.ProcessGroup | None, device: torch.device):
+    """The 1-D DeviceMesh FSDP shards over: the whole DP x SP world of this model."""
+    if mesh is not None:
+        return mesh.shard_mesh(device.type)
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if dp_group is None:
+        base = group if group is not None else dist.group.WORLD
+    else:
+        sp = 1 if group is None else dist.get_world_size(group)
+        require(sp * dist.get_world_size(dp_group) == dist.get_world_size(), "dp_group",
+                "given", "states='fsdp' with separate SP and DP groups needs them to span the world "
+                "(else pass mesh=algorithms.mesh_for(..., dp=))")
+        base = dist.group.WORLD
+    require(base is not None, "states", "fsdp", "needs an initialised process group")
+    return DeviceMesh.from_group(base, device.type, mesh_dim_names=("dp_sp",))

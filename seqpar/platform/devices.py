@@ -4,11 +4,12 @@ Pure functions (no CUDA needed to call them), used by the Ray rank actor and the
 `cuda_index` maps the GPU ids a scheduler assigned to a torch device index; `process_group_kwargs`
 is what `torch.distributed.init_process_group` gets besides the rendezvous: NCCL with `device_id`
 on CUDA (the communicator is created eagerly, bound to that GPU, so sub-groups split from it and a
-barrier knows its device), gloo on CPU.
+barrier knows its device), gloo on CPU. `peak_flops` is a device's datasheet peak (for MFU).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,3 +42,43 @@ def process_group_kwargs(device: str, index: int | None = None) -> dict[str, Any
             raise SeqparError("device='cuda': a process group needs its rank's GPU index")
         return {"backend": "nccl", "device_id": torch.device("cuda", index)}
     return {"backend": "gloo"}
+
+
+# Dense (no sparsity) tensor-core peak FLOP/s of one device for fp16/bf16 inputs, from the vendors'
+# datasheets (a sheet that gives only "with sparsity" figures is halved), matched by the whole name
+# torch.cuda.get_device_name reports. Names that differ by a letter are different devices (L4 vs
+# L40 vs L40S, A10 vs A10G, H100 SXM vs PCIe vs NVL); an unlisted name (A10G: no NVIDIA datasheet),
+# and float32 (SIMT FP32, TF32 or 3xTF32 depending on the kernel) get no MFU rather than a wrong one.
+_SXM_HOPPER = {"bfloat16": 989.5e12, "float16": 989.5e12}    # 1,979 TF with sparsity
+_PCIE_HOPPER = {"bfloat16": 756.5e12, "float16": 756.5e12}   # 1,513
+_NVL_HOPPER = {"bfloat16": 835.5e12, "float16": 835.5e12}    # 1,671
+_A100 = {"bfloat16": 312e12, "float16": 312e12}              # every A100/A800, SXM4 and PCIe
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"NVIDIA H100 80GB HBM3", _SXM_HOPPER),
+    (r"NVIDIA H100 PCIe", _PCIE_HOPPER),
+    (r"NVIDIA H100 NVL", _NVL_HOPPER),
+    (r"NVIDIA H800( 80GB HBM3)?", _SXM_HOPPER),
+    (r"NVIDIA H800 PCIe", _PCIE_HOPPER),
+    (r"NVIDIA H200", _SXM_HOPPER),
+    (r"NVIDIA H200 NVL", _NVL_HOPPER),
+    (r"NVIDIA A[18]00-SXM4-(40|80)GB", _A100),
+    (r"NVIDIA A[18]00-PCIE-40GB|NVIDIA A[18]00 (40|80)GB PCIe", _A100),
+    (r"NVIDIA A10", {"bfloat16": 125e12, "float16": 125e12}),
+    (r"NVIDIA A30", {"bfloat16": 165e12, "float16": 165e12}),
+    (r"NVIDIA A40", {"bfloat16": 149.7e12, "float16": 149.7e12}),
+    (r"NVIDIA L4", {"bfloat16": 121e12, "float16": 121e12}),              # 242 with sparsity
+    (r"NVIDIA L40", {"bfloat16": 181.05e12, "float16": 181.05e12}),       # 362.1
+    (r"NVIDIA L40S", {"bfloat16": 366.5e12, "float16": 366.5e12}),        # 733
+    (r"Tesla V100-SXM2-(16|32)GB", {"float16": 125e12}),
+    (r"Tesla V100-PCIE-(16|32)GB", {"float16": 112e12}),
+    (r"Tesla V100S-PCIE-32GB", {"float16": 130e12}),
+    (r"Tesla T4", {"float16": 65e12}),
+)
+
+
+def peak_flops(device_name: str, dtype: str) -> float | None:
+    """The dense peak FLOP/s of one `device_name` for `dtype` inputs, or None when not known."""
+    for pattern, peaks in PEAK_FLOPS:
+        if re.fullmatch(pattern, device_name.strip()):
+            return peaks.get(dtype)
+    return None

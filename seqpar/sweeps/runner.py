@@ -150,6 +150,8 @@ def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, resu
     series = ({"iter_step_ms": [max(v) for v in zip(*(m.step_ms for m in result.per_rank),
                                                      strict=True)]}
               if result.ok and result.per_rank else None)
+    if series is not None and result.per_rank[0].extra.get("losses"):
+        series["loss"] = list(result.per_rank[0].extra["losses"])  # a training trial's curve
     return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=spec.flat(),
                              metrics=metrics, tags=tags, status=result.status,
                              cause=result.cause, detail=result.to_dict(), series=series,

@@ -1,9 +1,10 @@
 """The Ray actor that is one rank: a process group per trial, the trial itself, dashboard metrics. A
 gang (platform.cluster) holds P of these. For each trial every rank joins a fresh process group at
 rank 0's address (nccl on CUDA, gloo on CPU, with the trial's timeout), sets the link emulation,
-runs `bench.measure` (which builds the trial's mesh, with the trial's node map, on every rank),
-publishes its numbers as `ray.util.metrics`, and destroys its groups and resets the process-wide
-settings whatever happened, so the next trial starts clean.
+runs the case's mode (`measure.measure`, the table `mode -> measure`; it builds the trial's mesh,
+with the trial's node map, on every rank), publishes its numbers as `ray.util.metrics`, and
+destroys its groups and resets the process-wide settings whatever happened, so the next trial
+starts clean.
 
 The actor runs with two threads: the trial occupies one, the other still answers `heartbeat()`, so a
 hung collective can be reported (which phase, since when) before the gang is killed.
@@ -19,17 +20,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from seqpar.algorithms import comm
 from seqpar.algorithms.comm import LinkModel
-from seqpar.case import Case
+from seqpar.case import Case, TrainCase
 from seqpar.platform.devices import cuda_index, process_group_kwargs
-from seqpar.workers.bench import RankMeasurement
+from seqpar.workers.measure import RankMeasurement, measure
 
 
 @dataclass(frozen=True)
 class RankTrial:
     """What every rank of the gang needs for one trial."""
 
-    case: Case
+    case: Case | TrainCase
     experiment_id: str
     master_addr: str
     master_port: int
@@ -124,9 +126,6 @@ class RankWorker:
     def run_trial(self, trial: RankTrial) -> RankMeasurement:
         import torch.distributed as dist
 
-        from seqpar.algorithms import comm
-        from seqpar.workers.bench import measure
-
         cuda = trial.device == "cuda"
         if dist.is_initialized():  # a trial that died half-way must not poison this one
             dist.destroy_process_group()
@@ -150,14 +149,8 @@ class RankWorker:
             self._maybe_fault()
             self._set_phase("measure")
             t1 = time.perf_counter()
-            if getattr(trial.case, "mode", None) == "train":  # a model training trial
-                from seqpar.workers.train import measure_training
-
-                m = measure_training(trial.case, self.rank, str(self.info()["device_name"]))
-            else:
-                m = measure(trial.case, self.rank, dist.group.WORLD,
-                            f"cuda:{index}" if index is not None else "cpu",
-                            nodes=trial.node_of_rank)
+            m = measure(trial.case, self.rank, dist.group.WORLD,
+                        f"cuda:{index}" if index is not None else "cpu", nodes=trial.node_of_rank)
             m.extra.update(self.info())
             m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")

@@ -19,9 +19,8 @@ import secrets
 import time
 from typing import Any
 
-from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
-from seqpar.case import MODES, Case
+from seqpar.case import Case, TrainCase
 from seqpar.errors import require
 from seqpar.platform import cluster, topology
 from seqpar.workers.rank_worker import RankTrial, RankWorker
@@ -32,27 +31,14 @@ __all__ = ["FailureKind", "TrialResult", "TrialRunner", "validate"]
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
 
 
-def validate(case: Case, nodes: int, ranks_per_node: int | None,
+def validate(case: Case | TrainCase, nodes: int, ranks_per_node: int | None,
              link_emulation: dict[str, LinkModel] | None, timeout_s: float) -> int:
-    """Every rule a trial's input must keep; returns ranks_per_node. Raises ConfigError."""
-    from seqpar.workers.train import TrainCase
-
-    if isinstance(case, TrainCase):  # a model training trial (issue 10) states its own rules
-        case.check()
-        _, rpn = topology.plan_shape(case.world, nodes, ranks_per_node)
-        require(timeout_s > 0, "timeout_s", timeout_s, "must be > 0")
-        return rpn
-    require(isinstance(case, Case), "case", type(case).__name__, "must be a seqpar Case")
-    require(isinstance(case.world, int) and case.world >= 1, "world", case.world,
-            "must be a positive integer")
+    """Every rule a trial's input must keep: the case's own (`validate()`) and the run's (plan,
+    link emulation, timeout); returns ranks_per_node. Raises ConfigError."""
+    require(isinstance(case, Case | TrainCase), "case", type(case).__name__,
+            "must be a seqpar Case or TrainCase")
+    case.validate()
     _, rpn = topology.plan_shape(case.world, nodes, ranks_per_node)
-    require(case.mode in MODES, "mode", case.mode, f"must be one of {', '.join(MODES)}")
-    require(case.dtype in DTYPES, "dtype", case.dtype, f"must be one of {', '.join(DTYPES)}")
-    require(isinstance(case.warmup, int) and case.warmup >= 0, "warmup", case.warmup,
-            "must be a non-negative integer")
-    require(isinstance(case.iters, int) and case.iters >= 1, "iters", case.iters,
-            "must be a positive integer")
-    case.check()
     for link, model in (link_emulation or {}).items():
         require(link in ("intra", "inter"), "link_emulation", link, "keys are 'intra' and 'inter'")
         require(isinstance(model, LinkModel), f"link_emulation[{link}]", model,
@@ -153,7 +139,7 @@ class TrialRunner:
         return True
 
     # -- trials -----------------------------------------------------------------------------------
-    def run(self, case: Case, *, nodes: int = 1, ranks_per_node: int | None = None,
+    def run(self, case: Case | TrainCase, *, nodes: int = 1, ranks_per_node: int | None = None,
             link_emulation: dict[str, LinkModel] | None = None, timeout_s: float = 300.0,
             experiment_id: str | None = None) -> TrialResult:
         """One trial; never raises for a failing trial (status FAILED, cause set).

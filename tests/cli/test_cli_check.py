@@ -62,7 +62,7 @@ def test_the_forms_check_gives_each_algorithm():
 
 
 def test_a_wrong_result_exits_1_and_names_the_failure(session_gang, monkeypatch, capsys):
-    from seqpar.workers import check as check_worker
+    from seqpar.workers.measure import check as check_worker
 
     evaluate = check_worker.evaluate
 

@@ -1,10 +1,12 @@
 """The sequence-parallel model equals the one-process model in float64: loss within 1e-10 and every
 parameter gradient within 1e-8 (relative to the gradient's largest entry), on every rank.
 
-Matrix: every algorithm x P in {2, 4}; inside each, the full cross product layout x checkpoint mode
-(3 x 5 = 15 runs), with MHA/GQA alternating so that every layout and every mode meets both
-((layout index + mode index) odd -> GQA) and the fused head on for half of them. DP=2 x SP=2 for
-ring, ulysses and usp in every layout. The reference is computed in the test process (no group).
+Matrix: every algorithm x P in {2, 4} x model states (replicated, FSDP2-sharded over the group);
+inside each, the full cross product layout x checkpoint mode (3 x 5 = 15 runs), with MHA/GQA
+alternating so that every layout and every mode meets both ((layout index + mode index) odd -> GQA)
+and the fused head on for half of them. DP=2 x SP=2 for ring, ulysses and usp in every layout, in
+both states modes (FSDP over all four ranks). Gradients are read with `net.full_grads()`, the same
+call in every mode. The reference is computed in the test process (no group).
 """
 
 from __future__ import annotations
@@ -63,18 +65,18 @@ def _run(net: Transformer, tokens: torch.Tensor):
         loss = net.loss(tokens)
         forward = ledger.total(phase="forward")
         loss.backward()
-    return (loss.item(), {name: p.grad for name, p in net.named_parameters()},
+    return (loss.item(), net.full_grads(),
             {"forward": forward, "after": ledger.total(phase="forward"),
              "backward": ledger.total(phase="backward")})
 
 
-def _sp_runs(env, algorithm: str, world: int, runs, seed: int):
+def _sp_runs(env, algorithm: str, world: int, runs, seed: int, states: str):
     group = env.group(world)
     out = []
     for layout, mode, kind, fused in runs:
         net = Transformer(CONFIGS[kind], attention=algorithm, layout=layout, group=group,
                           checkpoint=mode, fused_head=fused, seed=3, dtype=torch.float64,
-                          head_tiles=TILES, **options_for(algorithm, world))
+                          head_tiles=TILES, states=states, **options_for(algorithm, world))
         out.append(_run(net, tokens_for(seed)))
     return out
 
@@ -89,11 +91,12 @@ def check(label: str, got, want) -> None:
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("states", ("replicated", "fsdp"))
 @pytest.mark.parametrize("world", (2, 4))
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_model_matches_one_process(gang, algorithm, world, seed):
+def test_model_matches_one_process(gang, algorithm, world, states, seed):
     runs = matrix()
-    per_rank = gang.run(_sp_runs, algorithm, world, runs, seed, size=world)
+    per_rank = gang.run(_sp_runs, algorithm, world, runs, seed, states, size=world)
     for i, (layout, mode, kind, fused) in enumerate(runs):
         want = reference(kind, fused, seed)
         for rank, results in enumerate(per_rank):
@@ -107,13 +110,13 @@ def test_model_matches_one_process(gang, algorithm, world, seed):
             assert replay == (bytes_["forward"] if mode == "full" else 0), (mode, bytes_)
 
 
-def _dp_sp_runs(env, runs, seed):
+def _dp_sp_runs(env, runs, seed, states):
     """On the gang's DP x SP mesh (replica d on ranks {2d, 2d+1}, DP groups {0,2} and {1,3})."""
     replica = env.mesh.coord("dp")
     out = []
     for algorithm, layout, mode in runs:
         net = Transformer(CONFIGS["gqa"], attention=algorithm, layout=layout, mesh=env.mesh,
-                          checkpoint=mode, seed=3, dtype=torch.float64,
+                          checkpoint=mode, seed=3, dtype=torch.float64, states=states,
                           **({"dhp": 2} if algorithm == "usp" else {}))
         # replica d trains on rows [2d, 2d + 2) of the 4-row batch the reference sees whole
         out.append(_run(net, tokens_for(seed, 2 * BATCH)[replica * BATCH:(replica + 1) * BATCH]))
@@ -121,8 +124,9 @@ def _dp_sp_runs(env, runs, seed):
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("states", ("replicated", "fsdp"))
 @pytest.mark.parametrize("algorithm", ["ring", "ulysses", "usp"])
-def test_dp2_x_sp2_matches_one_process(gang, seed, algorithm):
+def test_dp2_x_sp2_matches_one_process(gang, seed, algorithm, states):
     """DP = 2 x SP = 2 on one mesh (algorithms' grid with a data-parallel axis): loss and every
     gradient equal the one-process model on the whole 4-row batch."""
     options = {"dhp": 2} if algorithm == "usp" else {}
@@ -131,8 +135,37 @@ def test_dp2_x_sp2_matches_one_process(gang, seed, algorithm):
     first = ("ring", "ulysses", "usp").index(algorithm)  # so the modes rotate over algorithms
     runs = [(algorithm, layout, CHECKPOINT_MODES[(first + j) % len(CHECKPOINT_MODES)])
             for j, layout in enumerate(LAYOUTS)]
-    per_rank = gang.run(_dp_sp_runs, runs, seed, size=4, mesh=key)
+    per_rank = gang.run(_dp_sp_runs, runs, seed, states, size=4, mesh=key)
     for i, (alg, layout, mode) in enumerate(runs):
         want = reference("gqa", False, seed, 2 * BATCH)
         for rank, results in enumerate(per_rank):
             check(f"DP2xSP2 {alg} {layout} {mode} rank {rank}", results[i], want)
+
+
+def _doc_runs(env, algorithm: str, world: int, cu: tuple[int, ...], seed: int, states: str):
+    out = []
+    for layout in LAYOUTS:
+        net = Transformer(CONFIGS["gqa"], attention=algorithm, layout=layout, group=env.group(world),
+                          checkpoint="sc++", seed=3, dtype=torch.float64, states=states,
+                          **options_for(algorithm, world))
+        loss = net.loss(tokens_for(seed), cu_seqlens=cu)
+        loss.backward()
+        out.append((loss.item(), net.full_grads()))
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("algorithm", ["ring", "ulysses", "usp"])
+def test_packed_documents_match_one_process(gang, algorithm, seed):
+    """Packed documents (text data): attention stays inside each document, on every layout."""
+    cu = (0, 5, 12, N)
+    net = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64)
+    loss = net.loss(tokens_for(seed), cu_seqlens=cu)
+    loss.backward()
+    want = (loss.item(), {name: p.grad for name, p in net.named_parameters()})
+    plain = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64).loss(tokens_for(seed)).item()
+    assert abs(plain - want[0]) > 1e-6, "documents changed nothing: the mask was not applied"
+    states = "fsdp" if algorithm == "ring" else "replicated"
+    for rank_results in gang.run(_doc_runs, algorithm, 2, cu, seed, states, size=2):
+        for layout, got in zip(LAYOUTS, rank_results, strict=True):
+            check(f"{algorithm} docs {layout}", got, want)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqpar.workers.train import TrainCase, build, gang_train, train_steps
+from seqpar.case import TrainCase
+from seqpar.workers.measure.train import build, gang_train, train_steps
 
 CASE = TrainCase(algorithm="ring", sp=2, layout="zigzag", model="tiny",
                  model_overrides=(("vocab", 61), ("hidden", 32), ("ffn", 48)), seq_len=16,

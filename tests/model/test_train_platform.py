@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from seqpar.case import TrainCase
 from seqpar.errors import ConfigError
 from seqpar.experiments.registry import STUDIES
 from seqpar.experiments.spec import ExperimentSpec
-from seqpar.workers.train import TrainCase
 
 TINY_SHAPE = {"heads": 4, "kv_heads": 2, "head_dim": 16}
 

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from seqpar.case import Case
-from seqpar.workers.check import evaluate
-from seqpar.workers.check import run_case as run_on_gang
+from seqpar.workers.measure.check import evaluate
+from seqpar.workers.measure.check import run_case as run_on_gang
 
 WORLDS = (1, 2, 3, 4, 8)
 LAYOUTS = ("contiguous", "zigzag", "stripe")

@@ -1,6 +1,7 @@
 """Packed documents (cu_seqlens) and sliding windows, exact in float64 for every algorithm and layout
-against SDPA with an explicit boolean mask on the unsharded sequence (workers/check.reference_mask):
-output and all three gradients, and every rank's ledger bytes against the analytic count.
+against SDPA with an explicit boolean mask on the unsharded sequence
+(workers/measure/reference.reference_mask): output and all three gradients, and every rank's ledger
+bytes against the analytic count.
 
 One gang round-trip per (algorithm, options, P) runs the whole batch. At P = 2, 3 and 4 the batch is
 the full product layout x {causal, full} x {MHA, GQA} x relation (156 cases). At P = 8 (eight
@@ -18,7 +19,7 @@ import os
 import pytest
 
 from seqpar.case import Case
-from seqpar.workers.check import failures_of
+from seqpar.workers.measure.check import failures_of
 
 ALGORITHMS = {  # name -> options per world
     "allgather": lambda p: (),

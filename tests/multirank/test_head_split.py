@@ -12,7 +12,7 @@ import pytest
 
 from seqpar.algorithms.ulysses import kv_ranges
 from seqpar.case import Case
-from seqpar.workers.check import failures_of
+from seqpar.workers.measure.check import failures_of
 
 
 def test_kv_ranges_give_each_member_exactly_the_heads_its_queries_read():

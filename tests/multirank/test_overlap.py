@@ -13,8 +13,8 @@ import pytest
 
 from seqpar.algorithms import comm
 from seqpar.case import Case
-from seqpar.workers.bench import measure
-from seqpar.workers.check import mesh_key
+from seqpar.workers.measure import measure
+from seqpar.workers.measure.check import mesh_key
 
 NODES = {4: (0, 0, 1, 1), 8: (0, 0, 1, 1, 2, 2, 3, 3)}
 OVERLAP_BOUND = 0.7  # step <= 0.7 x (compute + transfer)

@@ -1,7 +1,7 @@
 """Transfer skipping (option skip_transfers, algorithms/route.py): with windows and documents the ring
 schedules carry only the blocks some query ahead sees, and stay exact in float64 against SDPA with an
-explicit mask (workers/check.reference_mask); every rank's ledger sends exactly the analytic count
-under the call's mask (`bytes_of_rank(..., mask)`) and books the rest as skipped
+explicit mask (workers/measure/reference.reference_mask); every rank's ledger sends exactly the
+analytic count under the call's mask (`bytes_of_rank(..., mask)`) and books the rest as skipped
 (`skipped_of_rank`), the two adding up to the unskipped count; and skipping removes the bytes it
 must (a contiguous ring with a window that reaches one neighbour ends after 2 steps)."""
 
@@ -15,7 +15,7 @@ import pytest
 from seqpar import algorithms
 from seqpar.algorithms import Mask, route
 from seqpar.case import Case
-from seqpar.workers.check import TOLERANCE, evaluate, run_cases
+from seqpar.workers.measure.check import TOLERANCE, evaluate, run_cases
 
 SKIP = (("skip_transfers", True),)
 ALGORITHMS = {  # name -> options per world (besides skip_transfers)

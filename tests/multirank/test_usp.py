@@ -14,7 +14,7 @@ from seqpar.algorithms import AttnShape, usp
 from seqpar.algorithms.groups import PLACEMENTS
 from seqpar.case import Case
 from seqpar.errors import SeqparError
-from seqpar.workers.check import evaluate, mesh_key, rank_run
+from seqpar.workers.measure.check import evaluate, mesh_key, rank_run
 
 NODES = (0, 0, 0, 0, 1, 1, 1, 1)  # 2 nodes x 4 ranks
 LAYOUTS = ("contiguous", "zigzag", "stripe")

@@ -13,8 +13,9 @@ from seqpar import algorithms
 from seqpar.algorithms import burst, layouts
 from seqpar.algorithms.groups import WALLFACER_PLACEMENTS, WallFacerGrid
 from seqpar.case import Case
-from seqpar.workers.bench import SavedTensorMeter
-from seqpar.workers.check import evaluate, make_inputs, mesh_key, rank_run, run_case
+from seqpar.workers.measure.check import evaluate, mesh_key, rank_run, run_case
+from seqpar.workers.measure.meters import SavedTensorMeter
+from seqpar.workers.measure.reference import make_inputs
 
 NODES = (0, 0, 0, 0, 1, 1, 1, 1)  # 2 virtual nodes x 4 ranks
 

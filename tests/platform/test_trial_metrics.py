@@ -7,7 +7,7 @@ import json
 import pytest
 
 from seqpar.case import Case
-from seqpar.workers.bench import RankMeasurement
+from seqpar.workers.measure import RankMeasurement
 from seqpar.workers.result import TrialResult
 
 

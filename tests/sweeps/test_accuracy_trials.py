@@ -7,10 +7,11 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from seqpar.case import Case
-from seqpar.workers import accuracy, check
-from seqpar.workers.bench import gang_measure, measure
+from seqpar.workers.measure import accuracy, gang_measure, measure
+from seqpar.workers.measure.reference import GRADS, reference, reference_mask
 from seqpar.workers.result import TrialResult
 
 DOCS = (0, 5, 30, 31, 64)  # four documents of unequal lengths, one of a single token
@@ -23,11 +24,16 @@ def case(**kw) -> Case:
     return Case(**{**base, **kw})
 
 
-def test_chunked_reference_is_sdpa_on_the_unsharded_sequence():
-    c = case()  # GQA, documents and a window: one K,V head group at a time changes nothing
-    got = accuracy.reference(c, accuracy.rounded_inputs(c))
-    want = check.reference(c)
-    for name in check.GRADS:
+def test_per_head_reference_is_sdpa_on_the_unsharded_sequence(seed):
+    c = case(seed=seed)  # GQA, documents and a window: one query head at a time changes nothing
+    inputs = accuracy.rounded_inputs(c)
+    got = reference(c, inputs)
+    q, k, v = (inputs[n].clone().requires_grad_() for n in ("q", "k", "v"))
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=reference_mask(c), enable_gqa=True).transpose(1, 2)
+    out.backward(inputs["dout"])
+    want = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    for name in GRADS:
         assert torch.allclose(got[name], want[name], rtol=0, atol=1e-13), name
 
 
@@ -38,7 +44,7 @@ def test_one_process_errors_are_rounding_of_the_dtype_and_catch_a_wrong_result(s
     assert 1e-4 < max(bf16.values()) < 3e-2
     # the reference on the same rounded inputs: bf16 rounding of the inputs is not an error
     c = case(seed=seed, dtype="bfloat16")
-    ref = accuracy.reference(c, accuracy.rounded_inputs(c))
+    ref = reference(c, accuracy.rounded_inputs(c))
     assert max(accuracy.shard_errors(c, 0, ref, ref).values()) == 0.0
     wrong = {**ref, "dk": ref["dk"] * 1.01}
     assert accuracy.shard_errors(c, 0, wrong, ref)["dk"] == pytest.approx(0.01, rel=1e-6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seqpar.workers.result import peak_flops
+from seqpar.platform.devices import peak_flops
 
 
 @pytest.mark.parametrize(("name", "dtype", "peak"), [

@@ -132,87 +132,10 @@ def gemm_rate(dtype: torch.dtype = torch.float32, n: int = 512) -> float:
     return 2 * n ** 3 / _best(lambda: a @ b)
 
 
-def _pingpong(env, sizes: tuple[int, ...], repeats: int) -> dict[int, tuple[float, float]]:
-    """Bytes -> (one-way wall seconds of a ping-pong, least of `repeats`; this rank's CPU seconds
-    per exchange, median of `repeats`). An exchange is what a ring step does: post a send of the
-    block and a receive into a fresh buffer, wait for both."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    out = {}
-    peer = 1 - env.rank
-    for n in sizes:
-        buf = torch.zeros(max(1, n // 4), dtype=torch.float32)
-        walls, cpus = [], []
-        for _ in range(repeats + 1):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if env.rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-            else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-            walls.append((time.perf_counter() - t0) / 2)
-            dist.barrier()
-            c0 = time.process_time()
-            ops = [dist.P2POp(dist.isend, buf, peer),
-                   dist.P2POp(dist.irecv, torch.empty_like(buf), peer)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-            cpus.append(time.process_time() - c0)
-        out[n] = (min(walls[1:]), statistics.median(cpus[1:]))
-    return out
-
-
-def _case_cpu(env, case, iters: int) -> float:
-    """This rank's CPU seconds (all its threads) per iteration of `case`, median of iters."""
-    import dataclasses
-
-    from seqpar.workers.bench import measure
-
-    torch.set_num_threads(1)
-    group = env.group(case.world)
-    measure(dataclasses.replace(case, warmup=1, iters=1), env.rank, group, env.device)
-    cpus = []
-    for _ in range(iters):
-        c0 = time.process_time()
-        # one memory-metered and one timed iteration (bench.measure's protocol): two per call
-        measure(dataclasses.replace(case, warmup=0, iters=1), env.rank, group, env.device)
-        cpus.append((time.process_time() - c0) / 2)
-    return statistics.median(cpus)
-
-
 # the tiny cases, in the order their residuals are taken: a call (local), a ring step (ring on 2
 # ranks: 2 x 2 steps), a collective (ulysses: four all-to-alls)
 TINY = ("local", "ring", "ulysses")
 FIXED = {"local": ("call_us", 1), "ring": ("step_us", 4), "ulysses": ("collective_us", 4)}
-
-
-def host_links(repeats: int = 10) -> tuple[Link, float, float, dict[str, float]]:
-    """(link, transport bytes/s, seconds per message, tiny cases' CPU per iteration) between two
-    local gloo ranks: wall latency (4 bytes) and bandwidth (1 MB to 4 MB); CPU per message (half a
-    4-byte round trip) and per byte; CPU per iteration of the TINY cases on 1 or 2 ranks."""
-    from seqpar.case import Case
-    from seqpar.platform.localgang import LocalGang
-
-    small, mid, big = PING_SIZES
-    with LocalGang(2, sizes=(1, 2), device="cpu") as gang:
-        pings = gang.run(_pingpong, PING_SIZES, repeats)
-        tiny = {}
-        for name in TINY:
-            world = 1 if name == "local" else 2
-            case = Case(name, world, batch=1, seq_len=STEP_TOKENS, heads=HEADS, kv_heads=HEADS,
-                        head_dim=HEAD_DIM, dtype="float32")
-            tiny[name] = max(gang.run(_case_cpu, case, 21, size=world))
-    wall = {n: max(p[n][0] for p in pings) for n in PING_SIZES}
-    cpu = {n: statistics.mean(p[n][1] for p in pings) for n in PING_SIZES}
-    bandwidth = (big - mid) / max(wall[big] - wall[mid], 1e-9)
-    # per exchange a rank sends one message and receives one: 2 messages, 2 x n bytes
-    per_message = cpu[small] / 2
-    per_byte = max(cpu[big] - cpu[small], 1e-9) / (2 * (big - small))
-    lk = Link(bandwidth_gb_per_s=round(bandwidth / 1e9, 3), latency_us=round(wall[small] * 1e6, 1))
-    return lk, 1 / per_byte, per_message, tiny
 
 
 def fixed_costs(cluster: Cluster, tiny: dict[str, float]) -> Cluster:
@@ -242,10 +165,10 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def measure(name: str = "local",
-            with_link: bool = True) -> tuple[Cluster, dict[str, dict[int, float]]]:
-    """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores),
-    and the kernel's FLOP/s by mask and block tokens."""
+def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
+    """This machine's compute as a Cluster (one node; ranks are one-thread processes sharing its
+    cores), and the kernel's FLOP/s by mask and block tokens. The link between two local ranks
+    needs ranks: `seqpar.sweeps.calibrate` measures it and `with_host_links` folds it in."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what one rank of a LocalGang or a Ray trial gets
     try:
@@ -271,9 +194,13 @@ def measure(name: str = "local",
         inter=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), cores=n,
         merge_gb_per_s=round(1 / merge_slope / 1e9, 3), merge_us=round(merge_us * 1e6, 1),
         copy_gb_per_s=round(copy / 1e9, 3))
-    if with_link:
-        lk, transport, per_message, tiny = host_links()
-        cluster = fixed_costs(cluster.model_copy(update={
-            "intra": lk, "inter": lk, "transport_gb_per_s": round(transport / 1e9, 3),
-            "message_us": round(per_message * 1e6, 1)}), tiny)
     return cluster, table
+
+
+def with_host_links(cluster: Cluster, link: Link, transport_bytes_per_s: float,
+                    per_message_s: float, tiny: dict[str, float]) -> Cluster:
+    """`cluster` with the local link, the transport's CPU cost and the fixed host costs found from
+    the TINY cases' CPU per iteration (what `seqpar.sweeps.calibrate.host_links` measures)."""
+    return fixed_costs(cluster.model_copy(update={
+        "intra": link, "inter": link, "transport_gb_per_s": round(transport_bytes_per_s / 1e9, 3),
+        "message_us": round(per_message_s * 1e6, 1)}), tiny)

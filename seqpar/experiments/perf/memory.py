@@ -8,9 +8,11 @@ wallfacer keeps its team's C shards (3CA), allgather its gathered K,V. A step wi
 
     PM = M_{m+o} + (L + 1) A + held        ring: (L + 4) A, wallfacer: (L + 3C + 1) A
 
-Checkpoint policies for --scope model: none (every layer's activations), full (layer inputs only),
-sc++ (LoongTrain §5.2: layer inputs and attention outputs, so attention is not recomputed), and a
-sequence fraction f (BurstEngine §3.3: f of each layer's tokens checkpointed, the rest kept).
+A training step (--scope model) is counted the way the runner holds it (`step_memory`): model states
+by the policy (replicated or FSDP-sharded over DP x SP, master dtype, offload; AdamW), the
+activations this decoder keeps per checkpoint mode (`seqpar.model.memory.predicted_activations`:
+none, full, sc++ (LoongTrain §5.2), sequence(f) (BurstEngine §3.2) and sc++ + sequence), and the
+largest transient working set on top.
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from seqpar.algorithms import usp
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.ulysses import kv_replicas
 from seqpar.experiments.perf.schedule import Ring, Schedule
-
-# a transformer layer's activations besides q, k, v with FlashAttention, in units of A (bf16):
-# Korthikanti et al. 2022 count 34·s·b·h bytes per layer = 17 A, of which q, k, v are 3 A
-LAYER_REST = 14
+from seqpar.model.config import ModelConfig, param_shapes
+from seqpar.model.memory import (
+    ELEM,
+    AttentionHeld,
+    TrainPolicy,
+    predicted_activations,
+    predicted_states,
+)
 
 
 def held(name: str, shape: AttnShape, world: int, options: Mapping[str, Any]) -> float:
@@ -41,6 +47,16 @@ def held(name: str, shape: AttnShape, world: int, options: Mapping[str, Any]) ->
     if name == "allgather":
         return 1 + 2 * kv * world
     return 1 + 2 * kv
+
+
+def attention_held(name: str, shape: AttnShape, world: int,
+                   options: Mapping[str, Any]) -> AttentionHeld:
+    """`held` as the model's memory count takes it: elements per token of the rank's shard, whether
+    they are the attention's own inputs (sc++ recomputes those), whether its output changes layout."""
+    d = shape.heads * shape.head_dim
+    return AttentionHeld(saved=held(name, shape, world, options) * d,
+                         inputs=name not in ("ulysses", "usp", "allgather"),
+                         relayout=name in ("ulysses", "usp"))
 
 
 def unit_bytes(shape: AttnShape, world: int) -> int:
@@ -62,6 +78,20 @@ def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str
     return int(inputs + kept + acc + msgs)
 
 
+def policy_of(checkpoint: str, dtype: str = "bfloat16", **fields: Any) -> TrainPolicy:
+    """A planner checkpoint name ('none', 'full', 'sc++', 'seq:0.5', 'sc++,seq:0.5') as the runner's
+    TrainPolicy; the states default to what a real run uses: FSDP with fp32 master weights for a
+    16-bit model."""
+    fraction = 0.5
+    if "seq:" in checkpoint:
+        head, fraction_text = checkpoint.split("seq:", 1)
+        fraction = float(fraction_text)
+        checkpoint = "sc++,sequence" if head.startswith("sc++") else "sequence"
+    master = "float32" if ELEM[dtype] < 4 else None
+    return TrainPolicy(**{"states": "fsdp", "master_dtype": master, "checkpoint": checkpoint,
+                          "seq_fraction": fraction, **fields})
+
+
 def policy_fraction(checkpoint: str) -> float:
     """The sequence fraction recomputed by a policy name: none 0, full 1, 'seq:0.5' 0.5."""
     if checkpoint == "none":
@@ -71,25 +101,41 @@ def policy_fraction(checkpoint: str) -> float:
     return float(checkpoint.split(":", 1)[1])
 
 
-def model_states(params: int, world: int) -> int:
-    """bf16 weights and gradients on every rank, fp32 master weights and Adam moments sharded over
-    the world (ZeRO-1, as the papers run)."""
-    return 4 * params + 12 * params // world
+def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
+                cfg: ModelConfig, policy: TrainPolicy, attention_bytes: int, dtype: str,
+                dp: int = 1) -> dict[str, int]:
+    """A training step's memory on one rank, by the runner's own count (seqpar.model.memory):
+    `states` (on the device), `activations` (kept for backward), `transient` (the largest working
+    set on top of them: one attention backward, the head's logits, or FSDP's gathered block and
+    its gradients) and `peak`, their sum."""
+    states = predicted_states(cfg, dtype, policy, world * dp)["device"]
+    s = shape.shard_len(world)
+    acts = predicted_activations(cfg, shape.batch, s, dtype, policy,
+                                 attention_held(name, shape, world, options))
+    e = ELEM[dtype]
+    logits = 0 if policy.fused_head else shape.batch * s * cfg.vocab * (e + 2 * 4)
+    gathered = 0
+    if policy.states == "fsdp":
+        block = sum(n for k, n in _numels(cfg).items() if k.startswith("blocks.0."))
+        gathered = 2 * block * e + block * ELEM[policy.master_dtype or dtype]
+    transient = max(logits, attention_bytes) + gathered
+    return {"states": states, "activations": acts, "transient": int(transient),
+            "peak": int(states + acts + transient)}
 
 
-def step_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any], layers: int,
-              params: int, checkpoint: str, attention_bytes: int, vocab: int) -> int:
-    """Peak bytes of a training step (WallFacer Eq. 9-10, extended by the checkpoint policy)."""
-    a = unit_bytes(shape, world)
-    layer = (LAYER_REST + held(name, shape, world, options)) * a
-    logits = shape.batch * (shape.seq_len // world) * vocab * 4
-    if checkpoint == "none":
-        acts = layers * layer
-    elif checkpoint == "full":
-        acts = (layers + 1) * a + layer
-    elif checkpoint == "sc++":
-        acts = (2 * layers + 1) * a + layer
-    else:
-        f = policy_fraction(checkpoint)
-        acts = layers * ((1 - f) * layer + f * a) + (layer if f > 0 else 0)
-    return int(model_states(params, world) + acts + max(logits, attention_bytes))
+def _numels(cfg: ModelConfig) -> dict[str, int]:
+    out = {}
+    for k, shape in param_shapes(cfg).items():
+        n = 1
+        for size in shape:
+            n *= size
+        out[k] = n
+    return out
+
+
+def step_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any], cfg: ModelConfig,
+              checkpoint: str | TrainPolicy, attention_bytes: int, dtype: str = "bfloat16",
+              dp: int = 1) -> int:
+    """Peak bytes of a training step (`step_memory`'s peak) under a policy or a checkpoint name."""
+    policy = checkpoint if isinstance(checkpoint, TrainPolicy) else policy_of(checkpoint, dtype)
+    return step_memory(name, shape, world, options, cfg, policy, attention_bytes, dtype, dp)["peak"]

@@ -46,8 +46,8 @@ def step(p: Prediction, cfg: ModelConfig, cluster: Cluster, shape: AttnShape, wo
     seconds = cfg.layers * (3 * g_fwd + attn + recompute) + head
     model_flops = (cfg.layers * 3 * gemm_flops(cfg, tokens) + 3 * 2.0 * tokens * cfg.hidden * cfg.vocab
                    + cfg.layers * attention_flops_per_rank(shape, world))
-    peak = memory.step_peak(p.algorithm, shape, world, p.options, cfg.layers, cfg.params(),
-                            checkpoint, p.peak_mem_bytes, cfg.vocab)
+    peak = memory.step_peak(p.algorithm, shape, world, p.options, cfg, checkpoint,
+                            p.peak_mem_bytes, dtype)
     return replace(p, step_ms=1e3 * seconds, mfu=model_flops / (seconds * cluster.peak(dtype)),
                    peak_mem_bytes=peak, fits=peak <= cluster.memory_gb * 1e9)
 

@@ -1,28 +1,27 @@
-"""Correctness check of a distributed attention against the single-process float64 reference.
+"""Mode check (`seqpar check`, the multi-rank tests): a distributed attention against the
+single-process float64 reference.
 
 `rank_run` runs on every rank of a gang: it deals the full random inputs into its layout shard, runs
-forward and backward under a ledger, and returns its shards of out, dq, dk, dv. `evaluate` unshards
-them and holds them against torch's scaled_dot_product_attention in float64 on the unsharded inputs,
-and the ledger against the algorithm's analytic bytes.
+forward and backward once (`timing.timed_pass`) under a ledger, and returns its shards of out, dq,
+dk, dv. `evaluate` unshards them and holds them against `reference.reference` on the unsharded
+inputs, and the ledger against the algorithm's analytic bytes.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from seqpar import algorithms
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES, Mask
 from seqpar.case import Case
-from seqpar.workers.bench import _sync
+from seqpar.workers.measure.reference import GRADS, TOLERANCE, error_scale, make_inputs, reference
+from seqpar.workers.measure.timing import timed_pass
 
-# relative tolerance (max |error| / max |reference|) by dtype
-TOLERANCE = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
-GRADS = ("out", "dq", "dk", "dv")
+__all__ = ["GRADS", "TOLERANCE", "CheckResult", "RankResult", "evaluate", "failures_of",
+           "mesh_key", "rank_run", "run_case", "run_cases"]
 
 
 @dataclass
@@ -49,42 +48,25 @@ class CheckResult:
         return not self.failures
 
 
-def make_inputs(case: Case) -> dict[str, torch.Tensor]:
-    """Full-sequence q, k, v and the upstream gradient, float64, drawn from case.seed."""
-    g = torch.Generator().manual_seed(case.seed)
-    b, n, h, hkv, d = case.batch, case.seq_len, case.heads, case.kv_heads, case.head_dim
-    return {
-        "q": torch.randn(b, n, h, d, generator=g, dtype=torch.float64),
-        "k": torch.randn(b, n, hkv, d, generator=g, dtype=torch.float64),
-        "v": torch.randn(b, n, hkv, d, generator=g, dtype=torch.float64),
-        "dout": torch.randn(b, n, h, d, generator=g, dtype=torch.float64),
-    }
-
-
 def rank_run(env, case: Case) -> RankResult:
     """On one rank of a gang (see platform.localgang): shard, run forward + backward, report."""
     dtype = DTYPES[case.dtype]
-    full = make_inputs(case)
     cu = case.cu_seqlens or None
     local = {name: layouts.shard(t, case.layout, env.rank, case.world, cu_seqlens=cu)
-             .to(env.device, dtype) for name, t in full.items()}
-    q, k, v = (local[n].requires_grad_() for n in ("q", "k", "v"))
+             .to(env.device, dtype) for name, t in make_inputs(case).items()}
+    group = env.group(case.world)
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                      group=env.group(case.world), mesh=env.mesh,
-                                      window=case.window, **dict(case.options))
-    device = torch.device(env.device)
+                                      group=group, mesh=env.mesh, window=case.window,
+                                      **dict(case.options))
     with algorithms.recording() as ledger:
-        _sync(device)  # on CUDA the clock must start after the inputs landed and stop after the
-        start = time.perf_counter()  # kernels ran, not when they were queued
-        out = attn(q, k, v, cu_seqlens=cu) if cu else attn(q, k, v)
-        out.backward(local["dout"])
-        _sync(device)
-        seconds = time.perf_counter() - start
+        fwd_s, bwd_s, (out, q, k, v) = timed_pass(
+            attn, [local[n] for n in ("q", "k", "v")], local["dout"],
+            {"cu_seqlens": cu} if cu else {}, group, torch.device(env.device))
     shards = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
     return RankResult(
         shards={n: t.cpu() for n, t in shards.items()},
         bytes_sent={p: ledger.total(phase=p) for p in ("forward", "backward")},
-        flops=dict(ledger.flops), ledger=ledger.to_dict(), seconds=seconds,
+        flops=dict(ledger.flops), ledger=ledger.to_dict(), seconds=fwd_s + bwd_s,
     )
 
 
@@ -124,47 +106,15 @@ def failures_of(gang, cases: list[Case]) -> list[str]:
     return out
 
 
-def reference_mask(case: Case) -> torch.Tensor | None:
-    """The explicit boolean mask (N, N) of documents and window (True: visible), written from the
-    definition, independently of `layouts.Relation`; None for plain causal or full."""
-    if not case.cu_seqlens and case.window is None:
-        return None
-    n = case.seq_len
-    t = torch.arange(n)
-    cu = torch.tensor(case.cu_seqlens or (0, n))
-    doc = torch.repeat_interleave(torch.arange(len(cu) - 1), cu[1:] - cu[:-1])
-    keep = doc[:, None] == doc[None, :]
-    if case.causal:
-        keep &= t[:, None] >= t[None, :]
-    if case.window is not None:
-        keep &= (t[:, None] - t[None, :]).abs() < case.window
-    return keep
-
-
-def reference(case: Case) -> dict[str, torch.Tensor]:
-    """out, dq, dk, dv of attention on the unsharded float64 inputs (SDPA; with documents or a
-    window, under an explicit boolean mask)."""
-    full = make_inputs(case)
-    q, k, v = (full[n].clone().requires_grad_() for n in ("q", "k", "v"))
-    mask = reference_mask(case)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-        is_causal=case.causal and mask is None, enable_gqa=case.heads != case.kv_heads,
-    ).transpose(1, 2)
-    out.backward(full["dout"])
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-
-
 def evaluate(case: Case, results: list[RankResult]) -> CheckResult:
+    """The ranks' shards against the float64 reference (relative errors, held to the dtype's
+    tolerance) and every rank's bytes against the analytic count."""
     ref = reference(case)
     errors = {}
     for name in GRADS:
         got = layouts.unshard([r.shards[name] for r in results], case.layout,
                               cu_seqlens=case.cu_seqlens or None).double()
-        # relative to max |reference|; a gradient that vanishes (dq, dk at window 1: every query
-        # sees only itself) is held to its absolute error over 1e-4, not to rounding noise over noise
-        scale = max(float(ref[name].abs().max()), 1e-4)
-        errors[name] = float((got - ref[name]).abs().max()) / scale
+        errors[name] = float((got - ref[name]).abs().max()) / error_scale(ref[name])
     measured = {p: max(r.bytes_sent[p] for r in results) for p in ("forward", "backward")}
     mask = Mask.of(case.shape, case.world, case.layout, case.causal, case.cu_seqlens or None,
                    case.window)  # net of the transfers the rings skip (documents, windows)

@@ -1,0 +1,97 @@
+"""Model states — parameters, gradients, optimizer moments — replicated or sharded with torch FSDP2.
+
+    policy = StatePolicy(states="fsdp", master_dtype=torch.float32, offload=False)
+    policy.check(compute_dtype, device)          # one-line ConfigErrors before anything is built
+    shard_model(net, blocks, mesh, policy, compute_dtype, dp)
+
+`replicated` keeps every state on every rank (gradients all-reduced by the model itself).
+`fsdp` shards them over the whole DP x SP world, one FSDP unit per transformer block plus the root
+(embedding, final norm, head), as torchtitan does over dp_shard x cp. With a `master_dtype` the
+sharded parameters (what an optimizer updates) are in that dtype and FSDP2's MixedPrecisionPolicy
+gathers them in the compute dtype and reduces gradients in the master dtype.
+
+The gradient of a sequence-parallel model is a *sum* over SP ranks (each holds the loss of its
+tokens) and a *mean* over DP replicas. FSDP2 averages over the ranks it shards across (DP x SP), so
+the divide factor is set to DP: sum over the world / DP, whatever FSDP's default becomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from seqpar.errors import require
+
+STATES = ("replicated", "fsdp")
+
+
+@dataclass(frozen=True)
+class StatePolicy:
+    """Where the model states live and in which dtype (the runner and the planner read this)."""
+
+    states: str = "replicated"                 # replicated | fsdp
+    master_dtype: torch.dtype | None = None    # None: parameters in the compute dtype
+    offload: bool = False                      # FSDP2's CPU offload of sharded states (CUDA only)
+
+    def check(self, dtype: torch.dtype, device: torch.device | None) -> None:
+        """Every rule; the device's only where it is known (None: before any rank starts)."""
+        require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
+        require(self.master_dtype is None or (self.master_dtype.is_floating_point
+                and torch.finfo(self.master_dtype).bits >= torch.finfo(dtype).bits),
+                "master_dtype", self.master_dtype,
+                f"must be a floating dtype at least as wide as the compute dtype ({dtype})")
+        require(isinstance(self.offload, bool), "offload", self.offload, "must be true or false")
+        if self.offload:
+            require(self.states == "fsdp", "offload", True,
+                    "needs states='fsdp' (FSDP2's CPUOffloadPolicy moves the sharded states)")
+            kind = "cuda" if device is None else device.type
+            require(kind == "cuda", "offload", True, "needs CUDA: FSDP2 offloads device states to "
+                    f"the host, and on a {kind} mesh they are already there")
+
+    def param_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype parameters are stored in (what the optimizer updates)."""
+        return self.master_dtype or dtype
+
+
+def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: StatePolicy,
+                dtype: torch.dtype, dp: int) -> None:
+    """fully_shard each block, then the root, over the 1-D DeviceMesh `mesh` (the whole world)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    stored = policy.param_dtype(dtype)
+    mp = MixedPrecisionPolicy(param_dtype=None if stored == dtype else dtype, reduce_dtype=stored)
+    offload = CPUOffloadPolicy() if policy.offload else OffloadPolicy()
+    units = [*blocks, net]
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    for unit in units:
+        unit.set_gradient_divide_factor(float(dp))
+        if mesh.device_type == "cpu":  # gloo has no PREMUL_SUM: sum, then scale
+            unit.set_force_sum_reduction_for_comms(True)
+
+
+def is_sharded(p: torch.Tensor) -> bool:
+    return hasattr(p, "full_tensor") and hasattr(p, "to_local")
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (possibly DTensor) tensor."""
+    return t.to_local() if is_sharded(t) else t
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor (an all-gather for a sharded DTensor: every rank must call it)."""
+    return t.full_tensor() if is_sharded(t) else t
+
+
+def assign(p: torch.Tensor, value: torch.Tensor) -> None:
+    """Set parameter `p` to the full tensor `value` (a sharded one takes its own shard, computed
+    locally: every rank holds the same `value`, so nothing is communicated)."""
+    if is_sharded(p):
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+    p.copy_(value)

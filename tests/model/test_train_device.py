@@ -1,0 +1,104 @@
+"""The training path on a device and in mixed precision, each checked on the CPU:
+
+- the model is built on the case's device with its states in the master dtype;
+- every timestamp of a step follows a device sync (on CUDA the clock would see the enqueue);
+- a training trial passes its device and its node map down to the ranks' measurement;
+- fp32 master weights let a bf16 model's norm weights move where pure bf16 rounds the update away;
+- FSDP-sharded states follow the one-process float64 trajectory, and state_bytes shrink with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from seqpar.case import TrainCase
+from seqpar.model.memory import state_breakdown
+from seqpar.workers.measure import train
+
+TINY = TrainCase(algorithm="local", sp=1, layout="contiguous", seq_len=32, warmup=1, iters=2)
+
+
+def test_the_model_is_built_on_the_cases_device_in_its_master_dtype():
+    case = dataclasses.replace(TINY, dtype="bfloat16", master_dtype="float32")
+    net = train.build(case, None, device="meta")
+    assert {p.device.type for p in net.parameters()} == {"meta"}
+    assert {p.dtype for p in net.parameters()} == {torch.float32}
+    assert net.dtype == torch.bfloat16
+
+
+def test_every_timestamp_follows_a_device_sync(monkeypatch):
+    events: list[str] = []
+
+    class Clock:
+        @staticmethod
+        def perf_counter() -> float:
+            events.append("clock")
+            return float(len(events))
+
+    monkeypatch.setattr(train, "time", Clock)
+    monkeypatch.setattr(train, "sync", lambda device: events.append(f"sync:{device.type}"))
+    train.train_steps(TINY, 0, None, device="cpu")
+    clocks = [i for i, e in enumerate(events) if e == "clock"]
+    assert len(clocks) == 3 * (TINY.warmup + TINY.iters)  # start, after forward, after the step
+    assert all(i > 0 and events[i - 1] == "sync:cpu" for i in clocks), events
+
+
+def test_a_training_trial_passes_its_device_and_node_map_to_the_rank(monkeypatch):
+    seen = {}
+
+    def fake_train_steps(case, rank, sp_group, dp_group, replica, device_name, *, mesh, device,
+                         node_of_rank):
+        seen.update(device=device, nodes=node_of_rank, mesh_nodes=mesh.nodes)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(train, "train_steps", fake_train_steps)
+    monkeypatch.setattr(train, "dp_sp_mesh", lambda case, nodes=None: type(
+        "M", (), {"nodes": nodes, "comms": {}})())
+    with pytest.raises(RuntimeError, match="stop here"):
+        train.measure_training(TINY, 0, "cpu", device=torch.device("meta"), nodes=[0, 0, 1, 1])
+    assert seen == {"device": torch.device("meta"), "nodes": [0, 0, 1, 1],
+                    "mesh_nodes": [0, 0, 1, 1]}
+
+
+def _norms_after(case: TrainCase, steps: int) -> torch.Tensor:
+    net = train.build(case, None)
+    opt = torch.optim.AdamW(net.parameters(), lr=case.lr)
+    for i in range(steps):
+        tokens, _ = train.batch_tokens(case, i, 0)
+        net.loss(tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return torch.cat([b.attn_norm.detach().float() for b in net.blocks])
+
+
+def test_master_weights_let_bf16_norm_weights_move():
+    pure = dataclasses.replace(TINY, dtype="bfloat16", lr=1e-3)
+    mixed = dataclasses.replace(pure, master_dtype="float32")
+    assert torch.equal(_norms_after(pure, 3), torch.ones(2 * 64)), "bf16 steps of 1e-3 moved 1.0"
+    moved = (_norms_after(mixed, 3) - 1).abs()
+    assert moved.min() > 0 and moved.max() < 1e-2
+
+
+def _fsdp_losses(env, case: TrainCase):
+    out = train.train_steps(case, env.rank, env.group(case.sp))
+    return out.losses, out.summary["state_bytes"]
+
+
+@pytest.mark.multirank
+def test_fsdp_training_follows_the_one_process_trajectory(gang):
+    case = TrainCase(algorithm="ring", sp=2, layout="zigzag", model="tiny",
+                     model_overrides=(("vocab", 61), ("hidden", 32), ("ffn", 48)), seq_len=16,
+                     batch=2, dtype="float64", checkpoint="sc++", fused_head=True,
+                     head_tiles=(5, 16), warmup=1, iters=3, seed=4, lr=1e-2)
+    ref = train.train_steps(dataclasses.replace(case, algorithm="local", sp=1, layout="contiguous"),
+                            0, None)
+    whole = state_breakdown(train.build(case, None))["params"]
+    for fsdp in (dataclasses.replace(case, states="fsdp"),):
+        for losses, held in gang.run(_fsdp_losses, fsdp, size=2):
+            for a, b in zip(losses, ref.losses, strict=True):
+                assert abs(a - b) < 1e-10, (losses, ref.losses)
+            # half the parameters (and their gradients and two moments) on each of two ranks
+            assert held == pytest.approx(4 * whole / 2, rel=0.05)
