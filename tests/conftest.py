@@ -1,6 +1,7 @@
 """Shared fixtures: one gang of 8 local gloo ranks serves every multi-rank test (P = 1, 2, 3, 4, 8);
 one embedded Ray serves the in-process Ray tests; the quickstart sweep runs once for tests/cli and
-tests/ui."""
+tests/ui. Every collective runs with NCCL's semantics (SEQPAR_STRICT_COMM=1) and every test phase
+has a deadline (SEQPAR_TEST_TIMEOUT_S)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# NCCL's semantics for every collective the suite runs (algorithms/comm.py: tags ignored, a group's
+# operations in order), so a schedule that would hang on GPUs fails here; 0 turns it off
+os.environ.setdefault("SEQPAR_STRICT_COMM", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.ray
 
 BIN = Path(sys.executable).parent
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # `ray`, whichever venv runs the tests
+JOB_ATTEMPTS = 10
 SHAPE = {"heads": 4, "kv_heads": 4, "head_dim": 8}
 SEQ_LEN = 32
 PLANS = {  # label -> plan entry of the sweep: P = 4 on 2 nodes x 2 ranks
@@ -50,12 +52,16 @@ def job(two_nodes, tmp_path_factory):
     work = tmp_path_factory.mktemp("job")
     (work / "two-nodes.yaml").write_text(json.dumps(SWEEP))  # JSON is YAML
     uri = f"sqlite:///{work}/mlflow.db"
-    job_id = f"seqpar-two-nodes-{work.name}"
-    proc = subprocess.run(
-        [*RAY_CLI, "job", "submit", "--address", two_nodes.dashboard,
-         "--submission-id", job_id, "--", str(BIN / "seqpar"), "--tracking-uri", uri, "sweep",
-         str(work / "two-nodes.yaml")],
-        env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    for attempt in range(JOB_ATTEMPTS):
+        job_id = f"seqpar-two-nodes-{work.name}-{attempt}"
+        proc = subprocess.run(
+            [*RAY_CLI, "job", "submit", "--address", two_nodes.dashboard,
+             "--submission-id", job_id, "--", str(BIN / "seqpar"), "--tracking-uri", uri, "sweep",
+             str(work / "two-nodes.yaml")],
+            env=subprocess_env(), capture_output=True, text=True, timeout=300)
+        if "No available agent to submit job" not in proc.stderr:
+            break
+        time.sleep(2)  # the head's job agent registers a moment after the node is up
     return job_id, proc, uri
 
 
