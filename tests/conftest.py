@@ -1,6 +1,7 @@
 """Shared fixtures: one gang of 8 local gloo ranks serves every multi-rank test (P = 1, 2, 3, 4, 8);
 one embedded Ray serves the in-process Ray tests; the quickstart sweep runs once for tests/cli and
-tests/ui."""
+tests/ui. Every collective runs with NCCL's semantics (SEQPAR_STRICT_COMM=1) and every test phase
+has a deadline (SEQPAR_TEST_TIMEOUT_S)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,87 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# NCCL's semantics for every collective the suite runs (algorithms/comm.py: tags ignored, a group's
+# operations in order), so a schedule that would hang on GPUs fails here; 0 turns it off
+os.environ.setdefault("SEQPAR_STRICT_COMM", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 QUICKSTART_TIMEOUT_S = 600.0
+# every test phase (setup, call, teardown) has a deadline, so a hang fails its test, not the run:
+# SEQPAR_TEST_TIMEOUT_S overrides both (0: none); a test on the shared gloo gang gets the short one
+TEST_TIMEOUT_ENV_VAR = "SEQPAR_TEST_TIMEOUT_S"
+DEFAULT_TEST_TIMEOUT_S, MULTIRANK_TEST_TIMEOUT_S = 660.0, 180.0
+_hung: list[str] = []  # tests on the shared gang that hung: the gang is no use after them
+
+
+def _limit_s(item: pytest.Item) -> float:
+    if TEST_TIMEOUT_ENV_VAR in os.environ:
+        return float(os.environ[TEST_TIMEOUT_ENV_VAR])
+    return MULTIRANK_TEST_TIMEOUT_S if "gang" in item.fixturenames else DEFAULT_TEST_TIMEOUT_S
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A SIGALRM per phase: past its limit the phase fails where it stands, with its stack."""
+    if threading.current_thread() is not threading.main_thread():
+        return (yield)
+    limit = _limit_s(item)
+
+    def expired(signum: int, frame) -> None:
+        if "gang" in item.fixturenames:
+            _hung.append(item.nodeid)
+        stack = "".join(traceback.format_stack(frame)[-8:])
+        pytest.fail(f"timed out after {limit:g} s ({TEST_TIMEOUT_ENV_VAR}); it was at:\n{stack}",
+                    pytrace=False)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    try:
+        return (yield)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _deadline(item: pytest.Item):
+    limit = _limit_s(item)
+    armed = limit > 0 and threading.current_thread() is threading.main_thread()
+    if armed:
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return (yield)
+    finally:
+        if armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    if _hung and "gang" in item.fixturenames:
+        pytest.fail(f"not run: the shared gloo gang hung in {_hung[0]}", pytrace=False)
+    return (yield from _deadline(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    return (yield from _deadline(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    return (yield from _deadline(item))
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,23 @@ Each call books its bytes in the active ledgers (see `ledger.py`) by op, group l
 phase, and, when link emulation is on, completes no earlier than `latency + bytes / bandwidth` after
 it started. Asynchronous exchanges stay asynchronous: `Handle.wait()` returns at the later of the real
 and the emulated completion, so overlap of communication with compute shows on one machine.
+
+Strict mode (SEQPAR_STRICT_COMM=1, read when a Comm is made) gives gloo NCCL's semantics, so a
+schedule that would hang on GPUs hangs (and times out) on CPU too: point-to-point tags are ignored
+(every message carries STRICT_TAG, so messages between two ranks match in the order they were
+posted, not by tag), and a process group's operations run one after the other (before an operation
+is posted, the group's previous one is waited for, as NCCL runs a communicator's operations in order
+on one stream). gloo alone matches by tag and progresses each operation on its own.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +40,24 @@ class LinkModel:
 
 
 _emulated: dict[str, LinkModel] = {}
+
+STRICT_ENV_VAR = "SEQPAR_STRICT_COMM"  # "1": NCCL's semantics on any backend (module docstring)
+STRICT_TAG = 0
+# strict mode: per process group, the Handle of its operation in flight (at most one, as on one
+# NCCL stream); an entry lives only while its operation is unfinished
+_in_flight: dict[Any, Handle] = {}
+
+
+def strict_mode() -> bool:
+    """Whether Comms made now follow NCCL's semantics (SEQPAR_STRICT_COMM=1)."""
+    return os.environ.get(STRICT_ENV_VAR, "0") == "1"
+
+
+def _in_order(group: Any) -> None:
+    """Strict mode, before posting on `group`: wait for the group's operation in flight."""
+    handle = _in_flight.pop(group, None)
+    if handle is not None:
+        handle.complete()
 
 
 def set_link_emulation(links: dict[str, LinkModel] | None) -> None:
@@ -65,16 +92,24 @@ def _elem_bytes(t: torch.Tensor) -> int:
 class Handle:
     """Pending communication; `wait()` returns the received tensors."""
 
-    def __init__(self, works: list, results: list[torch.Tensor], emulated_s: float, start: float):
+    def __init__(self, works: list, results: list[torch.Tensor], emulated_s: float, start: float,
+                 group: Any = None):
         self._works, self._results = works, results
         self._emulated_s, self._start = emulated_s, start
+        self._group = group  # strict mode: the group whose operation in flight this is
+
+    def complete(self) -> None:
+        """Wait for the works, once (a gloo point-to-point work waited twice blocks forever)."""
+        works, self._works = self._works, []
+        for work in works:
+            work.wait()
+        if works and _emulated:
+            _device_done(self._results)  # on CUDA, wait() only orders streams: see the transfer end
+        if self._group is not None and _in_flight.get(self._group) is self:
+            del _in_flight[self._group]
 
     def wait(self) -> list[torch.Tensor]:
-        for work in self._works:
-            work.wait()
-        if self._works and _emulated:
-            _device_done(self._results)  # on CUDA, wait() only orders streams: see the transfer end
-        self._works = []
+        self.complete()
         remaining = self._start + self._emulated_s - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)
@@ -90,7 +125,7 @@ class Comm:
 
     def __init__(self, group: dist.ProcessGroup | None = None, label: str = "sp",
                  node_of: dict[int, int] | None = None):
-        self.label, self.node_of = label, node_of
+        self.label, self.node_of, self.strict = label, node_of, strict_mode()
         if group is None and not (dist.is_available() and dist.is_initialized()):
             # a single process without torch.distributed: a group of one that never communicates
             self.group, self.size, self.rank, self.global_ranks, self._nccl = None, 1, 0, [0], False
@@ -108,6 +143,7 @@ class Comm:
         comm = cls.__new__(cls)
         comm.label, comm.group, comm.size, comm.rank = label, None, 1, 0
         comm.global_ranks, comm._nccl, comm.node_of = [global_rank], False, node_of
+        comm.strict = strict_mode()
         return comm
 
     def relabel(self, label: str) -> Comm:
@@ -132,10 +168,20 @@ class Comm:
         return peer
 
     def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor) -> None:
+        self._next_op()
         dist.all_to_all_single(recv, send, group=self.group)
 
     def _all_gather_list(self, pieces: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        self._next_op()
         dist.all_gather(pieces, tensor, group=self.group)
+
+    def _next_op(self) -> None:
+        """Before posting an operation: in strict mode, the group's previous one must be done."""
+        if self.strict:
+            _in_order(self.group)
+
+    def _tag(self, tag: int) -> int:
+        return STRICT_TAG if self.strict else tag
 
     def peer(self, offset: int) -> int:
         """Group rank `offset` places along the ring from this rank."""
@@ -188,12 +234,20 @@ class Comm:
         emulated = self._book("p2p", per_peer)
         for buf, peer in recvs:  # a receive is as slow as the matching send
             emulated = max(emulated, self._recv_seconds(buf, peer))
+        tag = self._tag(tag)
         ops = [dist.P2POp(dist.isend, t.contiguous(), group=self.group,
                           group_peer=self._group_peer(p), tag=tag) for t, p in sends]
         ops += [dist.P2POp(dist.irecv, b, group=self.group, group_peer=self._group_peer(p), tag=tag)
                 for b, p in recvs]
-        works = dist.batch_isend_irecv(ops) if ops else []
-        return Handle(works, [b for b, _ in recvs], emulated, start)
+        if not ops:
+            return Handle([], [b for b, _ in recvs], emulated, start)
+        self._next_op()
+        works = dist.batch_isend_irecv(ops)
+        handle = Handle(works, [b for b, _ in recvs], emulated, start,
+                        self.group if self.strict else None)
+        if self.strict:
+            _in_flight[self.group] = handle
+        return handle
 
     def _recv_seconds(self, buf: torch.Tensor, peer: int) -> float:
         if not _emulated:
@@ -246,6 +300,7 @@ class Comm:
             "all_gather", {i: _elem_bytes(tensor) for i in range(g) if i != self.rank}
         )
         if self._nccl:
+            self._next_op()
             flat = torch.empty((g, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
             dist.all_gather_into_tensor(flat, tensor, group=self.group)
             pieces = list(flat.unbind(0))
@@ -265,6 +320,7 @@ class Comm:
         per_peer = _elem_bytes(chunks[0])
         emulated = self._book("reduce_scatter", {i: per_peer for i in range(g) if i != self.rank})
         if self._nccl:
+            self._next_op()
             out = torch.empty_like(chunks[0])
             dist.reduce_scatter_tensor(out, torch.stack(chunks), group=self.group)
         else:  # gloo has no reduce-scatter: exchange the chunks, then sum what arrived
@@ -293,6 +349,7 @@ class SubComm(Comm):
 
     def __init__(self, parent: Comm, members: Sequence[int], label: str):
         self.label, self.group, self.node_of = label, parent.group, parent.node_of
+        self.strict = parent.strict
         self._nccl = False  # the native collectives would span the whole parent group
         self._members = [parent._group_peer(m) for m in members]
         self.size, self.rank = len(members), list(members).index(parent.rank)
@@ -308,9 +365,10 @@ class SubComm(Comm):
             if i != self.rank:
                 peer = self._members[i]
                 ops.append(dist.P2POp(dist.isend, sends[i], group=self.group, group_peer=peer,
-                                      tag=COLLECTIVE_TAG))
+                                      tag=self._tag(COLLECTIVE_TAG)))
                 ops.append(dist.P2POp(dist.irecv, recvs[i], group=self.group, group_peer=peer,
-                                      tag=COLLECTIVE_TAG))
+                                      tag=self._tag(COLLECTIVE_TAG)))
+        self._next_op()
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 

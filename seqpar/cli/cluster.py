@@ -29,14 +29,14 @@ def status(
     """Nodes with their CPUs/GPUs and the seqpar gangs (rank actors by experiment)."""
     import json
 
-    from seqpar.platform import cluster
+    from seqpar.platform import cluster, connection
 
     address = address or _global_address() or "auto"
-    embedded = cluster.connect(address)
+    embedded = connection.connect(address, ship_code=False)
     try:
         info = cluster.status()
     finally:
-        cluster.disconnect(embedded)
+        connection.disconnect(embedded)
     if as_json:
         print(json.dumps(info, indent=2))
         return

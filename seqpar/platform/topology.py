@@ -1,10 +1,11 @@
 """Which node each rank is on: real Ray nodes, or virtual nodes on one machine.
 
-A gang on a real multi-node cluster reports the Ray node id of each actor; ranks on one node form one
-node of the map. On one machine every actor shares a node, so a *virtual* topology
-`nodes x ranks_per_node` stands in (rank r is on node r // ranks_per_node): the ledger classifies
-transfers with it and link emulation slows the inter-node ones, so placement studies mean something
-on a laptop.
+The plan is always `nodes x ranks_per_node` with rank r on node r // ranks_per_node. A gang on a real
+multi-node cluster reports the Ray node id of each actor; ranks on one Ray node form one node of the
+real map, which must *be* the plan (`check_placement`): a map that interleaves nodes or puts two
+planned nodes on one machine is refused, never run under another map. On one machine every actor
+shares a node, so the plan stands in as a *virtual* topology: the ledger classifies transfers with
+it and link emulation slows the inter-node ones, so placement studies mean something on a laptop.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from seqpar.errors import require
+
+
+class PlacementError(RuntimeError):
+    """The ranks' real Ray nodes do not form the planned map."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,23 @@ def from_node_ids(node_ids: Sequence[str]) -> Topology:
     return Topology(tuple(index.setdefault(n, len(index)) for n in node_ids), "real")
 
 
+def check_placement(node_ids: Sequence[str], ranks_per_node: int) -> Topology:
+    """The real map of ranks placed node by node, when it is the plan; else PlacementError naming
+    the planned map, the real one and the Ray nodes."""
+    real, plan = from_node_ids(node_ids), virtual(len(node_ids), ranks_per_node)
+    if real.node_of_rank != plan.node_of_rank:
+        ids = dict.fromkeys(node_ids)  # in order of their first rank, as the real map numbers them
+        raise PlacementError(
+            f"ranks placed on the wrong Ray nodes: planned rank->node map "
+            f"{list(plan.node_of_rank)}, real {list(real.node_of_rank)} "
+            f"(real node i = Ray node {', '.join(f'{i}: {n[:8]}' for i, n in enumerate(ids))})")
+    return real
+
+
 def resolve(node_ids: Sequence[str], ranks_per_node: int) -> Topology:
-    """Real topology when the actors span several Ray nodes, else the virtual one."""
+    """The virtual map when every actor shares one Ray node; else the real map, which must be the
+    plan (check_placement; a gang is checked when it starts, so this raises only for a map that
+    was never checked)."""
     if len(set(node_ids)) > 1:
-        return from_node_ids(node_ids)
+        return check_placement(node_ids, ranks_per_node)
     return virtual(len(node_ids), ranks_per_node)

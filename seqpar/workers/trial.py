@@ -22,7 +22,7 @@ from typing import Any
 from seqpar.algorithms.comm import LinkModel
 from seqpar.case import Case, TrainCase
 from seqpar.errors import require
-from seqpar.platform import cluster, topology
+from seqpar.platform import cluster, connection, topology
 from seqpar.workers.rank_worker import RankTrial, RankWorker
 from seqpar.workers.result import FailureKind, TrialResult
 
@@ -90,13 +90,14 @@ def _is_echo(err: BaseException) -> bool:
 def failure_kind(err: BaseException) -> FailureKind:
     """A rank's failure, typed: its process went away (RayActorError), or its code raised. A raise
     from torch.distributed's layers is not the trial's code: a store or network error is the
-    rendezvous failing (start-up), any other communication error a collective broken by a peer."""
+    rendezvous failing (start-up), any other communication error a collective broken by a peer.
+    An import that fails is the rank's node lacking a package (start-up)."""
     import ray.exceptions as rex
 
     if isinstance(err, rex.RayActorError):
         return FailureKind.RANK_DIED
     names = {t.__name__ for t in type(_cause(err)).__mro__}
-    if names & {"DistNetworkError", "DistStoreError"}:
+    if names & {"DistNetworkError", "DistStoreError", "ImportError"}:
         return FailureKind.STARTUP
     return FailureKind.RANK_DIED if _is_echo(err) else FailureKind.RANK_RAISED
 
@@ -115,8 +116,8 @@ class TrialRunner:
     """Runs trials on a Ray cluster; see the module docstring."""
 
     def __init__(self, address: str | None = None, device: str | None = None):
-        self._embedded = cluster.connect(address)
-        self.device = cluster.detect_device(device)
+        self._embedded = connection.connect(address)
+        self.device = connection.detect_device(device)
         self.default_experiment_id = f"adhoc-{secrets.token_hex(3)}"
 
     # -- gangs ------------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ class TrialRunner:
             require(case.world <= gpus, "world", case.world,
                     f"needs one GPU per rank; the cluster has {gpus:g}")
         exp = experiment_id or self.default_experiment_id
-        multi_node = len(cluster.alive_nodes()) > 1  # asked each time: clusters grow and shrink
+        multi_node = len(connection.alive_nodes()) > 1  # asked each time: clusters grow and shrink
         key = cluster.GangKey(exp, case.world, self.device, rpn if multi_node else None)
         result = TrialResult(case, "FAILED", None, [], [], _emulation_record(link_emulation),
                              0.0, 0.0, self.device, experiment_id=exp)
@@ -231,7 +232,12 @@ class TrialRunner:
             first = first_failure(errors)
             others = len(errors) - 1
             more = f" (+{others} more rank{'s' if others > 1 else ''} failed)" if others else ""
-            return [], f"rank {first} {_error_text(errors[first])}{more}", failure_kind(errors[first])
+            kind = failure_kind(errors[first])
+            where = ""
+            if kind is FailureKind.STARTUP and first < len(gang.info):  # which node lacks what
+                node = gang.info[first]
+                where = f" on node {node.get('ip', '?')} ({str(node.get('node_id', ''))[:8]})"
+            return [], f"rank {first}{where} {_error_text(errors[first])}{more}", kind
         if pending:
             stuck = sorted(refs[p] for p in pending)
             return ([], f"timeout: trial exceeded {timeout_s:g} s; {self._phases(gang, stuck)}",
@@ -254,7 +260,7 @@ class TrialRunner:
     def close(self) -> None:
         """Kill the idle gang, remove its placement groups; leave an embedded Ray when last."""
         cluster.POOL.evict()
-        cluster.disconnect(self._embedded)
+        connection.disconnect(self._embedded)
         self._embedded = False
 
     def __enter__(self) -> TrialRunner:

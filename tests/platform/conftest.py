@@ -1,8 +1,16 @@
-"""Ray platform tests share the session's `ray_runner` and, through one experiment id, its gang."""
+"""Ray platform tests share the session's `ray_runner` and, through one experiment id, its gang;
+the two-node tests share one two-node Ray cluster."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -29,3 +37,71 @@ def assert_no_leaks():
             time.sleep(0.25)
 
     return check
+
+
+# A real two-node Ray cluster on this machine (ray.cluster_utils.Cluster: a head and one more node,
+# 4 logical CPUs each), in a process of its own: this one may hold the session's embedded Ray.
+# The head's raylet (and so each worker it starts) has HEAD_ONLY_MODULE on its path, the second
+# node's not: a rank that imports it cannot start there, as on a node missing a package.
+HEAD_ONLY_MODULE = "seqpar_probe_head_only"
+CLUSTER_SCRIPT = """
+import json, sys
+from ray.cluster_utils import Cluster
+
+path, dashboard_port = sys.argv[1], int(sys.argv[2])
+cluster = Cluster(initialize_head=True, head_node_args={
+    "num_cpus": 4, "include_dashboard": True, "dashboard_port": dashboard_port,
+    "env_vars": {"PYTHONPATH": path}})
+cluster.add_node(num_cpus=4)
+cluster.wait_for_nodes()
+print(json.dumps({"gcs": cluster.address, "dashboard": "http://" + cluster.webui_url}), flush=True)
+sys.stdin.read()  # until the session closes our stdin
+cluster.shutdown()
+"""
+
+
+def subprocess_env() -> dict[str, str]:
+    """This environment without what would point a child at another Ray or MLflow store, or fix
+    its authentication mode (each child must find its cluster's own)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_AUTH_MODE")}
+
+
+@dataclass
+class TwoNodes:
+    gcs: str         # the head's GCS address (`seqpar --address`)
+    dashboard: str   # http://host:port (`ray job submit --address`)
+    start_s: float   # how long the cluster took to come up
+
+
+@pytest.fixture(scope="session")
+def two_nodes(tmp_path_factory):
+    """The two-node cluster, started once per session and stopped after it."""
+    path = tmp_path_factory.mktemp("head-only")
+    (path / f"{HEAD_ONLY_MODULE}.py").write_text("WHERE = 'head'\n")
+    with socket.socket() as s:  # 8265 may belong to another Ray on this machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    for attempt in range(2):  # Ray gives a raylet 30 s to register: a loaded host can miss it
+        proc = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT, str(path), str(port)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env=subprocess_env(), start_new_session=True)
+        line = proc.stdout.readline()
+        if line.startswith("{"):
+            break
+        _stop(proc)
+        assert attempt == 0, f"the two-node cluster did not start (exit {proc.poll()})"
+    try:
+        yield TwoNodes(**json.loads(line), start_s=time.monotonic() - t0)
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.stdin.close()  # the script shuts its cluster down
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -27,6 +27,8 @@ GLOO_ECHO = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] R
     (raised(dist.DistBackendError("NCCL communicator was aborted")), FailureKind.RANK_DIED),
     (raised(dist.DistNetworkError("connect() timed out")), FailureKind.STARTUP),
     (raised(dist.DistStoreError("Timed out waiting for clients")), FailureKind.STARTUP),
+    # a package missing on the rank's node: its environment, not the trial's code
+    (raised(ModuleNotFoundError("No module named 'flash_attn'")), FailureKind.STARTUP),
 ])
 def test_failure_kind(err, kind):
     assert failure_kind(err) is kind

@@ -22,8 +22,30 @@ def test_real_topology_numbers_nodes_by_their_first_rank():
 
 
 def test_resolve_uses_virtual_nodes_when_every_actor_shares_one_ray_node():
-    assert topology.resolve(["n"] * 4, 2).node_of_rank == (0, 0, 1, 1)
-    assert topology.resolve(["n", "m", "n", "m"], 2).node_of_rank == (0, 1, 0, 1)
+    topo = topology.resolve(["n"] * 4, 2)
+    assert (topo.node_of_rank, topo.kind) == ((0, 0, 1, 1), "virtual")
+    topo = topology.resolve(["m", "m", "n", "n"], 2)
+    assert (topo.node_of_rank, topo.kind) == ((0, 0, 1, 1), "real")
+
+
+@pytest.mark.parametrize("node_ids", [
+    ["n", "m", "n", "m"],            # interleaved
+    ["n", "n", "n", "m"],            # a planned node split over two machines
+    ["n", "n", "m", "m", "m", "m"],  # the second planned node on the first's machine too
+])
+def test_a_real_map_other_than_the_plan_is_refused_naming_both(node_ids):
+    real = topology.from_node_ids(node_ids).node_of_rank
+    with pytest.raises(topology.PlacementError) as info:
+        topology.check_placement(node_ids, 2)
+    plan = topology.virtual(len(node_ids), 2).node_of_rank
+    assert f"planned rank->node map {list(plan)}, real {list(real)}" in str(info.value)
+    with pytest.raises(topology.PlacementError):
+        topology.resolve(node_ids, 2)
+
+
+def test_the_planned_map_on_real_nodes_is_accepted():
+    topo = topology.check_placement(["b", "b", "b", "a", "a", "a"], 3)
+    assert (topo.node_of_rank, topo.kind) == ((0, 0, 0, 1, 1, 1), "real")
 
 
 @pytest.mark.parametrize(("world", "nodes", "rpn", "field"), [

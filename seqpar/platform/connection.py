@@ -1,0 +1,214 @@
+"""The Ray connection: join a cluster (with seqpar's code for every node) or start an embedded one.
+
+The same code runs on this 2-core machine (an embedded local Ray, CPU shares, gloo) and on a
+multi-node GPU cluster (an existing Ray cluster, one GPU per rank, NCCL). A driver that joins a
+cluster ships this seqpar package to every node with the job's runtime_env (py_modules), so the
+other nodes need its dependencies (torch, and flash-attn for the CUDA kernels), not seqpar itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+from seqpar.errors import ConfigError, require
+
+NAMESPACE = "seqpar"
+CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S = "SEQPAR_CONNECT_TIMEOUT_S", 5.0
+DASHBOARD_ENV_VAR = "SEQPAR_RAY_DASHBOARD"  # "0": embedded Ray without dashboard (no state API)
+# What every rank must see as the driver does, on any node: the network interfaces and fabrics
+# NCCL and gloo use (on a host with several, a rendezvous on the wrong one hangs until the timeout),
+# their debugging, and seqpar's own communication setting. Set on the driver (or in a sweep's
+# `env.vars`), they reach each rank actor through its runtime_env, before torch.distributed starts.
+COMM_ENV_VARS = (
+    "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY", "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX",
+    "NCCL_NET", "NCCL_NET_GDR_LEVEL", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_CROSS_NIC",
+    "NCCL_ALGO", "NCCL_PROTO", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+    "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "TORCH_DISTRIBUTED_DEBUG",
+    "SEQPAR_STRICT_COMM",
+)
+
+_embedded_users = 0  # TrialRunners sharing the embedded Ray this process started
+_guard: Any = None   # the embedded Ray's watchdog (platform.reaper): its processes die with ours
+_inherited: dict[str, str] = {}  # the COMM_ENV_VARS the embedded Ray's processes were started with
+
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _ray_target(address: str) -> tuple[str, int]:
+    """The host and port `ray.init(address)` will dial: the GCS for 'auto' / 'host:port' (as Ray
+    resolves them: RAY_ADDRESS, the last `ray start` here, localhost -> this node's IP), the Ray
+    Client server for 'ray://host:port'."""
+    from ray._private import services  # Ray's own resolution, so the probe dials what Ray dials
+
+    if address.startswith("ray://"):
+        hostport = address[len("ray://"):].split("/", 1)[0]
+    else:
+        try:
+            hostport = services.canonicalize_bootstrap_address_or_die(address)
+        except (ConnectionError, ValueError) as err:
+            raise ConfigError("address", address, f"no Ray cluster found ({_first_line(err)})") from None
+    host, sep, port = hostport.rpartition(":")
+    require(bool(sep and host) and port.isdigit() and 0 < int(port) < 65536, "address", address,
+            "must be 'auto', 'host:port' or 'ray://host:port'")
+    return host.strip("[]"), int(port)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _probe(address: str, timeout_s: float) -> tuple[str, int]:
+    """Fail fast, on one line, when nothing listens where Ray would dial: left to itself ray.init
+    retries an unreachable GCS for minutes, printing a warning every few seconds."""
+    host, port = _ray_target(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or _first_line(err))
+        raise ConfigError("address", address,
+                          f"no Ray cluster answers at {host}:{port} ({why})") from None
+    return host, port
+
+
+def _gcs_wants_token(gcs: str, timeout_s: float) -> bool:
+    """Whether the GCS at `gcs` refuses a caller without a token. A driver must match its
+    cluster: one that sends a token to a cluster started without authentication connects, but
+    its actors are cancelled before they run."""
+    from ray._raylet import GcsClient
+    from ray.exceptions import AuthenticationError
+
+    try:
+        GcsClient(address=gcs).internal_kv_get(b"seqpar-probe", None, timeout=timeout_s)
+    except AuthenticationError:
+        return True
+    except Exception:  # anything else: ray.init says it better
+        return False
+    return False
+
+
+def _token_auth_if_available() -> None:
+    """Ray >= 2.5x starts a `ray start` cluster with token authentication (~/.ray/auth_token), but
+    a driver joining it sends the token only with RAY_AUTH_MODE=token: without it the GCS answers
+    "Authentication token is missing". Turn it on, as Ray's own CLI does, when a token is there,
+    the user has not chosen a mode and the cluster asks for one."""
+    try:
+        from ray._private.authentication import authentication_token_setup as auth
+    except ImportError:  # a Ray without token authentication
+        return
+    logging.getLogger(auth.__name__).setLevel(logging.ERROR)  # "token auth is enabled" is noise
+    auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def connect(address: str | None = None, ship_code: bool = True) -> bool:
+    """Join Ray (address 'auto', 'ray://...', 'host:port') or start an embedded local one (None,
+    unless RAY_ADDRESS is set, as it is for the driver of a Ray job: then that cluster is joined).
+
+    Returns True when this call started (or shares) the embedded instance, which `disconnect`
+    shuts down when its last user leaves; a watchdog (platform.reaper) stops every process of it
+    should this process die without doing so (a SIGKILL). A process already connected keeps its
+    connection.
+    An address where nothing answers within SEQPAR_CONNECT_TIMEOUT_S (5 s) is a ConfigError.
+    `ship_code`: a joined cluster's job carries this seqpar package (code_runtime_env); a caller
+    that starts no actor (`seqpar cluster status`) spares the upload.
+    """
+    global _embedded_users, _guard
+    import psutil
+    import ray
+
+    if ray.is_initialized():
+        if _embedded_users:
+            _embedded_users += 1
+            return True
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        dashboard = os.environ.get(DASHBOARD_ENV_VAR, "1") != "0"
+        me = psutil.Process()
+        before = {p.pid for p in me.children()}
+        # "local": always a fresh instance, never a cluster someone else started with `ray start`
+        ray.init(address="local", namespace=NAMESPACE, include_dashboard=dashboard,
+                 log_to_driver=False)
+        _embedded_users = 1
+        _inherited.clear()
+        _inherited.update(comm_env())
+        from seqpar.platform import reaper
+
+        _guard = reaper.watch([p.pid for p in me.children() if p.pid not in before])
+        return True
+    timeout_s = env_float(CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S)
+    host, port = _probe(address, timeout_s)
+    if address.startswith("ray://") or _gcs_wants_token(f"{host}:{port}", timeout_s):
+        _token_auth_if_available()
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                 logging_level=logging.WARNING,
+                 runtime_env=code_runtime_env() if ship_code else None)
+    except (ConnectionError, ValueError) as err:
+        raise ConfigError("address", address,
+                          f"no Ray cluster answered there ({_first_line(err)})") from None
+    return False
+
+
+def disconnect(embedded: bool) -> None:
+    """Leave the embedded Ray; the last user shuts it down. Joined clusters stay up."""
+    global _embedded_users, _guard
+    import ray
+
+    if not embedded or _embedded_users == 0:
+        return
+    _embedded_users -= 1
+    if _embedded_users == 0 and ray.is_initialized():
+        ray.shutdown()
+    if _embedded_users == 0 and _guard is not None:
+        _guard.close()  # the watchdog stops what the shutdown left behind, then exits
+        _guard = None
+
+
+def detect_device(override: str | None = None) -> str:
+    """'cuda' when the cluster has GPUs (or when asked), else 'cpu'."""
+    import ray
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if override is not None:
+        require(override in ("cpu", "cuda"), "device", override, "must be 'cpu' or 'cuda'")
+        require(override == "cpu" or gpus > 0, "device", override, "the Ray cluster has no GPUs")
+        return override
+    return "cuda" if gpus > 0 else "cpu"
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def code_runtime_env() -> dict[str, Any]:
+    """The job-level runtime_env of a driver that joins a cluster: this seqpar package, shipped
+    to every node (Ray uploads a local directory only at the job level: `ray.init`)."""
+    import seqpar
+
+    return {"py_modules": [os.path.dirname(os.path.abspath(seqpar.__file__))],
+            "excludes": ["__pycache__", "*.pyc"]}
+
+
+def comm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The COMM_ENV_VARS set on the driver, then `extra` (a sweep's `env.vars`) over them."""
+    env = {k: os.environ[k] for k in COMM_ENV_VARS if k in os.environ}
+    return {**env, **(extra or {})}
+
+
+def rank_env_vars(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What a rank actor's runtime_env must set for it to see comm_env(extra): all of it on a
+    joined cluster; on the embedded Ray, whose processes inherited the driver's environment when
+    it started, only what changed since (so a gang starts on Ray's prestarted workers)."""
+    env = comm_env(extra)
+    if _embedded_users:
+        env = {k: v for k, v in env.items() if _inherited.get(k) != v}
+    return env
