@@ -21,6 +21,7 @@ from seqpar.algorithms.layouts import call_cu
 from seqpar.errors import require
 from seqpar.model import checkpointing
 from seqpar.model.config import ModelConfig
+from seqpar.model.memory import TrainPolicy
 from seqpar.model.states import StatePolicy
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
@@ -167,6 +168,12 @@ class TrainCase:
                 "must be 1 with text data (a batch row is one window of packed documents; "
                 "use train.dp for more rows)")
         algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
+
+    def policy(self) -> TrainPolicy:
+        """What decides this step's memory besides the shapes (the planner's unit)."""
+        return TrainPolicy(states=self.states, master_dtype=self.master_dtype, offload=self.offload,
+                           checkpoint=self.checkpoint, seq_fraction=self.seq_fraction,
+                           fused_head=self.fused_head)
 
     def state_policy(self) -> StatePolicy:
         """Where the model states live (the runner and the planner read the same policy)."""

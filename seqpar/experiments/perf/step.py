@@ -75,14 +75,6 @@ def attention_flops_per_rank(shape: AttnShape, world: int) -> float:
                                  shape.head_dim, "causal") / world
 
 
-def train_policy(spec: Any) -> memory.TrainPolicy:
-    """The TrainPolicy of a training spec (its `train` section), as the runner trains with it."""
-    t = spec.train
-    return memory.TrainPolicy(states=t.states, master_dtype=t.master_dtype, offload=t.offload,
-                              checkpoint=t.checkpoint, seq_fraction=t.seq_fraction,
-                              fused_head=t.fused_head)
-
-
 def predict_trial(spec: Any, cluster: Cluster) -> Prediction:
     """A Prediction for any ExperimentSpec: an attention trial's, or a training trial's step (its
     model, SP = world / dp, its policy) with `memory` holding the step's memory parts."""
@@ -93,7 +85,7 @@ def predict_trial(spec: Any, cluster: Cluster) -> Prediction:
     shape = shape_of(cfg, case.seq_len, case.batch, DTYPES[dtype].itemsize)
     p = predict(cluster, case.algorithm, shape, case.sp, nodes=max(1, spec.plan.nodes // case.dp),
                 options=dict(spec.plan.options), layout=case.layout, causal=True, dtype=dtype)
-    policy = train_policy(spec)
+    policy = case.policy()
     q = step(p, cfg, cluster, shape, case.sp, policy, dtype)
     q.memory = memory.step_memory(case.algorithm, shape, case.sp, dict(spec.plan.options), cfg,
                                   policy, p.peak_mem_bytes, dtype, case.dp)
