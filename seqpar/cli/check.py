@@ -89,7 +89,7 @@ def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim,
                         case = Case(name, p, layout, causal, batch, seq_len, heads, hkv, head_dim,
                                     dtype, seed, options=tuple(sorted(options.items())))
                         try:
-                            case.check()  # the Case's rules: any length runs
+                            case.validate()  # the Case's rules: any length runs
                         except ConfigError as err:
                             why = str(err)
                             continue

@@ -88,9 +88,11 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
                       rows)
         return None
     from seqpar.cli import options
+    from seqpar.platform.tracking import check_uri
     from seqpar.sweeps import report
     from seqpar.sweeps.runner import run_sweep
 
+    check_uri(options.GLOBALS.tracking_uri)  # a bad store address is bad input: before Ray starts
     tracker = None
     if resume is not None:  # an unknown id is bad input: say so before Ray starts
         tracker = options.tracker()
