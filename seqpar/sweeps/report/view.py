@@ -71,7 +71,7 @@ class Training:
 
 
 @dataclass(frozen=True)
-class Trial:
+class TrialView:
     """One trial run as the report reads it."""
     run_id: str
     name: str
@@ -97,7 +97,7 @@ class Trial:
     metrics: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, run: RunRecord) -> Trial:
+    def of(cls, run: RunRecord) -> TrialView:
         p, tags = run.params, run.tags
         docs = None
         if _text(p, "workload.documents.count") is not None:
@@ -163,11 +163,11 @@ class Trial:
         return per_machine > self.cores
 
 
-def trials(runs: Iterable[RunRecord]) -> list[Trial]:
-    return [Trial.of(r) for r in runs]
+def trials(runs: Iterable[RunRecord]) -> list[TrialView]:
+    return [TrialView.of(r) for r in runs]
 
 
-def per_rank_details(tracker: Tracker, runs: list[Trial]) -> dict[str, dict[str, Any]]:
+def per_rank_details(tracker: Tracker, runs: list[TrialView]) -> dict[str, dict[str, Any]]:
     """run id -> per_rank.json of each finished multi-rank trial (downloaded from the store)."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
