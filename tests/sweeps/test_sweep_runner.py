@@ -131,4 +131,4 @@ def test_tuning_profiles_every_valid_configuration_and_logs_it_as_a_sweep(ray_ru
     assert {"ring", "ulysses", "allgather"} <= ok
     cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric="tokens_per_s")
     best = max((r for r in runs if r.status == "FINISHED"), key=lambda r: r.metrics["tokens_per_s"])
-    assert cmp.rows[cmp.best][0] == report.TrialView.of(best).config
+    assert cmp.rows[cmp.best][0] == report.Trial.of(best).config

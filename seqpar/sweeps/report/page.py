@@ -20,7 +20,7 @@ from seqpar.sweeps import style
 from seqpar.sweeps.report.headline import best_run, headline_metrics
 from seqpar.sweeps.report.plots import figures
 from seqpar.sweeps.report.table import Comparison, comparison
-from seqpar.sweeps.report.view import TrialView, per_rank_details, trials
+from seqpar.sweeps.report.view import Trial, per_rank_details, trials
 
 ENVIRONMENT_TAGS = (("seqpar commit", "seqpar.git_commit"), ("torch", "seqpar.torch_version"),
                     ("ray", "seqpar.ray_version"), ("mlflow", "seqpar.mlflow_version"),
@@ -82,7 +82,7 @@ def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def render(tracker: Tracker, sweep_id: str, runs: list[TrialView], *, cmp: Comparison,
+def render(tracker: Tracker, sweep_id: str, runs: list[Trial], *, cmp: Comparison,
            figs: dict[str, Any]) -> str:
     """The page for a sweep whose trials, comparison and figures are already built."""
     record = tracker.sweep(sweep_id)

@@ -10,7 +10,7 @@ from typing import Any
 from seqpar.errors import ConfigError
 from seqpar.experiments.registry import higher_is_better
 from seqpar.platform.tracking import Tracker
-from seqpar.sweeps.report.view import TrialView, trials
+from seqpar.sweeps.report.view import Trial, trials
 
 # metrics the table always shows; any other ranking metric gets a column of its own
 SHOWN = ("step_ms", "tokens_per_s", "peak_mem_bytes", "bytes_total", "load_imbalance", "bytes_inter")
@@ -25,12 +25,12 @@ class Comparison:
     metric: str
 
 
-def sort_key(t: TrialView) -> tuple:
+def sort_key(t: Trial) -> tuple:
     return (t.seq_len, t.kv_heads or 0, t.world,
             t.config, t.layout or "", -(t.window or 1 << 62), t.dtype or "")
 
 
-def _select(tracker: Tracker, study: str | None, sweep: str | None) -> tuple[str, list[TrialView]]:
+def _select(tracker: Tracker, study: str | None, sweep: str | None) -> tuple[str, list[Trial]]:
     if sweep is not None:
         record = tracker.sweep(sweep)
         return f"sweep {record.name} ({sweep})", trials(tracker.trials(sweep))
@@ -42,7 +42,7 @@ def _select(tracker: Tracker, study: str | None, sweep: str | None) -> tuple[str
     return f"sweep {latest.name} ({latest.run_id})", trials(tracker.trials(latest.run_id))
 
 
-def _headline(tracker: Tracker, sweep: str | None, runs: list[TrialView]) -> str | None:
+def _headline(tracker: Tracker, sweep: str | None, runs: list[Trial]) -> str | None:
     """The metric the sweep (or, for the latest sweep, its trials) was tagged to rank by."""
     if sweep is not None:
         return tracker.sweep(sweep).tags.get("seqpar.headline")
@@ -61,12 +61,12 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _same_shape(t: TrialView) -> tuple:
+def _same_shape(t: Trial) -> tuple:
     """Trials at the same (N, H, Hkv, mask, dtype): `local` among them is the speed-up baseline."""
     return (t.seq_len, t.heads, t.kv_heads, t.mask, t.dtype)
 
 
-def table(title: str, runs: list[TrialView], metric: str) -> Comparison:
+def table(title: str, runs: list[Trial], metric: str) -> Comparison:
     """The rows for these trials, ranked by `metric` in its direction."""
     logged = {k for t in runs for k in t.metrics}
     if logged and metric not in logged:

@@ -71,7 +71,7 @@ class Training:
 
 
 @dataclass(frozen=True)
-class TrialView:
+class Trial:
     """One trial run as the report reads it."""
     run_id: str
     name: str
@@ -97,7 +97,7 @@ class TrialView:
     metrics: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, run: RunRecord) -> TrialView:
+    def of(cls, run: RunRecord) -> Trial:
         p, tags = run.params, run.tags
         docs = None
         if _text(p, "workload.documents.count") is not None:
@@ -163,11 +163,11 @@ class TrialView:
         return per_machine > self.cores
 
 
-def trials(runs: Iterable[RunRecord]) -> list[TrialView]:
-    return [TrialView.of(r) for r in runs]
+def trials(runs: Iterable[RunRecord]) -> list[Trial]:
+    return [Trial.of(r) for r in runs]
 
 
-def per_rank_details(tracker: Tracker, runs: list[TrialView]) -> dict[str, dict[str, Any]]:
+def per_rank_details(tracker: Tracker, runs: list[Trial]) -> dict[str, dict[str, Any]]:
     """run id -> per_rank.json of each finished multi-rank trial (downloaded from the store)."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from seqpar.sweeps import style
-from seqpar.sweeps.report.view import TrialView
+from seqpar.sweeps.report.view import Trial
 
 
-def band(t: TrialView, metric: str) -> tuple[float, float] | None:
+def band(t: Trial, metric: str) -> tuple[float, float] | None:
     """The p10-p90 spread of a metric over the timed iterations (from the step-time spread)."""
     m = t.metrics
     if "step_ms_p10" not in m or "step_ms_p90" not in m or "step_ms" not in m:
@@ -32,13 +32,13 @@ def line_styles(labels: list[str]) -> dict[str, str]:
     return out
 
 
-def trial_label(t: TrialView) -> str:
+def trial_label(t: Trial) -> str:
     """One trial in a bar chart's row: 'ring  P=4 zigzag N=4K Hkv=2 [oversub]'."""
     return (f"{t.config}  P={t.world} {t.layout or ''} N={style.tokens(t.seq_len)}"
             + (f" Hkv={t.kv_heads}" if t.gqa else "")
             + ("  [oversub]" if t.oversubscribed else ""))
 
 
-def placed_label(t: TrialView) -> str:
+def placed_label(t: Trial) -> str:
     """A configuration at its world and layout: 'ring P=4 zigzag'."""
     return f"{t.config} P={t.world} {t.layout or ''}"
