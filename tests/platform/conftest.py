@@ -45,14 +45,25 @@ def assert_no_leaks():
 # node's not: a rank that imports it cannot start there, as on a node missing a package.
 HEAD_ONLY_MODULE = "seqpar_probe_head_only"
 CLUSTER_SCRIPT = """
-import json, sys
+import json, socket, sys
 from ray.cluster_utils import Cluster
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ports():  # Ray's default agent ports may belong to another Ray on this machine
+    return {"dashboard_agent_listen_port": free_port(), "metrics_export_port": free_port()}
+
 
 path, dashboard_port = sys.argv[1], int(sys.argv[2])
 cluster = Cluster(initialize_head=True, head_node_args={
     "num_cpus": 4, "include_dashboard": True, "dashboard_port": dashboard_port,
-    "env_vars": {"PYTHONPATH": path}})
-cluster.add_node(num_cpus=4)
+    "env_vars": {"PYTHONPATH": path}, **ports()})
+cluster.add_node(num_cpus=4, **ports())
 cluster.wait_for_nodes()
 print(json.dumps({"gcs": cluster.address, "dashboard": "http://" + cluster.webui_url}), flush=True)
 sys.stdin.read()  # until the session closes our stdin

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.ray
 
 BIN = Path(sys.executable).parent
 RAY_CLI = [sys.executable, "-m", "ray.scripts.scripts"]  # `ray`, whichever venv runs the tests
-JOB_ATTEMPTS = 10
+JOB_ATTEMPTS = 3
 SHAPE = {"heads": 4, "kv_heads": 4, "head_dim": 8}
 SEQ_LEN = 32
 PLANS = {  # label -> plan entry of the sweep: P = 4 on 2 nodes x 2 ranks
