@@ -45,8 +45,10 @@ def measure(env, model: str, algorithm: str, world: int, seq_len: int, states: s
         gc.collect()
         with AllocationMeter() as mem:
             loss = net.loss(tokens)
-        del loss
         retained.append(mem.retained)
+        loss.backward()  # as in a step: FSDP reshards its root after backward, not after forward
+        opt.zero_grad(set_to_none=True)
+        del loss
     return held, min(retained)
 
 
