@@ -56,9 +56,10 @@ def attention_held(name: str, shape: AttnShape, world: int,
     they are the attention's own inputs (sc++ recomputes those), whether its output changes layout."""
     d = shape.heads * shape.head_dim
     saved = held(name, shape, world, options) * d
-    # ring, burst and wallfacer save q, k, v as they came; allgather its q (beside the gathered
-    # K,V); ulysses, usp and double_ring save copies (head layout, or their context ring's)
-    recomputable = {"ulysses": 0.0, "usp": 0.0, "double_ring": 0.0, "allgather": d}.get(name, saved)
+    # ring, burst and wallfacer save q, k, v as they came; allgather and the double ring their q
+    # (beside gathered or regrouped K,V, measured: benchmarks/train_memory.py); ulysses and usp
+    # save head-layout copies
+    recomputable = {"ulysses": 0.0, "usp": 0.0, "double_ring": d, "allgather": d}.get(name, saved)
     return AttentionHeld(saved=saved, recomputable=recomputable,
                          relayout=name in ("ulysses", "usp"))
 
