@@ -16,14 +16,14 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -qq --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -qq -c $(CONSTRAINTS) "$(TORCH_SPEC)"
-	$(BIN)/pip install -qq -c $(CONSTRAINTS) -e ".[dev]"
+	$(BIN)/pip install -qq -c $(CONSTRAINTS) -e ".[dev,peers]"
 	touch $(STAMP)
 
 # Refresh the pins: the newest versions pyproject.toml allows (torch stays TORCH_SPEC), written to
 # constraints.txt. Run `make test` on the result before committing it.
 constraints:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -qq --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH_SPEC)"
+	$(BIN)/pip install -qq --upgrade --upgrade-strategy eager -e ".[dev,peers]" "$(TORCH_SPEC)"
 	{ sed -n '1,2p' $(CONSTRAINTS); $(BIN)/pip freeze --exclude-editable | \
 	  grep -v -i -e '^seqpar' -e '^-e' | sed -e 's/+cpu$$//'; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from seqpar import algorithms
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES, AttnShape
+from seqpar.algorithms.layouts import call_cu
 from seqpar.errors import require
 from seqpar.model import checkpointing
 from seqpar.model.config import ModelConfig
+from seqpar.model.memory import TrainPolicy
 from seqpar.model.states import StatePolicy
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
@@ -53,6 +55,11 @@ class Case:
     iters: int = 3
     cu_seqlens: tuple[int, ...] = ()  # global document boundaries [0, ..., N]; () = one document
     window: int | None = None          # sliding window (None: none)
+
+    def __post_init__(self) -> None:  # any length: uneven shards carry N as one document [0, N]
+        if self.world > 0:
+            cu = call_cu(self.world, self.seq_len, self.cu_seqlens) or ()
+            object.__setattr__(self, "cu_seqlens", cu)
 
     @property
     def shape(self) -> AttnShape:
@@ -161,6 +168,12 @@ class TrainCase:
                 "must be 1 with text data (a batch row is one window of packed documents; "
                 "use train.dp for more rows)")
         algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
+
+    def policy(self) -> TrainPolicy:
+        """What decides this step's memory besides the shapes (the planner's unit)."""
+        return TrainPolicy(states=self.states, master_dtype=self.master_dtype, offload=self.offload,
+                           checkpoint=self.checkpoint, seq_fraction=self.seq_fraction,
+                           fused_head=self.fused_head)
 
     def state_policy(self) -> StatePolicy:
         """Where the model states live (the runner and the planner read the same policy)."""

@@ -18,6 +18,7 @@ ahead sees (`route`);
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,7 +53,25 @@ for _cls in (Local, AllGather, Ulysses, Ring, Usp, DoubleRing, WallFacer, Burst)
     register(_cls)
 
 
+# Other projects' attentions, run by thin adapters ("peer:<name>", package seqpar.peers), live apart
+# from seqpar's own: the planner, the tuner and `seqpar check` range over REGISTRY only. `get`
+# imports the adapters' package on the first lookup of such a name (it registers them, or why one
+# cannot run here), so this package names it but never needs it.
+PEER_PREFIX, PEER_PACKAGE = "peer:", "seqpar.peers"
+PEERS: dict[str, AlgorithmSpec | str] = {}  # name -> class, or the one-line reason it cannot run
+
+
+def register_peer(name: str, spec: AlgorithmSpec | str) -> None:
+    PEERS[name] = spec
+
+
 def get(name: str) -> AlgorithmSpec:
+    if isinstance(name, str) and name.startswith(PEER_PREFIX):
+        importlib.import_module(PEER_PACKAGE)
+        require(name in PEERS, "algorithm", name, f"must be one of {', '.join(PEERS)}")
+        spec = PEERS[name]
+        require(not isinstance(spec, str), "algorithm", name, str(spec))
+        return spec
     require(name in REGISTRY, "algorithm", name, f"must be one of {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
@@ -180,7 +199,7 @@ def option_space(name: str, world: int) -> list[dict[str, Any]]:
             for o in get(name).Options.space(world)]
 
 
-__all__ = ["LAYOUTS", "REGISTRY", "Algorithm", "AlgorithmSpec", "Attention", "AttnShape", "Grid",
-           "Ledger", "Mask", "Mesh", "Options", "build_attention", "build_mesh", "check",
+__all__ = ["LAYOUTS", "PEERS", "REGISTRY", "Algorithm", "AlgorithmSpec", "Attention", "AttnShape",
+           "Grid", "Ledger", "Mask", "Mesh", "Options", "build_attention", "build_mesh", "check",
            "expected_bytes", "get", "grid_for", "mesh_for", "option_space", "options_of",
-           "recording", "register", "skipped_bytes"]
+           "recording", "register", "register_peer", "skipped_bytes"]

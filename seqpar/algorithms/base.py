@@ -76,7 +76,7 @@ class Mask:
     def of(cls, shape: AttnShape, world: int, layout: str, causal: bool = True,
            cu_seqlens: Sequence[int] | None = None, window: int | None = None) -> Mask:
         """The mask of a call on `shape` (seq_len = N) as `Attention` builds it."""
-        cu = layouts.as_cu(cu_seqlens) or None
+        cu = layouts.call_cu(world, shape.seq_len, layouts.as_cu(cu_seqlens) or None)
         if cu is not None:
             cu = layouts.normal_cu(layout, world, cu[-1], cu)
         return cls(layout, shape.shard_len(world) * world, layouts.Relation(causal, cu, window))

@@ -69,7 +69,7 @@ def backward_tasks(
     for group in groups:
         seqs, q_rows, k_rows = _packing(group, b, q.shape[1], k.shape[1], q.device)
         for t in group.tasks:
-            kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, 2.5, t.band)
+            kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band, backward=True)
         gq, gk, gv = kernels.flash_varlen_backward(
             _take(dout, q_rows), _take(q, q_rows), _take(k, k_rows), _take(v, k_rows),
             _take(out, q_rows), _take(lse.transpose(1, 2), q_rows).t(), seqs, group.causal,
@@ -219,7 +219,7 @@ def _group_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Gro
     b, sq, h, d = q.shape
     seqs, q_rows, k_rows = _packing(group, b, sq, k.shape[1], q.device)
     for t in group.tasks:
-        kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, 1.0, t.band)
+        kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band)
     out, lse = kernels.flash_varlen_forward(_take(q, q_rows), _take(k, k_rows), _take(v, k_rows),
                                             seqs, group.causal, group.window,
                                             kernels.default_scale(scale, d))
@@ -278,7 +278,7 @@ def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Seque
         out, lse, rows = _group_forward(q, k, v, groups[0], scale)
         b, s, h, _ = q.shape
         if rows.span == (0, s):  # one varlen call made every row
-            lse = kernels._contiguous(lse.view(h, b, s).transpose(0, 1))
+            lse = kernels.contiguous(lse.view(h, b, s).transpose(0, 1))
             return out.view(b, s, h, -1), lse.to(kernels.acc_dtype(q.dtype))
         acc_out, acc_lse = new_partial(q)
         _merge_rows(acc_out, acc_lse, out, lse, rows, b)

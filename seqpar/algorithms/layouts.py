@@ -33,8 +33,13 @@ contiguous cuts at r*N//P, stripe deals t mod P, zigzag as above: every rank hol
 ceil(N/P) tokens. `Attention` pads each rank's shard to s = ceil(N/P) rows at its end (padding rows
 hold positions N + r*s + j: no query sees them, they see nothing; the algorithms run on equal
 shards of s rows and the padding is cut off again), so every message has s rows and the bytes are
-those of N' = s*P tokens (`AttnShape.shard_len`). Without cu_seqlens a rank cannot know N from its
-own shard, so N must then divide into the layout's pieces (`check_seq_len`).
+those of N' = s*P tokens (`AttnShape.shard_len`).
+
+One rule for the length, in every layout: any N. A plain call (no cu_seqlens) is dealt as the one
+document [0, N] is, so N need not divide into the layout's pieces (136 tokens over 8 zigzag ranks:
+17 each, exact), only over the ranks: every rank then holds N/P tokens and knows N from its own
+shard (`check_seq_len`). Uneven shards (N mod P != 0) carry N as cu_seqlens=[0, N] (`call_cu`:
+what a Case, the spec and `seqpar check` hand the attention for such a length).
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ LAYOUTS = ("contiguous", "zigzag", "stripe")
 
 
 def chunk_count(layout: str, world: int) -> int:
-    """How many equal pieces the sequence is cut into; seq_len must be a multiple of it."""
+    """How many equal pieces the classic deal cuts a sequence into (a length that does not divide
+    into them deals its last N mod pieces tokens round robin, `_dealt`)."""
     check_layout(layout)
     return 2 * world if layout == "zigzag" else world
 
@@ -61,14 +67,15 @@ def check_layout(layout: str) -> None:
 
 def check_seq_len(layout: str, world: int, seq_len: int,
                   cu: tuple[int, ...] | None = None) -> None:
-    """seq_len must split evenly into the layout's pieces, unless cu_seqlens give N (any N > 0)."""
-    n = chunk_count(layout, world)
+    """Any N > 0 with cu_seqlens; without them N must split evenly over the ranks (every rank then
+    holds N/P tokens and knows N from its own shard), in every layout."""
+    check_layout(layout)
     if cu is not None:
         require(seq_len > 0, "seq_len", seq_len, "must be positive")
         return
-    require(seq_len > 0 and seq_len % n == 0, "seq_len", seq_len,
-            f"must be a positive multiple of {n} ({layout} layout over {world} ranks; "
-            f"any length with cu_seqlens)")
+    require(seq_len > 0 and seq_len % world == 0, "seq_len", seq_len,
+            f"must be a positive multiple of world={world} without cu_seqlens (ranks of uneven "
+            f"shards cannot tell N; any length with cu_seqlens=[0, N])")
 
 
 def shard_len(seq_len: int, world: int) -> int:
@@ -77,13 +84,21 @@ def shard_len(seq_len: int, world: int) -> int:
 
 
 def normal_cu(layout: str, world: int, seq_len: int, cu_seqlens) -> tuple[int, ...] | None:
-    """cu_seqlens as the relation keeps them: None for one document of a length that divides
-    into the layout's pieces (the classic case), else a tuple."""
+    """cu_seqlens as the relation keeps them: None for one document of a length that splits evenly
+    over the ranks (a plain call: the deal is the same), else a tuple."""
     cu = as_cu(cu_seqlens)
     if cu is not None and len(cu) == 2 and cu[0] == 0 and cu[1] == seq_len \
-            and seq_len % chunk_count(layout, world) == 0:
+            and seq_len % world == 0:
         return None
     return cu
+
+
+def call_cu(world: int, seq_len: int, cu: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The documents a call on N tokens runs with: cu as given; without them, none when N splits
+    over the ranks (a plain call), else one document [0, N] (uneven shards carry N)."""
+    if cu:
+        return cu
+    return None if seq_len % world == 0 else (0, seq_len)
 
 
 def check_documents(layout: str, world: int, seq_len: int, cu: tuple[int, ...] | None) -> None:

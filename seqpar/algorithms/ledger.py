@@ -102,10 +102,6 @@ def _sum(entries: dict[tuple[str, str, str, str], Entry], phase: str | None, op:
     )
 
 
-def current_phase() -> str:
-    return _phase.get()
-
-
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
     """Book communication and FLOPs inside the block under `name` ('forward' or 'backward')."""
@@ -137,31 +133,29 @@ def active() -> tuple[Ledger, ...]:
 
 
 @contextlib.contextmanager
-def backward_of(saved: tuple[Ledger, ...]) -> Iterator[None]:
+def _booking(saved: tuple[Ledger, ...], phase_name: str) -> Iterator[None]:
+    """Book into `saved` under `phase_name` inside the block, on whichever thread runs it."""
+    token_l = _ledgers.set(saved)
+    token_p = _phase.set(phase_name)
+    try:
+        yield
+    finally:
+        _phase.reset(token_p)
+        _ledgers.reset(token_l)
+
+
+def backward_of(saved: tuple[Ledger, ...]) -> contextlib.AbstractContextManager[None]:
     """Inside an autograd backward: book into the ledgers active at forward time, as 'backward'.
 
     Autograd may run backward on another thread (CUDA), where the forward's context is not set.
     """
-    token_l = _ledgers.set(saved)
-    token_p = _phase.set("backward")
-    try:
-        yield
-    finally:
-        _phase.reset(token_p)
-        _ledgers.reset(token_l)
+    return _booking(saved, "backward")
 
 
-@contextlib.contextmanager
-def replay_of(saved: tuple[Ledger, ...]) -> Iterator[None]:
+def replay_of(saved: tuple[Ledger, ...]) -> contextlib.AbstractContextManager[None]:
     """A forward recomputed inside backward (activation checkpointing): book into the ledgers active
     when the forward first ran, as 'forward', on whichever thread autograd runs it."""
-    token_l = _ledgers.set(saved)
-    token_p = _phase.set("forward")
-    try:
-        yield
-    finally:
-        _phase.reset(token_p)
-        _ledgers.reset(token_l)
+    return _booking(saved, "forward")
 
 
 def add_flops(flops: float) -> None:

@@ -54,7 +54,7 @@ def check(
                                 head_dim, dtype, seed if seed is not None else secrets.randbelow(2**31))
     require(bool(cases), "algorithms", algorithms_ or "all",
             "no case fits these shapes: " + "; ".join(dict.fromkeys(r for _, r in skipped)))
-    rows, failed = run_cases(cases, world, device)
+    rows, failed = checked_rows(cases, world, device)
     rows += [[c.algorithm, c.layout, "causal" if c.causal else "full", f"{c.heads}/{c.kv_heads}",
               c.world, "-", "-", "-", "-", f"skipped: {why}"] for c, why in skipped]
     display_table(f"seqpar check: P={world}, N={seq_len}, {dtype}",
@@ -75,7 +75,6 @@ CHECK_FORMS = {
 
 
 def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim, dtype, seed):
-    from seqpar import algorithms
     from seqpar.case import Case
 
     cases, skipped = [], []
@@ -90,7 +89,7 @@ def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim,
                         case = Case(name, p, layout, causal, batch, seq_len, heads, hkv, head_dim,
                                     dtype, seed, options=tuple(sorted(options.items())))
                         try:
-                            algorithms.check(name, case.shape, p, layout, causal, **options)
+                            case.validate()  # the Case's rules: any length runs
                         except ConfigError as err:
                             why = str(err)
                             continue
@@ -101,7 +100,8 @@ def plan_cases(names, layouts, world, seq_len, batch, heads, kv_heads, head_dim,
     return cases, skipped
 
 
-def run_cases(cases, world, device):
+def checked_rows(cases, world, device):
+    """Run every case on a local gang and evaluate it: the table rows and how many failed."""
     from seqpar.platform.localgang import LocalGang
     from seqpar.workers.measure.check import evaluate, run_case
 

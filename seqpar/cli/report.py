@@ -21,7 +21,7 @@ def report(
     """Write a sweep's tables, plots and environment as one HTML page (no external files)."""
     from seqpar.cli import options
     from seqpar.errors import ConfigError
-    from seqpar.sweeps import html
+    from seqpar.sweeps.report import build_page
 
     tracker = options.tracker()
     if sweep_id is None:
@@ -29,7 +29,7 @@ def report(
         if latest is None:
             raise ConfigError("tracking-uri", tracker.uri, "holds no sweep yet; run `seqpar sweep`")
         sweep_id = latest.run_id
-    page = html.build(tracker, sweep_id)
+    page = build_page(tracker, sweep_id)
     try:
         output.write_text(page)
     except OSError as err:

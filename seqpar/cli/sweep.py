@@ -88,14 +88,18 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
                       rows)
         return None
     from seqpar.cli import options
+    from seqpar.platform.tracking import check_uri
     from seqpar.sweeps import report
     from seqpar.sweeps.runner import run_sweep
 
-    tracker = options.tracker()
-    if resume is not None:
-        tracker.sweep(resume)  # an unknown id is bad input: say so before Ray starts
-    console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
+    check_uri(options.GLOBALS.tracking_uri)  # a bad store address is bad input: before Ray starts
+    tracker = None
+    if resume is not None:  # an unknown id is bad input: say so before Ray starts
+        tracker = options.tracker()
+        tracker.sweep(resume)
     with options.trial_runner(device) as runner:
+        tracker = tracker or options.tracker()  # once the cluster answers: a failed start
+        console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
         _print_dashboard()
         try:
             outcome = run_sweep(plan, tracker=tracker, runner=runner, retries=retries,

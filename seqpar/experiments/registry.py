@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from seqpar.errors import require
@@ -33,13 +33,14 @@ GPU_BASE = {"model": "llama2-7b", "plan": {"world": 8, "layout": "zigzag", "node
 CPU_LINKS = {"intra": {"latency_us": 5.0, "bandwidth_gb_per_s": 10.0},
              "inter": {"latency_us": 50.0, "bandwidth_gb_per_s": 1.0}}
 
-ALL = [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"}, {"algorithm": "ulysses"},
+# every algorithm in the form the cpu preset runs it (world 4; local on one rank)
+CPU_PLANS = [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"}, {"algorithm": "ulysses"},
        {"algorithm": "ring"}, {"algorithm": "usp", "options": {"dhp": 2, "dcp": 2}},
        {"algorithm": "double_ring", "options": {"inner_ring": 2}},
        {"algorithm": "wallfacer", "options": {"team_size": 2}}, {"algorithm": "burst"}]
 
 
-def gpu_all(world: int) -> list[dict[str, Any]]:
+def gpu_plans(world: int) -> list[dict[str, Any]]:
     """Every algorithm at a GPU world size: USP with 4-way head parallelism, double ring of 2."""
     return [{"algorithm": "allgather"}, {"algorithm": "ulysses"}, {"algorithm": "ring"},
             {"algorithm": "usp", "options": {"dhp": 4, "dcp": world // 4}},
@@ -56,15 +57,24 @@ def _base(preset: str, **sections: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+# metrics where less is better (by prefix); every other metric (tokens/s, TGS, MFU, TFLOP/s) is
+# better higher. The one table the comparison and the sweep's headline read.
+LOWER_IS_BETTER = ("step_ms", "fwd_ms", "bwd_ms", "peak_mem", "bytes", "load_imbalance", "setup_s",
+                   "run_s", "activation_bytes", "recomputed_flops", "err_", "attn_flops", "loss",
+                   "state_bytes")
+
+
+def higher_is_better(metric: str) -> bool:
+    """Whether a larger value of this logged metric is the better trial."""
+    return not metric.startswith(LOWER_IS_BETTER)
+
+
 @dataclass(frozen=True)
 class Study:
     name: str
     description: str
     headline: str                    # the metric `seqpar compare` ranks by
-    higher_is_better: bool
-    plot: str                        # throughput | memory | scaling | bytes_by_link | bar | ...
     build: Callable[[str], Sweep]    # preset -> (base, grid)
-    notes: dict[str, str] = field(default_factory=dict)
 
     def sweep(self, preset: str = "cpu") -> Sweep:
         require(preset in PRESET_NAMES, "preset", preset, f"must be one of {', '.join(PRESET_NAMES)}")
@@ -88,7 +98,7 @@ def fitting(points: list[Point], cluster: str) -> list[Point]:
     out = []
     for p in points:
         if p.spec is not None:
-            peak = perf.predict_spec(p.spec, c).peak_mem_bytes
+            peak = perf.predict_trial(p.spec, c).peak_mem_bytes
             if peak > c.memory_gb * 1e9:
                 why = (f"predicted peak {peak / 1e9:.1f} GB per rank exceeds the {c.memory_gb:g} GB "
                        f"of a {cluster} device")
@@ -100,18 +110,18 @@ def fitting(points: list[Point], cluster: str) -> list[Point]:
 def _throughput(preset: str) -> Sweep:
     if preset == "cpu":  # on the emulated twin (TWIN, below): an A100 node's compute/link balance
         return (_base(preset, env={"link_emulation": TWIN}),
-                {"plan": ALL, "workload.seq_len": [1024, 2048, 4096]})
+                {"plan": CPU_PLANS, "workload.seq_len": [1024, 2048, 4096]})
     return (_base(preset, plan={"world": 16, "nodes": 2}),
-            {"plan": [{"algorithm": "local", "world": 1, "nodes": 1}, *gpu_all(16)],
+            {"plan": [{"algorithm": "local", "world": 1, "nodes": 1}, *gpu_plans(16)],
              "workload.seq_len": [131072, 262144, 524288, 1048576]})
 
 
 def _memory(preset: str) -> Sweep:
     if preset == "cpu":
         return (_base(preset, workload={"iters": 2}),
-                {"plan": ALL, "workload.seq_len": [1024, 2048, 4096, 8192]})
+                {"plan": CPU_PLANS, "workload.seq_len": [1024, 2048, 4096, 8192]})
     return (_base(preset, workload={"iters": 3}),
-            {"plan": [{"algorithm": "local", "world": 1}, *gpu_all(8)],
+            {"plan": [{"algorithm": "local", "world": 1}, *gpu_plans(8)],
              "workload.seq_len": [131072, 262144, 524288]})
 
 
@@ -211,13 +221,13 @@ def _varlen(preset: str) -> Sweep:
     if preset == "cpu":
         docs = {"count": 16, "spread": 1.25, "seed": 0}  # 32..1382 tokens, 256 on average
         base = _base(preset, workload={"seq_len": 4096, "documents": docs})
-        plans = [{"plan": ALL[0]}] + [{"plan": {**p, "layout": lay}} for p in ALL[1:]
+        plans = [{"plan": CPU_PLANS[0]}] + [{"plan": {**p, "layout": lay}} for p in CPU_PLANS[1:]
                                       for lay in LAYOUTS]
         return base, {"point": plans}
     docs = {"count": 128, "spread": 1.25, "seed": 0}  # 2K tokens per document on average
     return (_base(preset, plan={"world": 16, "nodes": 2},
                   workload={"seq_len": 262144, "documents": docs}),
-            {"plan": gpu_all(16), "plan.layout": LAYOUTS})
+            {"plan": gpu_plans(16), "plan.layout": LAYOUTS})
 
 
 def _sliding_window(preset: str) -> Sweep:
@@ -230,7 +240,7 @@ def _sliding_window(preset: str) -> Sweep:
                 {"plan": plans, "workload.window": [None, n // 2, n // 8, n // 32]})
     n = 131072
     return (_base(preset, model="llama3-8b", workload={"seq_len": n}),
-            {"plan": [*gpu_all(8), {"algorithm": "ring", "layout": "stripe"}],
+            {"plan": [*gpu_plans(8), {"algorithm": "ring", "layout": "stripe"}],
              "workload.window": [None, n // 2, n // 8, n // 32]})
 
 
@@ -263,6 +273,32 @@ def _accuracy(preset: str) -> Sweep:
             {"plan": _accuracy_plans(range(2, 9), 32), "workload.dtype": ["bfloat16", "float32"]})
 
 
+# ------------------------------------------------------------------------------- peers
+def _peer_plans(preset: str) -> list[dict[str, Any]]:
+    """Each of seqpar's algorithms beside the peers that do the same thing, in the layout both
+    deal: Ulysses (contiguous) and the load-balanced ring (zigzag, torch's head-tail)."""
+    plans = [{"algorithm": "ulysses", "layout": "contiguous"},
+             {"algorithm": "peer:yunchang-ulysses", "layout": "contiguous"},
+             {"algorithm": "ring", "layout": "zigzag"},
+             *({"algorithm": "peer:torch-cp-ring", "layout": "zigzag", "options": {"rotate": r}}
+               for r in ("allgather", "alltoall"))]
+    if preset != "cpu":  # the GPU-only peers (TE and MagiAttention have no byte model to plan by)
+        plans += [{"algorithm": "peer:ring-flash-zigzag", "layout": "zigzag"},
+                  {"algorithm": "peer:ring-flash-llama3", "layout": "contiguous"},
+                  {"algorithm": "usp", "layout": "contiguous", "options": {"dhp": 4}},
+                  {"algorithm": "peer:yunchang-usp", "layout": "contiguous",
+                   "options": {"ulysses_degree": 4}}]
+    return plans
+
+
+def _peers(preset: str) -> Sweep:
+    if preset == "cpu":  # P = 2 on 2 cores: a few seconds a trial, the same CPU kernel on both sides
+        return (_base(preset, plan={"world": 2}, workload={"warmup": 2, "iters": 10}),
+                {"plan": _peer_plans(preset), "workload.seq_len": [1024, 2048]})
+    return (_base(preset, model="llama3-8b", workload={"seq_len": 131072}),
+            {"plan": _peer_plans(preset)})
+
+
 # ------------------------------------------------------------------ model training studies (issue 10)
 def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
     """A training trial's base: the decoder preset (`seqpar.model.PRESETS`) and its attention shape."""
@@ -273,7 +309,13 @@ def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any
     base = _base(preset, model={"heads": cfg.heads, "kv_heads": cfg.kv_heads,
                                 "head_dim": cfg.head_dim},
                  workload={"batch": 1, "warmup": 1, "iters": 3 if preset == "cpu" else 5})
-    base["train"] = {"model": name, **sections.pop("train", {})}
+    # on GPUs what a real run uses: bf16 compute, fp32 master weights and moments, states sharded
+    # by FSDP over the DP x SP world, the fused LM head
+    real = {} if preset == "cpu" else {"states": "fsdp", "master_dtype": "float32",
+                                       "fused_head": True}
+    if preset != "cpu":
+        base["workload"]["dtype"] = "bfloat16"
+    base["train"] = {"model": name, **real, **sections.pop("train", {})}
     for key, values in sections.items():
         base[key] = {**base.get(key, {}), **values}
     return base
@@ -281,9 +323,9 @@ def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any
 
 def _e2e_throughput(preset: str) -> Sweep:
     if preset == "cpu":
-        return _train_base(preset), {"plan": ALL, "workload.seq_len": [256, 512, 1024]}
+        return _train_base(preset), {"plan": CPU_PLANS, "workload.seq_len": [256, 512, 1024]}
     return (_train_base(preset, plan={"world": 16, "nodes": 2}, train={"checkpoint": "sc++"}),
-            {"plan": gpu_all(16), "workload.seq_len": [131072, 262144, 524288]})
+            {"plan": gpu_plans(16), "workload.seq_len": [131072, 262144, 524288]})
 
 
 CHECKPOINT_AXIS = [{"train.checkpoint": "none"}, {"train.checkpoint": "full"},
@@ -315,7 +357,8 @@ def _e2e_scaling(preset: str) -> Sweep:
     world = 4 if preset == "cpu" else 32
     splits = [{"train.dp": d} for d in (1, 2, 4) + (() if preset == "cpu" else (8,))]
     n = 1024 if preset == "cpu" else 262144
-    return (_train_base(preset, plan={"world": world}, workload={"seq_len": n}),
+    train = {} if preset == "cpu" else {"checkpoint": "sc++"}
+    return (_train_base(preset, plan={"world": world}, workload={"seq_len": n}, train=train),
             {"plan.algorithm": ["ring", "ulysses"], "split": splits})
 
 
@@ -338,41 +381,41 @@ def _text(preset: str) -> Sweep:
 
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("throughput", "tokens/s of every algorithm against local as the sequence grows",
-          "tokens_per_s", True, "throughput", _throughput),
-    Study("memory", "peak memory per rank against sequence length", "peak_mem_bytes", False,
-          "memory", _memory),
+          "tokens_per_s", _throughput),
+    Study("memory", "peak memory per rank against sequence length", "peak_mem_bytes", _memory),
     Study("strong-scaling", "fixed sequence, more ranks: speed-up and efficiency over local",
-          "tokens_per_s", True, "scaling", _scaling(weak=False)),
+          "tokens_per_s", _scaling(weak=False)),
     Study("weak-scaling", "sequence grows with the ranks: efficiency stays near 1 when it scales",
-          "tokens_per_s_per_rank", True, "scaling", _scaling(weak=True)),
+          "tokens_per_s_per_rank", _scaling(weak=True)),
     Study("mha-vs-gqa", "bytes sent with H/Hkv = 1 and 4: who gains from GQA (burst loses, §3.1)",
-          "bytes_total", False, "bar", _mha_vs_gqa),
+          "bytes_total", _mha_vs_gqa),
     Study("load-balance", "max/mean FLOPs over ranks for contiguous, zigzag and stripe (causal)",
-          "load_imbalance", False, "bar", _load_balance),
+          "load_imbalance", _load_balance),
     Study("placement", "USP head-first vs context-first over 2 nodes (LoongTrain §4.4)",
-          "step_ms", False, "bytes_by_link", _placement),
+          "step_ms", _placement),
     Study("ring-size", "double ring: inner ring size w over 2 nodes (LoongTrain §4.3)",
-          "step_ms", False, "bytes_by_link", _ring_size),
+          "step_ms", _ring_size),
     Study("wallfacer-c", "WallFacer team size C (C=1 ring, C=sqrt(P) collectives) x placement",
-          "step_ms", False, "bytes_by_link", _wallfacer_c),
+          "step_ms", _wallfacer_c),
     Study("e2e-throughput", "the model trained with every algorithm: TGS and MFU as N grows",
-          "tgs", True, "throughput", _e2e_throughput),
+          "tgs", _e2e_throughput),
     Study("checkpointing", "activation memory vs step time: none, full, sc++, sequence(f), "
-          "sc++ + sequence (LoongTrain §5.2, BurstEngine §3.2)", "activation_bytes", False,
-          "train", _checkpointing),
+          "sc++ + sequence (LoongTrain §5.2, BurstEngine §3.2)", "activation_bytes", _checkpointing),
     Study("lm-head", "fused vs unfused LM head + loss: peak memory and time vs vocabulary "
-          "(BurstEngine §3.3)", "peak_mem_bytes", False, "train", _lm_head),
-    Study("e2e-scaling", "DP x SP splits of a fixed number of ranks: TGS", "tgs", True, "train",
+          "(BurstEngine §3.3)", "peak_mem_bytes", _lm_head),
+    Study("e2e-scaling", "DP x SP splits of a fixed number of ranks: TGS", "tgs",
           _e2e_scaling),
     Study("text", "the decoder on real text (byte tokens, packed documents): the learning curve",
-          "loss_last", False, "train", _text),
+          "loss_last", _text),
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
-          "bytes_total", False, "bar", _burst_backward),
+          "bytes_total", _burst_backward),
     Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "
-          "FLOPs) per algorithm and layout, beside equal work", "tokens_per_s", True, "varlen",
-          _varlen),
+          "FLOPs) per algorithm and layout, beside equal work", "tokens_per_s", _varlen),
     Study("sliding-window", "window W from N/32 to N/2 against full causal: time, FLOPs and bytes "
-          "saved (BurstEngine §3.4)", "step_ms", False, "window", _sliding_window),
+          "saved (BurstEngine §3.4)", "step_ms", _sliding_window),
     Study("accuracy", "forward and backward error against float64 by algorithm, world 1..8 and "
-          "dtype, on fixed seeded inputs", "err_max", False, "accuracy", _accuracy),
+          "dtype, on fixed seeded inputs", "err_max", _accuracy),
+    Study("peers", "seqpar's algorithms beside the peers' own code doing the same thing "
+          "(peer:<name>): ulysses vs yunchang, ring vs torch's context-parallel ring", "step_ms",
+          _peers),
 )}

@@ -9,8 +9,8 @@ Every rule of the algorithm itself is checked by `seqpar.algorithms.check` (one 
 this module only adds the rules of the plan (nodes x ranks_per_node) and of the workload's mask
 (`documents`: packed documents, explicit or a seeded long-tailed draw, summing to seq_len; `window`:
 a causal sliding window), and turns pydantic's errors into the one-line
-`ConfigError(field, value, rule)` the CLI prints. Without documents seq_len must split into the
-layout's pieces; with them (even one: `documents: {count: 1}`) any length runs, on uneven shards.
+`ConfigError(field, value, rule)` the CLI prints. Any seq_len runs, in every layout: a length
+that does not split over the ranks runs as one document [0, N], on uneven shards (`case.Case`).
 """
 
 from __future__ import annotations

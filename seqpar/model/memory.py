@@ -139,12 +139,13 @@ def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: 
 @dataclass(frozen=True)
 class AttentionHeld:
     """What the distributed attention keeps for its backward, per token of the rank's shard, in
-    elements: `saved` beside its output (ring's q, k, v; Ulysses' head-layout copies), whether its
-    saved tensors are its own inputs (then sc++ recomputes them), and whether it returns an output
-    that is a new tensor beside the one it saved (a layout change)."""
+    elements: `saved` beside its output (ring's q, k, v; Ulysses' head-layout copies), how much of
+    that is its own inputs as they came (`recomputable`: sc++ recomputes those from the block's
+    input), and whether it returns an output that is a new tensor beside the one it saved (a layout
+    change)."""
 
     saved: float
-    inputs: bool = True
+    recomputable: float
     relayout: bool = False
 
 
@@ -163,7 +164,7 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
         return none
     if mode == "full":
         return d
-    kept_attention = d + out + lse + (0 if attn.inputs else attn.saved)  # x, out(s), lse
+    kept_attention = d + out + lse + attn.saved - attn.recomputable  # x, out(s), lse, copies
     if mode == "sc++":
         return kept_attention
     rest = (none - attention - d) * (1 - frac)
@@ -184,8 +185,8 @@ def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype
     t = batch * shard_tokens
     d, v = cfg.hidden, cfg.vocab
     per_token = d + (2 * d + 1) + cfg.layers * block_elems(cfg, attn, policy, acc / e, batch)
-    if policy.fused_head:
-        per_token += d * acc / e
+    if policy.fused_head:  # dh and dw, computed in forward; the final norm's output is not kept
+        per_token += d * acc / e - d
         head = v * d * acc
     else:
         per_token += v * acc / e
@@ -197,7 +198,7 @@ def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype
     if policy.states == "fsdp":
         casts = (2 * v * d + d) * e                        # the root's gathered parameters
     elif policy.master_dtype and ELEM[policy.master_dtype] != e:
-        casts = (v * d + d) * e                            # the head's and final norm's casts
+        casts = ((0 if policy.fused_head else v * d) + d) * e  # the head's (unfused), the norm's
         if policy.checkpoint in ("none", "sequence", "sc++,sequence"):
             casts += cfg.layers * block_weights * e        # each block's casts, kept for backward
     return int(t * per_token * e + head + extra + casts)

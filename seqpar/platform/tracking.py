@@ -117,6 +117,21 @@ def _record(run: Any) -> RunRecord:
                      dict(run.data.params), dict(run.data.metrics), dict(run.data.tags))
 
 
+SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+SCHEME_RULE = ("unsupported scheme; MLflow takes sqlite:///PATH, http(s)://SERVER, "
+               "postgresql://, mysql://, mssql:// or databricks")
+
+
+def check_uri(uri: str | None = None) -> str:
+    """The tracking URI, refused in one line when its scheme is not a store MLflow opens: a check
+    that writes nothing, for before any actor starts (the store itself is opened later)."""
+    resolved = resolve_uri(uri)
+    scheme = resolved.split(":", 1)[0].split("+", 1)[0] if ":" in resolved else ""
+    if scheme not in SCHEMES:
+        raise ConfigError("tracking-uri", resolved, SCHEME_RULE)
+    return resolved
+
+
 class Tracker:
     """A thin, typed layer over MlflowClient for sweeps and trials."""
 
@@ -136,8 +151,7 @@ class Tracker:
         except Exception as err:  # an unknown scheme, an unreadable file: bad input, one line
             rule = _first_line(err)
             if "unsupported URI" in rule:
-                rule = ("unsupported scheme; MLflow takes sqlite:///PATH, http(s)://SERVER, "
-                        "postgresql://, mysql://, mssql:// or databricks")
+                rule = SCHEME_RULE
             raise ConfigError("tracking-uri", self.uri, rule) from None
 
     @property
@@ -220,6 +234,10 @@ class Tracker:
         self.client.log_dict(run_id, detail, "per_rank.json")
         self.client.set_terminated(run_id, status=status)
         return run_id
+
+    def delete_run(self, run_id: str) -> None:
+        """Delete a run (a trial superseded by its rerun on resume)."""
+        self.client.delete_run(run_id)
 
     def trials(self, sweep_id: str) -> list[RunRecord]:
         parent = self.client.get_run(sweep_id)

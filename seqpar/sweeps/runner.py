@@ -170,7 +170,7 @@ def _analytic_bytes(spec: Any) -> float | None:
                                              **spec.options)
         backward = spec.workload.mode != "fwd"  # fwd+bwd and accuracy run backward
         return float(by_phase["forward"] + (by_phase["backward"] if backward else 0))
-    except Exception:  # an algorithm without a formula (or one being redesigned): no bar
+    except NotImplementedError:  # an algorithm without a formula: no bar
         return None
 
 
@@ -205,7 +205,7 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                 run_id = log_one(tracker, sweep_id, plan, point, result, attempts)
                 live.end_trial(time.monotonic() - t0)
                 for old in stale.pop(point.spec.hash if point.spec else "", []):
-                    tracker.client.delete_run(old)  # this trial's run is now `run_id`
+                    tracker.delete_run(old)  # this trial's run is now `run_id`
                 trial = TrialOutcome(point, result, run_id, attempts)
                 outcome.trials.append(trial)
                 console.print(_line(result, label, attempts), highlight=False)

@@ -4,6 +4,7 @@ lengths as 2K/128K/1M, integer ticks for world sizes, and a mark for oversubscri
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 # a fixed colour per algorithm (colour-blind-safe Okabe-Ito order), so "ring" is the same blue in
@@ -63,7 +64,9 @@ def decades(values: list[float]) -> tuple[float, float]:
     return 10.0 ** lo, 10.0 ** hi
 
 
-def new_figure(width: float = 7.5, height: float = 4.5, ncols: int = 1, nrows: int = 1) -> Any:
+def new_figure(width: float = 7.5, height: float = 4.5, ncols: int = 1, nrows: int = 1,
+               sharey: bool = False) -> Any:
+    """A figure in the house style and its axes as a 2-D grid (`axes[row][col]`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,10 +74,19 @@ def new_figure(width: float = 7.5, height: float = 4.5, ncols: int = 1, nrows: i
 
     plt.rcParams.update({"axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
                          "axes.spines.right": False, "legend.frameon": False, "font.size": 9})
-    return plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    return plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False,
+                        sharey=sharey)
 
 
 def mark_oversubscribed(ax: Any, xs: list[float], ys: list[float], label: bool) -> None:
     if xs:
         ax.scatter(xs, ys, label=OVERSUBSCRIBED_LABEL if label else None,
                    **OVERSUBSCRIBED_MARKER)
+
+
+def close(figures: Iterable[Any]) -> None:
+    """Free the figures (pyplot keeps every open one alive)."""
+    import matplotlib.pyplot as plt
+
+    for fig in figures:
+        plt.close(fig)

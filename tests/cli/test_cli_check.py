@@ -51,11 +51,22 @@ def test_check_passes_with_exit_0_and_prints_only_json_on_stdout(session_gang, m
         assert r["P"] == (1 if r["algorithm"] == "local" else 4)
 
 
-def test_the_forms_check_gives_each_algorithm():
-    forms = {name: {p: make(p) for p in (2, 4, 8)} for name, make in check_cli.CHECK_FORMS.items()}
-    assert forms == {"usp": {2: {}, 4: {"dhp": 2}, 8: {"dhp": 2}},
-                     "double_ring": {2: {}, 4: {"inner_ring": 2}, 8: {"inner_ring": 2}},
-                     "wallfacer": {2: {}, 4: {"team_size": 2}, 8: {"team_size": 2}}}
+@pytest.mark.parametrize("world", [4, 8])
+@pytest.mark.parametrize("name", ["usp", "double_ring", "wallfacer"])
+def test_check_runs_each_two_level_algorithm_in_a_real_two_level_form(name, world):
+    """Where the ranks can split two ways, check's case of usp, double_ring and wallfacer lays
+    them on a grid of two dims or more (not the defaults' plain ring), and the form is valid."""
+    from seqpar import algorithms
+
+    cases, skipped = check_cli.plan_cases([name], ["zigzag"], world, 64, 1, 4, 2, 4, "float64", 0)
+    assert cases and not skipped
+    for case in cases:
+        cls = algorithms.get(name)
+        grid = cls.grid(world, cls.parse(dict(case.options)))
+        assert sum(size > 1 for _, size in grid.dims) >= 2, (case.options, grid)
+
+
+def test_check_runs_the_defaults_where_no_two_level_form_fits():
     cases, skipped = check_cli.plan_cases(["usp", "wallfacer"], ["zigzag"], 2, 16, 1, 4, 2, 4,
                                           "float64", 0)
     assert not skipped and {c.options for c in cases} == {()}  # P=2: the defaults, not skipped

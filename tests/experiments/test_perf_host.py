@@ -118,9 +118,11 @@ def test_merges_and_accumulation_add_to_ring_compute():
     assert fwd[1] > fwd[0] * 1.5 and whole[1] - fwd[1] > whole[0] - fwd[0]
 
 
-def test_block_costs_are_computed_once_per_block():
-    """plan at P=64 stays fast: a ring visits each (queries, keys) block once per prediction, and
-    rings that meet the same blocks are evaluated once."""
+@pytest.mark.parametrize("world", [16, 256])
+def test_a_ring_costs_each_kind_of_block_once_whatever_its_size(world):
+    """plan at P=1024 stays fast: a ring's blocks are costed once per kind (a rank's own block, an
+    earlier one, a later one), not once per (position, source) pair; rings that meet the same
+    blocks are evaluated once."""
     calls = []
     real = kernel.block_seconds
 
@@ -129,19 +131,18 @@ def test_block_costs_are_computed_once_per_block():
         return real(*args, **kw)
 
     a100 = clusters.load("loongtrain-a100")
-    shape = AttnShape(1, 65536, 32, 32, 128, 2)
-    predict_module = importlib.import_module("seqpar.experiments.perf.predict")
+    shape = AttnShape(1, 64 * world, 32, 32, 128, 2)
+    predict_module = importlib.import_module("seqpar.experiments.perf.job")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernel, "block_seconds", counting)
         mp.setattr(predict_module, "_SHARED", {})
-        perf.predict(a100, "ring", shape, 16, nodes=2)
-        assert len(calls) == 16 * 16  # every (position, source) pair once, forward and backward
-        perf.predict(a100, "ring", shape, 16, nodes=2, layout="zigzag")
-        perf.predict(a100, "double_ring", shape, 16, nodes=2, options={"inner_ring": 4})
-        assert len(calls) == 16 * 16  # the double ring met the ring's blocks: none computed again
+        perf.predict(a100, "ring", shape, world, nodes=2)
+        assert len(calls) == 3  # forward and backward meet the same three blocks
+        perf.predict(a100, "double_ring", shape, world, nodes=2, options={"inner_ring": 4})
+        assert len(calls) == 3  # the double ring met the ring's blocks: none computed again
         calls.clear()
-        perf.predict(a100, "usp", shape, 16, nodes=2, options={"dhp": 4})
-        assert len(calls) <= 4 * 4
+        perf.predict(a100, "usp", shape, world, nodes=2, options={"dhp": 4})
+        assert len(calls) == 3
 
 
 @pytest.mark.parametrize(("name", "options"), [("usp", {"dhp": 2}), ("burst", {}),

@@ -69,4 +69,4 @@ def test_unknown_preset_is_rejected():
 
 def test_registry_algorithms_are_the_ones_studies_use():
     used = {p.spec.plan.algorithm for s in STUDIES.values() for p in s.points("cpu") if p.spec}
-    assert used <= set(algorithms.REGISTRY)
+    assert used <= set(algorithms.REGISTRY) | set(algorithms.PEERS)

@@ -102,3 +102,31 @@ def test_fsdp_training_follows_the_one_process_trajectory(gang):
                 assert abs(a - b) < 1e-10, (losses, ref.losses)
             # half the parameters (and their gradients and two moments) on each of two ranks
             assert held == pytest.approx(4 * whole / 2, rel=0.05)
+
+
+def test_the_activation_meter_reads_the_cuda_allocator_on_a_gpu(monkeypatch):
+    """On CUDA the meter reads the caching allocator (the profiler sees host allocations only)."""
+    from seqpar.model.memory import AllocationMeter
+
+    allocated = iter([1000, 1600])
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: next(allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 2500)
+    with AllocationMeter("cuda") as mem:
+        pass
+    assert (mem.retained, mem.peak) == (600, 1500)
+    assert calls == ["sync", "reset", "sync"]
+
+
+def test_offload_on_a_cpu_mesh_is_one_clear_error():
+    from seqpar.errors import ConfigError
+    from seqpar.model import ModelConfig, Transformer
+
+    with pytest.raises(ConfigError, match="offload=True: needs CUDA"):
+        Transformer(ModelConfig.preset("tiny"), states="fsdp", offload=True)
+    with pytest.raises(ConfigError, match="offload=True: needs states='fsdp'"):
+        Transformer(ModelConfig.preset("tiny"), offload=True)
+    with pytest.raises(ConfigError, match="states="):
+        Transformer(ModelConfig.preset("tiny"), states="zero3")

@@ -38,11 +38,26 @@ def test_bad_train_sections_name_their_field(train, model, field):
 
 
 @pytest.mark.parametrize("preset", ("cpu", "gpu-cluster"))
-@pytest.mark.parametrize("name", ("e2e-throughput", "checkpointing", "lm-head", "e2e-scaling"))
+@pytest.mark.parametrize("name", ("e2e-throughput", "checkpointing", "lm-head", "e2e-scaling",
+                                  "text"))
 def test_training_studies_have_only_valid_points(name, preset):
+    """Every point is a valid training trial that fits its device by the planner's arithmetic, or
+    is skipped with that arithmetic; on GPUs with the states and precision a real run uses."""
+    from seqpar.experiments import clusters, perf
+    from seqpar.experiments.registry import MEMORY_CLUSTER
+
     points = STUDIES[name].points(preset)
-    assert points and all(p.spec is not None for p in points), [str(p.error) for p in points]
-    assert all(isinstance(p.spec.to_case(), TrainCase) for p in points)
+    kept = [p for p in points if p.spec is not None]
+    assert kept, [str(p.error) for p in points]
+    for p in points:
+        assert p.spec is not None or "exceeds" in str(p.error), str(p.error)
+    cluster = clusters.load(MEMORY_CLUSTER[preset])
+    for p in kept:
+        case = p.spec.to_case()
+        assert isinstance(case, TrainCase)
+        assert perf.predict_trial(p.spec, cluster).peak_mem_bytes <= cluster.memory_gb * 1e9
+        if preset == "gpu-cluster":
+            assert (case.states, case.master_dtype, case.dtype) == ("fsdp", "float32", "bfloat16")
 
 
 @pytest.mark.ray

@@ -26,7 +26,7 @@ def _call_with(env, algorithm: str, q_shape, kv_shape, dtype_k: str = "float64")
 @pytest.mark.multirank
 @pytest.mark.parametrize(("algorithm", "q_shape", "kv_shape", "dtype_k", "match"), [
     ("ulysses", (1, 8, 6, 4), (1, 8, 6, 4), "float64", "heads=6.*divisible by the world size"),
-    ("ring", (1, 7, 4, 4), (1, 7, 4, 4), "float64", "seq_len=28.*multiple of 8"),
+    ("ring", (1, 0, 4, 4), (1, 0, 4, 4), "float64", "seq_len=0.*positive"),
     ("ring", (1, 8, 4, 4), (1, 6, 4, 4), "float64", "k.shape.*must match q.shape"),
     ("allgather", (1, 8, 4, 4), (1, 8, 4, 4), "float32", "k.dtype.*share one dtype"),
     ("ring", (1, 8, 4, 4), (1, 8, 3, 4), "float64", "kv_heads=3.*divide heads=4"),

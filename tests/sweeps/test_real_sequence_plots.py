@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from seqpar.platform.tracking import RunRecord
-from seqpar.sweeps.report import accuracy_series, figures, mask, visible_fraction, window_savings
+from seqpar.sweeps.report import Trial, figures
+from seqpar.sweeps.report.plots import accuracy_series, visible_fraction, window_savings
 
 
-def run(algorithm: str, world: int, **over) -> RunRecord:
+def run(algorithm: str, world: int, **over) -> Trial:
     params = {"plan.algorithm": algorithm, "plan.world": str(world), "plan.layout": "zigzag",
               "workload.seq_len": "4096", "model.heads": "8", "model.kv_heads": "8",
               "workload.dtype": "float32", "workload.causal": "True", "workload.window": "None",
@@ -17,11 +18,11 @@ def run(algorithm: str, world: int, **over) -> RunRecord:
                "load_imbalance": 1.0}
     for k, v in over.items():
         (params if "." in k else metrics)[k] = v
-    return RunRecord(f"id-{algorithm}-{world}-{len(over)}", algorithm, "FINISHED", 0, params=params,
-                     metrics=metrics)
+    return Trial.of(RunRecord(f"id-{algorithm}-{world}-{len(over)}", algorithm, "FINISHED", 0,
+                              params=params, metrics=metrics))
 
 
-def err(algorithm: str, world: int, dtype: str, e: float) -> RunRecord:
+def err(algorithm: str, world: int, dtype: str, e: float) -> Trial:
     return run(algorithm, world, **{"workload.dtype": dtype, "err_out": e, "err_dq": e,
                                     "err_dk": 2 * e, "err_dv": e, "err_max": 2 * e})
 
@@ -60,7 +61,7 @@ def test_varlen_plot_shows_imbalance_per_layout_and_the_documents():
             "workload.documents.seed": "0"}
     runs = [run("local", 1, **docs), run("ring", 4, **docs, load_imbalance=1.3),
             run("ring", 4, **{**docs, "plan.layout": "stripe"}, load_imbalance=1.02)]
-    assert mask(runs[1]) == "causal docs=12"
+    assert runs[1].mask == "causal docs=12"
     fig = figures(runs)["varlen_balance"]
     assert "longest" in fig._suptitle.get_text() and "12 drawn" in fig._suptitle.get_text()
     imbalance = fig.axes[1]

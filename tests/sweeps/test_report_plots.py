@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from seqpar.platform.tracking import RunRecord
-from seqpar.sweeps.report import figures, scaling_series
+from seqpar.sweeps.report import Trial
+from seqpar.sweeps.report.plots import figures as figures_of
+from seqpar.sweeps.report.plots import scaling_series as scaling_of
+
+
+def figures(runs: list[RunRecord]) -> dict:
+    return figures_of([Trial.of(r) for r in runs])
+
+
+def scaling_series(runs: list[RunRecord]) -> dict:
+    return scaling_of([Trial.of(r) for r in runs])
 
 
 def run(algorithm: str, world: int, seq_len: int, tps: float) -> RunRecord:
@@ -44,10 +56,21 @@ def test_sequence_lengths_read_as_2k_128k_1m():
 
 
 def test_an_algorithm_has_one_colour_everywhere():
-    from seqpar.sweeps.style import colour
+    import subprocess
+    import sys
 
-    assert colour("ring") == colour("ring") != colour("ulysses")
-    assert colour("some_new_algo") == colour("some_new_algo")  # stable for unknown names too
+    from seqpar.sweeps.style import ALGORITHM_COLOURS, colour
+
+    known = [colour(name) for name in ALGORITHM_COLOURS]
+    assert len(set(known)) == len(known)  # no two algorithms share a colour
+    # an unknown name gets one colour in every process (not Python's per-process string hash)
+    names = ["some_new_algo", "ring2", "flash_ring", "x"]
+    script = f"from seqpar.sweeps.style import colour; print([colour(n) for n in {names!r}])"
+    runs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")}
+    assert runs == {f"{[colour(n) for n in names]}\n"}
+    assert len({colour(n) for n in names}) > 1 and not {colour(n) for n in names} & set(known)
 
 
 def tagged(r: RunRecord, cores: int, world: int | None = None) -> RunRecord:
@@ -59,7 +82,8 @@ def tagged(r: RunRecord, cores: int, world: int | None = None) -> RunRecord:
 
 
 def test_more_ranks_than_cores_is_oversubscribed():
-    from seqpar.sweeps.report import oversubscribed
+    def oversubscribed(r: RunRecord) -> bool:
+        return Trial.of(r).oversubscribed
 
     assert oversubscribed(tagged(run("ring", 4, 4096, 1.0), cores=2))
     assert not oversubscribed(tagged(run("ring", 2, 4096, 1.0), cores=2))
@@ -102,7 +126,7 @@ def test_measured_vs_analytic_bytes_plot_only_with_the_formula_logged():
 
 
 def test_per_rank_breakdown_splits_each_step_into_compute_waiting_communication():
-    from seqpar.sweeps.report import rank_breakdown
+    from seqpar.sweeps.report.plots import rank_breakdown
 
     detail = {"per_rank": [{"step_ms": [100.0], "flops": {"forward": 4e9}},
                            {"step_ms": [100.0], "flops": {"forward": 2e9}}]}
@@ -117,7 +141,8 @@ def test_per_rank_breakdown_splits_each_step_into_compute_waiting_communication(
 def test_headline_metrics_take_the_best_overall_and_per_algorithm():
     from seqpar.sweeps.report import headline_metrics
 
-    runs = [run("ring", 2, 4096, 150.0), run("ring", 4, 4096, 250.0), run("ulysses", 2, 4096, 200.0)]
+    runs = [Trial.of(run("ring", 2, 4096, 150.0)), Trial.of(run("ring", 4, 4096, 250.0)),
+            Trial.of(run("ulysses", 2, 4096, 200.0))]
     assert headline_metrics(runs, "tokens_per_s") == {
         "best.tokens_per_s": 250.0, "ring.tokens_per_s": 250.0, "ulysses.tokens_per_s": 200.0}
 

@@ -60,13 +60,13 @@ def test_set_overrides_win_and_duplicates_collapse():
 def test_invalid_points_are_skipped_with_reason_or_fail_strict(tmp_path):
     path = write(tmp_path, """
 base: {model: tiny, plan: {algorithm: ring, world: 4}, workload: {seq_len: 64}}
-grid: {workload.seq_len: [64, 60]}
+grid: {workload.seq_len: [64, 0]}
 """)
     plan = spec.load(path)
     assert len(plan.trials) == 1 and len(plan.skipped) == 1
-    assert "workload.seq_len=60" in str(plan.skipped[0].error)
+    assert "workload.seq_len=0" in str(plan.skipped[0].error)
     plan.check(strict=False)
-    with pytest.raises(ConfigError, match=r"workload.seq_len=60.*\(point 2.*--strict\)"):
+    with pytest.raises(ConfigError, match=r"workload.seq_len=0.*\(point 2.*--strict\)"):
         plan.check(strict=True)
 
 

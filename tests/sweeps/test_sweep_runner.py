@@ -9,6 +9,7 @@ import pytest
 from seqpar.errors import ConfigError
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps import report, spec
+from seqpar.sweeps.report.table import sort_key
 from seqpar.sweeps.runner import run_sweep
 
 pytestmark = pytest.mark.ray
@@ -64,9 +65,10 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
 
     cmp = report.comparison(tracker, sweep=outcome.sweep_id)
     assert len(cmp.rows) == 6
-    tps = [r.metrics["tokens_per_s"] for r in sorted(runs, key=report._sort_key)]
+    ordered = sorted(report.trials(runs), key=sort_key)
+    tps = [t.metrics["tokens_per_s"] for t in ordered]
     assert cmp.best == tps.index(max(tps))
-    steps = [r.metrics["step_ms"] for r in sorted(runs, key=report._sort_key)]
+    steps = [t.metrics["step_ms"] for t in ordered]
     assert report.comparison(tracker, metric="step_ms").best == steps.index(min(steps))
     assert len(report.comparison(tracker, study="mini").rows) == 6
     with pytest.raises(ConfigError, match="metric='speed'"):
@@ -129,4 +131,4 @@ def test_tuning_profiles_every_valid_configuration_and_logs_it_as_a_sweep(ray_ru
     assert {"ring", "ulysses", "allgather"} <= ok
     cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric="tokens_per_s")
     best = max((r for r in runs if r.status == "FINISHED"), key=lambda r: r.metrics["tokens_per_s"])
-    assert cmp.rows[cmp.best][0] == report.config(best)
+    assert cmp.rows[cmp.best][0] == report.Trial.of(best).config

@@ -336,7 +336,7 @@ def install(monkeypatch, version: str = "2.8.3") -> list[tuple[str, dict]]:
     package.flash_attn_interface = iface
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", iface)
-    kernels._flash_attn.cache_clear()
+    kernels.flash_attn.cache_clear()
     CALLS.clear()
     return CALLS
 

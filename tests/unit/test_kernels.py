@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from seqpar.algorithms import kernels, ledger
+from seqpar.algorithms.kernels import bands
 from seqpar.algorithms.softmax_merge import merge
 
 
@@ -78,7 +79,7 @@ def test_a_narrow_band_runs_as_row_tiles_that_equal_the_masked_rectangle(backend
                                                                           monkeypatch):
     """Tiles see only their keys (fewer pairs than the rectangle) and give the masked rectangle's
     out, lse and gradients; rows that see no key stay -inf and 0."""
-    monkeypatch.setattr(kernels, "BAND_TILE", 64)
+    monkeypatch.setattr(bands, "BAND_TILE", 64)
     sq, sk = 600, 700
     tiles = kernels.band_tiles(sq, sk, band)
     assert len(tiles) > 1
@@ -88,7 +89,7 @@ def test_a_narrow_band_runs_as_row_tiles_that_equal_the_masked_rectangle(backend
     dout = torch.randn_like(q)
     got = kernels.attend(q, k, v, "band", backend=backend, band=band)
     got_grads = kernels.attend_backward(dout, q, k, v, *got, "band", backend=backend, band=band)
-    monkeypatch.setattr(kernels, "BAND_TILE", 10**6)  # one dense call under the explicit mask
+    monkeypatch.setattr(bands, "BAND_TILE", 10**6)  # one dense call under the explicit mask
     assert len(kernels.band_tiles(sq, sk, band)) == 1
     want = kernels.attend(q, k, v, "band", backend="math", band=band)
     want_grads = kernels.attend_backward(dout, q, k, v, *want, "band", backend="math", band=band)

@@ -21,6 +21,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqpar.algorithms import kernels
+from seqpar.algorithms.kernels import capability as kernel_capability
+from seqpar.algorithms.kernels import dispatch, flash
 from seqpar.errors import ConfigError
 
 FLASH_CALLS: list[dict] = []  # what the stand-in _flash_attn_backward was given, per call
@@ -152,16 +154,16 @@ def fake_flash(monkeypatch):
     package.flash_attn_interface = iface
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", iface)
-    kernels._flash_attn.cache_clear()
+    kernels.flash_attn.cache_clear()
     FLASH_CALLS.clear()
     yield FLASH_CALLS
-    kernels._flash_attn.cache_clear()
+    kernels.flash_attn.cache_clear()
 
 
 @pytest.fixture
 def ampere(monkeypatch):
     """Every CUDA device reads as compute capability 8.0 (an A100)."""
-    monkeypatch.setattr(kernels, "_capability", lambda device: (8, 0), raising=False)
+    monkeypatch.setattr(kernel_capability, "_capability", lambda device: (8, 0), raising=False)
 
 
 def _cuda_inputs(b, s, h, hkv, d, dtype):
@@ -220,10 +222,10 @@ def test_flash_path_gradients_equal_the_math_kernel_with_a_padded_head_dim(fake_
     torch.manual_seed(0)
     q, dout = (torch.randn(1, 9, 4, 12, dtype=torch.float16) for _ in range(2))
     k, v = (torch.randn(1, 9, 2, 12, dtype=torch.float16) for _ in range(2))
-    out, lse = kernels._forward(q, k, v, mask, "flash", 12 ** -0.5)
-    got = kernels._backward(dout, q, k, v, out, lse, mask, "flash", 12 ** -0.5)
-    want_out, want_lse = kernels._forward(q, k, v, mask, "math", 12 ** -0.5)
-    want = kernels._backward(dout, q, k, v, want_out, want_lse, mask, "math", 12 ** -0.5)
+    out, lse = dispatch._forward(q, k, v, mask, "flash", 12 ** -0.5)
+    got = dispatch._backward(dout, q, k, v, out, lse, mask, "flash", 12 ** -0.5)
+    want_out, want_lse = dispatch._forward(q, k, v, mask, "math", 12 ** -0.5)
+    want = dispatch._backward(dout, q, k, v, want_out, want_lse, mask, "math", 12 ** -0.5)
     torch.testing.assert_close(out, want_out, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
     for g, w in zip(got, want, strict=True):
@@ -234,7 +236,7 @@ def test_flash_path_gradients_equal_the_math_kernel_with_a_padded_head_dim(fake_
 def test_flash_refuses_a_causal_block_that_is_not_square(fake_flash):
     q, k = torch.randn(1, 4, 2, 8, dtype=torch.float16), torch.randn(1, 6, 2, 8, dtype=torch.float16)
     with pytest.raises(ValueError, match="square"):
-        kernels._flash_forward(q, k, k, True, 1.0)
+        flash.flash_forward(q, k, k, True, 1.0)
 
 
 # ----------------------------------------------------------------- torch's memory-efficient kernel
@@ -304,7 +306,7 @@ def test_efficient_lse_pads_the_sequence_to_32_and_keeps_the_values():
 ])
 def test_auto_takes_flash_only_where_flash_attn_2_runs(fake_flash, monkeypatch, capability, dtype,
                                                        head_dim, want):
-    monkeypatch.setattr(kernels, "_capability", lambda device: capability)
+    monkeypatch.setattr(kernel_capability, "_capability", lambda device: capability)
     got = kernels.resolve_backend("auto", torch.device("cuda", 0), dtype, head_dim=head_dim)
     assert got == want
 
@@ -317,7 +319,7 @@ def test_auto_takes_flash_only_where_flash_attn_2_runs(fake_flash, monkeypatch, 
 ])
 def test_flash_requested_where_it_cannot_run_is_a_one_line_config_error(
         fake_flash, monkeypatch, capability, dtype, head_dim, why):
-    monkeypatch.setattr(kernels, "_capability", lambda device: capability)
+    monkeypatch.setattr(kernel_capability, "_capability", lambda device: capability)
     with pytest.raises(ConfigError, match=why) as err:
         kernels.resolve_backend("flash", torch.device("cuda", 0), dtype, head_dim=head_dim)
     assert str(err.value).startswith("backend='flash': ") and "\n" not in str(err.value)
@@ -325,19 +327,19 @@ def test_flash_requested_where_it_cannot_run_is_a_one_line_config_error(
 
 def test_flash_without_the_package_or_off_cuda_says_so(ampere, monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails
-    kernels._flash_attn.cache_clear()
+    kernels.flash_attn.cache_clear()
     try:
         with pytest.raises(ConfigError, match="flash-attn package"):
             kernels.resolve_backend("flash", torch.device("cuda", 0), torch.bfloat16, head_dim=64)
         assert kernels.resolve_backend("auto", torch.device("cuda", 0), torch.bfloat16) == "torch"
     finally:
-        kernels._flash_attn.cache_clear()
+        kernels.flash_attn.cache_clear()
     with pytest.raises(ConfigError, match="needs a CUDA device"):
         kernels.resolve_backend("flash", torch.device("cpu"), torch.bfloat16)
 
 
 def test_torch_backend_refuses_bf16_before_ampere(monkeypatch):
-    monkeypatch.setattr(kernels, "_capability", lambda device: (7, 0))
+    monkeypatch.setattr(kernel_capability, "_capability", lambda device: (7, 0))
     with pytest.raises(ConfigError, match="bfloat16"):
         kernels.resolve_backend("torch", torch.device("cuda", 0), torch.bfloat16)
     assert kernels.resolve_backend("torch", torch.device("cuda", 0), torch.float16) == "torch"
@@ -358,12 +360,12 @@ def test_flash_backward_binds_the_older_plain_python_signature_with_a_window_pai
     iface._flash_attn_backward = _flash_attn_backward_2_6
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", iface)
-    kernels._flash_attn.cache_clear()
+    kernels.flash_attn.cache_clear()
     try:
         q = torch.randn(1, 4, 2, 12, dtype=torch.float16)
         lse = torch.randn(1, 2, 4)
-        dq, dk, dv = kernels._flash_backward(q, q, q, q, q, lse, True, 0.5)
+        dq, dk, dv = flash.flash_backward(q, q, q, q, q, lse, True, 0.5)
     finally:
-        kernels._flash_attn.cache_clear()
+        kernels.flash_attn.cache_clear()
     assert seen["window_size"] == (-1, -1) and seen["rng_state"] is None
     assert seen["q"].shape[-1] == 16 and dq.shape == (1, 4, 2, 12)

@@ -18,6 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqpar.algorithms import blocks, kernels, layouts, ledger
+from seqpar.algorithms.kernels import binding
+from seqpar.algorithms.kernels import capability as kernel_capability
 from seqpar.algorithms.layouts import Relation, Task
 
 CU = (0, 5, 12, 20, 23, 40)  # five documents of 5, 7, 8, 3 and 17 tokens
@@ -48,10 +50,10 @@ BLOCKS = {
 def flash(monkeypatch):
     """The stand-in flash-attn 2.8, taken by CPU tensors; returns its call record."""
     calls = stand_in.install(monkeypatch, "2.8.3")
-    monkeypatch.setattr(kernels, "flash_unsupported", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kernel_capability, "flash_unsupported", lambda *args, **kwargs: None)
     blocks._packing.cache_clear()
     yield calls
-    kernels._flash_attn.cache_clear()
+    kernels.flash_attn.cache_clear()
     blocks._packing.cache_clear()
 
 
@@ -316,7 +318,7 @@ def test_the_stand_in_refuses_a_wrong_varlen_forward_binding():
 
 def test_the_varlen_backward_without_head_dim_padding_fails(flash, monkeypatch):
     """The padding is load-bearing: take it away and the stand-in refuses the call."""
-    monkeypatch.setattr(kernels, "_pad_head_dim", lambda t: t)
+    monkeypatch.setattr(binding, "pad_head_dim", lambda t: t)
     q_pos, k_pos, rel = BLOCKS["diagonal, causal documents"]
     tasks = layouts.block_tasks(q_pos, k_pos, rel)
     q, k, v, dout = _inputs(N, N)

@@ -28,9 +28,13 @@ def test_zigzag_gives_rank_r_chunks_r_and_2p_minus_1_minus_r():
     assert layouts.positions("stripe", 1, 4, 8).tolist() == [1, 5]
 
 
-def test_seq_len_not_divisible_by_the_layout_is_rejected():
-    with pytest.raises(ConfigError, match="seq_len=30.*multiple of 8"):
+def test_a_plain_length_must_split_over_the_ranks_not_the_layouts_pieces():
+    with pytest.raises(ConfigError, match="seq_len=30.*multiple of world=4"):
         layouts.check_seq_len("zigzag", 4, 30)
+    layouts.check_seq_len("zigzag", 4, 36)  # 36 = 4 x 9: not 8 zigzag chunks, still one rule
+    for rank in range(4):  # dealt as the one document [0, 36] is
+        assert layouts.positions("zigzag", rank, 4, 36).tolist() == \
+            layouts.positions("zigzag", rank, 4, 36, (0, 36)).tolist()
     with pytest.raises(ConfigError, match="layout='diagonal'"):
         layouts.check_layout("diagonal")
 

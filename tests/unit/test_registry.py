@@ -34,7 +34,7 @@ def test_ulysses_bytes_count_replicated_kv_heads():
     (lambda: algorithms.get("tree"), "algorithm='tree'"),
     (lambda: algorithms.check("ulysses", AttnShape(1, 48, 8, 2, 16), 3), "heads=8.*divisible.*3"),
     (lambda: algorithms.check("ring", SHAPE, 4, "zigzag", seq_len=1), "option='seq_len'"),
-    (lambda: algorithms.check("ring", SHAPE, 5, "zigzag"), "seq_len=64.*multiple of 10"),
+    (lambda: algorithms.check("ring", SHAPE, 5, "zigzag"), "seq_len=64.*multiple of world=5"),
     (lambda: algorithms.check("ring", AttnShape(1, 64, 8, 3, 16), 4), "kv_heads=3.*divide"),
     (lambda: algorithms.check("local", SHAPE, 2), "world=2"),
     (lambda: algorithms.check("ring", SHAPE, 4, "spiral"), "layout='spiral'"),

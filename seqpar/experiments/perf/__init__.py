@@ -13,5 +13,6 @@ layout's blocks), `predict` (overlap structure), `memory` (per rank), `step` (--
 from __future__ import annotations
 
 from seqpar.experiments.perf.api import Prediction, predict, predict_spec
+from seqpar.experiments.perf.step import predict_trial
 
-__all__ = ["Prediction", "predict", "predict_spec"]
+__all__ = ["Prediction", "predict", "predict_spec", "predict_trial"]

@@ -30,6 +30,7 @@ class Prediction:
     step_ms: float | None = None
     mfu: float | None = None
     stages: list[tuple[str, float]] = field(default_factory=list)
+    memory: dict[str, int] = field(default_factory=dict)  # a training step's parts (model scope)
 
     def json(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "options": self.options, "layout": self.layout,
@@ -37,7 +38,8 @@ class Prediction:
                               "step_ms": None if self.step_ms is None else round(self.step_ms, 4),
                               "bytes_intra": self.bytes_intra, "bytes_inter": self.bytes_inter,
                               "peak_mem_bytes": self.peak_mem_bytes,
-                              "mfu": None if self.mfu is None else round(self.mfu, 4)},
+                              "mfu": None if self.mfu is None else round(self.mfu, 4),
+                              **({"memory": self.memory} if self.memory else {})},
                 "fits": self.fits, "bottleneck": self.bottleneck}
 
 
@@ -51,8 +53,7 @@ def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes:
     both = mode == "fwd+bwd"
     seconds = fwd.seconds + (bwd.seconds if both else 0.0)
     exposed = {k: 1e3 * (fwd.exposed[k] + (bwd.exposed[k] if both else 0.0)) for k in fwd.exposed}
-    peak = memory.attention_peak(name, shape, world, options,
-                                 schedule(name, shape, world, options, nodes))
+    peak = attention_peak(name, shape, world, options, nodes)
     worst = max(exposed, key=lambda k: exposed[k])
     bottleneck = (f"{worst}-node communication" if exposed[worst] > 0.1e3 * seconds else "compute")
     return Prediction(
@@ -63,6 +64,13 @@ def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes:
         peak <= cluster.memory_gb * 1e9, bottleneck,
         stages=[(f"fwd {label}", s) for label, s in fwd.stages]
         + ([(f"bwd {label}", s) for label, s in bwd.stages] if both else []))
+
+
+def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
+                   nodes: int = 1) -> int:
+    """Bytes one rank holds at the attention's peak (what `fits` compares to the device)."""
+    return memory.attention_peak(name, shape, world, options,
+                                 schedule(name, shape, world, options, nodes))
 
 
 def predict_spec(spec: Any, cluster: Cluster) -> Prediction:

@@ -18,11 +18,11 @@ from functools import lru_cache
 import torch
 
 from seqpar.algorithms import layouts
-from seqpar.algorithms.kernels import attention_flops
+from seqpar.algorithms.kernels import BACKWARD_FLOPS, attention_flops
 from seqpar.experiments.clusters import Cluster
 
 PROXY = 4  # proxy tokens per layout chunk (>= 2 so diagonal runs are seen)
-BACKWARD = 2.5  # backward FLOPs / forward FLOPs (the papers' convention, kernels.attention_flops)
+BACKWARD = BACKWARD_FLOPS  # backward FLOPs / forward FLOPs (kernels.flops, the one place)
 
 
 @lru_cache(maxsize=8192)

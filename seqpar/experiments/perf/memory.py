@@ -23,6 +23,7 @@ from typing import Any
 from seqpar.algorithms import usp
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.ulysses import kv_replicas
+from seqpar.errors import require
 from seqpar.experiments.perf.schedule import Ring, Schedule
 from seqpar.model.config import ModelConfig, param_shapes
 from seqpar.model.memory import (
@@ -54,8 +55,11 @@ def attention_held(name: str, shape: AttnShape, world: int,
     """`held` as the model's memory count takes it: elements per token of the rank's shard, whether
     they are the attention's own inputs (sc++ recomputes those), whether its output changes layout."""
     d = shape.heads * shape.head_dim
-    return AttentionHeld(saved=held(name, shape, world, options) * d,
-                         inputs=name not in ("ulysses", "usp", "allgather"),
+    saved = held(name, shape, world, options) * d
+    # ring, burst and wallfacer save q, k, v as they came; allgather its q (beside the gathered
+    # K,V); ulysses, usp and double_ring save copies (head layout, or their context ring's)
+    recomputable = {"ulysses": 0.0, "usp": 0.0, "double_ring": 0.0, "allgather": d}.get(name, saved)
+    return AttentionHeld(saved=saved, recomputable=recomputable,
                          relayout=name in ("ulysses", "usp"))
 
 
@@ -78,18 +82,27 @@ def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str
     return int(inputs + kept + acc + msgs)
 
 
-def policy_of(checkpoint: str, dtype: str = "bfloat16", **fields: Any) -> TrainPolicy:
-    """A planner checkpoint name ('none', 'full', 'sc++', 'seq:0.5', 'sc++,seq:0.5') as the runner's
-    TrainPolicy; the states default to what a real run uses: FSDP with fp32 master weights for a
-    16-bit model."""
-    fraction = 0.5
-    if "seq:" in checkpoint:
-        head, fraction_text = checkpoint.split("seq:", 1)
-        fraction = float(fraction_text)
-        checkpoint = "sc++,sequence" if head.startswith("sc++") else "sequence"
-    master = "float32" if ELEM[dtype] < 4 else None
-    return TrainPolicy(**{"states": "fsdp", "master_dtype": master, "checkpoint": checkpoint,
-                          "seq_fraction": fraction, **fields})
+def policy_of(name: str, dtype: str = "bfloat16") -> TrainPolicy:
+    """A planner policy name as the runner's TrainPolicy: words among a states mode (`fsdp`,
+    default, or `replicated`), a checkpoint mode (`none`, `full`, `sc++`, `seq:F`, `sc++,seq:F`),
+    `fused` (the fused LM head) and `offload`; fp32 master weights for a 16-bit dtype, as a real
+    run keeps them. E.g. 'fsdp sc++ fused', 'replicated seq:0.5', 'full'."""
+    fields: dict[str, Any] = {"states": "fsdp", "checkpoint": "none", "seq_fraction": 0.5,
+                              "master_dtype": "float32" if ELEM[dtype] < 4 else None}
+    for word in name.split():
+        if word in ("fsdp", "replicated"):
+            fields["states"] = word
+        elif word in ("fused", "offload"):
+            fields["fused_head" if word == "fused" else "offload"] = True
+        elif "seq:" in word:
+            head, fraction = word.split("seq:", 1)
+            fields["seq_fraction"] = float(fraction)
+            fields["checkpoint"] = "sc++,sequence" if head.startswith("sc++") else "sequence"
+        else:
+            require(word in ("none", "full", "sc++"), "policy", name,
+                    "words: fsdp|replicated, none|full|sc++|seq:F|sc++,seq:F, fused, offload")
+            fields["checkpoint"] = word
+    return TrainPolicy(**fields)
 
 
 def policy_fraction(checkpoint: str) -> float:

@@ -8,10 +8,11 @@ Intra-node transfers use the GPU's own NVLink share (a switch: no contention).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+
+import numpy as np
 
 from seqpar.experiments.clusters import Cluster
 
@@ -43,49 +44,57 @@ class Net:
         return rank // self.ranks_per_node
 
     @cached_property
-    def _nics(self) -> tuple[tuple[int, int], ...]:
-        per = self.ranks_per_node
-        return tuple((r // per, self.cluster.nic_of(r % per, per)) for r in range(self.world))
+    def _nic_ids(self) -> np.ndarray:
+        """Each rank's NIC as one integer (node, NIC of the node)."""
+        per, c = self.ranks_per_node, self.cluster
+        local = [c.nic_of(r, per) for r in range(per)]
+        return np.array([(r // per) * c.nics_per_node + local[r % per] for r in range(self.world)])
 
-    def nic(self, rank: int) -> tuple[int, int]:
-        return self._nics[rank]
+    def nic(self, rank: int) -> int:
+        return int(self._nic_ids[rank])
 
-    def p2p(self, pairs: Sequence[tuple[int, int]], nbytes: int) -> Cost:
-        """Concurrent sends of nbytes each, (src, dst) pairs; the slowest sets the time."""
-        pairs = [(s, d) for s, d in pairs if s != d]
-        if not pairs or nbytes <= 0:
+    def p2p(self, pairs: Sequence[tuple[int, int]] | np.ndarray, nbytes: int) -> Cost:
+        """Concurrent sends of nbytes each, (src, dst) pairs; the slowest sets the time (the sender
+        whose NIC is shared by the most crossing senders: time grows with the share)."""
+        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        src, dst = pairs[:, 0], pairs[:, 1]
+        moving = src != dst
+        if not moving.any() or nbytes <= 0:
             return Cost(0.0)
-        crossing = [(s, d) for s, d in pairs if self.node(s) != self.node(d)]
-        share = Counter(self.nic(s) for s, _ in crossing)
-        t_inter = max((self.cluster.inter.seconds(nbytes, share[self.nic(s)]) for s, _ in crossing),
-                      default=0.0)
-        t_intra = self.cluster.intra.seconds(nbytes) if len(crossing) < len(pairs) else 0.0
-        if crossing:
+        src, dst = src[moving], dst[moving]
+        per = self.ranks_per_node
+        crossing = src // per != dst // per
+        if crossing.any():
+            share = np.bincount(self._nic_ids[src[crossing]]).max()
+            t_inter = self.cluster.inter.seconds(nbytes, int(share))
+            t_intra = self.cluster.intra.seconds(nbytes) if not crossing.all() else 0.0
             return Cost(max(t_inter, t_intra), 0, nbytes)
-        return Cost(t_intra, nbytes, 0)
+        return Cost(self.cluster.intra.seconds(nbytes), nbytes, 0)
 
     def collective(self, groups: Sequence[Sequence[int]], nbytes: int) -> Cost:
-        """All groups at once, each rank sending nbytes spread evenly over its group's other
-        members (all-to-all, all-gather, reduce-scatter alike): per rank, the intra share over
-        NVLink and the inter share over its NIC (shared by its NIC's other senders), both at once."""
-        if nbytes <= 0:
+        """All groups at once (disjoint, of one size), each rank sending nbytes spread evenly over
+        its group's other members (all-to-all, all-gather, reduce-scatter alike): per rank, the
+        intra share over NVLink and the inter share over its NIC (shared by its NIC's other
+        senders), both at once; every peer posted at once: one latency per link class."""
+        g = np.asarray(groups, dtype=np.int64)
+        if nbytes <= 0 or g.ndim != 2 or g.shape[1] < 2:
             return Cost(0.0)
-        inter_of: dict[int, float] = {}
-        intra_of: dict[int, float] = {}
-        for group in groups:
-            m = len(group)
-            if m < 2:
-                continue
-            for r in group:
-                off = sum(1 for o in group if self.node(o) != self.node(r))
-                inter_of[r] = nbytes * off / (m - 1)
-                intra_of[r] = nbytes - inter_of[r]
-        if not inter_of:
-            return Cost(0.0)
-        share = Counter(self.nic(r) for r, b in inter_of.items() if b > 0)
+        m = g.shape[1]
+        ranks = g.ravel()
+        # members of one's group on one's own node: count (group, node) pairs
+        nodes = self.world // self.ranks_per_node + 1
+        where = np.repeat(np.arange(len(g)), m) * nodes + ranks // self.ranks_per_node
+        same = np.bincount(where)[where]
+        inter = nbytes * (m - same) / (m - 1)
+        intra = nbytes - inter
+        sending = inter > 0
         c = self.cluster
-        worst, busiest = 0.0, max(inter_of, key=lambda r: (inter_of[r], r))
-        for r in inter_of:  # every peer posted at once: one latency per link class
-            t = max(c.intra.seconds(intra_of[r]), c.inter.seconds(inter_of[r], share[self.nic(r)]))
-            worst = max(worst, t)
-        return Cost(worst, round(intra_of[busiest]), round(inter_of[busiest]))
+        worst = c.intra.seconds(float(intra.max()))
+        if sending.any():
+            nic = self._nic_ids[ranks]
+            share = np.bincount(nic[sending], minlength=nic.max() + 1)[nic]
+            load = np.where(sending, inter * share, 0.0)  # Link.seconds grows with bytes x share
+            r = int(load.argmax())
+            worst = max(worst, c.inter.seconds(float(inter[r]), int(share[r])))
+        busiest = int(np.lexsort((ranks, inter))[-1])  # most inter-node bytes, then highest rank
+        return Cost(worst, round(float(intra[busiest])), round(float(inter[busiest])))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from seqpar import algorithms
@@ -14,8 +14,8 @@ from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError, SeqparError, require
 from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf.api import Prediction, predict, predict_spec
-from seqpar.experiments.perf.step import CHECKPOINTS, shape_of, step
+from seqpar.experiments.perf.api import Prediction, predict
+from seqpar.experiments.perf.step import CHECKPOINTS, predict_trial, shape_of, step
 
 Space = Iterable[tuple[str, Mapping[str, Any]]]
 
@@ -65,6 +65,26 @@ def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *
     return sorted(out, key=lambda p: (not p.fits, key(p)))
 
 
+def _same(p: Prediction) -> tuple:
+    """What two configurations must share to be one row: every predicted number (to 1e-9)."""
+    def r(x: float | None) -> float | None:
+        return None if x is None else float(f"{x:.9g}")
+
+    return (p.algorithm, p.fits, p.bottleneck, r(p.attention_ms), r(p.forward_ms), r(p.compute_ms),
+            r(p.exposed_ms["intra"]), r(p.exposed_ms["inter"]), p.bytes_intra, p.bytes_inter,
+            p.peak_mem_bytes, r(p.step_ms), r(p.mfu))
+
+
+def equivalents(ranked: Sequence[Prediction]) -> list[list[Prediction]]:
+    """The ranked configurations in groups of one algorithm whose predictions are identical (a
+    layout or an option that changes nothing at this shape: ulysses's layout, usp's inner ring
+    when its context ring is one node), in rank order of each group's first member."""
+    groups: dict[tuple, list[Prediction]] = {}
+    for p in ranked:
+        groups.setdefault(_same(p), []).append(p)
+    return list(groups.values())
+
+
 # ------------------------------------------------------------------------------- validation
 def _value(text: str) -> Any:
     """A param as MLflow stores it (str(value)) back to the value."""
@@ -83,7 +103,7 @@ def spec_of_params(params: Mapping[str, str]) -> Any:
     data: dict[str, Any] = {}
     for key, text in params.items():
         parts = key.split(".")
-        if parts[0] not in ("model", "plan", "workload", "env"):
+        if parts[0] not in ("model", "plan", "workload", "env", "train"):
             continue
         node = data
         for p in parts[:-1]:
@@ -99,6 +119,8 @@ class Check:
     measured_ms: float
     predicted_ms: float
     group: str = ""  # trials that answer one question (same workload and shape): best is chosen here
+    # a training trial's memory, {"state_bytes" | "activation_bytes": (predicted, measured)}
+    memory: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def error(self) -> float:
@@ -131,11 +153,20 @@ def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
             continue
         if spec.plan.algorithm not in algorithms.REGISTRY:
             continue
-        p = predict_spec(spec, emulated(spec, cluster))
+        p = predict_trial(spec, emulated(spec, cluster))
         w, m = spec.workload, spec.model
         group = f"N={w.seq_len} B={w.batch} H={m.heads}/{m.hkv} D={m.head_dim} {w.dtype} {w.mode}"
-        out.append(Check(spec.label(), float(metrics["step_ms"]), p.attention_ms, group))
+        memory = {}
+        if spec.train is not None:
+            group = f"train {spec.train.model} " + group
+            memory = {f"{k}_bytes": (float(p.memory[part]), float(metrics[f"{k}_bytes"]))
+                      for k, part in _MEMORY_PART.items() if f"{k}_bytes" in metrics}
+        predicted = p.step_ms if spec.train is not None else p.attention_ms
+        out.append(Check(spec.label(), float(metrics["step_ms"]), predicted, group, memory))
     return out
+
+
+_MEMORY_PART = {"state": "states", "activation": "activations"}
 
 
 def summary(checks: Sequence[Check]) -> dict[str, Any]:

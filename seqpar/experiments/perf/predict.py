@@ -18,199 +18,12 @@ its ranks' own sending and receiving.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
 from typing import Any
 
-from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.groups import DoubleRing
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf import kernel
-from seqpar.experiments.perf.net import Cost, Net
-from seqpar.experiments.perf.schedule import P2P, Collective, Kernel, Ring, Stage, schedule
-
-
-@dataclass
-class Timing:
-    """What one attention call costs on the busiest rank."""
-
-    seconds: float = 0.0
-    compute_s: float = 0.0
-    flops: float = 0.0           # the busiest rank's attention FLOPs
-    exposed: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
-    bytes_intra: int = 0
-    bytes_inter: int = 0
-    stages: list[tuple[str, float]] = field(default_factory=list)
-
-    def add(self, label: str, seconds: float, compute: float, cost: Cost, flops: float = 0.0) -> None:
-        self.seconds += seconds
-        self.compute_s += compute
-        self.flops += flops
-        if seconds > compute:
-            self.exposed[cost.link] += seconds - compute
-        self.bytes_intra += cost.intra
-        self.bytes_inter += cost.inter
-        self.stages.append((label, seconds))
-
-    @property
-    def bottleneck(self) -> str:
-        worst = max(self.exposed, key=lambda k: self.exposed[k])
-        if self.exposed[worst] > 0.1 * self.seconds:
-            return f"{worst}-node communication"
-        return "compute"
-
-
-@dataclass(frozen=True)
-class Job:
-    cluster: Cluster
-    shape: AttnShape
-    world: int
-    nodes: int
-    layout: str
-    causal: bool
-    dtype: str
-
-    @cached_property
-    def net(self) -> Net:
-        return Net(self.cluster, self.world, self.nodes)
-
-    @cached_property
-    def _blocks(self) -> dict:
-        """Block costs, shared by every job on the same cluster, shape, world, layout and dtype
-        (a plan's configurations meet the same blocks again and again)."""
-        key = (self.cluster.model_dump_json(), self.shape, self.world, self.layout, self.causal,
-               self.dtype)
-        got = _SHARED.get(key)
-        if got is None:
-            if len(_SHARED) >= 32:
-                _SHARED.clear()
-            got = _SHARED[key] = {}
-        return got
-
-    def block(self, q: tuple[int, ...], k: tuple[int, ...], heads: int) -> kernel.Block:
-        """The forward kernel calls of q_members' queries on k_members' keys (memoised: a ring
-        visits each pair once per step and phase)."""
-        key = (q, k, heads)
-        got = self._blocks.get(key)
-        if got is None:
-            calls = kernel.block_calls(self.layout, self.world, q, k, self.causal)
-            shard = self.shape.seq_len / self.world
-            got = self._blocks[key] = kernel.block_seconds(
-                self.cluster, self.dtype, self.shape.batch, self.shape.seq_len, heads,
-                self.shape.head_dim, calls, len(q) * shard, len(k) * shard)
-        return got
-
-    def work(self, b: kernel.Block, heads: int, factor: float, accumulate: bool) -> float:
-        """One rank's seconds for a block, on one core (device): the kernel calls (forward, or
-        backward at `factor`) and, when their results go into accumulators, the work beside them:
-        forward merges each call's partial output, backward adds the block's dq, dk, dv (in the
-        accumulation dtype)."""
-        seconds = b.seconds * factor
-        if not accumulate:
-            return seconds
-        row = self.shape.batch * heads * self.shape.head_dim * self.shape.acc_bytes
-        c = self.cluster
-        if factor == 1.0:
-            return seconds + c.merge_seconds(b.q_rows * row, b.calls)
-        return seconds + c.copy_seconds((b.q_len + 2 * b.k_len) * row)
-
-    def ring_work(self, q: tuple[int, ...], k: tuple[int, ...], heads: int,
-                  factor: float) -> tuple[float, float]:
-        """(seconds, FLOPs) of a ring step's block with its accumulation (memoised)."""
-        key = (q, k, heads, factor)
-        got = self._blocks.get(key)
-        if got is None:
-            b = self.block(q, k, heads)
-            got = self._blocks[key] = (self.work(b, heads, factor, True), b.flops)
-        return got
-
-    def host(self, worst: float, total: float | None = None) -> float:
-        """A stage's time from its busiest rank's work and every rank's (default: all as busy)."""
-        return self.cluster.host_seconds(worst, worst * self.world if total is None else total,
-                                         self.world)
-
-
-_SHARED: dict[tuple, dict] = {}
-
-
-@lru_cache(maxsize=256)
-def _steps(n: int, w: int) -> tuple[tuple[int, int], ...]:
-    """(outer step, inner step) of a ring of n in inner rings of w, in order."""
-    return tuple((o, i) for o in range(n // w) for i in range(w))
-
-
-@lru_cache(maxsize=256)
-def _sources(n: int, w: int) -> tuple[tuple[int, ...], ...]:
-    """Per step, the position whose block each position holds."""
-    rings = [DoubleRing(n, w, pos) for pos in range(n)]
-    return tuple(tuple(r.source(o, i) for r in rings) for o, i in _steps(n, w))
-
-
-def _ring_time(job: Job, st: Ring, timing: Timing) -> None:
-    c, net, n, w = job.cluster, job.net, st.size, st.inner
-    outer = n // w
-    ranks = n * len(st.rings)
-    comp, flops = [], []
-    for (o, i), sources in zip(_steps(n, w), _sources(n, w), strict=True):
-        # the slowest rank of every ring sets each step; all ranks share a host
-        # what every rank does beside its kernels: the fixed step cost; backward, packing the
-        # travelling gradient and adding the one that arrives; on a host transport, sending and
-        # receiving this step's messages (K,V or the query block, while one more is to come; the
-        # outer prefetch at an inner ring's start; the gradient every step)
-        blocks_out = (i < w - 1) + (i == 0 and o < outer - 1) if n > 1 else 0
-        grads = 1 if (st.grad and n > 1) else 0
-        sent = blocks_out * st.msg + grads * st.grad
-        fixed = (c.step_us * 1e-6 + c.copy_seconds(2 * grads * st.grad)
-                 + c.transport_seconds(2 * sent, 2 * (blocks_out + grads)))
-        worst, worst_f, total = 0.0, 0.0, 0.0
-        copies = len(st.rings) if st.same_blocks else 1
-        for r in range(1 if st.same_blocks else len(st.rings)):
-            for pos, src in enumerate(sources):
-                t, f = job.ring_work(*st.blocks(r, pos, src), st.heads, st.factor)
-                total += t * copies
-                if t > worst:
-                    worst, worst_f = t, f
-        comp.append(c.host_seconds(worst + fixed, total + ranks * fixed, job.world))
-        flops.append(worst_f * st.factor)
-    total_compute = sum(comp)
-    if n == 1:
-        timing.add(st.label, total_compute, total_compute, Cost(0.0), sum(flops))
-        return
-    inner_pairs = [(ring[p], ring[DoubleRing(n, w, p).next_inner]) for ring in st.rings
-                   for p in range(n)]
-    outer_pairs = [(ring[p], ring[DoubleRing(n, w, p).next_outer]) for ring in st.rings
-                   for p in range(n)]
-
-    def both(pairs):  # the block and the gradient behind it: one link, or (emulated) each its own
-        if c.shared_links or not st.grad:
-            return net.p2p(pairs, st.msg + st.grad)
-        a, b = net.p2p(pairs, st.msg), net.p2p(pairs, st.grad)
-        return Cost(max(a.seconds, b.seconds), a.intra + b.intra, a.inter + b.inter)
-
-    x_in = both(inner_pairs) if w > 1 else Cost(0.0)
-    x_out = both(outer_pairs) if outer > 1 else Cost(0.0)
-    home = net.p2p(outer_pairs if outer > 1 else inner_pairs, st.grad)
-    # the last gradient's trip home is exposed (its host transport cost is the last step's)
-    home_s = home.seconds
-    seconds = 0.0
-    for o in range(outer):
-        cs = comp[o * w:(o + 1) * w]
-        inner_time = sum(max(ci, x_in.seconds) for ci in cs[:-1]) + cs[-1]
-        seconds += max(inner_time, x_out.seconds) if o < outer - 1 else inner_time
-    seconds += home_s
-    cost = max((x_in, x_out), key=lambda x: x.seconds)
-    # bytes by link: the busiest rank's messages, inner and outer hops as the ring makes them
-    intra = inter = 0
-    for x, count in ((x_in, (w - 1) * outer), (x_out, outer - 1)):
-        intra += x.intra * count
-        inter += x.inter * count
-    last = st.nbytes - intra - inter
-    if last > 0:
-        if home.inter:
-            inter += last
-        else:
-            intra += last
-    timing.add(st.label, seconds, total_compute, Cost(cost.seconds, intra, inter), sum(flops))
+from seqpar.experiments.perf.job import Job, Timing
+from seqpar.experiments.perf.net import Cost
+from seqpar.experiments.perf.ring import ring_time
+from seqpar.experiments.perf.schedule import P2P, Collective, Kernel, Stage, schedule
 
 
 def attention(job: Job, name: str, options: Mapping[str, Any]) -> tuple[Timing, Timing]:
@@ -232,7 +45,7 @@ def _collective_host(job: Job, groups: list[list[int]], nbytes: int) -> tuple[fl
     """(copies, transport) seconds of a collective on the busiest rank, host cores shared: it packs
     and unpacks its whole buffer (what it sends is (G-1)/G of it) and, on a host transport, sends
     and receives nbytes in a message to and from every peer."""
-    g = max((len(m) for m in groups), default=1)
+    g = max(map(len, groups), default=1)
     if g < 2 or nbytes <= 0:
         return 0.0, 0.0
     c = job.cluster
@@ -255,4 +68,4 @@ def _stage(job: Job, st: Stage, timing: Timing) -> None:
         t = job.host(job.work(b, st.heads, st.factor, b.calls > 1))
         timing.add(st.label, t, t, Cost(0.0), b.flops * st.factor)
     else:
-        _ring_time(job, st, timing)
+        ring_time(job, st, timing)

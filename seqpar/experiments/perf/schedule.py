@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from seqpar import algorithms
@@ -60,6 +61,11 @@ class Ring:
     blocks: Callable[[int, int, int], tuple[Members, Members]]
     factor: float = 1.0
     same_blocks: bool = True  # every ring meets the same blocks (blocks ignores its ring argument)
+    # what a block depends on (perf.ring): blocks(r, pos, src) is one block for every (r, pos, src)
+    # whose keys compare alike, part by part (keys[0][r][pos] against keys[1][r][src]); None: the
+    # positions themselves (a block depends only on whether src is before, at or after pos: true
+    # of every layout's shards, and of unions of ranks that are translates of each other)
+    keys: tuple[list[list[tuple[int, ...]]], list[list[tuple[int, ...]]]] | None = None
 
     @property
     def size(self) -> int:
@@ -137,9 +143,7 @@ def _usp(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -
 
     dhp, dcp, placement, inner = usp.grid_of(world, options)
     ops = usp.bytes_by_op(shape, world, options)
-    hp = groups.usp_hp_groups(dhp, dcp, placement)
-    cp = groups.usp_cp_groups(dhp, dcp, placement)
-    union = [tuple(members) for members in hp]  # CP position b holds HP group b's tokens
+    hp, cp, union = _usp_groups(dhp, dcp, placement)
     msg = _per_msg(ops["forward"]["p2p"], dcp - 1)
     grad = _per_msg(ops["backward"]["p2p"] - (dcp - 1) * msg, dcp)
     heads = shape.heads // dhp
@@ -154,6 +158,14 @@ def _usp(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -
                             Ring("cp ring", cp, inner, msg, g, heads, blocks, factor),
                             Collective("seq all-to-all", hp, a2a - a2a // 2)]
     return s
+
+
+@lru_cache(maxsize=64)
+def _usp_groups(dhp: int, dcp: int, placement: str) -> tuple[list, list, list[Members]]:
+    """(HP groups, CP rings, the ranks whose tokens CP position b holds: HP group b), shared by
+    every inner ring and shape."""
+    hp = groups.usp_hp_groups(dhp, dcp, placement)
+    return hp, groups.usp_cp_groups(dhp, dcp, placement), [tuple(m) for m in hp]
 
 
 def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
@@ -225,6 +237,15 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
         ring = rings[r]
         return q_of(ring[src]), held(ring[pos])
 
+    # a team is (team group, index in it): two teams' ranks interleave by how those compare
+    def key(team: int) -> tuple[int, int]:
+        return divmod(team, t)
+
+    q_keys = [[key(grid.coords(rank)[0]) for rank in ring] for ring in rings]
+    k_keys = [[key(grid.block_team(rank)) for rank in ring] for ring in rings]
+    ordered = [[(0, p) for p in range(t)]] * len(rings)
+    keys = None if q_keys == k_keys == ordered else (q_keys, k_keys)  # one team a rank: a ring
+
     fwd_coll = rb["forward"] - placed - (t - 1) * block
     bwd_ring = burst.query_ring_bytes(q_block, dq, t)
     bwd_coll = rb["backward"] - bwd_ring - placed
@@ -232,9 +253,10 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
     s.phases["forward"] += [Collective("team all-gather q,k,v + combine", team_groups, fwd_coll),
                             P2P("initial placement", pairs, placed),
                             Ring("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks,
-                                 same_blocks=False)]
+                                 same_blocks=False, keys=keys)]
     s.phases["backward"] += [Ring("query sub-ring", rings, t, q_block, dq, shape.heads, bwd_blocks,
-                                  BACKWARD, same_blocks=False),
+                                  BACKWARD, same_blocks=False,
+                                  keys=keys and keys[::-1]),
                              P2P("placement back", pairs, placed),
                              Collective("team all-gather dO,D,lse + reduce-scatter", team_groups,
                                         bwd_coll)]
@@ -249,7 +271,26 @@ BUILDERS: dict[str, Callable[[AttnShape, int, Mapping[str, Any], int], Schedule]
 
 def schedule(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
              nodes: int = 1) -> Schedule:
-    """The stages of `name` at this shape and world; options resolved by the algorithm."""
+    """The stages of `name` at this shape and world; options resolved by the algorithm (built once
+    per configuration: a plan asks for it once per layout, and memory once more)."""
+    try:
+        key = (name, shape, world, tuple(sorted(options.items())), nodes)
+        hash(key)
+    except TypeError:
+        return _build(name, shape, world, options, nodes)
+    got = _BUILT.get(key)
+    if got is None:
+        if len(_BUILT) >= 512:
+            _BUILT.clear()
+        got = _BUILT[key] = _build(name, shape, world, options, nodes)
+    return Schedule({ph: list(stages) for ph, stages in got.phases.items()})
+
+
+_BUILT: dict[tuple, Schedule] = {}
+
+
+def _build(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
+           nodes: int) -> Schedule:
     resolved = {**algorithms.options_of(name), **options}  # the algorithm's defaults, then ours
     if name not in BUILDERS:  # an algorithm that lands later: its bytes, as one collective
         b = algorithms.expected_bytes(name, shape, world, **options)

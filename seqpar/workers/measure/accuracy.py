@@ -3,10 +3,11 @@
 Every rank draws the same fixed full-sequence inputs (`reference.make_inputs`, from the case's
 seed), rounds them to the trial's dtype, takes its shard in the layout and runs the algorithm forward
 and backward through the loop (`timing.iterate`). It then computes the reference itself
-(`reference.reference` on the same rounded inputs, on its own device) and compares its shards of
-out, dq, dk, dv with the reference's rows at its positions. A rank's error is max |x - ref| over its
-rows over the whole tensor's `error_scale`; the trial's error is the max over ranks, which is the
-relative error of the reassembled tensor. World 1 (`local`) is the plain kernel in that dtype.
+(`reference.reference` on the same rounded inputs, on its own device, in blocks of query rows:
+O(block x N) memory) and compares its shards of out, dq, dk, dv with the reference's rows at its
+positions. A rank's error is max |x - ref| over its rows over the whole tensor's `error_scale`; the
+trial's error is the max over ranks, which is the relative error of the reassembled tensor. World 1
+(`local`) is the plain kernel in that dtype.
 """
 
 from __future__ import annotations

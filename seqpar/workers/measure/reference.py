@@ -2,8 +2,10 @@
 
 `make_inputs` draws a case's full-sequence inputs; `reference` is attention in float64 on them, in
 one process, written independently of the algorithms: torch's scaled_dot_product_attention, one
-query head at a time (a K,V head's gradients sum over its query heads), under `reference_mask` (the
-explicit mask of documents and window, from the definition, not from `layouts.Relation`).
+query head and one block of query rows at a time (a K,V head's gradients sum over its query heads
+and the blocks), under `reference_mask` (the explicit mask of causality, documents and window, from
+the definition, not from `layouts.Relation`). Its memory is O(block x N) per head, not O(N^2):
+at N = 64K one head's full score matrix alone is 34 GB in float64.
 An error is max |x - ref| over max |ref| (`error_scale`: at least `SCALE_FLOOR`), held to the
 dtype's `TOLERANCE`.
 """
@@ -18,6 +20,9 @@ from seqpar.case import Case
 GRADS = ("out", "dq", "dk", "dv")
 # relative tolerance (max |error| / max |reference|) by dtype
 TOLERANCE = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
+# the float64 scores of one block of query rows against all N keys: 64 MiB at most (the block's
+# other intermediates are a few times this), whatever N
+BLOCK_SCORE_BYTES = 64 << 20
 # a gradient that vanishes (dq, dk at window 1: every query sees only itself) is held to its
 # absolute error over this, not to rounding noise over noise
 SCALE_FLOOR = 1e-4
@@ -40,45 +45,70 @@ def make_inputs(case: Case) -> dict[str, torch.Tensor]:
     }
 
 
-def reference_mask(case: Case) -> torch.Tensor | None:
-    """The explicit boolean mask (N, N) of documents and window (True: visible), written from the
-    definition, independently of `layouts.Relation`; None for plain causal or full."""
-    if not case.cu_seqlens and case.window is None:
+def query_block(case: Case) -> int:
+    """Query rows per block of the reference: one block's float64 scores (batch x rows x N) within
+    BLOCK_SCORE_BYTES, so its memory is O(rows x N), not O(N^2); all N rows when they fit."""
+    per_row = case.batch * case.seq_len * 8
+    return max(1, min(case.seq_len, BLOCK_SCORE_BYTES // per_row))
+
+
+def reference_mask(case: Case, start: int = 0, stop: int | None = None) -> torch.Tensor | None:
+    """Rows start..stop (default: all N) of the explicit boolean mask (rows, N) of causality,
+    documents and window (True: visible), written from the definition, independently of
+    `layouts.Relation`; None where every query sees every key (full attention, one document)."""
+    if not (case.causal or case.cu_seqlens or case.window is not None):
         return None
     n = case.seq_len
-    t = torch.arange(n)
+    stop = n if stop is None else stop
+    keys, queries = torch.arange(n), torch.arange(start, stop)
     cu = torch.tensor(case.cu_seqlens or (0, n))
     doc = torch.repeat_interleave(torch.arange(len(cu) - 1), cu[1:] - cu[:-1])
-    keep = doc[:, None] == doc[None, :]
+    keep = doc[queries, None] == doc[None, :]
     if case.causal:
-        keep &= t[:, None] >= t[None, :]
+        keep &= queries[:, None] >= keys[None, :]
     if case.window is not None:
-        keep &= (t[:, None] - t[None, :]).abs() < case.window
+        keep &= (queries[:, None] - keys[None, :]).abs() < case.window
     return keep
 
 
+def _seen_keys(mask: torch.Tensor | None, n: int) -> tuple[int, int]:
+    """The keys [lo, hi) some row of a block's mask sees (all N without a mask)."""
+    if mask is None:
+        return 0, n
+    seen = mask.any(dim=0).nonzero()
+    return int(seen[0]), int(seen[-1]) + 1
+
+
 def reference(case: Case, inputs: dict[str, torch.Tensor] | None = None,
-              device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+              device: torch.device | str = "cpu", block: int | None = None
+              ) -> dict[str, torch.Tensor]:
     """out, dq, dk, dv (float64, on `device`) of single-process attention on `inputs` (default: the
-    case's `make_inputs`) under the case's mask, one query head at a time."""
+    case's `make_inputs`) under the case's mask, one query head and one block of `block` query
+    rows (default `query_block`) at a time, against the keys its rows see (under causality those
+    up to its last row): its out and dq rows are final, its dk, dv contributions add up over the
+    blocks."""
     device = torch.device(device)
     inputs = make_inputs(case) if inputs is None else inputs
-    mask = reference_mask(case)
-    mask = mask.to(device) if mask is not None else None
-    g = case.heads // case.kv_heads
+    n, g = case.seq_len, case.heads // case.kv_heads
+    block = query_block(case) if block is None else block
+    rows = [(a, min(a + block, n)) for a in range(0, n, block)]
     x = {name: t.to(device=device, dtype=torch.float64) for name, t in inputs.items()}
-    outs, dqs = [], []
-    dk, dv = torch.zeros_like(x["k"]), torch.zeros_like(x["v"])
+    ref = {"out": torch.empty_like(x["q"]), "dq": torch.empty_like(x["q"]),
+           "dk": torch.zeros_like(x["k"]), "dv": torch.zeros_like(x["v"])}
     for h in range(case.heads):
         j = h // g  # the K,V head query head h reads (kernels: GQA)
-        q = x["q"].narrow(2, h, 1).clone().requires_grad_()
-        k, v = (x[n].narrow(2, j, 1).clone().requires_grad_() for n in ("k", "v"))
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-            is_causal=case.causal and mask is None).transpose(1, 2)
-        out.backward(x["dout"].narrow(2, h, 1))
-        outs.append(out.detach())
-        dqs.append(q.grad)
-        dk.narrow(2, j, 1).add_(k.grad)
-        dv.narrow(2, j, 1).add_(v.grad)
-    return {"out": torch.cat(outs, dim=2), "dq": torch.cat(dqs, dim=2), "dk": dk, "dv": dv}
+        k, v = (x[t].narrow(2, j, 1).transpose(1, 2).clone().requires_grad_() for t in "kv")
+        for a, b in rows:
+            mask = reference_mask(case, a, b)
+            lo, hi = _seen_keys(mask, n)  # keys no row of the block sees add exactly nothing
+            q = x["q"].narrow(2, h, 1).narrow(1, a, b - a).transpose(1, 2).clone().requires_grad_()
+            out = F.scaled_dot_product_attention(
+                q, k[:, :, lo:hi], v[:, :, lo:hi],
+                attn_mask=None if mask is None else mask[:, lo:hi].to(device))
+            out.backward(x["dout"].narrow(2, h, 1).narrow(1, a, b - a).transpose(1, 2))
+            ref["out"].narrow(2, h, 1).narrow(1, a, b - a).copy_(out.detach().transpose(1, 2))
+            ref["dq"].narrow(2, h, 1).narrow(1, a, b - a).copy_(q.grad.transpose(1, 2))
+            del out, q, mask
+        ref["dk"].narrow(2, j, 1).add_(k.grad.transpose(1, 2))
+        ref["dv"].narrow(2, j, 1).add_(v.grad.transpose(1, 2))
+    return ref

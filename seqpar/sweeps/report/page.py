@@ -1,5 +1,6 @@
-"""A sweep as one self-contained HTML page: the comparison table, every plot inlined as a PNG data
-URI, and the environment the numbers were measured in (versions, host, cores, device, commit).
+"""A sweep as one self-contained HTML page: the headline, the comparison table, every plot inlined as a
+PNG data URI, and the environment the numbers were measured in (versions, host, cores, device,
+commit).
 
     page = build(tracker, sweep_id)        # reads the sweep back from MLflow
     Path("report.html").write_text(page)   # no external files: attach it to a PR or an appendix
@@ -13,7 +14,13 @@ import io
 from html import escape
 from typing import Any
 
+from seqpar.experiments.registry import higher_is_better
 from seqpar.platform.tracking import Tracker
+from seqpar.sweeps import style
+from seqpar.sweeps.report.headline import best_run, headline_metrics
+from seqpar.sweeps.report.plots import figures
+from seqpar.sweeps.report.table import Comparison, comparison
+from seqpar.sweeps.report.view import Trial, per_rank_details, trials
 
 ENVIRONMENT_TAGS = (("seqpar commit", "seqpar.git_commit"), ("torch", "seqpar.torch_version"),
                     ("ray", "seqpar.ray_version"), ("mlflow", "seqpar.mlflow_version"),
@@ -75,16 +82,14 @@ def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def render(tracker: Tracker, sweep_id: str, *, cmp: Any, figs: dict[str, Any]) -> str:
-    """The page for a sweep whose comparison and figures are already built."""
-    from seqpar.sweeps import report
-
+def render(tracker: Tracker, sweep_id: str, runs: list[Trial], *, cmp: Comparison,
+           figs: dict[str, Any]) -> str:
+    """The page for a sweep whose trials, comparison and figures are already built."""
     record = tracker.sweep(sweep_id)
-    runs = tracker.trials(sweep_id)
     metric = cmp.metric
-    headline = report.headline_metrics(runs, metric)
-    best = report.best_run(runs, metric)
-    devices = sorted({r.tags.get("seqpar.device", "?") for r in runs})
+    headline = headline_metrics(runs, metric)
+    best = best_run(runs, metric)
+    devices = sorted({t.device or "?" for t in runs})
     env_rows = [[name, record.tags.get(tag, "?")] for name, tag in ENVIRONMENT_TAGS]
     env_rows += [["device", ", ".join(devices)], ["MLflow store", tracker.uri],
                  ["experiment", tracker.experiment_name(record)], ["sweep id", sweep_id]]
@@ -94,7 +99,7 @@ def render(tracker: Tracker, sweep_id: str, *, cmp: Any, figs: dict[str, Any]) -
         f"<title>seqpar report: {escape(record.name)}</title><style>{CSS}</style></head><body>",
         f"<h1>seqpar sweep <code>{escape(record.name)}</code></h1>",
         f'<p class="meta">{len(runs)} trial(s), started {started}; headline metric '
-        f"<b>{escape(metric)}</b> ({'higher' if report.higher_is_better(metric) else 'lower'} "
+        f"<b>{escape(metric)}</b> ({'higher' if higher_is_better(metric) else 'lower'} "
         "is better)</p>",
         "<h2>Headline</h2>",
         _table(["", metric], [["best trial: " + (best.name if best else "-"),
@@ -117,16 +122,11 @@ def render(tracker: Tracker, sweep_id: str, *, cmp: Any, figs: dict[str, Any]) -
 
 def build(tracker: Tracker, sweep_id: str) -> str:
     """The page for a sweep read back from the store (figures drawn afresh)."""
-    import matplotlib.pyplot as plt
-
-    from seqpar.sweeps import report
-
     record = tracker.sweep(sweep_id)
-    runs = tracker.trials(sweep_id)
-    cmp = report.comparison(tracker, sweep=sweep_id, metric=record.tags.get("seqpar.headline"))
-    figs = report.figures(runs, report.per_rank_details(tracker, runs))
+    runs = trials(tracker.trials(sweep_id))
+    cmp = comparison(tracker, sweep=sweep_id, metric=record.tags.get("seqpar.headline"))
+    figs = figures(runs, per_rank_details(tracker, runs))
     try:
-        return render(tracker, sweep_id, cmp=cmp, figs=figs)
+        return render(tracker, sweep_id, runs, cmp=cmp, figs=figs)
     finally:
-        for fig in figs.values():
-            plt.close(fig)
+        style.close(figs.values())

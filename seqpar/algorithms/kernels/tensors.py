@@ -1,0 +1,51 @@
+"""Tensor helpers every backend shares: accumulation dtype, softmax scale, row slices, GQA
+expansion and reduction."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulator and lse dtype for inputs of `dtype`."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def default_scale(scale: float | None, head_dim: int) -> float:
+    """The softmax scale: as given, else 1/sqrt(head_dim)."""
+    return scale if scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+# narrow(), pad() and clone() rather than [] indexing, copy_() and contiguous(): the tests run these
+# CUDA paths on fake CUDA tensors, which a CPU-only torch cannot index with [], copy_ into or make
+# contiguous (each wants a CUDA device guard)
+def seq_rows(t: torch.Tensor, start: int, stop: int | None = None) -> torch.Tensor:
+    """t[:, start:stop] (sequence rows of a bshd tensor)."""
+    stop = t.shape[1] if stop is None else stop
+    return t.narrow(1, start, stop - start)
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.clone(memory_format=torch.contiguous_format)
+
+
+def pad_rows(t: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """t (bshd) with zero rows added before and after its sequence rows."""
+    return F.pad(t, (0, 0, 0, 0, before, after))
+
+
+def expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    group = heads // t.shape[2]
+    return t if group == 1 else t.repeat_interleave(group, dim=2)
+
+
+def reduce_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    b, s, h, d = grad.shape
+    return grad if h == kv_heads else grad.view(b, s, kv_heads, h // kv_heads, d).sum(3)
+
+
+def finite_lse(lse: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)

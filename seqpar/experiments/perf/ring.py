@@ -1,0 +1,181 @@
+"""A ring stage's time: every step of every ring at once, without visiting every rank at every step.
+
+A ring of n positions in inner rings of w runs n steps (outer step o, inner step i); at each, every
+position computes the block it holds while the next one travels. A step lasts as long as its
+slowest rank (on a host, at least all ranks' work over the cores). What a block costs depends only
+on how its two sides compare (`Ring.keys`: by default whether the block that started at src is
+before, at or after pos), so a ring has at most a few kinds of block, each costed once, and a step
+is known by how many blocks of each kind it holds. For the plain and double ring those counts have
+a closed form (`_ordered`); other rings count them over a (steps x positions) array (`_keyed`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from seqpar.experiments.perf.net import Cost
+from seqpar.experiments.perf.schedule import Ring
+
+if TYPE_CHECKING:
+    from seqpar.experiments.perf.job import Job, Timing
+
+
+@lru_cache(maxsize=64)
+def steps(n: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(outer step, inner step) of each step of a ring of n in inner rings of w, in order."""
+    return np.repeat(np.arange(n // w), w), np.tile(np.arange(w), n // w)
+
+
+@lru_cache(maxsize=8)
+def sources(n: int, w: int) -> np.ndarray:
+    """(steps x positions): the position whose block each position holds at each step
+    (algorithms.groups.DoubleRing.source, for all at once)."""
+    outer, (o, i) = n // w, steps(n, w)
+    big_i, t = np.divmod(np.arange(n), w)
+    return ((big_i[None, :] - o[:, None]) % outer) * w + (t[None, :] - i[:, None]) % w
+
+
+def _cost(job: Job, st: Ring, r: int, pos: int, src: int) -> tuple[float, float]:
+    return job.ring_work(*st.blocks(r, pos, src), st.heads, st.factor)
+
+
+def _first_max(cands: list[tuple[float, float]]) -> tuple[float, float]:
+    """(seconds, FLOPs) of the first busiest block in rank order (no work: no FLOPs)."""
+    worst, flops = 0.0, 0.0
+    for t, f in cands:
+        if t > worst:
+            worst, flops = t, f
+    return worst, flops
+
+
+def _ordered(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+    """Per step (worst seconds, its FLOPs, all ranks' seconds) when a block depends only on
+    whether src is before, at or after pos. At step (0, 0) every position holds its own block;
+    at (0, i > 0) the outer*(w - i) positions with inner index >= i hold an earlier block and the
+    rest a later one; at o > 0 the (outer - o)*w positions of inner rings >= o an earlier one.
+    Position 0 holds a later block in every step but the first (it comes first on a tie)."""
+    n, w = st.size, st.inner
+    outer, (o, i) = n // w, steps(n, w)
+    own = [_cost(job, st, r, 0, 0) for r in range(rings)]
+    if n == 1:
+        (t, f), = own
+        return np.array([t]), np.array([f]), np.array([t * copies])
+    earlier = [_cost(job, st, r, 1, 0) for r in range(rings)]
+    later = [_cost(job, st, r, 0, 1) for r in range(rings)]
+    first = (o == 0) & (i == 0)
+    n_earlier = np.where(first, 0, np.where(o == 0, outer * (w - i), (outer - o) * w))
+    n_later = np.where(first, 0, np.where(o == 0, outer * i, o * w))
+    mixed = _first_max([x for pair in zip(later, earlier, strict=True) for x in pair])
+    at_home = _first_max(own)
+    worst = np.where(first, at_home[0], mixed[0])
+    flops = np.where(first, at_home[1], mixed[1])
+    total = (n_earlier * sum(t for t, _ in earlier) + n_later * sum(t for t, _ in later)
+             + np.where(first, n * sum(t for t, _ in own), 0.0)) * copies
+    return worst, flops, total
+
+
+def _kinds(st: Ring, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """(steps x rings*positions) kind of each rank's block, ranks in ring order; and per kind one
+    (ring, position, source) that meets it. Memoised on the stage: a plan asks for each layout."""
+    held = _KINDS.get(id(st))
+    if held is not None and held[0] is st:
+        return held[1], held[2]
+    n, w = st.size, st.inner
+    src = sources(n, w)
+    here, there = (np.asarray(k[:rings], dtype=np.int64).reshape(rings, n, -1) for k in st.keys)
+    signs = np.sign(there[:, src] - here[:, None, :, :]) + 1  # (rings, steps, positions, parts)
+    kind = (signs * 3 ** np.arange(signs.shape[3])).sum(axis=3).transpose(1, 0, 2)
+    _, first, index = np.unique(kind, return_index=True, return_inverse=True)
+    step, r, pos = np.unravel_index(first, kind.shape)
+    meets = [(int(r_), int(p), int(src[s_, p])) for s_, r_, p in zip(step, r, pos, strict=True)]
+    if len(_KINDS) >= 64:
+        _KINDS.clear()
+    _KINDS[id(st)] = (st, index.reshape(len(src), -1), meets)
+    return _KINDS[id(st)][1], meets
+
+
+_KINDS: dict[int, tuple[Ring, np.ndarray, list[tuple[int, int, int]]]] = {}
+
+
+def _keyed(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+    """Per step (worst seconds, its FLOPs, all ranks' seconds) from the rings' keys: a block is
+    costed once per way its keys compare, whichever ring meets it."""
+    index, meets = _kinds(st, rings)
+    cost = np.array([_cost(job, st, r, pos, src) for r, pos, src in meets])
+    t_all, f_all = cost[index, 0], cost[index, 1]
+    busiest = t_all.argmax(axis=1)  # the first busiest rank
+    worst = t_all.max(axis=1)
+    return (worst, np.where(worst > 0, f_all[np.arange(len(worst)), busiest], 0.0),
+            t_all.sum(axis=1) * copies)
+
+
+def _host(job: Job, worst: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Cluster.host_seconds of every step (a device per rank: the busiest rank's time)."""
+    c = job.cluster
+    if c.host_seconds(1.0, float("inf"), job.world) == 1.0:
+        return worst
+    return np.array([c.host_seconds(a, b, job.world)
+                     for a, b in zip(worst.tolist(), total.tolist(), strict=True)])
+
+
+def ring_time(job: Job, st: Ring, timing: Timing) -> None:
+    c, net, n, w = job.cluster, job.net, st.size, st.inner
+    outer, (o, i) = n // w, steps(n, w)
+    ranks = n * len(st.rings)
+    rings = 1 if st.same_blocks else len(st.rings)
+    copies = len(st.rings) if st.same_blocks else 1
+    worst, worst_f, total = (_ordered if st.keys is None else _keyed)(job, st, rings, copies)
+    # what every rank does beside its kernels: the fixed step cost; backward, packing the
+    # travelling gradient and adding the one that arrives; on a host transport, sending and
+    # receiving this step's messages (K,V or the query block, while one more is to come; the
+    # outer prefetch at an inner ring's start; the gradient every step)
+    grads = 1 if (st.grad and n > 1) else 0
+    blocks_out = ((i < w - 1).astype(int) + ((i == 0) & (o < outer - 1))) if n > 1 else 0 * i
+    fixed = np.array([c.step_us * 1e-6 + c.copy_seconds(2 * grads * st.grad)
+                      + c.transport_seconds(2 * (b * st.msg + grads * st.grad), 2 * (b + grads))
+                      for b in range(3)])[blocks_out]
+    comp = _host(job, worst + fixed, total + ranks * fixed)
+    flops = float((worst_f * st.factor).sum())
+    total_compute = float(comp.sum())
+    if n == 1:
+        timing.add(st.label, total_compute, total_compute, Cost(0.0), flops)
+        return
+    members = np.asarray(st.rings)
+    big_i, t = np.divmod(np.arange(n), w)
+    inner_pairs = _pairs(members, big_i * w + (t + 1) % w)
+    outer_pairs = _pairs(members, ((big_i + 1) % outer) * w + t)
+
+    def both(pairs):  # the block and the gradient behind it: one link, or (emulated) each its own
+        if c.shared_links or not st.grad:
+            return net.p2p(pairs, st.msg + st.grad)
+        a, b = net.p2p(pairs, st.msg), net.p2p(pairs, st.grad)
+        return Cost(max(a.seconds, b.seconds), a.intra + b.intra, a.inter + b.inter)
+
+    x_in = both(inner_pairs) if w > 1 else Cost(0.0)
+    x_out = both(outer_pairs) if outer > 1 else Cost(0.0)
+    # the last gradient's trip home is exposed (its host transport cost is the last step's)
+    home = net.p2p(outer_pairs if outer > 1 else inner_pairs, st.grad)
+    per_outer = comp.reshape(outer, w)
+    inner_time = np.maximum(per_outer[:, :-1], x_in.seconds).sum(axis=1) + per_outer[:, -1]
+    seconds = float(np.maximum(inner_time[:-1], x_out.seconds).sum() + inner_time[-1]) + home.seconds
+    cost = max((x_in, x_out), key=lambda x: x.seconds)
+    # bytes by link: the busiest rank's messages, inner and outer hops as the ring makes them
+    intra = inter = 0
+    for x, count in ((x_in, (w - 1) * outer), (x_out, outer - 1)):
+        intra += x.intra * count
+        inter += x.inter * count
+    last = st.nbytes - intra - inter
+    if last > 0:
+        if home.inter:
+            inter += last
+        else:
+            intra += last
+    timing.add(st.label, seconds, total_compute, Cost(cost.seconds, intra, inter), flops)
+
+
+def _pairs(members: np.ndarray, to: np.ndarray) -> np.ndarray:
+    """(sender, receiver) of every ring's position p and position to[p]."""
+    return np.stack([members.ravel(), members[:, to].ravel()], axis=1)

@@ -1,0 +1,66 @@
+"""The sweep's figures in one style (`sweeps.style`), one module per family: lengths (throughput and
+memory vs N), scaling (speed-up and efficiency vs world), links (bytes by link, measured vs
+analytic), ranks (compute / waiting / communication), accuracy, documents, windows, training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seqpar.sweeps.report.plots.accuracy import accuracy_figure, accuracy_series
+from seqpar.sweeps.report.plots.documents import varlen_figure
+from seqpar.sweeps.report.plots.lengths import vs_seq_len
+from seqpar.sweeps.report.plots.links import bytes_by_link, bytes_vs_analytic
+from seqpar.sweeps.report.plots.ranks import one_rank_rate, per_rank_figure, rank_breakdown
+from seqpar.sweeps.report.plots.scaling import scaling_figure, scaling_points, scaling_series
+from seqpar.sweeps.report.plots.training import train_figure
+from seqpar.sweeps.report.plots.windows import visible_fraction, window_figure, window_savings
+from seqpar.sweeps.report.table import sort_key
+from seqpar.sweeps.report.view import Trial
+
+__all__ = ["accuracy_series", "figures", "rank_breakdown", "scaling_series", "visible_fraction",
+           "window_savings"]
+
+MAX_RANK_PANELS = 12
+
+
+def figures(runs: list[Trial], details: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plots these trials support: name -> matplotlib Figure. `details` (run id -> the trial's
+    per_rank.json) adds the per-rank breakdown."""
+    figs: dict[str, Any] = {}
+    ok = [t for t in runs if t.finished]
+    errs = [t for t in ok if "err_max" in t.metrics]
+    if errs:
+        figs["accuracy_vs_world"] = accuracy_figure(errs)
+        ok = [t for t in ok if "err_max" not in t.metrics]  # one pass each: no timing plots
+    if len({t.seq_len for t in ok}) > 1:
+        figs["throughput_vs_seq_len"] = vs_seq_len(ok, "tokens_per_s", "throughput (p10-p90 band)",
+                                                   "tokens/s")
+        figs["memory_vs_seq_len"] = vs_seq_len(ok, "peak_mem_bytes", "peak memory per rank",
+                                               "MiB", 1 / 2**20, mark=False)
+    points = scaling_points(ok)
+    if points:
+        figs["scaling_vs_world"] = scaling_figure(points)
+    if any(k.startswith("bytes_") for t in ok for k in t.metrics):
+        figs["bytes_by_link"] = bytes_by_link(ok)
+    analytic = [t for t in ok if "bytes_analytic_per_rank" in t.metrics
+                and "bytes_total" in t.metrics and t.world > 1]
+    if analytic:
+        figs["bytes_measured_vs_analytic"] = bytes_vs_analytic(analytic)
+    if details:
+        rate = one_rank_rate(ok)
+        ordered = sorted(ok, key=lambda t: (t.algorithm, sort_key(t)))
+        items = [(t, parts) for t in ordered if t.run_id in details
+                 for parts in [rank_breakdown(details[t.run_id], rate)] if parts]
+        if items:
+            figs["per_rank_breakdown"] = per_rank_figure(items[:MAX_RANK_PANELS], rate is not None)
+    docs = [t for t in ok if t.documents is not None and "load_imbalance" in t.metrics]
+    if docs:
+        figs["varlen_balance"] = varlen_figure(docs)
+    if any(t.window is not None for t in ok):
+        savings = window_savings(ok)
+        if savings:
+            figs["window_savings"] = window_figure(savings)
+    train = [t for t in ok if t.training is not None]
+    if train:  # model training trials: what each configuration keeps and what it costs
+        figs["train_memory_and_time"] = train_figure(train)
+    return figs

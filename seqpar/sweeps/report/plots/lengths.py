@@ -1,0 +1,47 @@
+"""Throughput and memory against sequence length, one line per configuration, p10-p90 bands."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from seqpar.sweeps import style
+from seqpar.sweeps.report.plots.common import band, line_styles
+from seqpar.sweeps.report.view import Trial
+
+
+def _series_label(t: Trial) -> str:
+    label = f"{t.config} P={t.world}"
+    if t.gqa:
+        label += f" Hkv={t.kv_heads}"
+    return label
+
+
+def vs_seq_len(ok: list[Trial], metric: str, title: str, ylabel: str,
+               scale: float = 1.0, mark: bool = True) -> Any:
+    fig, axes = style.new_figure()
+    ax = axes[0][0]
+    groups: dict[str, list[Trial]] = defaultdict(list)
+    for t in ok:
+        if metric in t.metrics:
+            groups[_series_label(t)].append(t)
+    styles = line_styles(sorted(groups))
+    flagged = False
+    for label in sorted(groups):
+        ts = sorted(groups[label], key=lambda t: t.seq_len)
+        xs = [t.seq_len for t in ts]
+        ys = [t.metrics[metric] * scale for t in ts]
+        c = style.colour(ts[0].algorithm)
+        ax.plot(xs, ys, marker="o", ls=styles[label], color=c, label=label)
+        bands = [band(t, metric) for t in ts]
+        if all(b is not None for b in bands) and len(ts) > 1:
+            ax.fill_between(xs, [b[0] * scale for b in bands], [b[1] * scale for b in bands],
+                            color=c, alpha=0.15, lw=0)
+        over = [(x, y) for x, y, t in zip(xs, ys, ts, strict=True) if mark and t.oversubscribed]
+        style.mark_oversubscribed(ax, [x for x, _ in over], [y for _, y in over], not flagged)
+        flagged = flagged or bool(over)
+    style.seq_len_axis(ax, [t.seq_len for t in ok])
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig

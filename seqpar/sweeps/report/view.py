@@ -1,0 +1,182 @@
+"""A typed view over one trial run: its parameters parsed once from MLflow's strings, so the table,
+the figures and the summary read fields (`t.seq_len`, `t.window`), never `params["..."]` keys."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqpar.platform.tracking import RunRecord, Tracker
+
+
+def _text(params: dict[str, str], key: str) -> str | None:
+    """A param as logged; None when absent or logged as None."""
+    value = params.get(key)
+    return None if value in (None, "", "None") else value
+
+
+def _as_int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _int(params: dict[str, str], key: str) -> int:
+    return _as_int(params.get(key))
+
+
+def _opt_int(params: dict[str, str], key: str) -> int | None:
+    value = _text(params, key)
+    return int(value) if value is not None else None
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Packed documents: drawn (count, spread, seed) or given (lengths)."""
+    count: int | None = None
+    spread: str | None = None
+    seed: int | None = None
+    given: int | None = None  # how many lengths were given
+
+    @property
+    def short(self) -> str:
+        """'12 drawn (spread 1.25, seed 0)' or '3 given'."""
+        if self.count is not None:
+            return f"{self.count} drawn (spread {self.spread}, seed {self.seed})"
+        return f"{self.given} given"
+
+
+@dataclass(frozen=True)
+class Training:
+    """A model-training trial's memory levers and its DP x SP split."""
+    model: str
+    dp: int
+    checkpoint: str
+    seq_fraction: str | None
+    fused_head: bool
+    vocab: str | None
+
+    def label(self, world: int) -> str:
+        ckpt = self.checkpoint
+        if "sequence" in ckpt:
+            ckpt += f"({self.seq_fraction})"
+        head = " fused-head" if self.fused_head else ""
+        vocab = f" V={self.vocab}" if self.vocab is not None else ""
+        return f"SP={world // max(self.dp, 1)} DP={self.dp} ckpt={ckpt}{head}{vocab}"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial run as the report reads it."""
+    run_id: str
+    name: str
+    status: str
+    algorithm: str
+    options: tuple[tuple[str, str], ...]
+    world: int                 # 0 when not logged
+    nodes: str | None
+    layout: str | None
+    seq_len: int               # 0 when not logged
+    heads: int | None
+    kv_heads: int | None
+    dtype: str | None
+    causal: bool
+    window: int | None         # the sliding window W; None: none
+    documents: Documents | None
+    training: Training | None
+    cores: int | None          # cores of the machine the ranks shared, if recorded
+    device: str | None         # None: not recorded
+    topology: str
+    cause: str                 # why it failed, if it did
+    headline: str | None       # the metric its sweep ranks by
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, run: RunRecord) -> Trial:
+        p, tags = run.params, run.tags
+        docs = None
+        if _text(p, "workload.documents.count") is not None:
+            docs = Documents(count=_int(p, "workload.documents.count"),
+                             spread=p.get("workload.documents.spread"),
+                             seed=_opt_int(p, "workload.documents.seed"))
+        elif (lengths := _text(p, "workload.documents.lengths")) is not None:
+            docs = Documents(given=len(lengths.strip("[]").split(",")))
+        training = None
+        if "train.model" in p:
+            training = Training(p["train.model"], _int(p, "train.dp"), p.get("train.checkpoint", ""),
+                                p.get("train.seq_fraction"), p.get("train.fused_head") == "True",
+                                _text(p, "train.vocab"))
+        try:
+            cores = int(tags["seqpar.cpu_count"])
+        except (KeyError, ValueError):
+            cores = None
+        return cls(
+            run.run_id, run.name, run.status, p.get("plan.algorithm", "?"),
+            tuple(sorted((k.removeprefix("plan.options."), v) for k, v in p.items()
+                         if k.startswith("plan.options."))),
+            _int(p, "plan.world"), p.get("plan.nodes"), p.get("plan.layout"),
+            _int(p, "workload.seq_len"), _opt_int(p, "model.heads"), _opt_int(p, "model.kv_heads"),
+            p.get("workload.dtype"), p.get("workload.causal", "True") == "True",
+            _opt_int(p, "workload.window"), docs, training, cores,
+            tags.get("seqpar.device"), tags.get("seqpar.topology", "virtual"),
+            tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics))
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "FINISHED"
+
+    @property
+    def config(self) -> str:
+        """Algorithm and its options: 'usp dcp=2 dhp=2' (and a training trial's levers)."""
+        words = [self.algorithm] + [f"{k}={v}" for k, v in self.options]
+        if self.training is not None:
+            words.append(self.training.label(self.world))
+        return " ".join(words)
+
+    @property
+    def mask(self) -> str:
+        """causal | full, with its documents and window: 'causal docs=12 W=512'."""
+        out = "causal" if self.causal else "full"
+        if self.documents is not None:
+            out += f" docs={self.documents.short.split()[0]}"
+        if self.window is not None:
+            out += f" W={self.window}"
+        return out
+
+    @property
+    def gqa(self) -> bool:
+        return self.kv_heads != self.heads
+
+    @property
+    def oversubscribed(self) -> bool:
+        """A CPU run with more ranks on one machine than it has cores: its times measure
+        contention (the efficiency of world 4 on 2 cores is at most 0.5), not the algorithm."""
+        if self.cores is None or (self.device or "cpu") != "cpu":
+            return False
+        world, nodes = max(1, self.world), max(1, _as_int(self.nodes))
+        per_machine = world if self.topology != "real" else world // nodes
+        return per_machine > self.cores
+
+
+def trials(runs: Iterable[RunRecord]) -> list[Trial]:
+    return [Trial.of(r) for r in runs]
+
+
+def per_rank_details(tracker: Tracker, runs: list[Trial]) -> dict[str, dict[str, Any]]:
+    """run id -> per_rank.json of each finished multi-rank trial (downloaded from the store)."""
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in runs:
+            if not t.finished or t.world < 2:
+                continue
+            try:
+                path = tracker.download(t.run_id, "per_rank.json", Path(tmp) / t.run_id)
+                out[t.run_id] = json.loads(path.read_text())
+            except Exception:  # an older run or an unreachable artifact store: no breakdown
+                continue
+    return out
