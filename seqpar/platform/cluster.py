@@ -196,6 +196,10 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
     world = key.world
     nodes = world // ranks_per_node
     spread = key.ranks_per_node is not None  # several Ray nodes: the plan's nodes are real
+    alive = len(alive_nodes())
+    if spread and alive < nodes:
+        raise GangStartupError(f"the plan has {nodes} nodes, the Ray cluster {alive}: "
+                               "each planned node needs a Ray node of its own")
     if key.device == "cuda":
         rank_res, actor_res, threads = {"GPU": 1, "CPU": 1}, {"num_gpus": 1, "num_cpus": 1}, 1
     else:
@@ -203,10 +207,6 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
         rank_res, actor_res = {"CPU": share}, {"num_cpus": share}
         threads = max(1, int(share))
     if spread:
-        alive = len(alive_nodes())
-        if alive < nodes:
-            raise GangStartupError(f"the plan has {nodes} nodes, the Ray cluster {alive}: "
-                                   "each planned node needs a Ray node of its own")
         bundles = [{k: round(v * ranks_per_node, 4) for k, v in rank_res.items()}] * nodes
         place = [bundle_of(r, ranks_per_node) for r in range(world)]
     else:

@@ -23,6 +23,7 @@ from typing import Any
 from seqpar.algorithms import comm
 from seqpar.algorithms.comm import LinkModel
 from seqpar.case import Case, TrainCase
+from seqpar.platform.connection import comm_env
 from seqpar.platform.devices import cuda_index, process_group_kwargs
 from seqpar.workers.measure import RankMeasurement, measure
 
@@ -99,7 +100,9 @@ class RankWorker:
         cuda = torch.cuda.is_available() and bool(ray.get_gpu_ids())
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
                 "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "device_name": torch.cuda.get_device_name(self._cuda_index()) if cuda else "cpu"}
+                "device_name": torch.cuda.get_device_name(self._cuda_index()) if cuda else "cpu",
+                # the communication variables this rank runs with (in its per-rank record)
+                "comm_env": comm_env()}
 
     def _cuda_index(self) -> int:
         """This actor's GPU as a torch index (see platform.devices.cuda_index)."""

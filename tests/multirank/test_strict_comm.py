@@ -12,17 +12,23 @@ import torch
 from seqpar.algorithms import comm
 
 
-def _crossed_tags(env, strict: bool, seed: int) -> list[list[float]]:
-    """Rank 0 sends a (tag 1) then b (tag 2) to rank 1, which posts its receive for b first."""
+def _comm(env, strict: bool) -> comm.Comm:
+    """A Comm on ranks 0 and 1 in the mode asked, leaving the rank's own mode as it was (the
+    shared gang's other tests run in it)."""
     before = os.environ.get(comm.STRICT_ENV_VAR)
     os.environ[comm.STRICT_ENV_VAR] = "1" if strict else "0"
     try:
-        c = comm.Comm(env.group(2))
+        return comm.Comm(env.group(2))
     finally:
         if before is None:
             del os.environ[comm.STRICT_ENV_VAR]
         else:
             os.environ[comm.STRICT_ENV_VAR] = before
+
+
+def _crossed_tags(env, strict: bool, seed: int) -> list[list[float]]:
+    """Rank 0 sends a (tag 1) then b (tag 2) to rank 1, which posts its receive for b first."""
+    c = _comm(env, strict)
     a, b = torch.rand(3, generator=torch.Generator().manual_seed(seed)).split([1, 2])
     if env.rank == 0:
         first = c.exchange([(a, 1)], [], tag=1)
@@ -45,11 +51,7 @@ def test_tags_match_messages_without_strict_mode_and_posting_order_with_it(gang,
 
 def _serialised(env) -> list[bool]:
     """Posting a second exchange on a group first finishes the first (strict mode)."""
-    os.environ[comm.STRICT_ENV_VAR] = "1"
-    try:
-        c = comm.Comm(env.group(2))
-    finally:
-        del os.environ[comm.STRICT_ENV_VAR]
+    c = _comm(env, True)
     peer = 1 - env.rank
     first = c.exchange([(torch.ones(4), peer)], [(torch.empty(4), peer)], tag=5)
     in_flight_first = comm._in_flight.get(c.group) is first

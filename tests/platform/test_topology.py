@@ -60,3 +60,12 @@ def test_plan_shape_rejects_plans_that_do_not_cover_the_world(world, nodes, rpn,
 def test_plan_shape_derives_ranks_per_node():
     assert topology.plan_shape(8, 2, None) == (2, 4)
     assert topology.plan_shape(8, 2, 4) == (2, 4)
+
+
+def test_a_plan_with_more_nodes_than_the_ray_cluster_fails_at_once(monkeypatch):
+    from seqpar.platform import cluster
+
+    monkeypatch.setattr(cluster, "alive_nodes", lambda: [{"Resources": {"CPU": 8}}] * 2)
+    key = cluster.GangKey("more-nodes", world=6, device="cpu", ranks_per_node=2)
+    with pytest.raises(cluster.GangStartupError, match="the plan has 3 nodes, the Ray cluster 2"):
+        cluster.start_gang(object, key, 2, ready_timeout_s=1)

@@ -177,9 +177,7 @@ DRIVER = textwrap.dedent("""
         trial.RankWorker = worker
         r = runner.run(case(2), nodes=2, experiment_id="two-nodes")
         out["next"] = outcome(r)
-        out["seen"] = [ray.get(a.__ray_call__.remote(
-                           lambda self: os.environ.get("NCCL_SOCKET_IFNAME")))
-                       for a in cluster.POOL._idle.actors] if r.ok else []
+        out["seen"] = [m.extra["comm_env"].get("NCCL_SOCKET_IFNAME") for m in r.per_rank]
         cluster.POOL.evict()  # a fresh gang, placed rank by rank across the two nodes
         bundle_of, cluster.bundle_of = cluster.bundle_of, lambda rank, rpn: rank % 2
         out["interleaved"] = outcome(runner.run(case(3), nodes=2, experiment_id="two-nodes"))
