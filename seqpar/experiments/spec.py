@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -229,6 +230,17 @@ class Environment(_Strict):
     backend: str = Field("auto", description="local attention kernel: auto | flash | torch | math")
     link_emulation: dict[Literal["intra", "inter"], LinkSpec] | ClusterTwin | None = None
     timeout_s: float = Field(300.0, gt=0)
+    vars: dict[str, str] = Field(default_factory=dict, description="environment variables every "
+                                 "rank starts with, e.g. NCCL_SOCKET_IFNAME: eth0 (beside the "
+                                 "driver's communication variables)")
+
+    @field_validator("vars")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
 
     def emulated_links(self, dtype: str = "float32") -> dict[str, LinkSpec] | None:
         """The emulated link classes; a ClusterTwin becomes its cluster's links scaled here."""
@@ -341,7 +353,8 @@ class ExperimentSpec(_Strict):
     @property
     def hash(self) -> str:
         """12 hex digits of the canonical JSON of everything that changes the measurement."""
-        data = self.model_dump(mode="json", exclude={"env": {"timeout_s"}, "model": {"preset"}})
+        env_out = {"timeout_s"} | (set() if self.env.vars else {"vars"})  # old hashes stay valid
+        data = self.model_dump(mode="json", exclude={"env": env_out, "model": {"preset"}})
         data["model"]["kv_heads"] = self.model.hkv
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

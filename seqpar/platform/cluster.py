@@ -66,6 +66,7 @@ class GangKey:
     world: int
     device: str
     ranks_per_node: int | None  # only part of the key on a multi-node cluster (placement matters)
+    env: tuple[tuple[str, str], ...] = ()  # the sweep's env.vars: ranks started with them
 
 
 @dataclass

@@ -127,7 +127,7 @@ def run_one(point: Point, runner: TrialRunner, retries: int,
         result = runner.run(spec.to_case(), nodes=spec.plan.nodes,
                             ranks_per_node=spec.plan.ranks_per_node,
                             link_emulation=spec.env.link_models(), timeout_s=spec.env.timeout_s,
-                            experiment_id=gang_id)
+                            experiment_id=gang_id, env_vars=dict(spec.env.vars))
         if result.ok or attempt > retries or not (result.failure and result.failure.retryable):
             return result, attempt
 

@@ -127,7 +127,7 @@ class TrialRunner:
             return gang, True
         if gang is not None:
             gang.kill()
-        return cluster.start_gang(RankWorker, key, rpn), False
+        return cluster.start_gang(RankWorker, key, rpn, env_vars=dict(key.env)), False
 
     @staticmethod
     def _healthy(gang: cluster.Gang) -> bool:
@@ -142,8 +142,12 @@ class TrialRunner:
     # -- trials -----------------------------------------------------------------------------------
     def run(self, case: Case | TrainCase, *, nodes: int = 1, ranks_per_node: int | None = None,
             link_emulation: dict[str, LinkModel] | None = None, timeout_s: float = 300.0,
-            experiment_id: str | None = None) -> TrialResult:
+            experiment_id: str | None = None,
+            env_vars: dict[str, str] | None = None) -> TrialResult:
         """One trial; never raises for a failing trial (status FAILED, cause set).
+
+        `env_vars` (a sweep's `env.vars`) reach every rank before its process group forms, beside
+        the driver's communication variables (platform.connection.COMM_ENV_VARS).
 
         `timeout_s` bounds the trial from rendezvous to the last rank's result; starting a gang
         has its own bound (SEQPAR_GANG_READY_TIMEOUT_S, 180 s: placement groups wait for resources).
@@ -157,7 +161,8 @@ class TrialRunner:
                     f"needs one GPU per rank; the cluster has {gpus:g}")
         exp = experiment_id or self.default_experiment_id
         multi_node = len(connection.alive_nodes()) > 1  # asked each time: clusters grow and shrink
-        key = cluster.GangKey(exp, case.world, self.device, rpn if multi_node else None)
+        key = cluster.GangKey(exp, case.world, self.device, rpn if multi_node else None,
+                              tuple(sorted((env_vars or {}).items())))
         result = TrialResult(case, "FAILED", None, [], [], _emulation_record(link_emulation),
                              0.0, 0.0, self.device, experiment_id=exp)
         start = time.perf_counter()

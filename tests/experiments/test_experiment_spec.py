@@ -75,3 +75,14 @@ def test_bad_specs_raise_one_line_naming_field_value_and_rule(data, field, rule)
     assert info.value.field == field
     assert rule in info.value.rule
     assert "\n" not in str(info.value)
+
+
+def test_env_vars_are_names_and_values_that_key_the_trial():
+    data = spec_data()
+    data["env"] = {"vars": {"NCCL_SOCKET_IFNAME": "eth0"}}
+    spec = ExperimentSpec.parse(data)
+    assert spec.env.vars == {"NCCL_SOCKET_IFNAME": "eth0"}
+    assert spec.hash != ExperimentSpec.parse(spec_data()).hash
+    data["env"] = {"vars": {"NCCL SOCKET": "eth0"}}
+    with pytest.raises(ConfigError, match="env.vars"):
+        ExperimentSpec.parse(data)

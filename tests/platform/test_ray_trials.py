@@ -142,3 +142,17 @@ def test_ranks_export_dashboard_metrics_tagged_by_experiment_algorithm_and_rank(
             break
         assert time.monotonic() < deadline, f"no seqpar_step_ms for every rank at {url}"
         time.sleep(1)
+
+
+def test_a_sweeps_env_vars_reach_every_rank_and_key_the_gang(ray_runner, experiment):
+    """`env.vars` of a sweep: every rank starts with them (before its process group forms), and a
+    gang started without them is not reused for a trial that has them."""
+    case = Case("ring", 2, seq_len=16, iters=1, warmup=0)
+    plain = ray_runner.run(case, experiment_id=experiment)
+    assert plain.ok, plain.cause
+    assert all("NCCL_SOCKET_IFNAME" not in m.extra["comm_env"] for m in plain.per_rank)
+    with_vars = ray_runner.run(case, experiment_id=experiment,
+                               env_vars={"NCCL_SOCKET_IFNAME": "lo"})
+    assert with_vars.ok, with_vars.cause
+    assert not with_vars.gang_reused
+    assert [m.extra["comm_env"].get("NCCL_SOCKET_IFNAME") for m in with_vars.per_rank] == ["lo"] * 2
