@@ -18,44 +18,23 @@ from typing import Any
 
 from seqpar.errors import require
 from seqpar.experiments.grid import Point, expand
-
-PRESET_NAMES = ("cpu", "gpu-cluster")
-Sweep = tuple[dict[str, Any], dict[str, Any]]
-
-# the shared starting points: a tiny CPU shape at world 4, and a 7B shape on GPUs
-CPU_BASE = {"model": "tiny", "plan": {"world": 4, "layout": "zigzag"},
-            "workload": {"causal": True, "dtype": "float32", "warmup": 1, "iters": 3},
-            "env": {"device": "cpu", "timeout_s": 300.0}}
-GPU_BASE = {"model": "llama2-7b", "plan": {"world": 8, "layout": "zigzag", "nodes": 1},
-            "workload": {"causal": True, "dtype": "bfloat16", "warmup": 2, "iters": 10},
-            "env": {"device": "cuda", "timeout_s": 1800.0}}
-# a slow network between virtual nodes on one host, so placement shows on a laptop
-CPU_LINKS = {"intra": {"latency_us": 5.0, "bandwidth_gb_per_s": 10.0},
-             "inter": {"latency_us": 50.0, "bandwidth_gb_per_s": 1.0}}
-
-# every algorithm in the form the cpu preset runs it (world 4; local on one rank)
-CPU_PLANS = [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"}, {"algorithm": "ulysses"},
-       {"algorithm": "ring"}, {"algorithm": "usp", "options": {"dhp": 2, "dcp": 2}},
-       {"algorithm": "double_ring", "options": {"inner_ring": 2}},
-       {"algorithm": "wallfacer", "options": {"team_size": 2}}, {"algorithm": "burst"}]
-
-
-def gpu_plans(world: int) -> list[dict[str, Any]]:
-    """Every algorithm at a GPU world size: USP with 4-way head parallelism, double ring of 2."""
-    return [{"algorithm": "allgather"}, {"algorithm": "ulysses"}, {"algorithm": "ring"},
-            {"algorithm": "usp", "options": {"dhp": 4, "dcp": world // 4}},
-            {"algorithm": "double_ring", "options": {"inner_ring": world // 2}},
-            {"algorithm": "wallfacer", "options": {"team_size": 2}}, {"algorithm": "burst"}]
-
-
-def _base(preset: str, **sections: dict[str, Any]) -> dict[str, Any]:
-    """The preset's base with some sections updated (a shallow merge per section)."""
-    base = {k: (dict(v) if isinstance(v, dict) else v)
-            for k, v in (CPU_BASE if preset == "cpu" else GPU_BASE).items()}
-    for name, values in sections.items():
-        base[name] = {**base.get(name, {}), **values} if isinstance(base.get(name), dict) else values
-    return base
-
+from seqpar.experiments.sweep_bases import (  # noqa: F401  (the names studies are built from)
+    CPU_BASE,
+    CPU_LINKS,
+    CPU_PLANS,
+    GPU_BASE,
+    PRESET_NAMES,
+    Sweep,
+    _base,
+    gpu_plans,
+)
+from seqpar.experiments.train_studies import (
+    _checkpointing,
+    _e2e_scaling,
+    _e2e_throughput,
+    _lm_head,
+    _text,
+)
 
 # metrics where less is better (by prefix); every other metric (tokens/s, TGS, MFU, TFLOP/s) is
 # better higher. The one table the comparison and the sweep's headline read.
@@ -297,86 +276,6 @@ def _peers(preset: str) -> Sweep:
                 {"plan": _peer_plans(preset), "workload.seq_len": [1024, 2048]})
     return (_base(preset, model="llama3-8b", workload={"seq_len": 131072}),
             {"plan": _peer_plans(preset)})
-
-
-# ------------------------------------------------------------------ model training studies (issue 10)
-def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
-    """A training trial's base: the decoder preset (`seqpar.model.PRESETS`) and its attention shape."""
-    from seqpar.model import PRESETS as MODELS
-
-    name = model or ("tiny" if preset == "cpu" else "llama2-7b")
-    cfg = MODELS[name]
-    base = _base(preset, model={"heads": cfg.heads, "kv_heads": cfg.kv_heads,
-                                "head_dim": cfg.head_dim},
-                 workload={"batch": 1, "warmup": 1, "iters": 3 if preset == "cpu" else 5})
-    # on GPUs what a real run uses: bf16 compute, fp32 master weights and moments, states sharded
-    # by FSDP over the DP x SP world, the fused LM head
-    real = {} if preset == "cpu" else {"states": "fsdp", "master_dtype": "float32",
-                                       "fused_head": True}
-    if preset != "cpu":
-        base["workload"]["dtype"] = "bfloat16"
-    base["train"] = {"model": name, **real, **sections.pop("train", {})}
-    for key, values in sections.items():
-        base[key] = {**base.get(key, {}), **values}
-    return base
-
-
-def _e2e_throughput(preset: str) -> Sweep:
-    if preset == "cpu":
-        return _train_base(preset), {"plan": CPU_PLANS, "workload.seq_len": [256, 512, 1024]}
-    return (_train_base(preset, plan={"world": 16, "nodes": 2}, train={"checkpoint": "sc++"}),
-            {"plan": gpu_plans(16), "workload.seq_len": [131072, 262144, 524288]})
-
-
-CHECKPOINT_AXIS = [{"train.checkpoint": "none"}, {"train.checkpoint": "full"},
-                   {"train.checkpoint": "sc++"},
-                   *({"train.checkpoint": "sequence", "train.seq_fraction": f} for f in (0.25, 0.5)),
-                   {"train.checkpoint": "sc++,sequence", "train.seq_fraction": 0.5}]
-
-
-def _checkpointing(preset: str) -> Sweep:
-    if preset == "cpu":
-        return (_train_base(preset, plan={"algorithm": "ring"}),
-                {"ckpt": CHECKPOINT_AXIS, "workload.seq_len": [512, 1024]})
-    return (_train_base(preset, model="14b", plan={"algorithm": "burst", "world": 32, "nodes": 4}),
-            {"ckpt": CHECKPOINT_AXIS, "workload.seq_len": [262144, 1048576]})
-
-
-def _lm_head(preset: str) -> Sweep:
-    vocabs = [8192, 32768, 131072]
-    if preset == "cpu":
-        return (_train_base(preset, plan={"algorithm": "ring", "world": 2},
-                            workload={"seq_len": 512}, train={"checkpoint": "sc++"}),
-                {"train.vocab": vocabs, "train.fused_head": [False, True]})
-    return (_train_base(preset, model="llama3-8b", plan={"algorithm": "ring", "world": 8},
-                        workload={"seq_len": 131072}, train={"checkpoint": "sc++"}),
-            {"train.vocab": vocabs, "train.fused_head": [False, True]})
-
-
-def _e2e_scaling(preset: str) -> Sweep:
-    world = 4 if preset == "cpu" else 32
-    splits = [{"train.dp": d} for d in (1, 2, 4) + (() if preset == "cpu" else (8,))]
-    n = 1024 if preset == "cpu" else 262144
-    train = {} if preset == "cpu" else {"checkpoint": "sc++"}
-    return (_train_base(preset, plan={"world": world}, workload={"seq_len": n}, train=train),
-            {"plan.algorithm": ["ring", "ulysses"], "split": splits})
-
-
-def _text(preset: str) -> Sweep:
-    """The decoder on real text (bytes as tokens, paragraphs packed as documents): the loss of every
-    step is logged as the metric `loss`, so MLflow draws the learning curve."""
-    data = {"data": {"text": "shipped:sequence-parallelism"}}
-    if preset == "cpu":
-        return (_train_base(preset, plan={"algorithm": "ring", "world": 2},
-                            workload={"seq_len": 256, "iters": 60, "warmup": 0, **data},
-                            train={"lr": 3e-3}),
-                {"train.states": ["replicated", "fsdp"]})
-    return (_train_base(preset, model="llama2-7b", plan={"algorithm": "usp", "world": 8},
-                        workload={"seq_len": 32768, "iters": 50, "warmup": 0,
-                                  "dtype": "bfloat16", **data},
-                        train={"lr": 3e-4, "states": "fsdp", "master_dtype": "float32",
-                               "checkpoint": "sc++", "vocab": 256}),
-            {"plan.options": [{"dhp": 8}]})
 
 
 STUDIES: dict[str, Study] = {s.name: s for s in (

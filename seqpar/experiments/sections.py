@@ -1,0 +1,226 @@
+"""The sections of an experiment spec besides the model and the plan: the workload (its mask: packed
+documents, a window; its data: real text), the environment (device, kernels, link emulation, the
+ranks' environment variables) and a training trial's `train` section. `spec.ExperimentSpec` puts
+them together; pydantic, strict, a misspelt key is an error."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from seqpar.algorithms.base import DTYPES
+from seqpar.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    # strict: "4" is not 4 and true is not 1; forbid: a misspelt key is an error, not a default
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _rule(field: str, value: Any, rule: str) -> PydanticCustomError:
+    """A seqpar rule broken inside a validator (config_error turns it into a ConfigError)."""
+    return PydanticCustomError("seqpar_rule", "{rule}", {"field": field, "value": value,
+                                                         "rule": rule})
+
+
+class Documents(_Strict):
+    """Packed documents: attention stays inside each. Explicit `lengths`, or `count` lengths drawn
+    from a seeded log-normal (long-tailed: a few long, many short; experiments/documents.py)."""
+
+    count: int | None = Field(None, gt=0, description="documents to draw (with spread and seed)")
+    spread: float = Field(1.25, ge=0, description="sigma of the log-normal draw: 0 = equal lengths")
+    seed: int = Field(0, ge=0, description="seed of the draw")
+    lengths: list[int] | None = Field(None, description="explicit lengths in sequence order")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Documents:
+        if (self.count is None) == (self.lengths is None):
+            raise _rule("workload.documents", {"count": self.count, "lengths": self.lengths},
+                        "give either count (a seeded draw) or lengths")
+        if self.lengths is not None and not (self.lengths and all(n > 0 for n in self.lengths)):
+            raise _rule("workload.documents.lengths", self.lengths,
+                        "must be a non-empty list of positive lengths")
+        return self
+
+    def sizes(self, seq_len: int) -> tuple[int, ...]:
+        """The document lengths of a sequence of seq_len tokens."""
+        if self.lengths is not None:
+            return tuple(self.lengths)
+        from seqpar.experiments.documents import draw_lengths
+
+        assert self.count is not None
+        return draw_lengths(seq_len, self.count, self.spread, self.seed)
+
+
+def shipped_texts() -> dict[str, str]:
+    """name -> path of the texts in seqpar/experiments/texts."""
+    folder = Path(__file__).parent / "texts"
+    return {p.stem: str(p) for p in sorted(folder.glob("*.txt"))}
+
+
+def resolve_text(value: str) -> str:
+    if value.startswith("shipped:"):
+        return shipped_texts().get(value.removeprefix("shipped:"), value)
+    return value
+
+
+class TextSource(_Strict):
+    """Real text for a training trial: a UTF-8 file read as bytes (one token a byte, vocabulary
+    256), documents split at `separator` and packed with their boundaries (seqpar.model.text)."""
+
+    text: str = Field(description="path of a UTF-8 text file; 'shipped:NAME' for a text seqpar "
+                                  "ships (" + ", ".join(sorted(shipped_texts())) + ")")
+    separator: str = Field("\n\n", min_length=1, description="what separates two documents")
+
+    @field_validator("text")
+    @classmethod
+    def _readable(cls, value: str) -> str:
+        path = resolve_text(value)
+        if not Path(path).is_file():
+            raise ValueError(f"must be a readable text file (no file at {path})")
+        return value
+
+    def path(self) -> str:
+        return resolve_text(self.text)
+
+
+class Workload(_Strict):
+    seq_len: int = Field(gt=0, description="tokens in the whole sequence N")
+    batch: int = Field(1, gt=0)
+    causal: bool = True
+    dtype: str = Field("float32", description=" | ".join(DTYPES))
+    mode: Literal["fwd", "fwd+bwd", "accuracy"] = Field(
+        "fwd+bwd", description="accuracy: one fwd+bwd on fixed seeded inputs, out/dq/dk/dv "
+                               "against a float64 single-process reference")
+    warmup: int = Field(1, ge=0, description="untimed iterations first")
+    iters: int = Field(3, gt=0, description="timed iterations")
+    seed: int = Field(0, ge=0)
+    documents: Documents | None = Field(None, description="packed documents (None: one)")
+    window: int | None = Field(None, gt=0, description="sliding window W: query t sees keys "
+                                                       "t-W+1..t (None: no window)")
+    data: TextSource | None = Field(None, description="train on text: {text: PATH} (training "
+                                                      "trials; None: seeded random tokens)")
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in DTYPES:
+            raise ValueError(f"must be one of {', '.join(DTYPES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _mask_rules(self) -> Workload:
+        if self.window is not None and not self.causal:
+            raise _rule("workload.window", self.window,
+                        "a sliding window needs causal=true (query t sees keys t-W+1..t)")
+        d = self.documents
+        if d is not None and d.count is not None and d.count > self.seq_len:
+            raise _rule("workload.documents.count", d.count,
+                        f"must be at most seq_len={self.seq_len} (every document holds a token)")
+        if d is not None and d.lengths is not None and sum(d.lengths) != self.seq_len:
+            raise _rule("workload.documents.lengths", d.lengths,
+                        f"must sum to seq_len={self.seq_len} (they sum to {sum(d.lengths)})")
+        return self
+
+    @property
+    def cu_seqlens(self) -> tuple[int, ...] | None:
+        """Global document boundaries [0, ..., N], or None for one document."""
+        if self.documents is None:
+            return None
+        from seqpar.experiments.documents import boundaries
+
+        return boundaries(self.documents.sizes(self.seq_len))
+
+
+class LinkSpec(_Strict):
+    """An emulated link class: a transfer of b bytes takes latency + b / bandwidth."""
+
+    latency_us: float = Field(0.0, ge=0)
+    bandwidth_gb_per_s: float = Field(gt=0, description="GB/s = 1e9 bytes per second")
+
+
+class ClusterTwin(_Strict):
+    """Links of a cluster description scaled to this machine's compute (clusters.twin)."""
+
+    cluster: str = Field(description="a cluster preset or YAML file, e.g. loongtrain-a100")
+    local: str = Field("local", description="the measured cluster file of this machine")
+
+    @model_validator(mode="after")
+    def _known(self) -> ClusterTwin:
+        from seqpar.experiments import clusters
+
+        for name in ("cluster", "local"):
+            try:
+                clusters.load(getattr(self, name))
+            except ConfigError as err:
+                raise PydanticCustomError("seqpar_rule", "{rule}", {
+                    "field": f"env.link_emulation.{name}", "value": err.value,
+                    "rule": err.rule}) from None
+        return self
+
+
+class Environment(_Strict):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: str = Field("auto", description="local attention kernel: auto | flash | torch | math")
+    link_emulation: dict[Literal["intra", "inter"], LinkSpec] | ClusterTwin | None = None
+    timeout_s: float = Field(300.0, gt=0)
+    vars: dict[str, str] = Field(default_factory=dict, description="environment variables every "
+                                 "rank starts with, e.g. NCCL_SOCKET_IFNAME: eth0 (beside the "
+                                 "driver's communication variables)")
+
+    @field_validator("vars")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    def emulated_links(self, dtype: str = "float32") -> dict[str, LinkSpec] | None:
+        """The emulated link classes; a ClusterTwin becomes its cluster's links scaled here."""
+        if not self.link_emulation:
+            return None
+        if isinstance(self.link_emulation, ClusterTwin):
+            from seqpar.experiments import clusters
+
+            tw = clusters.twin(clusters.load(self.link_emulation.cluster),
+                               clusters.load(self.link_emulation.local), dtype)
+            return {k: LinkSpec(latency_us=getattr(tw, k).latency_us,
+                                bandwidth_gb_per_s=getattr(tw, k).bandwidth_gb_per_s)
+                    for k in ("intra", "inter")}
+        return dict(self.link_emulation)
+
+    def link_models(self, dtype: str = "float32") -> dict[str, Any] | None:
+        links = self.emulated_links(dtype)
+        if not links:
+            return None
+        from seqpar.algorithms.comm import LinkModel
+
+        return {k: LinkModel(v.latency_us / 1e6, v.bandwidth_gb_per_s * 1e9)
+                for k, v in links.items()}
+
+
+class TrainSpec(_Strict):
+    """A model training trial (issue 10) instead of one attention call: `train.model` is the
+    decoder (a `seqpar.model` preset), trained with the plan's algorithm over world / dp ranks."""
+
+    model: str = Field("tiny", description="tiny | llama2-7b | llama3-8b | 14b (seqpar.model)")
+    vocab: int | None = Field(None, gt=0, description="override the preset's vocabulary")
+    checkpoint: str = Field("none", description="none | full | sc++ | sequence | sc++,sequence")
+    seq_fraction: float = Field(0.5, ge=0, le=1, description="sequence: part recomputed")
+    fused_head: bool = False
+    dp: int = Field(1, gt=0, description="data-parallel replicas; SP = world / dp")
+    lr: float = Field(1e-3, gt=0)
+    states: Literal["replicated", "fsdp"] = Field(
+        "replicated", description="model states: replicated on every rank, or sharded by FSDP2 over "
+                                  "the DP x SP world")
+    master_dtype: str | None = Field(None, description="fp32 master weights and moments for a "
+                                                       "bf16 model: float32 (None: the model's dtype)")
+    offload: bool = Field(False, description="FSDP2's CPU offload of the sharded states (CUDA)")
+
+    def overrides(self) -> tuple[tuple[str, int], ...]:
+        return (("vocab", self.vocab),) if self.vocab is not None else ()
