@@ -234,7 +234,7 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                 result, attempts, rounds = run_until_stable(point, runner, retries, gang_id,
                                                             rerun_unstable)
                 run_id = log_one(tracker, sweep_id, plan, point, result, attempts, rounds)
-                live.end_trial(time.monotonic() - t0)
+                live.end_trial(time.monotonic() - t0, unstable=bool(result.ok and result.unstable))
                 for old in stale.pop(point.spec.hash if point.spec else "", []):
                     tracker.delete_run(old)  # this trial's run is now `run_id`
                 trial = TrialOutcome(point, result, run_id, attempts)

@@ -100,20 +100,29 @@ def half_width(metrics: dict[str, float]) -> float | None:
 
 
 def unstable_reason(metrics: dict[str, float]) -> str | None:
-    """Why a trial's step time cannot be trusted (see the module docstring), or None."""
+    """Why a trial's step time cannot be trusted (see the module docstring), or None. Each reason
+    is a short head, then its detail in parentheses (`short_reason` keeps the heads); reasons are
+    joined by '; ', which no detail contains."""
     reasons = []
     width = half_width(metrics)
     if width is not None and width > MAX_HALF_WIDTH:
-        reasons.append(f"interval ±{width:.0%} of the median (> {MAX_HALF_WIDTH:.0%}; "
+        reasons.append(f"wide interval ±{width:.0%} (of the median, > {MAX_HALF_WIDTH:.0%}, "
                        f"{metrics.get('step_ms_samples', 0):.0f} iterations)")
     others = metrics.get("noise_others_cpu_frac")
     if others is not None and others > MAX_OTHERS_CPU:
-        reasons.append(f"host busy: other processes took {others:.0%} of its CPU time "
-                       f"(> {MAX_OTHERS_CPU:.0%}; load {metrics.get('noise_load_1m', 0):.1f})")
+        reasons.append(f"host busy: others took {others:.0%} of its CPU (other processes' share "
+                       f"of the host's CPU time over the timed loop, > {MAX_OTHERS_CPU:.0%}, "
+                       f"load {metrics.get('noise_load_1m', 0):.1f})")
     steal = metrics.get("noise_steal_frac")
     if steal is not None and steal > MAX_STEAL:
-        reasons.append(f"CPU steal {steal:.0%} (> {MAX_STEAL:.0%}): the hypervisor ran others")
+        reasons.append(f"CPU steal {steal:.0%} (the hypervisor ran other machines, "
+                       f"> {MAX_STEAL:.0%})")
     return "; ".join(reasons) or None
+
+
+def short_reason(reason: str) -> str:
+    """A reason's heads only: 'wide interval ±43%; host busy: others took 98% of its CPU'."""
+    return "; ".join(part.split(" (")[0] for part in reason.split("; ") if part)
 
 
 def ratio(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, float] | None:

@@ -52,7 +52,8 @@ def against(title: str, runs: list[Trial], name: str) -> Comparison:
             verdict = "-" if t.finished else ""
         else:
             verdict = stability.verdict(r[1], r[2])
-        shaky = [f"{who}: {x.unstable}" for who, x in (("this", t), ("baseline", base))
+        shaky = [f"{who}: {stability.short_reason(x.unstable)}"
+                 for who, x in (("this", t), ("baseline", base))
                  if x is not None and x.unstable and not (who == "baseline" and base is t)]
         rows.append([t.config, str(t.world), t.layout, str(t.seq_len), f"{t.heads}/{t.kv_heads}",
                      f"{t.metrics['step_ms']:.1f}" if "step_ms" in t.metrics else "-", interval(t),

@@ -12,6 +12,7 @@ from seqpar.errors import ConfigError
 from seqpar.experiments.registry import higher_is_better
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps.report.view import Trial, trials
+from seqpar.workers.stability import short_reason
 
 # metrics the table always shows; any other ranking metric gets a column of its own
 SHOWN = ("step_ms", "tokens_per_s", "peak_mem_bytes", "bytes_total", "load_imbalance", "bytes_inter")
@@ -130,7 +131,7 @@ def table(title: str, runs: list[Trial], metric: str) -> Comparison:
         if extra:
             row.append(_fmt(m.get(metric), ".4g"))
         if shaky:
-            row.append(f"UNSTABLE: {t.unstable}" if t.unstable else "")
+            row.append(f"UNSTABLE: {short_reason(t.unstable)}" if t.unstable else "")
         row.append(status(t))
         rows.append(row)
         scores.append(m.get(metric) if t.finished else None)
