@@ -138,7 +138,7 @@ def ratio(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, float
 def verdict(lo: float, hi: float) -> str:
     """What a step-time ratio's interval says: faster, slower, or no measurable difference."""
     if lo > 1.0:
-        return f"slower ({lo:.2f}x-{hi:.2f}x the time)"
+        return f"slower: {lo:.3g}-{hi:.3g}x the time"
     if hi < 1.0:
-        return f"faster ({1 / hi:.2f}x-{1 / lo:.2f}x)"
+        return f"faster: {1 / hi:.3g}-{1 / lo:.3g}x the speed"
     return NO_DIFFERENCE

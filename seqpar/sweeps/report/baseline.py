@@ -45,7 +45,7 @@ def against(title: str, runs: list[Trial], name: str) -> Comparison:
     rows = []
     for t in sorted(runs, key=sort_key):
         base = baseline_of(t, bases) if t.finished else None
-        r = stability.ratio(t.metrics, base.metrics) if base is not None else None
+        r = stability.ratio(t.metrics, base.metrics) if base is not None and base is not t else None
         if base is t:
             verdict = "baseline"
         elif r is None:
@@ -59,7 +59,8 @@ def against(title: str, runs: list[Trial], name: str) -> Comparison:
                      f"{t.metrics['step_ms']:.1f}" if "step_ms" in t.metrics else "-", interval(t),
                      f"{base.metrics['step_ms']:.1f}" if base is not None else "-",
                      interval(base) if base is not None else "-",
-                     f"{r[0]:.2f}" if r else "-", f"{r[1]:.2f}-{r[2]:.2f}" if r else "-",
+                     f"{r[0]:.2f}" if r else "1.00" if base is t else "-",
+                     f"{r[1]:.2f}-{r[2]:.2f}" if r else "-",
                      verdict, "; ".join(shaky), status(t)])
     return Comparison(f"{title}: step time over {name}'s at the same shape (ratio < 1: faster); "
                       f"'{stability.NO_DIFFERENCE}' where the 95% intervals overlap",
