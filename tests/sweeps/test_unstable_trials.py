@@ -122,3 +122,28 @@ def test_compare_baseline_prints_ratios_and_no_measurable_difference_where_inter
     assert rows["allgather"]["verdict"].startswith("slower")
     with pytest.raises(Exception, match="--baseline"):
         against("sweep q", runs, "burst")
+
+
+def test_plots_draw_unstable_trials_hollow_and_the_interval_as_the_band():
+    from dataclasses import replace
+
+    from seqpar.sweeps import style
+    from seqpar.sweeps.report.plots import figures
+
+    runs = []
+    for n, shaky in ((1024, None), (2048, "host busy: others took 90% of its CPU")):
+        t = replace(trial("ring", 2, 10.0 * n / 1024, 11.0 * n / 1024, shaky), seq_len=n)
+        t.metrics["tokens_per_s"] = n / (t.metrics["step_ms"] / 1e3)
+        runs.append(t)
+    figs = figures(runs)
+    try:
+        ax = figs["throughput_vs_seq_len"].axes[0]
+        hollow = [c for c in ax.collections if len(c.get_offsets()) and
+                  tuple(c.get_facecolors()[0][:3]) == (1.0, 1.0, 1.0)]
+        assert len(hollow) == 1 and [tuple(p) for p in hollow[0].get_offsets()] == [
+            (2048, pytest.approx(runs[1].metrics["tokens_per_s"]))]
+        band = ax.collections[0].get_paths()[0].vertices[:, 1]  # fill_between: the interval
+        low = runs[0].metrics["tokens_per_s"] * runs[0].metrics["step_ms"] / 11.0
+        assert min(band) == pytest.approx(low)
+    finally:
+        style.close(figs.values())
