@@ -20,8 +20,10 @@ and the `seqpar.unstable` tag back from MLflow.
   the trial's own, repeatable contention: recorded (`noise_ranks_per_core`) and flagged
   OVERSUBSCRIBED by the table, not unstable. The load average lags (a 1-minute mean that still
   holds the previous trial's ranks) and counts what waits on I/O: shown, not ruled.
-- Two trials differ measurably when their intervals do not overlap (asv's rule); the ratio's interval
-  [lo_a / hi_b, hi_a / lo_b] holds 1 exactly when they overlap.
+- Two trials differ measurably when their intervals do not overlap: asv's check when samples are
+  too few for its Mann-Whitney test, pessimistic (overlapping intervals may still differ, hence
+  "no measurable difference", not "equal"). The ratio's interval [lo_a / hi_b, hi_a / lo_b] holds 1
+  exactly when they overlap.
 """
 
 from __future__ import annotations
