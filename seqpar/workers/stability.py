@@ -111,22 +111,22 @@ def unstable_reason(metrics: dict[str, float]) -> str | None:
     reasons = []
     width = half_width(metrics)
     if width is not None and width > MAX_HALF_WIDTH:
-        reasons.append(f"wide interval ±{width:.0%} (of the median, > {MAX_HALF_WIDTH:.0%}, "
+        reasons.append(f"interval ±{width:.0%} (of the median, > {MAX_HALF_WIDTH:.0%}, "
                        f"{metrics.get('step_ms_samples', 0):.0f} iterations)")
     others = metrics.get("noise_others_cpu_frac")
     if others is not None and others > MAX_OTHERS_CPU:
-        reasons.append(f"host busy: others took {others:.0%} of its CPU (other processes' share "
-                       f"of the host's CPU time over the timed loop, > {MAX_OTHERS_CPU:.0%}, "
+        reasons.append(f"host busy {others:.0%} (other processes' share of the host's CPU time "
+                       f"over the timed loop, > {MAX_OTHERS_CPU:.0%}, "
                        f"load {metrics.get('noise_load_1m', 0):.1f})")
     steal = metrics.get("noise_steal_frac")
     if steal is not None and steal > MAX_STEAL:
-        reasons.append(f"CPU steal {steal:.0%} (the hypervisor ran other machines, "
+        reasons.append(f"steal {steal:.0%} (CPU time the hypervisor gave other machines, "
                        f"> {MAX_STEAL:.0%})")
     return "; ".join(reasons) or None
 
 
 def short_reason(reason: str) -> str:
-    """A reason's heads only: 'wide interval ±43%; host busy: others took 98% of its CPU'."""
+    """A reason's heads only: 'interval ±43%; host busy 98%'."""
     return "; ".join(part.split(" (")[0] for part in reason.split("; ") if part)
 
 

@@ -75,12 +75,13 @@ def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
            table_id: str = "") -> str:
     head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
     body = []
+    shaky = columns.index("unstable") if "unstable" in columns else -1
     for i, row in enumerate(rows):
         cls = ' class="best"' if i == best else ""
         cells = "".join(
             f'<td class="over">{escape(str(v))}</td>' if "OVERSUBSCRIBED" in str(v)
-            else f'<td class="unstable">{escape(str(v))}</td>' if str(v).startswith("UNSTABLE")
-            else f"<td>{escape(str(v))}</td>" for v in row)
+            else f'<td class="unstable">{escape(str(v))}</td>' if j == shaky and v
+            else f"<td>{escape(str(v))}</td>" for j, v in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
     ident = f' id="{table_id}"' if table_id else ""
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"

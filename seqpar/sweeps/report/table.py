@@ -63,8 +63,9 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-UNSTABLE_NOTE = ("UNSTABLE = interval wider than ±10% of the median or a busy host: measure again "
-                 "(`seqpar sweep FILE --rerun-unstable N`, more workload.iters, a quieter host)")
+UNSTABLE_NOTE = ("unstable = a 95% interval wider than ±10% of the median, or a host busy with "
+                 "other processes (their share of its CPU): measure again (`seqpar sweep FILE "
+                 "--rerun-unstable N`, more workload.iters, a quieter host)")
 
 
 def interval(t: Trial) -> str:
@@ -131,7 +132,7 @@ def table(title: str, runs: list[Trial], metric: str) -> Comparison:
         if extra:
             row.append(_fmt(m.get(metric), ".4g"))
         if shaky:
-            row.append(f"UNSTABLE: {short_reason(t.unstable)}" if t.unstable else "")
+            row.append(short_reason(t.unstable) if t.unstable else "")
         row.append(status(t))
         rows.append(row)
         scores.append(m.get(metric) if t.finished else None)
