@@ -69,9 +69,11 @@ UNSTABLE_NOTE = ("unstable = a 95% interval wider than ±10% of the median, or a
 
 
 def interval(t: Trial) -> str:
-    """The step time's 95% interval as '11.9-12.8'; '-' when not logged."""
+    """The step time's 95% interval as '11.9-12.8' (whole ms from 1000 up); '-' when not logged."""
     ci = t.interval
-    return "-" if ci is None else f"{ci[0]:.1f}-{ci[1]:.1f}"
+    if ci is None:
+        return "-"
+    return "-".join(f"{v:.1f}" if v < 1000 else f"{v:.0f}" for v in ci)
 
 
 def status(t: Trial) -> str:
