@@ -1,4 +1,5 @@
-"""`seqpar compare`: runs read back from MLflow as a table, the best one highlighted."""
+"""`seqpar compare`: runs read back from MLflow as a table, the best one highlighted, or each trial
+against a baseline (`--baseline NAME`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ def compare(
     metric: Annotated[str | None, typer.Option(
         "--metric", help="Rank by this metric (default: the study's headline, e.g. tokens_per_s; "
                          "step_ms, peak_mem_bytes, bytes_total, load_imbalance, ...).")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Each trial's step time over this algorithm's (e.g. local, ring, "
+                           "'usp dcp=2 dhp=2') at the same shape, with the ratio's 95% interval; "
+                           "'no measurable difference' where the intervals overlap.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
 ) -> None:
     """Compare runs (default: the latest sweep) from the MLflow store."""
@@ -26,5 +31,10 @@ def compare(
 
     if study is not None and sweep is not None:
         raise ConfigError("--study", study, "give --study or --sweep, not both")
-    cmp = report.comparison(options.tracker(), study=study, sweep=sweep, metric=metric)
+    if baseline is not None:
+        if metric is not None:
+            raise ConfigError("--metric", metric, "--baseline compares step time; drop --metric")
+        cmp = report.baseline_comparison(options.tracker(), baseline, study=study, sweep=sweep)
+    else:
+        cmp = report.comparison(options.tracker(), study=study, sweep=sweep, metric=metric)
     display_table(cmp.title, cmp.columns, cmp.rows, as_json=as_json, highlight_row=cmp.best)

@@ -21,6 +21,10 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="List the trials and ski
                                                         "run nothing.")]
 Retries = Annotated[int, typer.Option("--retries", help="Re-run a trial that FAILED by a rank dying, "
                                                         "a timeout or start-up up to N times.")]
+RerunUnstable = Annotated[int, typer.Option(
+    "--rerun-unstable", help="Measure a trial whose step time is unstable (interval wider than "
+                             "±10% of the median, or a busy host) again, up to N more rounds, "
+                             "until one is stable.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Fail the whole sweep on any invalid "
                                                        "point, before anything runs.")]
 Sets = Annotated[list[str] | None, typer.Option(
@@ -31,28 +35,28 @@ Sets = Annotated[list[str] | None, typer.Option(
 def sweep(
     file: Annotated[str, typer.Argument(help="A sweep file (YAML): base + grid (+ study).")],
     resume: Resume = None, dry_run: DryRun = False, retries: Retries = 0, strict: Strict = False,
-    sets: Sets = None,
+    sets: Sets = None, rerun_unstable: RerunUnstable = 0,
 ) -> None:
     """Run every trial of a sweep file and compare them (see examples/)."""
     from seqpar.sweeps import spec
 
     plan = spec.load(file, spec.parse_sets(sets or []))
     execute(plan, resume=resume, dry_run=dry_run, retries=retries, strict=strict,
-            again=f"seqpar sweep {file}")
+            again=f"seqpar sweep {file}", rerun_unstable=rerun_unstable)
 
 
 def run(
     study: Annotated[str, typer.Argument(help="A study name (see `seqpar studies`).")],
     preset: Annotated[str, typer.Option("--preset", help="cpu | gpu-cluster.")] = "cpu",
     sets: Sets = None, resume: Resume = None, dry_run: DryRun = False, retries: Retries = 0,
-    strict: Strict = False,
+    strict: Strict = False, rerun_unstable: RerunUnstable = 0,
 ) -> None:
     """Run a named study (its own sweep), optionally with --set overrides."""
     from seqpar.sweeps import spec
 
     plan = spec.from_study(study, preset, spec.parse_sets(sets or []))
     execute(plan, resume=resume, dry_run=dry_run, retries=retries, strict=strict,
-            again=f"seqpar run {study} --preset {preset}")
+            again=f"seqpar run {study} --preset {preset}", rerun_unstable=rerun_unstable)
 
 
 def _device(plan: SweepPlan) -> str | None:
@@ -72,9 +76,10 @@ def _print_dashboard() -> None:
 
 
 def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
-            again: str) -> str | None:
+            again: str, rerun_unstable: int = 0) -> str | None:
     """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id."""
     require(retries >= 0, "--retries", retries, "must be >= 0")
+    require(rerun_unstable >= 0, "--rerun-unstable", rerun_unstable, "must be >= 0")
     plan.check(strict)
     device = _device(plan)
     for point in plan.skipped:
@@ -103,7 +108,7 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
         _print_dashboard()
         try:
             outcome = run_sweep(plan, tracker=tracker, runner=runner, retries=retries,
-                                resume=resume)
+                                resume=resume, rerun_unstable=rerun_unstable)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/yellow]; continue with "
                           f"`{again} --resume <sweep id>` (see `seqpar compare`)")

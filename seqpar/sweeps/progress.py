@@ -1,10 +1,11 @@
-"""What a running sweep shows: trials done/total, elapsed, ETA, and the current trial's phase.
+"""What a running sweep shows: trials done/total (and how many were unstable), elapsed, ETA, and the
+current trial's phase.
 
     live = SweepProgress(console, trials=[p.spec for p in todo], gang_id=gang_id)
     with live:
         live.start_trial(spec, label)   # polls rank 0's heartbeat (warm-up / timed iterations)
         ...
-        live.end_trial(seconds)
+        live.end_trial(seconds, unstable=False)
 
 The ETA comes from the cost model while it can predict (`predicted_s`, scaled by how far the
 finished trials were from its predictions), else from the mean time of the trials done so far.
@@ -91,6 +92,7 @@ class SweepProgress:
         self._poller: threading.Thread | None = None
         self._label = ""
         self._iterations = ""
+        self.unstable = 0  # trials whose step time is unstable (a wide interval, a busy host)
 
     def __enter__(self) -> SweepProgress:
         if self.enabled:
@@ -122,12 +124,15 @@ class SweepProgress:
             self._poller = threading.Thread(target=self._poll, name="seqpar-progress", daemon=True)
             self._poller.start()
 
-    def end_trial(self, seconds: float) -> None:
+    def end_trial(self, seconds: float, unstable: bool = False) -> None:
         self._halt_poller()
         self.eta.done(seconds)
         self._trial_t0 = None
+        self.unstable += unstable
         done = int(self.bar.tasks[0].completed) + 1
-        self.bar.update(self.task, advance=1, left=f"trials {done}/{self.bar.tasks[0].total:g}",
+        shaky = f", {self.unstable} unstable" if self.unstable else ""
+        self.bar.update(self.task, advance=1,
+                        left=f"trials {done}/{self.bar.tasks[0].total:g}{shaky}",
                         right=self._overall())
 
     def _show(self, phase: str) -> None:

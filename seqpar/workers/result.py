@@ -7,6 +7,8 @@ one iteration's; `bytes_<phase>_<op>_<link>` is per rank (max over ranks), while
 FLOPs are the ledger's: each kernel call counts the (query, key) pairs it computes, so blocks no
 query sees (other documents, outside a window) count nothing. An accuracy trial adds `err_out`,
 `err_dq`, `err_dk`, `err_dv` (relative to float64, max over ranks) and `err_max`.
+`step_ms_ci_low` / `step_ms_ci_high` bound the median step at 95% and `noise_*` say how busy the
+hosts were (`workers.stability`); `unstable` says why a trial's time cannot be trusted, if it can't.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from seqpar.case import Case, TrainCase
 from seqpar.platform.devices import peak_flops
+from seqpar.workers import stability
 from seqpar.workers.measure.record import RankMeasurement, percentile
 from seqpar.workers.measure.train import train_metrics
 
@@ -84,11 +87,12 @@ class TrialResult:
             return {}
         case, ranks = self.case, self.per_rank
         steps = _per_step(ranks, "step_ms")
-        step_ms = statistics.median(steps)
+        timing = stability.step_stats(steps)
+        step_ms = timing["step_ms"]
         tokens_per_s = case.batch * case.seq_len / (step_ms / 1e3)
         rank_flops = [sum(m.flops.values()) for m in ranks]
         out: dict[str, float] = {
-            "step_ms": step_ms,
+            **timing, **stability.host_noise([m.noise for m in ranks]),
             "step_ms_p10": percentile(steps, 10), "step_ms_p90": percentile(steps, 90),
             "fwd_ms": statistics.median(_per_step(ranks, "fwd_ms")),
             "bwd_ms": statistics.median(_per_step(ranks, "bwd_ms")),
@@ -119,6 +123,11 @@ class TrialResult:
         if isinstance(case, TrainCase):  # a model training trial: TGS, MFU, memory levers
             out.update(train_metrics(case, ranks, step_ms, str(ranks[0].extra.get("device_name", ""))))
         return out
+
+    @property
+    def unstable(self) -> str | None:
+        """Why this trial's step time cannot be trusted (a wide interval, a busy host), or None."""
+        return stability.unstable_reason(self.metrics())
 
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON: the case, the outcome, the metrics and every rank's detail (an unlimited

@@ -127,3 +127,26 @@ def test_tune_without_dry_run_profiles_ranks_and_logs_the_configurations(cli):
     best = max(runs, key=lambda r: r.metrics["tokens_per_s"])
     first_row = next(ln for ln in ranking.splitlines() if ln.strip().startswith("│ 1 "))
     assert best.params["plan.algorithm"] in first_row
+
+
+def test_compare_baseline_prints_each_trials_time_ratio_with_its_interval(cli):
+    import json
+
+    from seqpar.workers.stability import NO_DIFFERENCE
+
+    code, out, err = cli("sweep", "two.yaml", "--set", "workload.iters=4")
+    assert code == 0, out + err
+    assert re.search(r"step [\d.]+ ms \[[\d.]+, [\d.]+\]", out + err), err  # the intervals
+    code, out, err = cli("compare", "--baseline", "ring", "--json")
+    assert code == 0, out + err
+    rows = {r["algorithm"]: r for r in json.loads(out)}
+    assert rows["ring"]["verdict"] == "baseline" and rows["ring"]["time ratio"] == "1.00"
+    uly, ring = rows["ulysses"], rows["ring"]
+    lo, hi = (float(x) for x in uly["ratio 95% CI"].split("-"))
+    assert lo <= float(uly["time ratio"]) <= hi
+    (a, b), (c, d) = ((float(x) for x in r["95% CI"].split("-")) for r in (uly, ring))
+    assert (uly["verdict"] == NO_DIFFERENCE) == (a <= d and c <= b)  # the intervals overlap
+    code, out, err = cli("compare", "--baseline", "burst")
+    assert code == 2 and "--baseline" in out + err
+    code, out, err = cli("sweep", "two.yaml", "--rerun-unstable", "-1")
+    assert code == 2 and "--rerun-unstable" in out + err

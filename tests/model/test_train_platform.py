@@ -71,5 +71,7 @@ def test_dp2_training_trial_runs_on_ray(ray_runner):
                 "activation_bytes", "recomputed_flops", "peak_mem_bytes"):
         assert m[key] > 0, key
     assert m["tokens_per_s"] == pytest.approx(2 * 64 / (m["step_ms"] / 1e3))
+    assert m["step_ms_ci_low"] <= m["step_ms"] <= m["step_ms_ci_high"]  # training's interval
+    assert all(r.noise["wall_s"] > 0 for r in result.per_rank) and "noise_others_cpu_frac" in m
     losses = [r.extra["losses"] for r in result.per_rank]
     assert losses[0] == losses[1]  # the loss is averaged over the two replicas' batches

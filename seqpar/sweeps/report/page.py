@@ -33,17 +33,20 @@ h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.15em;margin-top:1.6em;borde
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 th,td{border:1px solid #ddd;padding:.25em .6em;text-align:right;white-space:nowrap}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
-tr.best td{background:#e6f4ea;font-weight:600}.over{color:#c00}
+tr.best td{background:#e6f4ea;font-weight:600}.over{color:#c00}.unstable{color:#a60}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.85em;color:#555}.meta{color:#555;font-size:.9em}
 """
 
 CAPTIONS = {
-    "throughput_vs_seq_len": "Tokens per second against sequence length; the band is the spread "
-                             "(10th-90th percentile) over the timed iterations.",
+    "throughput_vs_seq_len": "Tokens per second against sequence length; the band is the 95% "
+                             "confidence interval of the median over the timed iterations (a "
+                             "bootstrap), and a hollow marker is an unstable trial (a wide "
+                             "interval or a busy host: see the table's reason).",
     "memory_vs_seq_len": "Peak memory of one rank against sequence length.",
     "scaling_vs_world": "Speed-up over the one-rank run and parallel efficiency; the dashed line "
-                        "is ideal scaling.",
+                        "is ideal scaling, the band the 95% interval, hollow markers unstable "
+                        "trials.",
     "bytes_by_link": "Bytes the whole gang sends per step, by link (intra / inter node).",
     "bytes_measured_vs_analytic": "Bytes one rank sends per step: the ledger's measurement beside "
                                   "the algorithm's formula (the ratio should be 1.00).",
@@ -72,14 +75,32 @@ def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
            table_id: str = "") -> str:
     head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
     body = []
+    shaky = columns.index("unstable") if "unstable" in columns else -1
     for i, row in enumerate(rows):
         cls = ' class="best"' if i == best else ""
         cells = "".join(
             f'<td class="over">{escape(str(v))}</td>' if "OVERSUBSCRIBED" in str(v)
-            else f"<td>{escape(str(v))}</td>" for v in row)
+            else f'<td class="unstable">{escape(str(v))}</td>' if j == shaky and v
+            else f"<td>{escape(str(v))}</td>" for j, v in enumerate(row))
         body.append(f"<tr{cls}>{cells}</tr>")
     ident = f' id="{table_id}"' if table_id else ""
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _stability(runs: list[Trial]) -> list[str]:
+    """How many step times can be trusted, and what to do about the rest."""
+    timed = [t for t in runs if t.finished and t.interval is not None]
+    if not timed:
+        return []
+    shaky = [t for t in timed if t.unstable]
+    text = (f"{len(timed) - len(shaky)} of {len(timed)} trials stable: a 95% interval within ±10% "
+            "of the median on a host other processes left alone.")
+    if shaky:
+        text += (f" {len(shaky)} unstable (reasons in the table): measure them again "
+                 "(<code>seqpar sweep FILE --rerun-unstable N</code>), with more "
+                 "<code>workload.iters</code>, or on a quieter host: stop other jobs, give each "
+                 "rank its own core.")
+    return [f'<p class="meta" id="stability">{text}</p>']
 
 
 def render(tracker: Tracker, sweep_id: str, runs: list[Trial], *, cmp: Comparison,
@@ -108,6 +129,7 @@ def render(tracker: Tracker, sweep_id: str, runs: list[Trial], *, cmp: Compariso
                   if not k.startswith("best.")], table_id="headline"),
         "<h2>Comparison</h2>", f'<p class="meta">{escape(cmp.title)}</p>',
         _table(cmp.columns, cmp.rows, cmp.best, table_id="comparison"),
+        *_stability(runs),
         "<h2>Plots</h2>",
     ]
     for name, fig in figs.items():

@@ -95,6 +95,7 @@ class Trial:
     cause: str                 # why it failed, if it did
     headline: str | None       # the metric its sweep ranks by
     metrics: dict[str, float] = field(default_factory=dict)
+    unstable: str | None = None  # why its step time cannot be trusted (tag seqpar.unstable)
 
     @classmethod
     def of(cls, run: RunRecord) -> Trial:
@@ -124,7 +125,8 @@ class Trial:
             p.get("workload.dtype"), p.get("workload.causal", "True") == "True",
             _opt_int(p, "workload.window"), docs, training, cores,
             tags.get("seqpar.device"), tags.get("seqpar.topology", "virtual"),
-            tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics))
+            tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics),
+            tags.get("seqpar.unstable"))
 
     @property
     def finished(self) -> bool:
@@ -147,6 +149,14 @@ class Trial:
         if self.window is not None:
             out += f" W={self.window}"
         return out
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The median step time's 95% confidence interval (ms), if logged."""
+        m = self.metrics
+        if "step_ms_ci_low" in m and "step_ms_ci_high" in m:
+            return m["step_ms_ci_low"], m["step_ms_ci_high"]
+        return None
 
     @property
     def gqa(self) -> bool:

@@ -58,4 +58,5 @@ def measure_attention(case: Case, rank: int, group: dist.ProcessGroup | None,
 
     loop = iterate(one_pass, case.warmup, case.iters, device)
     return rank_record(rank, loop.fwd_s, loop.bwd_s, loop.ledger, loop.peak_mem_bytes,
-                       loop.mem_method)
+                       loop.mem_method,
+                       noise=loop.noise)

@@ -23,6 +23,7 @@ class RankMeasurement:
     peak_mem_bytes: int
     mem_method: str
     extra: dict[str, Any] = field(default_factory=dict)
+    noise: dict[str, Any] = field(default_factory=dict)  # the host over the timed loop (noise.py)
 
     def median_step_ms(self) -> float:
         return statistics.median(self.step_ms)
@@ -32,16 +33,17 @@ class RankMeasurement:
 
 
 def rank_record(rank: int, fwd_s: Sequence[float], bwd_s: Sequence[float], ledger: Ledger,
-                peak_mem_bytes: int, mem_method: str,
-                extra: dict[str, Any] | None = None) -> RankMeasurement:
+                peak_mem_bytes: int, mem_method: str, extra: dict[str, Any] | None = None,
+                noise: dict[str, Any] | None = None) -> RankMeasurement:
     """The record of `rank`: per-iteration times (seconds in, milliseconds out), one iteration's
-    ledger, FLOPs and bytes by phase, the memory peak and how it was measured."""
+    ledger, FLOPs and bytes by phase, the memory peak and how it was measured, the host's noise."""
     return RankMeasurement(
         rank=rank, step_ms=[1e3 * (f + b) for f, b in zip(fwd_s, bwd_s, strict=True)],
         fwd_ms=[1e3 * f for f in fwd_s], bwd_ms=[1e3 * b for b in bwd_s],
         flops=dict(ledger.flops), ledger=ledger.to_dict(),
         bytes_sent={p: ledger.total(phase=p) for p in ("forward", "backward")},
-        peak_mem_bytes=peak_mem_bytes, mem_method=mem_method, extra=dict(extra or {}))
+        peak_mem_bytes=peak_mem_bytes, mem_method=mem_method, extra=dict(extra or {}),
+        noise=dict(noise or {}))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,5 +1,6 @@
 """The one measurement loop of every attention mode: `timed_pass` (barrier, device sync, forward,
-sync, backward, sync) and `iterate` (warm-up, one memory-metered pass, timed passes).
+sync, backward, sync) and `iterate` (warm-up, one memory-metered pass, timed passes, the host's
+noise over them: `noise.NoiseMeter`).
 
 The memory rule: memory is measured over one untimed pass, the last warm-up one, or an extra one
 after a single warm-up (a process's first pass also allocates one-time state); over many passes the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from seqpar import algorithms
 from seqpar.algorithms.ledger import Ledger
 from seqpar.workers.measure.meters import MemoryMeter
+from seqpar.workers.measure.noise import NoiseMeter
 
 T = TypeVar("T")
 
@@ -52,7 +54,7 @@ def timed_pass(attn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]
 @dataclass
 class Loop(Generic[T]):
     """What `iterate` measured: per timed pass its seconds, the memory peak, one pass's ledger,
-    and the last timed pass's output."""
+    the last timed pass's output and the host's noise over the timed passes."""
 
     fwd_s: list[float]
     bwd_s: list[float]
@@ -60,6 +62,7 @@ class Loop(Generic[T]):
     mem_method: str
     ledger: Ledger
     last: T
+    noise: dict[str, Any] = field(default_factory=dict)
 
 
 def iterate(one_pass: Callable[[], tuple[float, float, T]], warmup: int, iters: int,
@@ -73,12 +76,13 @@ def iterate(one_pass: Callable[[], tuple[float, float, T]], warmup: int, iters: 
     one_pass()
     peak = meter.stop()
     fwd, bwd = [], []
-    with algorithms.recording() as ledger:
-        f, b, last = one_pass()
-    fwd.append(f)
-    bwd.append(b)
-    for _ in range(iters - 1):
-        f, b, last = one_pass()
+    with NoiseMeter() as noise:
+        with algorithms.recording() as ledger:
+            f, b, last = one_pass()
         fwd.append(f)
         bwd.append(b)
-    return Loop(fwd, bwd, peak, meter.method, ledger, last)
+        for _ in range(iters - 1):
+            f, b, last = one_pass()
+            fwd.append(f)
+            bwd.append(b)
+    return Loop(fwd, bwd, peak, meter.method, ledger, last, noise.sample)

@@ -38,6 +38,7 @@ from seqpar.model.memory import AllocationMeter, state_bytes
 from seqpar.model.text import TextData
 from seqpar.platform.devices import peak_flops
 from seqpar.workers.measure.meters import MemoryMeter
+from seqpar.workers.measure.noise import NoiseMeter
 from seqpar.workers.measure.record import RankMeasurement
 from seqpar.workers.measure.timing import sync
 
@@ -50,6 +51,7 @@ class TrainResult:
     losses: list[float]          # every step's loss, warm-up included, in order
     ledger: algorithms.Ledger = field(default_factory=algorithms.Ledger)
     mem_method: str = "rss-hwm-delta"
+    noise: dict[str, Any] = field(default_factory=dict)  # the host over the timed steps
 
 
 @functools.lru_cache(maxsize=4)
@@ -123,6 +125,8 @@ def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
     peak_device = peak_flops(device_name, case.dtype)
     steps = []
     recorded = None
+    noise = NoiseMeter()
+    noise.start()
     for i in range(case.iters):
         if i == 0:
             with algorithms.recording(node_of_rank) as recorded:
@@ -130,6 +134,7 @@ def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
         else:
             fwd, bwd = step(case.warmup + i)
         steps.append(step_metrics(case, fwd + bwd, peak_device) | {"fwd_s": fwd, "bwd_s": bwd})
+    noise.stop()
     # activation bytes: one more forward, outside the timed steps (the profiler slows it)
     gc.collect()
     tokens, cu = batch_tokens(case, 0, replica)
@@ -143,7 +148,7 @@ def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
                        cfg, case.batch, case.seq_len, case.sp, case.checkpoint, case.seq_fraction),
                    params=cfg.params(), loss_last=losses[-1])
     assert recorded is not None
-    return TrainResult(rank, steps, summary, losses, recorded, meter.method)
+    return TrainResult(rank, steps, summary, losses, recorded, meter.method, noise.sample)
 
 
 def step_metrics(case: TrainCase, step_s: float, peak_device: float | None) -> dict[str, float]:
@@ -183,7 +188,7 @@ def measure_training(case: TrainCase, rank: int, device_name: str = "cpu",
         fwd_ms=[1e3 * r["fwd_s"] for r in out.steps], bwd_ms=[1e3 * r["bwd_s"] for r in out.steps],
         flops=dict(ledger.flops), ledger=ledger.to_dict(),
         bytes_sent={p: ledger.total(phase=p) for p in ("forward", "backward")},
-        peak_mem_bytes=out.summary["peak_mem_bytes"], mem_method=out.mem_method,
+        peak_mem_bytes=out.summary["peak_mem_bytes"], mem_method=out.mem_method, noise=out.noise,
         extra={"train": {k: v for k, v in out.summary.items() if k != "peak_mem_bytes"},
                "losses": out.losses})
 

@@ -33,8 +33,8 @@ def figures(runs: list[Trial], details: dict[str, dict[str, Any]] | None = None)
         figs["accuracy_vs_world"] = accuracy_figure(errs)
         ok = [t for t in ok if "err_max" not in t.metrics]  # one pass each: no timing plots
     if len({t.seq_len for t in ok}) > 1:
-        figs["throughput_vs_seq_len"] = vs_seq_len(ok, "tokens_per_s", "throughput (p10-p90 band)",
-                                                   "tokens/s")
+        figs["throughput_vs_seq_len"] = vs_seq_len(
+            ok, "tokens_per_s", "throughput (band: 95% interval; hollow: unstable)", "tokens/s")
         figs["memory_vs_seq_len"] = vs_seq_len(ok, "peak_mem_bytes", "peak memory per rank",
                                                "MiB", 1 / 2**20, mark=False)
     points = scaling_points(ok)

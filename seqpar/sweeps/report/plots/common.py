@@ -1,24 +1,44 @@
-"""What several figure families share: series labels, line styles, the p10-p90 band."""
+"""What several figure families share: series labels, line styles, the interval band, the hollow
+marker of an unstable trial."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from seqpar.sweeps import style
 from seqpar.sweeps.report.view import Trial
 
 
 def band(t: Trial, metric: str) -> tuple[float, float] | None:
-    """The p10-p90 spread of a metric over the timed iterations (from the step-time spread)."""
+    """The 95% confidence interval of a metric's median over the timed iterations, from the step
+    time's interval (runs logged before intervals: the p10-p90 spread)."""
     m = t.metrics
-    if "step_ms_p10" not in m or "step_ms_p90" not in m or "step_ms" not in m:
+    lo, hi = ("step_ms_ci_low", "step_ms_ci_high") if "step_ms_ci_low" in m else (
+        "step_ms_p10", "step_ms_p90")
+    if lo not in m or hi not in m or "step_ms" not in m:
         return None
     if metric == "step_ms":
-        return m["step_ms_p10"], m["step_ms_p90"]
-    if metric in ("tokens_per_s", "tokens_per_s_per_rank") and metric in m:
+        return m[lo], m[hi]
+    if metric in ("tokens_per_s", "tokens_per_s_per_rank") and metric in m and m[lo] > 0:
         work = m[metric] * m["step_ms"]  # tokens (per rank) x ms: constant over iterations
-        return work / m["step_ms_p90"], work / m["step_ms_p10"]
+        return work / m[hi], work / m[lo]
     return None
+
+
+UNSTABLE_LABEL = "unstable (hollow: wide interval or busy host)"
+
+
+def mark_unstable(ax: Any, points: list[tuple[float, float, Trial]], colour: str,
+                  label: bool) -> bool:
+    """Hollow markers over the points of unstable trials (the line's filled ones stay for the
+    stable); returns whether any was drawn."""
+    shaky = [(x, y) for x, y, t in points if t.unstable]
+    if shaky:
+        ax.scatter([x for x, _ in shaky], [y for _, y in shaky], s=60, facecolors="white",
+                   edgecolors=colour, linewidths=1.5, zorder=4,
+                   label=UNSTABLE_LABEL if label else None)
+    return bool(shaky)
 
 
 def line_styles(labels: list[str]) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Throughput and memory against sequence length, one line per configuration, p10-p90 bands."""
+"""Throughput and memory against sequence length, one line per configuration, the 95% interval as
+a band, unstable trials hollow."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from seqpar.sweeps import style
-from seqpar.sweeps.report.plots.common import band, line_styles
+from seqpar.sweeps.report.plots.common import band, line_styles, mark_unstable
 from seqpar.sweeps.report.view import Trial
 
 
@@ -26,7 +27,7 @@ def vs_seq_len(ok: list[Trial], metric: str, title: str, ylabel: str,
         if metric in t.metrics:
             groups[_series_label(t)].append(t)
     styles = line_styles(sorted(groups))
-    flagged = False
+    flagged = hollow = False
     for label in sorted(groups):
         ts = sorted(groups[label], key=lambda t: t.seq_len)
         xs = [t.seq_len for t in ts]
@@ -37,6 +38,9 @@ def vs_seq_len(ok: list[Trial], metric: str, title: str, ylabel: str,
         if all(b is not None for b in bands) and len(ts) > 1:
             ax.fill_between(xs, [b[0] * scale for b in bands], [b[1] * scale for b in bands],
                             color=c, alpha=0.15, lw=0)
+        if mark:
+            shaky = mark_unstable(ax, list(zip(xs, ys, ts, strict=True)), c, not hollow)
+            hollow = hollow or shaky
         over = [(x, y) for x, y, t in zip(xs, ys, ts, strict=True) if mark and t.oversubscribed]
         style.mark_oversubscribed(ax, [x for x, _ in over], [y for _, y in over], not flagged)
         flagged = flagged or bool(over)

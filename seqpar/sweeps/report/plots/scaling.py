@@ -6,7 +6,7 @@ from collections import defaultdict
 from typing import Any
 
 from seqpar.sweeps import style
-from seqpar.sweeps.report.plots.common import band, line_styles
+from seqpar.sweeps.report.plots.common import band, line_styles, mark_unstable
 from seqpar.sweeps.report.view import Trial
 
 Point = tuple[int, float, Trial, float]  # world, speed-up, trial, baseline tokens/s
@@ -43,7 +43,7 @@ def scaling_figure(points: dict[str, list[Point]]) -> Any:
     a1.plot(worlds, worlds, color="k", ls="--", lw=0.8, label="ideal (speed-up = world)")
     a2.axhline(1.0, color="k", ls="--", lw=0.8, label="ideal")
     styles = line_styles(sorted(points))
-    flagged = False
+    flagged = hollow = False
     for label in sorted(points):
         pts = points[label]
         c, ls = style.colour(label.split(" ")[0]), styles[label]
@@ -57,13 +57,15 @@ def scaling_figure(points: dict[str, list[Point]]) -> Any:
             a1.fill_between(ps, lo, hi, color=c, alpha=0.15, lw=0)
             a2.fill_between(ps, [v / p for v, p in zip(lo, ps, strict=True)],
                             [v / p for v, p in zip(hi, ps, strict=True)], color=c, alpha=0.15, lw=0)
+        hollow = mark_unstable(a1, [(p, s, t) for p, s, t, _ in pts], c, not hollow) or hollow
+        mark_unstable(a2, [(p, s / p, t) for p, s, t, _ in pts], c, False)
         over = [(p, s) for p, s, t, _ in pts if t.oversubscribed]
         style.mark_oversubscribed(a1, [p for p, _ in over], [s for _, s in over], not flagged)
         style.mark_oversubscribed(a2, [p for p, _ in over], [s / p for p, s in over], False)
         flagged = flagged or bool(over)
     for ax in (a1, a2):
         style.world_axis(ax, worlds)
-    a1.set(ylabel="speed-up over one rank (p10-p90 band)", title="speed-up")
+    a1.set(ylabel="speed-up over one rank (band: 95% interval)", title="speed-up")
     a2.set(ylabel="efficiency = speed-up / world", title="parallel efficiency", ylim=(0, None))
     a1.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

@@ -21,7 +21,13 @@ def train_figure(runs: list[Trial]) -> Any:
     a1.set(xlabel="MiB per rank", title="memory")
     a1.set_yticks(list(y), labels, fontsize=6)
     a1.legend(fontsize=7)
-    a2.barh(list(y), [t.metrics.get("step_ms", 0) for t in runs])
-    a2.set(xlabel="step ms (slowest rank, median)", title="time")
+    ms = [t.metrics.get("step_ms", 0) for t in runs]
+    err = [[max(0.0, v - (t.interval or (v, v))[0]) for v, t in zip(ms, runs, strict=True)],
+           [max(0.0, (t.interval or (v, v))[1] - v) for v, t in zip(ms, runs, strict=True)]]
+    bars = a2.barh(list(y), ms, xerr=err, capsize=2)
+    for bar, t in zip(bars, runs, strict=True):
+        if t.unstable:  # hollow: its time cannot be trusted
+            bar.set(facecolor="white", edgecolor=bar.get_facecolor(), hatch="//")
+    a2.set(xlabel="step ms (slowest rank, median; 95% interval; hollow: unstable)", title="time")
     fig.tight_layout()
     return fig
