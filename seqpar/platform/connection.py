@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 from seqpar.errors import ConfigError, require
@@ -146,14 +147,24 @@ def connect(address: str | None = None, ship_code: bool = True) -> bool:
     host, port = _probe(address, timeout_s)
     if address.startswith("ray://") or _gcs_wants_token(f"{host}:{port}", timeout_s):
         _token_auth_if_available()
-    try:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
-                 logging_level=logging.WARNING,
-                 runtime_env=code_runtime_env() if ship_code else None)
-    except (ConnectionError, ValueError) as err:
-        raise ConfigError("address", address,
-                          f"no Ray cluster answered there ({_first_line(err)})") from None
+    for attempt in range(CLIENT_ATTEMPTS):
+        try:
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
+                     logging_level=logging.WARNING,
+                     runtime_env=code_runtime_env() if ship_code else None)
+            return False
+        except (ConnectionError, ValueError) as err:
+            # a Ray client server starts a server per connection; on a busy head that start can
+            # miss its deadline ("Initialization failure from server"): worth another try
+            slow_start = address.startswith("ray://") and "Initialization failure" in str(err)
+            if not slow_start or attempt == CLIENT_ATTEMPTS - 1:
+                raise ConfigError("address", address,
+                                  f"no Ray cluster answered there ({_first_line(err)})") from None
+            time.sleep(2.0 * (attempt + 1))
     return False
+
+
+CLIENT_ATTEMPTS = 3  # a ray:// connection whose per-client server was slow to start
 
 
 def disconnect(embedded: bool) -> None:
