@@ -18,6 +18,7 @@ from seqpar.errors import ConfigError, require
 
 NAMESPACE = "seqpar"
 CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S = "SEQPAR_CONNECT_TIMEOUT_S", 5.0
+CLIENT_ATTEMPTS = 3  # a ray:// connection whose per-client server was slow to start
 DASHBOARD_ENV_VAR = "SEQPAR_RAY_DASHBOARD"  # "0": embedded Ray without dashboard (no state API)
 # What every rank must see as the driver does, on any node: the network interfaces and fabrics
 # NCCL and gloo use (on a host with several, a rendezvous on the wrong one hangs until the timeout),
@@ -162,9 +163,6 @@ def connect(address: str | None = None, ship_code: bool = True) -> bool:
                                   f"no Ray cluster answered there ({_first_line(err)})") from None
             time.sleep(2.0 * (attempt + 1))
     return False
-
-
-CLIENT_ATTEMPTS = 3  # a ray:// connection whose per-client server was slow to start
 
 
 def disconnect(embedded: bool) -> None:
