@@ -6,7 +6,7 @@ overlapped), a kernel (compute only), or a ring: steps of compute, each overlapp
 that brings the next block (and, backward, the gradient that follows one step behind), with inner
 rings and an outer prefetch that overlaps a whole inner ring (LoongTrain Alg. 2, BurstAttention's
 topology-aware ring). `phase_bytes` sums a schedule's bytes per phase: it equals
-`algorithms.expected_bytes` for every algorithm (tests/experiments/test_perf_model.py).
+`algorithms.expected_bytes` for every algorithm (tests/unit/test_perf_model.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ attention and model scopes) whose every predicted number is recorded in perf_reg
 must be reproduced to 1e-9 relative.
 
 Re-record (only when a prediction is meant to change, saying why in the commit):
-    .venv/bin/python tests/experiments/test_perf_regression.py --record
+    .venv/bin/python tests/unit/test_perf_regression.py --record
 """
 
 from __future__ import annotations
