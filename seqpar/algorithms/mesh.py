@@ -146,11 +146,6 @@ class Mesh:
     def coord(self, axis: str) -> int:
         return self.grid.coord(axis, self.pos)
 
-    def node_of_global(self) -> dict[int, int] | None:
-        if self.nodes is None:
-            return None
-        return dict(zip(self.ranks, self.nodes, strict=True))
-
     def device_mesh(self, device_type: str):
         """A `torch.distributed.device_mesh.DeviceMesh` view of this mesh with the same groups:
         dims ("dp", "sp") (or ("sp",) without DP), "sp" being every sequence-parallel dim together,

@@ -1,5 +1,5 @@
 """Transfer skipping on a ring schedule: which messages travel when some blocks are seen by no query
-of the ranks they would visit (issue 12; by default with documents or a window, `Options.skips`;
+of the ranks they would visit (by default with documents or a window, `Options.skips`;
 the option `skip_transfers` forces it on or off).
 
 The schedule is `ring.travel`'s: a ring of `size` positions split into inner rings of `inner`

@@ -63,7 +63,7 @@ class Study:
         return fitting(expand(*self.sweep(preset)), MEMORY_CLUSTER[preset])
 
 
-# the device whose memory a preset's points must fit (issue 9, item 12)
+# the device whose memory a preset's points must fit
 MEMORY_CLUSTER = {"cpu": "local", "gpu-cluster": "loongtrain-a100"}
 
 
@@ -190,7 +190,7 @@ def _burst_backward(preset: str) -> Sweep:
             {"plan.algorithm": ["ring", "burst"], "model.kv_heads": kv})
 
 
-# ------------------------------------------------------- real sequences: documents, windows (issue 12)
+# ------------------------------------------------------------------ real sequences: documents, windows
 LAYOUTS = ["contiguous", "zigzag", "stripe"]
 
 

@@ -205,7 +205,7 @@ class Environment(_Strict):
 
 
 class TrainSpec(_Strict):
-    """A model training trial (issue 10) instead of one attention call: `train.model` is the
+    """A model training trial instead of one attention call: `train.model` is the
     decoder (a `seqpar.model` preset), trained with the plan's algorithm over world / dp ranks."""
 
     model: str = Field("tiny", description="tiny | llama2-7b | llama3-8b | 14b (seqpar.model)")
