@@ -32,16 +32,18 @@ def rank_actor(experiment: str, rank: int):
     return ray.get_actor(cluster.actor_name(experiment, rank), namespace=cluster.NAMESPACE)
 
 
-def when_measuring(experiment: str, rank: int, action) -> threading.Thread:
-    """Run action() from a thread as soon as `rank` is inside its timed iterations."""
+def when_measuring(experiment: str, rank: int, action, phase: str = "measure",
+                   settle_s: float = 0.3) -> threading.Thread:
+    """Run action() from a thread as soon as `rank` reports `phase` (by default: inside its timed
+    iterations, then `settle_s` later)."""
     import ray
 
     def watch() -> None:
         actor = rank_actor(experiment, rank)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if ray.get(actor.heartbeat.remote(), timeout=10)["phase"] == "measure":
-                time.sleep(0.3)  # well inside the trial
+            if ray.get(actor.heartbeat.remote(), timeout=10)["phase"] == phase:
+                time.sleep(settle_s)
                 action()
                 return
             time.sleep(0.05)
@@ -94,11 +96,16 @@ def test_rank_killed_mid_trial_fails_with_its_cause_and_leaks_nothing(
 
 
 def test_ctrl_c_during_a_trial_tears_the_gang_down(ray_runner, experiment, seed, assert_no_leaks):
+    """Ctrl-C while a trial runs: the trial cannot end by itself (rank 1 hangs, injected, with a
+    long timeout), so the only way out is the KeyboardInterrupt, whatever the host's load."""
+    import ray
+
     assert ray_runner.run(ring_case(seed), experiment_id=experiment).ok
-    watcher = when_measuring(experiment, 0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    ray.get(rank_actor(experiment, 1)._arm_fault.remote("hang"))
+    watcher = when_measuring(experiment, 1, lambda: os.kill(os.getpid(), signal.SIGINT),
+                             phase="hang (injected)", settle_s=0.0)
     with pytest.raises(KeyboardInterrupt):
-        ray_runner.run(ring_case(seed, iters=60), link_emulation=SLOW_LINKS,
-                       experiment_id=experiment)
+        ray_runner.run(ring_case(seed), timeout_s=120.0, experiment_id=experiment)
     watcher.join(timeout=5)
     assert_no_leaks()
 
