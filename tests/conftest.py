@@ -216,7 +216,7 @@ def _capture_dashboard(run: Quickstart, binary: str, address: str, proc: subproc
         run.timings["dashboard_opened_after_s"] = time.monotonic() - started
         with web.Page(binary, run.dashboard_url, window=(1400, 600)) as page:
             text = page.wait_for(lambda t: "rank-1" in t, timeout_s=QUICKSTART_TIMEOUT_S,
-                                 poll_s=2, reload_every_s=20, stop=lambda: proc.poll() is not None)
+                                 poll_s=1, reload_every_s=4, stop=lambda: proc.poll() is not None)
             running = proc.poll() is None
             run.dashboard_dom = page.html()
             if os.environ.get("SEQPAR_SCREENSHOTS") == "1":  # for docs/ (tests/ui/conftest.py)
