@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/double_ring.py --latency-ms 5 --bandwidth-mb-s 100
 
 Eight local gloo ranks; ranks 0-3 are node 0 and 4-7 node 1 (the mesh's node map), and every
-inter-node transfer is made to last at least latency + bytes / bandwidth (`comm.set_link_emulation`),
+inter-node transfer is made to last at least latency + bytes / bandwidth (`measure(..., links=)`),
 intra-node ones run at local speed. The plain ring crosses the nodes at every step (ranks 3 -> 4 and
 7 -> 0), so each step waits for the slow link; the double ring crosses only between its two inner
 rings (one per node), with the prefetch overlapping a whole inner ring (LoongTrain §4.3). Causal,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from emulated import emulated_link, most_bytes, step_ms
+from emulated import inter_link, most_bytes, step_ms
 
 from seqpar.algorithms import comm
 from seqpar.case import Case
@@ -25,8 +25,8 @@ NODES = [0, 0, 0, 0, 1, 1, 1, 1]
 
 
 def _rank(env, case: Case, link: comm.LinkModel | None):
-    with emulated_link(link):
-        return measure(case, env.rank, env.group(case.world), env.device, nodes=NODES)
+    return measure(case, env.rank, env.group(case.world), env.device, nodes=NODES,
+                   links=inter_link(link))
 
 
 def main() -> None:

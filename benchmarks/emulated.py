@@ -1,23 +1,17 @@
 """What the benchmark scripts share: an emulated inter-node link, and the numbers read off the
-ranks' measurements. (The node map itself goes into the trial's mesh: `measure(..., nodes=)`.)"""
+ranks' measurements. (The node map and the emulated links go into the trial's mesh:
+`measure(..., nodes=, links=)`.)"""
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-from collections.abc import Iterator
 
 from seqpar.algorithms import comm
 
 
-@contextlib.contextmanager
-def emulated_link(link: comm.LinkModel | None) -> Iterator[None]:
-    """In this rank, when given: `link` on inter-node hops (which hops those are, the mesh says)."""
-    comm.set_link_emulation({"inter": link} if link is not None else None)
-    try:
-        yield
-    finally:
-        comm.set_link_emulation(None)
+def inter_link(link: comm.LinkModel | None) -> dict[str, comm.LinkModel] | None:
+    """The `links` that emulate `link` on inter-node hops (which hops those are, the mesh says)."""
+    return {"inter": link} if link is not None else None
 
 
 def step_ms(results) -> float:

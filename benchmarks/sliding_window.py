@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 import statistics
 
-from emulated import emulated_link, step_ms
+from emulated import inter_link, step_ms
 
 from seqpar import algorithms
 from seqpar.algorithms import comm
@@ -33,8 +33,8 @@ SKIP = ("skip_transfers", True)
 
 
 def _rank(env, case: Case, link: comm.LinkModel | None, nodes: tuple[int, ...] | None):
-    with emulated_link(link):
-        return measure(case, env.rank, env.group(case.world), env.device, nodes=nodes)
+    return measure(case, env.rank, env.group(case.world), env.device, nodes=nodes,
+                   links=inter_link(link))
 
 
 def _analytic(case: Case) -> tuple[int, int]:

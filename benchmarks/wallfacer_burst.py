@@ -6,7 +6,7 @@ on virtual nodes (default 2 x 4) with an emulated inter-node link.
 
 Eight local gloo ranks; node = rank // ranks-per-node (the mesh's node map, which is also where burst
 learns its node map), and every inter-node transfer lasts at least latency + bytes / bandwidth
-(`comm.set_link_emulation`); intra-node transfers run at local speed. Causal, zigzag, forward +
+(`measure(..., links=)`); intra-node transfers run at local speed. Causal, zigzag, forward +
 backward, float32; the median over the timed iterations of the slowest rank's step (best of
 `--rounds` interleaved rounds, since other load on the machine only ever adds time), the most bytes
 any rank sends (forward / backward, and across nodes), the bytes one forward saves for backward
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from emulated import emulated_link, most_bytes, step_ms
+from emulated import inter_link, most_bytes, step_ms
 
 from seqpar import algorithms
 from seqpar.algorithms import comm
@@ -31,15 +31,15 @@ from seqpar.workers.measure.meters import SavedTensorMeter
 
 
 def _rank(env, case: Case, nodes: list[int], link: comm.LinkModel | None):
-    with emulated_link(link):
-        result = measure(case, env.rank, env.group(case.world), env.device, nodes=nodes)
-        q, k, v, _ = (t.requires_grad_() for t in local_inputs(case, env.rank, env.device))
-        attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                          group=env.group(case.world), nodes=nodes,
-                                          **case.option_dict)
-        with SavedTensorMeter() as saved:  # what one forward keeps for backward (Eq. 9-10)
-            attn(q, k, v)
-        return result, saved.nbytes
+    links = inter_link(link)
+    result = measure(case, env.rank, env.group(case.world), env.device, nodes=nodes, links=links)
+    q, k, v, _ = (t.requires_grad_() for t in local_inputs(case, env.rank, env.device))
+    attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
+                                      group=env.group(case.world), nodes=nodes, links=links,
+                                      **case.option_dict)
+    with SavedTensorMeter() as saved:  # what one forward keeps for backward (Eq. 9-10)
+        attn(q, k, v)
+    return result, saved.nbytes
 
 
 def contenders(base: Case) -> dict[str, Case]:

@@ -14,6 +14,7 @@ communication into the ledgers that were active in forward, and casts gradients 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
@@ -98,11 +99,20 @@ class Algorithm:
                  window: int | None = None):
         self.mesh, self.causal, self.layout, self.options = mesh, causal, layout, options
         self.window = window
-        # which keys a query sees in the current call (documents arrive per call: Attention sets
-        # it before forward, _Shell restores forward's relation before backward)
+        # which keys a query sees: documents arrive per call, so each call runs on its own shallow
+        # copy of the algorithm holding that call's relation (`for_call`); nothing shared is
+        # rewritten, and overlapping calls (another layer's backward on autograd's thread, a
+        # recomputed forward) each see their own
         self.relation = layouts.Relation(causal, None, window)
         self.comm = mesh.comm("sp")
         self.world, self.rank = self.comm.size, self.comm.rank  # the sequence-parallel group
+
+    def for_call(self, relation: layouts.Relation) -> Algorithm:
+        """This algorithm for one call whose queries see keys by `relation` (a shallow copy: the
+        mesh, options and caches are shared; the relation is the call's own)."""
+        call = copy.copy(self)
+        call.relation = relation
+        return call
 
     # -- class level: no process group needed ----------------------------------------------------
     @classmethod
@@ -200,7 +210,6 @@ class _Shell(torch.autograd.Function):
     def forward(ctx, algo: Algorithm, q, k, v):
         out, saved, state = algo.forward(q, k, v)
         ctx.algo, ctx.state, ctx.ledgers = algo, state, ledger.active()
-        ctx.relation = algo.relation
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         ctx.save_for_backward(*saved)
         return out.to(q.dtype)
@@ -209,7 +218,6 @@ class _Shell(torch.autograd.Function):
     def backward(ctx, dout):
         saved, state = ctx.saved_tensors, ctx.state
         ctx.state = None
-        ctx.algo.relation = ctx.relation
         # autograd may run backward on another thread (CUDA), where forward's context is not set
         with ledger.backward_of(ctx.ledgers):
             grads = ctx.algo.backward(dout.contiguous(), saved, state)
@@ -271,7 +279,7 @@ class Attention:
             cu = layouts.normal_cu(a.layout, a.world, cu[-1], cu)
         type(a).check(shape, a.world, a.layout, a.causal, a.options, cu)
         kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
-        a.relation = layouts.Relation(a.causal, cu, a.window)
+        a = a.for_call(layouts.Relation(a.causal, cu, a.window))
         if cu is None:
             return _Shell.apply(a, q, k, v)
         held = len(layouts.positions(a.layout, a.rank, a.world, shape.seq_len, cu))

@@ -1,8 +1,9 @@
 """Instrumented communication: every byte an algorithm moves goes through a `Comm`.
 
 Each call books its bytes in the active ledgers (see `ledger.py`) by op, group label, link class and
-phase, and, when link emulation is on, completes no earlier than `latency + bytes / bandwidth` after
-it started. Asynchronous exchanges stay asynchronous: `Handle.wait()` returns at the later of the real
+phase, and, when the Comm emulates links (its `links`: link class -> LinkModel, given where the Comm
+is made, like its node map), completes no earlier than `latency + bytes / bandwidth` after it
+started. Asynchronous exchanges stay asynchronous: `Handle.wait()` returns at the later of the real
 and the emulated completion, so overlap of communication with compute shows on one machine.
 
 Strict mode (SEQPAR_STRICT_COMM=1, read when a Comm is made) gives gloo NCCL's semantics, so a
@@ -18,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ class LinkModel:
         return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
-_emulated: dict[str, LinkModel] = {}
+Links = Mapping[str, LinkModel]  # link class ('intra', 'inter') -> its emulated model
 
 STRICT_ENV_VAR = "SEQPAR_STRICT_COMM"  # "1": NCCL's semantics on any backend (module docstring)
 STRICT_TAG = 0
@@ -60,29 +61,10 @@ def _in_order(group: Any) -> None:
         handle.complete()
 
 
-def set_link_emulation(links: dict[str, LinkModel] | None) -> None:
-    """Emulate the given link classes ('intra', 'inter') in this process; None turns it off."""
-    _emulated.clear()
-    _emulated.update(links or {})
-
-
-def link_emulation() -> dict[str, LinkModel]:
-    return dict(_emulated)
-
-
 def _device_done(tensors: Sequence[torch.Tensor]) -> None:
     """Block until the device work on `tensors` is done (CUDA only; a CPU op is done on return)."""
     if any(t.is_cuda for t in tensors):
         torch.cuda.current_stream().synchronize()
-
-
-def _emulation_start(tensors: Sequence[torch.Tensor]) -> float:
-    """When an emulated transfer of `tensors` starts. On CUDA the tensors are ready only once the
-    kernels queued before them have run: without this sync the emulated clock would start at
-    the CPU enqueue and the link would look faster than it is."""
-    if _emulated:
-        _device_done(tensors)
-    return time.perf_counter()
 
 
 def _elem_bytes(t: torch.Tensor) -> int:
@@ -93,17 +75,18 @@ class Handle:
     """Pending communication; `wait()` returns the received tensors."""
 
     def __init__(self, works: list, results: list[torch.Tensor], emulated_s: float, start: float,
-                 group: Any = None):
+                 group: Any = None, emulating: bool = False):
         self._works, self._results = works, results
         self._emulated_s, self._start = emulated_s, start
         self._group = group  # strict mode: the group whose operation in flight this is
+        self._emulating = emulating
 
     def complete(self) -> None:
         """Wait for the works, once (a gloo point-to-point work waited twice blocks forever)."""
         works, self._works = self._works, []
         for work in works:
             work.wait()
-        if works and _emulated:
+        if works and self._emulating:
             _device_done(self._results)  # on CUDA, wait() only orders streams: see the transfer end
         if self._group is not None and _in_flight.get(self._group) is self:
             del _in_flight[self._group]
@@ -120,12 +103,14 @@ class Comm:
     """Communication inside one process group, booked under `label` in the ledger.
 
     `node_of` maps global ranks to node ids (None: one node): it classifies every transfer as
-    intra- or inter-node, for the ledger and for link emulation. It comes from the trial's mesh.
+    intra- or inter-node, for the ledger and for link emulation. `links` (empty: none) emulates the
+    link classes it names. Both come from the trial's mesh.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, label: str = "sp",
-                 node_of: dict[int, int] | None = None):
+                 node_of: dict[int, int] | None = None, links: Links | None = None):
         self.label, self.node_of, self.strict = label, node_of, strict_mode()
+        self.links: dict[str, LinkModel] = dict(links or {})
         if group is None and not (dist.is_available() and dist.is_initialized()):
             # a single process without torch.distributed: a group of one that never communicates
             self.group, self.size, self.rank, self.global_ranks, self._nccl = None, 1, 0, [0], False
@@ -138,12 +123,12 @@ class Comm:
 
     @classmethod
     def solo(cls, label: str = "sp", global_rank: int = 0,
-             node_of: dict[int, int] | None = None) -> Comm:
+             node_of: dict[int, int] | None = None, links: Links | None = None) -> Comm:
         """A group of one (this rank alone): every operation is local, nothing is booked."""
         comm = cls.__new__(cls)
         comm.label, comm.group, comm.size, comm.rank = label, None, 1, 0
         comm.global_ranks, comm._nccl, comm.node_of = [global_rank], False, node_of
-        comm.strict = strict_mode()
+        comm.strict, comm.links = strict_mode(), dict(links or {})
         return comm
 
     def relabel(self, label: str) -> Comm:
@@ -157,6 +142,20 @@ class Comm:
         comm = copy.copy(self)
         comm.node_of = node_of
         return comm
+
+    def with_links(self, links: Links | None) -> Comm:
+        """The same group emulating `links` (None or empty: no emulation)."""
+        comm = copy.copy(self)
+        comm.links = dict(links or {})
+        return comm
+
+    def _clock(self, tensors: Sequence[torch.Tensor]) -> float:
+        """When a transfer of `tensors` starts. Emulating on CUDA, the tensors are ready only once
+        the kernels queued before them have run: without this sync the emulated clock would start
+        at the CPU enqueue and the link would look faster than it is."""
+        if self.links:
+            _device_done(tensors)
+        return time.perf_counter()
 
     def link(self, peer: int) -> str:
         """'intra' or 'inter': the link class between this rank and group rank `peer`."""
@@ -198,14 +197,14 @@ class Comm:
         for ledger in _ledger.active():
             for peer, nbytes in bytes_per_peer.items():
                 ledger.add(op, self.label, self._ledger_link(ledger, peer), nbytes)
-        if not _emulated:
+        if not self.links:
             return 0.0
         by_link: dict[str, int] = {}
         for peer, nbytes in bytes_per_peer.items():
             link = self.link(peer)
             by_link[link] = by_link.get(link, 0) + nbytes
         return max(
-            (_emulated[link].seconds(n) for link, n in by_link.items() if link in _emulated),
+            (self.links[link].seconds(n) for link, n in by_link.items() if link in self.links),
             default=0.0,
         )
 
@@ -227,7 +226,7 @@ class Comm:
         tag: int = 0,
     ) -> Handle:
         """Post sends (tensor, group peer) and receives (buffer, group peer) at once; async."""
-        start = _emulation_start([t for t, _ in sends])
+        start = self._clock([t for t, _ in sends])
         per_peer: dict[int, int] = {}
         for tensor, peer in sends:
             per_peer[peer] = per_peer.get(peer, 0) + _elem_bytes(tensor)
@@ -244,15 +243,15 @@ class Comm:
         self._next_op()
         works = dist.batch_isend_irecv(ops)
         handle = Handle(works, [b for b, _ in recvs], emulated, start,
-                        self.group if self.strict else None)
+                        self.group if self.strict else None, emulating=bool(self.links))
         if self.strict:
             _in_flight[self.group] = handle
         return handle
 
     def _recv_seconds(self, buf: torch.Tensor, peer: int) -> float:
-        if not _emulated:
+        if not self.links:
             return 0.0
-        model = _emulated.get(self.link(peer))
+        model = self.links.get(self.link(peer))
         return model.seconds(_elem_bytes(buf)) if model else 0.0
 
     # -- collectives -----------------------------------------------------------------------------
@@ -275,7 +274,7 @@ class Comm:
             for p, shape, n in zip(parts, shapes, sizes, strict=True):
                 send[i, offset:offset + n].view(shape).copy_(p[i])
                 offset += n
-        start = _emulation_start([send])
+        start = self._clock([send])
         per_peer = _elem_bytes(send[0])
         emulated = self._book("all_to_all", {i: per_peer for i in range(g) if i != self.rank})
         recv = torch.empty_like(send)
@@ -295,7 +294,7 @@ class Comm:
         if g == 1:
             return tensor
         tensor = tensor.contiguous()
-        start = _emulation_start([tensor])
+        start = self._clock([tensor])
         emulated = self._book(
             "all_gather", {i: _elem_bytes(tensor) for i in range(g) if i != self.rank}
         )
@@ -316,7 +315,7 @@ class Comm:
         if g == 1:
             return tensor
         chunks = [c.contiguous() for c in tensor.chunk(g, dim)]
-        start = _emulation_start(chunks)
+        start = self._clock(chunks)
         per_peer = _elem_bytes(chunks[0])
         emulated = self._book("reduce_scatter", {i: per_peer for i in range(g) if i != self.rank})
         if self._nccl:
@@ -349,7 +348,7 @@ class SubComm(Comm):
 
     def __init__(self, parent: Comm, members: Sequence[int], label: str):
         self.label, self.group, self.node_of = label, parent.group, parent.node_of
-        self.strict = parent.strict
+        self.strict, self.links = parent.strict, dict(parent.links)
         self._nccl = False  # the native collectives would span the whole parent group
         self._members = [parent._group_peer(m) for m in members]
         self.size, self.rank = len(members), list(members).index(parent.rank)

@@ -25,6 +25,7 @@ group (`comm.SubComm`), booked in the ledger as `axis(view)`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -32,7 +33,7 @@ from functools import lru_cache
 import torch
 import torch.distributed as dist
 
-from seqpar.algorithms.comm import Comm, SubComm
+from seqpar.algorithms.comm import Comm, Links, SubComm
 from seqpar.errors import require
 
 ALL = "sp"  # the axis of every dim but "dp": the whole sequence-parallel group
@@ -138,6 +139,10 @@ class Mesh:
         """Ranks in the whole mesh (DP x SP)."""
         return self.grid.size
 
+    def with_links(self, links: Links | None) -> Mesh:
+        """The same mesh (the same groups) with every axis emulating `links` (None: none)."""
+        return dataclasses.replace(self, comms={a: c.with_links(links) for a, c in self.comms.items()})
+
     def comm(self, axis: str) -> Comm:
         require(axis in self.comms, "mesh axis", axis,
                 f"this mesh was built with axes {', '.join(self.comms)}")
@@ -181,10 +186,10 @@ def _check_nodes(nodes: Sequence[int] | None, size: int) -> tuple[int, ...] | No
 
 
 def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None = None,
-               nodes: Sequence[int] | None = None) -> Mesh | None:
+               nodes: Sequence[int] | None = None, links: Links | None = None) -> Mesh | None:
     """The mesh of `grid` on the global ranks `members` (default: the whole world), with a process
-    group per axis. Collective: every rank of the world calls it with the same arguments; ranks
-    outside `members` take part in group creation and get None.
+    group per axis, its Comms emulating `links`. Collective: every rank of the world calls it with
+    the same arguments; ranks outside `members` take part in group creation and get None.
     """
     world, me = dist.get_world_size(), dist.get_rank()
     members = tuple(range(world)) if members is None else tuple(members)
@@ -210,8 +215,8 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
             else:
                 pg = made[tuple(ranks)] = dist.new_group(ranks)  # every rank, one order
             if me in ranks:
-                comms[axis] = (Comm(pg, axis, node_of=node_of) if pg is not None
-                               else Comm.solo(axis, me, node_of))
+                comms[axis] = (Comm(pg, axis, node_of=node_of, links=links) if pg is not None
+                               else Comm.solo(axis, me, node_of, links))
     if me not in members:
         return None
     return Mesh(grid, members, members.index(me), node_tuple, comms, real=True, whole=base_pg)
@@ -232,7 +237,7 @@ def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,
         if len(group) == grid.size:
             comms[axis] = base.relabel(axis)
         elif len(group) == 1:
-            comms[axis] = Comm.solo(axis, base.global_ranks[base.rank], base.node_of)
+            comms[axis] = Comm.solo(axis, base.global_ranks[base.rank], base.node_of, base.links)
         else:
             comms[axis] = SubComm(base, group, f"{axis}(view)")
     return Mesh(grid, tuple(base.global_ranks), base.rank, node_tuple, comms, real=False)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from seqpar.cli.display import console, display_table
+from seqpar.cli.display import console, display_table, err_console
 from seqpar.errors import ConfigError, require
 
 if TYPE_CHECKING:
@@ -108,7 +108,8 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
         _print_dashboard()
         try:
             outcome = run_sweep(plan, tracker=tracker, runner=runner, retries=retries,
-                                resume=resume, rerun_unstable=rerun_unstable)
+                                resume=resume, rerun_unstable=rerun_unstable,
+                                console=err_console)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/yellow]; continue with "
                           f"`{again} --resume <sweep id>` (see `seqpar compare`)")

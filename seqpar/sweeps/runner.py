@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from seqpar.workers.trial import TrialResult, TrialRunner
 
 # a pipe or a CI log gets one line per trial instead of rich's 80-column wrap
-console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 @dataclass
@@ -215,8 +214,11 @@ def _line(result: TrialResult, label: str, attempts: int) -> str:
 def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries: int = 0,
               resume: str | None = None, progress: bool = True,
               on_trial_end: Callable[[TrialOutcome], None] | None = None,
-              rerun_unstable: int = 0) -> SweepOutcome:
-    """Run every trial of `plan` not yet FINISHED in the sweep; see the module docstring."""
+              rerun_unstable: int = 0, console: Console | None = None) -> SweepOutcome:
+    """Run every trial of `plan` not yet FINISHED in the sweep; see the module docstring. Progress
+    and a line per trial go to `console` (the CLI's; default a console on stderr)."""
+    if console is None:  # a log or a pipe: wide lines, not rich's 80 columns
+        console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     sweep_id, done = _start(plan, tracker, resume)
     stale = _unfinished(tracker, resume)
     outcome = SweepOutcome(sweep_id, plan.experiment)
@@ -245,11 +247,11 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
     except BaseException:
         tracker.end_sweep(sweep_id, "KILLED", interrupted="true")
         raise
-    _finish(tracker, sweep_id, outcome)
+    _finish(tracker, sweep_id, outcome, console)
     return outcome
 
 
-def _finish(tracker: Tracker, sweep_id: str, outcome: SweepOutcome) -> None:
+def _finish(tracker: Tracker, sweep_id: str, outcome: SweepOutcome, console: Console) -> None:
     from seqpar.sweeps import report
 
     try:

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from seqpar.algorithms import comm
 from seqpar.algorithms.comm import LinkModel
 from seqpar.case import Case, TrainCase
 from seqpar.platform.connection import comm_env
@@ -148,19 +147,18 @@ class RankWorker:
             **process_group_kwargs(trial.device, index))
         try:
             dist.barrier()  # every rank joined (and on NCCL the communicator is up) before timing
-            comm.set_link_emulation(trial.link_emulation)
             self._maybe_fault()
             self._set_phase("measure")
             t1 = time.perf_counter()
             m = measure(trial.case, self.rank, dist.group.WORLD,
-                        f"cuda:{index}" if index is not None else "cpu", nodes=trial.node_of_rank)
+                        f"cuda:{index}" if index is not None else "cpu", nodes=trial.node_of_rank,
+                        links=trial.link_emulation)
             m.extra.update(self.info())
             m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")
             self._report(trial, m)
             return m
         finally:
-            comm.set_link_emulation(None)
             dist.destroy_process_group()
             self._set_phase("idle")
 

@@ -21,11 +21,8 @@ OVERLAP_BOUND = 0.7  # step <= 0.7 x (compute + transfer)
 
 
 def _measure(env, case: Case, link: comm.LinkModel | None):
-    comm.set_link_emulation({"inter": link} if link is not None else None)
-    try:
-        return measure(case, env.rank, None, env.device, mesh=env.mesh)
-    finally:
-        comm.set_link_emulation(None)
+    links = {"inter": link} if link is not None else None
+    return measure(case, env.rank, None, env.device, links=links, mesh=env.mesh)
 
 
 def _step_ms(runs) -> float:

@@ -12,8 +12,8 @@ import torch
 
 from seqpar import algorithms
 from seqpar.algorithms import burst, groups, tokens
-from seqpar.algorithms.comm import LinkModel, _emulation_start, set_link_emulation
-from seqpar.algorithms.mesh import Grid
+from seqpar.algorithms.comm import Comm, LinkModel
+from seqpar.algorithms.mesh import Grid, Mesh
 from seqpar.errors import ConfigError
 
 
@@ -141,7 +141,7 @@ def test_no_algorithm_repeats_the_autograd_shell():
 
 
 def test_emulated_clock_waits_for_cuda_work_before_it_starts(monkeypatch):
-    """Item 3: on CUDA the emulated transfer starts when the data is ready, not at enqueue."""
+    """On CUDA the emulated transfer starts when the data is ready, not at enqueue."""
     calls = []
 
     class _Stream:
@@ -153,14 +153,23 @@ def test_emulated_clock_waits_for_cuda_work_before_it_starts(monkeypatch):
     class _Cuda:
         is_cuda = True
 
-    set_link_emulation({"inter": LinkModel(0.0, 1e9)})
-    try:
-        _emulation_start([_Cuda()])
-    finally:
-        set_link_emulation(None)
+    Comm.solo(links={"inter": LinkModel(0.0, 1e9)})._clock([_Cuda()])
     assert calls == ["sync"]
-    _emulation_start([_Cuda()])  # no emulation: no sync on the hot path
+    Comm.solo()._clock([_Cuda()])  # no emulation: no sync on the hot path
     assert calls == ["sync"]
+
+
+def test_links_are_the_comms_own_and_a_mesh_carries_them():
+    """Link emulation is state passed where a Comm is made: two Comms in one process emulate
+    different links, and a mesh given links hands them to every axis without touching the
+    original mesh (re-entrant: nothing global to set and reset)."""
+    slow = {"inter": LinkModel(0.0, 1e3)}
+    a, b = Comm.solo("sp", links=slow), Comm.solo("sp")
+    assert a.links == slow and b.links == {}
+    mesh = Mesh(Grid.line(1), (0,), 0, None, {"sp": b})
+    fast = mesh.with_links(slow)
+    assert fast.comm("sp").links == slow and mesh.comm("sp").links == {}
+    assert fast.comm("sp").label == "sp" and fast.grid == mesh.grid
 
 
 def test_options_are_typed_and_say_field_value_rule():

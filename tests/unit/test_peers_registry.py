@@ -141,18 +141,14 @@ def test_booking_holds_a_call_for_its_emulated_link_time():
     from seqpar.algorithms import comm as comm_module
 
     module = SimpleNamespace(all_to_all_single=lambda out, inp, group=None: None)
-    comm = Comm.solo("sp")
+    comm = Comm.solo("sp", links={"intra": comm_module.LinkModel(latency_s=0.05)})
     comm.size, comm.global_ranks = 2, [0, 1]
     hook = Hook(module, "all_to_all_single", "all_to_all", equal_alltoall_sends)
     send = torch.zeros(4, 4)
-    comm_module.set_link_emulation({"intra": comm_module.LinkModel(latency_s=0.05)})
-    try:
-        with booking({"g": comm}, [hook]):
-            start = time.perf_counter()
-            module.all_to_all_single(torch.empty_like(send), send, group="g")
-            held = time.perf_counter() - start
-    finally:
-        comm_module.set_link_emulation(None)
+    with booking({"g": comm}, [hook]):
+        start = time.perf_counter()
+        module.all_to_all_single(torch.empty_like(send), send, group="g")
+        held = time.perf_counter() - start
     assert held >= 0.05
 
 

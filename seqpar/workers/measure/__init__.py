@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from seqpar.algorithms.comm import Links
 from seqpar.algorithms.mesh import Mesh
 from seqpar.case import Case, TrainCase
 from seqpar.workers.measure.accuracy import measure_accuracy
@@ -31,15 +32,15 @@ Measure = Callable[..., RankMeasurement]
 
 def _training(case: TrainCase, rank: int, group: dist.ProcessGroup | None,
               device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
-              mesh: Mesh | None = None) -> RankMeasurement:
+              links: Links | None = None, mesh: Mesh | None = None) -> RankMeasurement:
     """Training builds its own DP x SP mesh on the initialised world; it needs the device's name
     (its peak FLOP/s gives the MFU)."""
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return measure_training(case, rank, name, device, nodes)
+    return measure_training(case, rank, name, device, nodes, links)
 
 
-# mode -> what a rank runs; each takes (case, rank, group, device, *, nodes, mesh)
+# mode -> what a rank runs; each takes (case, rank, group, device, *, nodes, links, mesh)
 MEASURES: dict[str, Measure] = {
     "fwd": measure_attention,
     "fwd+bwd": measure_attention,
@@ -50,10 +51,13 @@ MEASURES: dict[str, Measure] = {
 
 def measure(case: Case | TrainCase, rank: int, group: dist.ProcessGroup | None,
             device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
-            mesh: Mesh | None = None) -> RankMeasurement:
+            links: Links | None = None, mesh: Mesh | None = None) -> RankMeasurement:
     """Run the case's mode on this rank (every rank of `group` calls this): the algorithm's mesh is
-    built from `group` with the node map `nodes`, unless a prebuilt `mesh` is given."""
-    return MEASURES[case.mode](case, rank, group, device, nodes=nodes, mesh=mesh)
+    built from `group` with the node map `nodes`, unless a prebuilt `mesh` is given; its Comms
+    emulate `links` (link class -> LinkModel; None: none)."""
+    if mesh is not None and links:
+        mesh = mesh.with_links(links)
+    return MEASURES[case.mode](case, rank, group, device, nodes=nodes, links=links, mesh=mesh)
 
 
 def gang_measure(env, case: Case, threads: int | None = None) -> RankMeasurement:

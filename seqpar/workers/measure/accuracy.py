@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES
+from seqpar.algorithms.comm import Links
 from seqpar.algorithms.mesh import Mesh
 from seqpar.case import Case
 from seqpar.workers.measure.attention import build
@@ -48,10 +49,10 @@ def shard_errors(case: Case, rank: int, shards: dict[str, torch.Tensor],
 
 def measure_accuracy(case: Case, rank: int, group: dist.ProcessGroup | None,
                      device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
-                     mesh: Mesh | None = None) -> RankMeasurement:
+                     links: Links | None = None, mesh: Mesh | None = None) -> RankMeasurement:
     """The accuracy trial on this rank (see the module docstring); errors in `extra['errors']`."""
     device = torch.device(device)
-    attn = build(case, group, mesh, nodes)
+    attn = build(case, group, mesh, nodes, links)
     full = rounded_inputs(case)
     cu = case.cu_seqlens or None
     local = {name: layouts.shard(t, case.layout, rank, case.world, cu_seqlens=cu).to(device)

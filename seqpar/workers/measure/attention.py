@@ -12,6 +12,7 @@ import torch.distributed as dist
 from seqpar import algorithms
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES
+from seqpar.algorithms.comm import Links
 from seqpar.algorithms.mesh import Mesh
 from seqpar.case import Case
 from seqpar.workers.measure.record import RankMeasurement, rank_record
@@ -30,23 +31,25 @@ def local_inputs(case: Case, rank: int, device: torch.device) -> tuple[torch.Ten
 
 
 def build(case: Case, group: dist.ProcessGroup | None, mesh: Mesh | None = None,
-          nodes: Sequence[int] | None = None):
-    """The case's distributed attention (its mesh from `group` and `nodes`, or the given `mesh`)."""
+          nodes: Sequence[int] | None = None, links: Links | None = None):
+    """The case's distributed attention (its mesh from `group`, `nodes` and `links`, or the given
+    `mesh`)."""
     return algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                      group=group, mesh=mesh, nodes=nodes, window=case.window,
+                                      group=group, mesh=mesh, nodes=nodes, links=links,
+                                      window=case.window,
                                       **case.option_dict)
 
 
 def measure_attention(case: Case, rank: int, group: dist.ProcessGroup | None,
                       device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
-                      mesh: Mesh | None = None) -> RankMeasurement:
+                      links: Links | None = None, mesh: Mesh | None = None) -> RankMeasurement:
     """Run the case on this rank: warm-up, then `iters` timed iterations (fwd, or fwd+bwd).
 
     The algorithm's mesh is built from `group` with the node map `nodes` (every rank of the group
     calls this), unless a prebuilt `mesh` is given. With documents (case.cu_seqlens) the shards are
     dealt per document and every call passes them; with a window the attention is built with it."""
     device = torch.device(device)
-    attn = build(case, group, mesh, nodes)
+    attn = build(case, group, mesh, nodes, links)
     q0, k0, v0, dout = local_inputs(case, rank, device)
     docs = {"cu_seqlens": case.cu_seqlens} if case.cu_seqlens else {}
     backward = case.mode == "fwd+bwd"

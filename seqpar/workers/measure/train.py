@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES
+from seqpar.algorithms.comm import Links
 from seqpar.case import TrainCase
 from seqpar.model import Transformer
 from seqpar.model import flops as model_flops
@@ -165,20 +166,22 @@ def step_metrics(case: TrainCase, step_s: float, peak_device: float | None) -> d
     return row
 
 
-def dp_sp_mesh(case: TrainCase, nodes=None) -> algorithms.Mesh:
+def dp_sp_mesh(case: TrainCase, nodes: Sequence[int] | None = None,
+               links: Links | None = None) -> algorithms.Mesh:
     """The trial's DP x SP mesh: the attention's rank grid per replica, replica d on ranks
     [d*sp, (d+1)*sp), built on every rank of the world (algorithms.mesh_for)."""
-    return algorithms.mesh_for(case.algorithm, case.sp, dp=case.dp, nodes=nodes,
+    return algorithms.mesh_for(case.algorithm, case.sp, dp=case.dp, nodes=nodes, links=links,
                                **dict(case.options))
 
 
 def measure_training(case: TrainCase, rank: int, device_name: str = "cpu",
-                     device: torch.device | str = "cpu", nodes: Sequence[int] | None = None
-                     ) -> RankMeasurement:
+                     device: torch.device | str = "cpu", nodes: Sequence[int] | None = None,
+                     links: Links | None = None) -> RankMeasurement:
     """`train_steps` on a rank of an initialised world of sp x dp ranks, as a RankMeasurement (the
     Ray rank worker's currency); the training metrics ride in `extra`. `nodes`: each rank's node
-    (the trial's node map: link classes, burst's and usp's node-aware rings)."""
-    mesh = dp_sp_mesh(case, nodes)
+    (the trial's node map: link classes, burst's and usp's node-aware rings); `links`: the link
+    classes to emulate."""
+    mesh = dp_sp_mesh(case, nodes, links)
     replica = mesh.coord("dp") if "dp" in mesh.comms else 0
     out = train_steps(case, rank, None, None, replica, device_name, mesh=mesh, device=device,
                       node_of_rank=nodes)
