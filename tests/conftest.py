@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import resources
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # NCCL's semantics for every collective the suite runs (algorithms/comm.py: tags ignored, a group's
 # operations in order), so a schedule that would hang on GPUs fails here; 0 turns it off
@@ -89,25 +91,36 @@ def pytest_runtest_call(item: pytest.Item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    return (yield from _deadline(item))
+    try:
+        return (yield from _deadline(item))
+    finally:
+        resources.close_after(item)
 
 
-@pytest.fixture(scope="session")
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    resources.order(items)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    resources.close_all()
+
+
+@pytest.fixture
 def gang():
+    """The 8 local gloo ranks every multi-rank test shares (seqpar.platform.localgang)."""
     from seqpar.platform.localgang import LocalGang
 
-    with LocalGang(8, sizes=(1, 2, 3, 4), device="cpu") as g:
-        yield g
+    return resources.shared("gang", lambda: LocalGang(8, sizes=(1, 2, 3, 4), device="cpu"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_runner():
     """One TrialRunner on an embedded local Ray (device cpu) shared by every Ray test: Ray start-up
     (~8 s here) is paid once, and gangs are reused across tests of the same experiment id."""
     from seqpar.workers.trial import TrialRunner
 
-    with TrialRunner(device="cpu") as runner:
-        yield runner
+    return resources.shared("ray_runner", lambda: TrialRunner(device="cpu"))
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ the two-node tests share one two-node Ray cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import time
 from dataclasses import dataclass
 
 import pytest
+
+from tests import resources
 
 EXPERIMENT = "platform-tests"  # one id: consecutive tests reuse one gang of 4
 
@@ -85,9 +88,15 @@ class TwoNodes:
     start_s: float   # how long the cluster took to come up
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def two_nodes(tmp_path_factory):
-    """The two-node cluster, started once per session and stopped after it."""
+    """The two-node cluster, started by its first test and stopped after its last
+    (tests/resources.py)."""
+    return resources.shared("two_nodes", lambda: _two_nodes(tmp_path_factory))
+
+
+@contextlib.contextmanager
+def _two_nodes(tmp_path_factory):
     path = tmp_path_factory.mktemp("head-only")
     (path / f"{HEAD_ONLY_MODULE}.py").write_text("WHERE = 'head'\n")
     with socket.socket() as s:  # 8265 may belong to another Ray on this machine

@@ -1,0 +1,70 @@
+"""Session resources of the suite (the shared gloo gang, the embedded Ray runner, the two-node Ray
+cluster), each opened by the first test that asks for it and closed right after the last one.
+
+An idle gang is 8 processes whose gloo loop threads (one per process group: dozens per rank once the
+meshes are built) wake every few milliseconds; an idle Ray cluster keeps its daemons busy too. On 2
+cores that costs every later test much of a core, so a resource lives only while its tests run, and
+the gang's tests run first (`order`). One module, imported by both conftests, holds the state."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+# the fixtures backed by a Shared resource; "gang" also decides the order
+SHARED_FIXTURES = ("gang", "ray_runner", "two_nodes")
+
+
+class Shared:
+    """A resource made on first use by `open_()` (a context manager) and closed by `close()`; a
+    test that asks for it after that opens it afresh."""
+
+    def __init__(self, open_: Callable[[], contextlib.AbstractContextManager]):
+        self._open, self._cm, self.value = open_, None, None
+
+    def get(self) -> Any:
+        if self._cm is None:
+            cm = self._open()
+            self.value = cm.__enter__()
+            self._cm = cm
+        return self.value
+
+    def close(self) -> None:
+        cm, self._cm, self.value = self._cm, None, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+
+_open: dict[str, Shared] = {}
+_last_use: dict[str, str] = {}  # resource -> node id of the last test of the run that uses it
+
+
+def shared(name: str, open_: Callable[[], contextlib.AbstractContextManager]) -> Any:
+    """The session's `name` resource, opened now if it is not open."""
+    return _open.setdefault(name, Shared(open_)).get()
+
+
+def order(items: list[pytest.Item]) -> None:
+    """The gang's tests first (each group in collection order); note each resource's last test."""
+    items[:] = ([i for i in items if "gang" in i.fixturenames]
+                + [i for i in items if "gang" not in i.fixturenames])
+    _last_use.clear()
+    for item in items:
+        for name in SHARED_FIXTURES:
+            if name in item.fixturenames:
+                _last_use[name] = item.nodeid
+
+
+def close_after(item: pytest.Item) -> None:
+    """After `item`'s teardown: close the resources it was the last user of."""
+    for name, last in _last_use.items():
+        if last == item.nodeid and name in _open:
+            _open[name].close()
+
+
+def close_all() -> None:
+    for resource in _open.values():
+        resource.close()
