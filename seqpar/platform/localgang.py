@@ -70,14 +70,47 @@ class RankEnv:
 MeshKey = tuple  # (grid, axes, nodes): see algorithms.mesh.build_mesh
 
 
-def _mesh(env: RankEnv, size: int, key: MeshKey):
-    """The mesh `key` on ranks [0, size), built on every rank of the gang the first time."""
-    if (size, key) not in env.meshes:
-        from seqpar.algorithms.mesh import build_mesh
+# Meshes a rank keeps built, least recently used dropped first. Every process group costs a rank a
+# gloo transport thread that wakes every few milliseconds even when idle (and an NCCL communicator
+# its GPU memory): dozens of kept meshes took most of a core from 8 ranks on 2 cores. Every rank
+# sees every task, so every rank drops the same mesh at the same moment.
+MESHES_KEPT = 6
 
-        grid, axes, nodes = key
-        env.meshes[size, key] = build_mesh(grid, axes, members=range(size), nodes=nodes)
+
+def _mesh(env: RankEnv, size: int, key: MeshKey):
+    """The mesh `key` on ranks [0, size), built on every rank of the gang the first time it is
+    asked for since it was last dropped."""
+    if (size, key) in env.meshes:
+        env.meshes[size, key] = env.meshes.pop((size, key))  # now the most recently used
+        return env.meshes[size, key]
+    from seqpar.algorithms.mesh import build_mesh
+
+    if len(env.meshes) >= MESHES_KEPT:
+        # a peer may still be reading what this rank last sent on a group: destroy none of them
+        # (closing its connections) before every rank is done with the previous task
+        import torch.distributed as dist
+
+        dist.barrier()
+        while len(env.meshes) >= MESHES_KEPT:
+            _drop(env, env.meshes.pop(next(iter(env.meshes))))
+    grid, axes, nodes = key
+    env.meshes[size, key] = build_mesh(grid, axes, members=range(size), nodes=nodes)
     return env.meshes[size, key]
+
+
+def _drop(env: RankEnv, mesh: Any) -> None:
+    """Destroy the process groups `mesh` made (not the world's, not the gang's own sub-groups)."""
+    import torch.distributed as dist
+
+    if mesh is None:  # this rank only took part in building it
+        return
+    kept = {id(dist.group.WORLD), *(id(g) for g in env.groups.values())}
+    made = {id(c.group): c.group for c in mesh.comms.values() if c.group is not None}
+    if mesh.whole is not None:
+        made[id(mesh.whole)] = mesh.whole
+    for key, group in made.items():
+        if key not in kept:
+            dist.destroy_process_group(group)
 
 
 def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...],

@@ -14,6 +14,7 @@ import dataclasses
 import pytest
 import torch
 
+from seqpar.algorithms.comm import LinkModel
 from seqpar.case import TrainCase
 from seqpar.model.memory import state_breakdown
 from seqpar.workers.measure import train
@@ -51,16 +52,19 @@ def test_a_training_trial_passes_its_device_and_node_map_to_the_rank(monkeypatch
 
     def fake_train_steps(case, rank, sp_group, dp_group, replica, device_name, *, mesh, device,
                          node_of_rank):
-        seen.update(device=device, nodes=node_of_rank, mesh_nodes=mesh.nodes)
+        seen.update(device=device, nodes=node_of_rank, mesh_nodes=mesh.nodes,
+                    mesh_links=mesh.links)
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(train, "train_steps", fake_train_steps)
-    monkeypatch.setattr(train, "dp_sp_mesh", lambda case, nodes=None: type(
-        "M", (), {"nodes": nodes, "comms": {}})())
+    monkeypatch.setattr(train, "dp_sp_mesh", lambda case, nodes=None, links=None: type(
+        "M", (), {"nodes": nodes, "links": links, "comms": {}})())
+    links = {"inter": LinkModel(1e-3, 1e9)}
     with pytest.raises(RuntimeError, match="stop here"):
-        train.measure_training(TINY, 0, "cpu", device=torch.device("meta"), nodes=[0, 0, 1, 1])
+        train.measure_training(TINY, 0, "cpu", device=torch.device("meta"), nodes=[0, 0, 1, 1],
+                               links=links)
     assert seen == {"device": torch.device("meta"), "nodes": [0, 0, 1, 1],
-                    "mesh_nodes": [0, 0, 1, 1]}
+                    "mesh_nodes": [0, 0, 1, 1], "mesh_links": links}
 
 
 def _norms_after(case: TrainCase, steps: int) -> torch.Tensor:
