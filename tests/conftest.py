@@ -106,7 +106,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     resources.close_all()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # a module-scoped fixture may use it
 def gang():
     """The 8 local gloo ranks every multi-rank test shares (seqpar.platform.localgang)."""
     from seqpar.platform.localgang import LocalGang
@@ -114,7 +114,7 @@ def gang():
     return resources.shared("gang", lambda: LocalGang(8, sizes=(1, 2, 3, 4), device="cpu"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # a module-scoped fixture may use it
 def ray_runner():
     """One TrialRunner on an embedded local Ray (device cpu) shared by every Ray test: Ray start-up
     (~8 s here) is paid once, and gangs are reused across tests of the same experiment id."""

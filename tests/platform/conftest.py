@@ -88,7 +88,7 @@ class TwoNodes:
     start_s: float   # how long the cluster took to come up
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # a module-scoped fixture may use it
 def two_nodes(tmp_path_factory):
     """The two-node cluster, started by its first test and stopped after its last
     (tests/resources.py)."""
