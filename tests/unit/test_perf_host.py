@@ -5,6 +5,7 @@ calibration that measures them."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 
 import pytest
@@ -194,11 +195,15 @@ def test_cores_are_the_ones_this_process_may_use(monkeypatch):
     assert calibrate.cores() == 3
 
 
-def test_calibrate_without_links_measures_this_thread(tmp_path):
-    """`seqpar calibrate --no-links`: kernel, merge and copy rates of one thread, and the cores."""
+def test_calibrate_without_links_measures_this_thread(tmp_path, monkeypatch):
+    """`seqpar calibrate --no-links`: kernel, merge and copy rates of one thread, and the cores
+    (on blocks of up to 512 tokens: the command's path, in a second rather than 17)."""
     from typer.testing import CliRunner
 
     from seqpar.cli.app import app
+
+    monkeypatch.setattr(calibrate, "kernel_rates", functools.partial(
+        calibrate.kernel_rates, blocks=(64, 128, 256, 512), sweeps=1))
 
     out = tmp_path / "here.yaml"
     result = CliRunner().invoke(app, ["calibrate", "--no-links", "--out", str(out)])
