@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from seqpar.platform.tracking import Tracker
     from seqpar.workers.trial import TrialResult, TrialRunner
 
-# a pipe or a CI log gets one line per trial instead of rich's 80-column wrap
-
 
 @dataclass
 class TrialOutcome:
@@ -217,7 +215,7 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
               rerun_unstable: int = 0, console: Console | None = None) -> SweepOutcome:
     """Run every trial of `plan` not yet FINISHED in the sweep; see the module docstring. Progress
     and a line per trial go to `console` (the CLI's; default a console on stderr)."""
-    if console is None:  # a log or a pipe: wide lines, not rich's 80 columns
+    if console is None:  # a pipe or a CI log: one line per trial, not rich's 80-column wrap
         console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     sweep_id, done = _start(plan, tracker, resume)
     stale = _unfinished(tracker, resume)
