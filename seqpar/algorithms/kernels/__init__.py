@@ -39,6 +39,7 @@ from seqpar.algorithms.kernels.capability import (
     flash_attn,
     flash_unsupported,
     flash_varlen_supported,
+    kernel_name,
     resolve_backend,
 )
 from seqpar.algorithms.kernels.dispatch import MASKS, attend, attend_backward
@@ -56,4 +57,4 @@ __all__ = ["BACKENDS", "BACKWARD_FLOPS", "BAND_TILE", "FLASH_MAX_HEAD_DIM", "MAS
            "acc_dtype", "attend", "attend_backward", "attention_flops", "band_keep", "band_pairs",
            "band_tiles", "book_flops", "contiguous", "default_scale", "efficient_lse", "flash_attn",
            "flash_unsupported", "flash_varlen_backward", "flash_varlen_forward",
-           "flash_varlen_supported", "op_parameters", "resolve_backend", "window_sides"]
+           "flash_varlen_supported", "kernel_name", "op_parameters", "resolve_backend", "window_sides"]

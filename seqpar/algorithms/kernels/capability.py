@@ -84,6 +84,20 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype = tor
     return backend
 
 
+def kernel_name(backend: str, device: torch.device, dtype: torch.dtype = torch.float32, *,
+                head_dim: int | None = None) -> str:
+    """The attention kernel a call of `backend` runs on `device` for `dtype`, by name, as a trial
+    records it per rank: 'flash-attn <version>', 'torch-cpu-flash' (aten's CPU flash kernel),
+    'torch-efficient' (aten's memory-efficient CUDA kernel) or 'math'."""
+    resolved = resolve_backend(backend, device, dtype, head_dim=head_dim)
+    if resolved == "flash":
+        version = getattr(sys.modules.get("flash_attn"), "__version__", "?")
+        return f"flash-attn {version}"
+    if resolved == "torch":
+        return "torch-efficient" if device.type == "cuda" else "torch-cpu-flash"
+    return "math"
+
+
 def _torch_cuda_takes(device: torch.device, dtype: torch.dtype) -> bool:
     """The memory-efficient kernel has fp32 and fp16 kernels from sm50, bf16 ones from sm80, and
     no float64 ones."""
