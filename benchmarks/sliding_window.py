@@ -5,7 +5,7 @@ without transfer skipping (option skip_transfers).
 
 Local gloo ranks on the CPU (float32, forward + backward). Blocks outside every window get no kernel
 call (`layouts.block_tasks`), so the FLOPs fall with W; with skip_transfers the ring schedules also
-stop carrying blocks no query ahead sees (`algorithms/route.py`). "MB sent": the most any rank
+stop carrying blocks no query ahead sees (`rules/route.py`). "MB sent": the most any rank
 sends; "MB skipped": the most any rank's ledger books as skipped (it can exceed the fall of "MB
 sent", the busiest rank's); both checked against the analytic counts ("analytic":
 `algorithms.expected_bytes(..., layout=, window=)`, `skipped_of_rank`). Step time: the median over

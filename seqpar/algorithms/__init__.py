@@ -24,8 +24,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from seqpar.algorithms import masks
 from seqpar.algorithms.allgather import AllGather
-from seqpar.algorithms.base import Algorithm, Attention, AttnShape, Mask
+from seqpar.algorithms.base import Algorithm, Attention, AttnShape, Geometry, Mask
 from seqpar.algorithms.burst import Burst
 from seqpar.algorithms.comm import Comm, Links
 from seqpar.algorithms.double_ring import DoubleRing
@@ -112,7 +113,7 @@ def build_attention(
     name: str, *, causal: bool, layout: str = "contiguous",
     group: dist.ProcessGroup | None = None, mesh: Mesh | None = None,
     nodes: Sequence[int] | None = None, links: Links | None = None, window: int | None = None,
-    **options: Any,
+    mask: masks.Mask | None = None, **options: Any,
 ) -> Attention:
     """A callable (q, k, v) -> out for this rank's shards; every rank of `group` must build it.
 
@@ -120,10 +121,16 @@ def build_attention(
     emulation; burst's topology-aware ring); `links` the link classes to emulate (a given `mesh`
     brings its own: `Mesh.with_links`). Raises a SeqparError for an unknown name, layout or
     option before any communication. `window`: a sliding window of W keys (causal: query t sees keys
-    t-W+1..t; full: |t - s| < W), inside each document when the call passes cu_seqlens.
+    t-W+1..t; full: |t - s| < W), inside each document when the call passes cu_seqlens. `mask`:
+    any mask (`seqpar.algorithms.masks`), the whole relation of every call (it takes the place of
+    causal, window and cu_seqlens; a call may pass its own).
     """
     cls = get(name)
     check_layout(layout)
+    require(mask is None or isinstance(mask, masks.Mask), "mask", type(mask).__name__,
+            "must be a seqpar.algorithms.masks.Mask (masks.causal(n), masks.block_sparse(...), ...)")
+    require(mask is None or window is None, "window", window,
+            "must be None with a mask (masks.sliding_window makes a window)")
     require(window is None or (isinstance(window, int) and window > 0), "window", window,
             "must be a positive integer (or None: no window)")
     opts = cls.parse(options)
@@ -145,7 +152,7 @@ def build_attention(
         got = mesh.grid.sp_dims()
         require(got == want.dims, "mesh", [list(d) for d in got],
                 f"{name} with these options needs the grid {[list(d) for d in want.dims]}")
-    return Attention(cls(mesh, causal, layout, opts, window=window))
+    return Attention(cls(mesh, causal, layout, opts, window=window, mask=mask))
 
 
 def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
@@ -157,37 +164,39 @@ def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
 
 def expected_bytes(name: str, shape: AttnShape, world: int, *, layout: str | None = None,
                    causal: bool = True, cu_seqlens: Sequence[int] | None = None,
-                   window: int | None = None, rank: int | None = None,
-                   **options: Any) -> dict[str, int]:
+                   window: int | None = None, mask: masks.Mask | None = None,
+                   rank: int | None = None, **options: Any) -> dict[str, int]:
     """Analytic bytes one rank sends per call, by phase ('forward', 'backward'): the most any rank
-    sends, or `rank`'s. With the call's mask (layout, causal, cu_seqlens, window) the count is net
-    of the transfers the schedule skips (option skip_transfers, see `skipped_bytes`); without a
-    layout it is the unskipped count."""
+    sends, or `rank`'s. With the call's layout and relation (causal, cu_seqlens, window, or any
+    `mask`) the count is net of the transfers the schedule skips (option skip_transfers, see
+    `skipped_bytes`); without a layout it is the unskipped count."""
     cls = get(name)
     opts = cls.parse(options)
     if layout is None and rank is None:
         return cls.expected_bytes(shape, world, opts)
-    mask = None if layout is None else Mask.of(shape, world, layout, causal, cu_seqlens, window)
+    geometry = None if layout is None else Geometry.of(shape, world, layout, causal, cu_seqlens,
+                                                       window, mask)
     ranks = range(world) if rank is None else (rank,)
-    per_rank = [cls.bytes_of_rank(shape, world, opts, r, mask) for r in ranks]
+    per_rank = [cls.bytes_of_rank(shape, world, opts, r, geometry) for r in ranks]
     return {p: max(b[p] for b in per_rank) for p in PHASES}
 
 
 def skipped_bytes(name: str, shape: AttnShape, world: int, *, layout: str, causal: bool = True,
                   cu_seqlens: Sequence[int] | None = None, window: int | None = None,
-                  rank: int | None = None, **options: Any) -> dict[str, int]:
+                  mask: masks.Mask | None = None, rank: int | None = None,
+                  **options: Any) -> dict[str, int]:
     """Bytes per phase the schedule does not send under this mask because no query of the ranks
     a block would reach sees it (option skip_transfers; 0 for algorithms without a ring): `rank`'s,
     or (rank None) how far the busiest rank's count falls, i.e. `expected_bytes` without the mask
     minus `expected_bytes` with it."""
     cls = get(name)
     opts = cls.parse(options)
-    mask = Mask.of(shape, world, layout, causal, cu_seqlens, window)
     if rank is not None:
-        return cls.skipped_bytes(shape, world, opts, rank, mask)
+        geometry = Geometry.of(shape, world, layout, causal, cu_seqlens, window, mask)
+        return cls.skipped_bytes(shape, world, opts, rank, geometry)
     full = expected_bytes(name, shape, world, **options)
     net = expected_bytes(name, shape, world, layout=layout, causal=causal,
-                         cu_seqlens=cu_seqlens, window=window, **options)
+                         cu_seqlens=cu_seqlens, window=window, mask=mask, **options)
     return {p: full[p] - net[p] for p in PHASES}
 
 
@@ -205,6 +214,6 @@ def option_space(name: str, world: int) -> list[dict[str, Any]]:
 
 
 __all__ = ["LAYOUTS", "PEERS", "REGISTRY", "Algorithm", "AlgorithmSpec", "Attention", "AttnShape",
-           "Grid", "Ledger", "Mask", "Mesh", "Options", "build_attention", "build_mesh", "check",
-           "expected_bytes", "get", "grid_for", "mesh_for", "option_space", "options_of",
-           "recording", "register", "register_peer", "skipped_bytes"]
+           "Geometry", "Grid", "Ledger", "Mask", "Mesh", "Options", "build_attention", "build_mesh",
+           "check", "expected_bytes", "get", "grid_for", "masks", "mesh_for", "option_space",
+           "options_of", "recording", "register", "register_peer", "skipped_bytes"]

@@ -26,6 +26,8 @@ from seqpar.algorithms import kernels, layouts, ledger
 from seqpar.algorithms.mesh import Grid, Mesh
 from seqpar.algorithms.options import Options
 from seqpar.errors import require
+from seqpar.rules import masks
+from seqpar.rules.blocks import rank_positions
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -64,27 +66,51 @@ class AttnShape:
         return self.unit(world) // self.elem_bytes * self.grad_bytes(options)
 
 
+def call_relation(layout: str, world: int, n: int, causal: bool = True,
+                  cu_seqlens: Sequence[int] | None = None, window: int | None = None,
+                  mask: masks.Mask | None = None) -> layouts.Relation | masks.Mask:
+    """What the queries of a call on N = n tokens see, as the algorithms run it: a classic relation
+    (causal / full, documents, window; a mask of those kinds becomes its relation) or any other
+    mask. Uneven shards (n not a multiple of the world) carry n as one document [0, n)."""
+    if mask is not None:
+        cu = layouts.call_cu(world, n, mask.cu)
+        cu = None if cu is None else layouts.normal_cu(layout, world, n, cu)
+        if mask.relation is not None:
+            return layouts.Relation(mask.relation.causal, cu, mask.relation.window)
+        return mask.with_cu(cu)
+    cu = layouts.call_cu(world, n, layouts.as_cu(cu_seqlens) or None)
+    if cu is not None:
+        cu = layouts.normal_cu(layout, world, cu[-1], cu)
+    return layouts.Relation(causal, cu, window)
+
+
 @dataclass(frozen=True)
-class Mask:
+class Geometry:
     """What the queries of a call see, as the analytic byte counts need it: the layout, the padded
-    length the algorithms run on (s * P, s = ceil(N / P)) and the relation (documents, window)."""
+    length the algorithms run on (s * P, s = ceil(N / P)) and the relation or mask."""
 
     layout: str
     seq_len: int
-    relation: layouts.Relation
+    relation: layouts.Relation | masks.Mask
 
     @classmethod
     def of(cls, shape: AttnShape, world: int, layout: str, causal: bool = True,
-           cu_seqlens: Sequence[int] | None = None, window: int | None = None) -> Mask:
-        """The mask of a call on `shape` (seq_len = N) as `Attention` builds it."""
-        cu = layouts.call_cu(world, shape.seq_len, layouts.as_cu(cu_seqlens) or None)
-        if cu is not None:
-            cu = layouts.normal_cu(layout, world, cu[-1], cu)
-        return cls(layout, shape.shard_len(world) * world, layouts.Relation(causal, cu, window))
+           cu_seqlens: Sequence[int] | None = None, window: int | None = None,
+           mask: masks.Mask | None = None) -> Geometry:
+        """The geometry of a call on `shape` (seq_len = N) as `Attention` builds it."""
+        relation = call_relation(layout, world, shape.seq_len, causal, cu_seqlens, window, mask)
+        return cls(layout, shape.shard_len(world) * world, relation)
 
     def need(self, world: int) -> tuple[tuple[bool, ...], ...]:
         """need[q_rank][k_rank] in the layout (`layouts.layout_need`)."""
         return layouts.layout_need(self.layout, world, self.seq_len, self.relation)
+
+    def rank_pairs(self, world: int) -> list[int]:
+        """Visible pairs of each rank's queries (the work of a ring-like algorithm's ranks)."""
+        return layouts.rank_pairs(self.layout, world, self.seq_len, self.relation)
+
+
+Mask = Geometry  # the name the callers outside algorithms used before masks.Mask existed
 
 
 class Algorithm:
@@ -96,9 +122,9 @@ class Algorithm:
     axes: ClassVar[tuple[str, ...]] = ()  # the mesh axes it communicates on besides "sp"
 
     def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options,
-                 window: int | None = None):
+                 window: int | None = None, mask: masks.Mask | None = None):
         self.mesh, self.causal, self.layout, self.options = mesh, causal, layout, options
-        self.window = window
+        self.window, self.mask = window, mask
         # which keys a query sees: documents arrive per call, so each call runs on its own shallow
         # copy of the algorithm holding that call's relation (`for_call`); nothing shared is
         # rewritten, and overlapping calls (another layer's backward on autograd's thread, a
@@ -141,7 +167,7 @@ class Algorithm:
 
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
-                      mask: Mask) -> dict[str, int]:
+                      mask: Geometry) -> dict[str, int]:
         """Bytes of `rank_bytes` that `rank` does not send under `mask` because its schedule skips
         blocks no query ahead sees (option skip_transfers; none by default: collectives and
         all-to-alls send what they send)."""
@@ -163,7 +189,7 @@ class Algorithm:
     @classmethod
     def bytes_of_rank(cls, shape: AttnShape, world: int,
                       options: Mapping[str, Any] | Options | None, rank: int,
-                      mask: Mask | None = None) -> dict[str, int]:
+                      mask: Geometry | None = None) -> dict[str, int]:
         """Bytes `rank` sends per call; with the call's `mask`, net of the skipped transfers
         (without it: the unskipped count, an upper bound when skip_transfers is on)."""
         opts = cls.parse(options)
@@ -176,7 +202,7 @@ class Algorithm:
     @classmethod
     def skipped_of_rank(cls, shape: AttnShape, world: int,
                         options: Mapping[str, Any] | Options | None, rank: int,
-                        mask: Mask) -> dict[str, int]:
+                        mask: Geometry) -> dict[str, int]:
         return cls.skipped_bytes(shape, world, cls.parse(options), rank, mask)
 
     # -- the rank's own work -----------------------------------------------------------------------
@@ -268,41 +294,55 @@ class Attention:
         return self.algo.mesh
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                 cu_seqlens: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
+                 cu_seqlens: torch.Tensor | Sequence[int] | None = None,
+                 mask: masks.Mask | None = None) -> torch.Tensor:
         """out for this rank's shards. cu_seqlens: the global document boundaries [0, ..., N]
-        (int64, the same on every rank; shards dealt by `layouts.shard(..., cu_seqlens=)`)."""
+        (int64, the same on every rank; shards dealt by `layouts.shard(..., cu_seqlens=)`). mask:
+        what every query sees (a `masks.Mask` of N tokens, the same on every rank; it takes the
+        place of causal, window and cu_seqlens, and of the mask the attention was built with;
+        shards dealt by `layouts.shard(..., mask=)`)."""
         a = self.algo
         shape = shape_of(q, k, v, a.world)
+        mask = mask if mask is not None else a.mask
         cu = layouts.as_cu(cu_seqlens)
-        if cu is not None:  # N from the documents: shards may be uneven (padded to ceil(N/P))
+        if mask is not None:
+            require(cu is None, "cu_seqlens", list(cu or ()),
+                    "must be None with a mask (masks.documents carries documents)")
+            shape = replace(shape, seq_len=mask.n)
+            cu = layouts.call_cu(a.world, mask.n, mask.cu)
+        elif cu is not None:  # N from the documents: shards may be uneven (padded to ceil(N/P))
             shape = replace(shape, seq_len=cu[-1])
-            cu = layouts.normal_cu(a.layout, a.world, cu[-1], cu)
+        if cu is not None:
+            cu = layouts.normal_cu(a.layout, a.world, shape.seq_len, cu)
         type(a).check(shape, a.world, a.layout, a.causal, a.options, cu)
         kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
-        a = a.for_call(layouts.Relation(a.causal, cu, a.window))
-        if cu is None:
+        relation = call_relation(a.layout, a.world, shape.seq_len, a.causal, cu, a.window, mask)
+        a = a.for_call(relation)
+        held = len(rank_positions(a.layout, a.rank, a.world, shape.seq_len, relation))
+        if cu is None and held == q.shape[1]:
             return _Shell.apply(a, q, k, v)
-        held = len(layouts.positions(a.layout, a.rank, a.world, shape.seq_len, cu))
         require(q.shape[1] == held, "q.shape", tuple(q.shape),
                 f"rank {a.rank} holds {held} of the N={shape.seq_len} tokens in the {a.layout} "
-                f"layout (layouts.shard with cu_seqlens)")
+                f"layout (layouts.shard with cu_seqlens or mask)")
         pad = shape.shard_len(a.world) - held
         if pad:
             q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
         return _Shell.apply(a, q, k, v).narrow(1, 0, held)
 
-    def expected_bytes(self, shape: AttnShape, cu_seqlens: Sequence[int] | None = None
-                       ) -> dict[str, int]:
-        """The most bytes any rank sends per call on `shape` (with cu_seqlens: that call's
-        documents), net of the transfers skipped under this attention's mask."""
+    def expected_bytes(self, shape: AttnShape, cu_seqlens: Sequence[int] | None = None,
+                       mask: masks.Mask | None = None) -> dict[str, int]:
+        """The most bytes any rank sends per call on `shape` (with cu_seqlens or mask: that call's
+        documents or mask), net of the transfers skipped under this attention's mask."""
         a = self.algo
-        mask = Mask.of(shape, a.world, a.layout, a.causal, cu_seqlens, a.window)
-        per_rank = [type(a).bytes_of_rank(shape, a.world, a.options, r, mask)
+        mask = mask if mask is not None else a.mask
+        geometry = Geometry.of(shape, a.world, a.layout, a.causal, cu_seqlens, a.window, mask)
+        per_rank = [type(a).bytes_of_rank(shape, a.world, a.options, r, geometry)
                     for r in range(a.world)]
         return {p: max(b[p] for b in per_rank) for p in ledger.PHASES}
 
     def __repr__(self) -> str:
         a = self.algo
         window = f", window={a.window}" if a.window is not None else ""
-        return (f"Attention({self.name}, world={a.world}, layout={a.layout}, "
-                f"causal={a.causal}{window}, options={a.options.changed()})")
+        seen = f"mask={a.mask.spec}" if a.mask is not None else f"causal={a.causal}{window}"
+        return (f"Attention({self.name}, world={a.world}, layout={a.layout}, {seen}, "
+                f"options={a.options.changed()})")

@@ -37,13 +37,14 @@ from dataclasses import dataclass
 
 import torch
 
-from seqpar.algorithms import blocks, groups, layouts, route
-from seqpar.algorithms.base import AttnShape, Mask
+from seqpar.algorithms import blocks, groups, layouts
+from seqpar.algorithms.base import AttnShape, Geometry
 from seqpar.algorithms.kernels import acc_dtype
 from seqpar.algorithms.mesh import Grid
 from seqpar.algorithms.options import Options, is_int
 from seqpar.algorithms.ring import Ring, RingComms, carry, plan_of, ring_bytes
 from seqpar.errors import require
+from seqpar.rules import route
 
 ALIGN = 16  # bytes: every segment of a packed message starts at a multiple of this
 Spec = tuple[tuple[int, ...], torch.dtype]
@@ -215,7 +216,7 @@ class Burst(Ring):
 
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
-                      mask: Mask) -> dict[str, int]:
+                      mask: Geometry) -> dict[str, int]:
         if not options.skips(mask.relation) or world == 1:
             return dict.fromkeys(("forward", "backward"), 0)
         inner, need = cls.ring_inner(world, options), mask.need(world)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from seqpar.algorithms import blocks, layouts
 from seqpar.algorithms.base import Algorithm, AttnShape
 from seqpar.algorithms.options import Options
@@ -15,8 +13,8 @@ class Local(Algorithm):
     summary = "no parallelism: one rank attends to the whole sequence"
 
     def forward(self, q, k, v):
-        n = q.shape[1]
-        tasks = layouts.block_tasks(torch.arange(n), torch.arange(k.shape[1]), self.relation)
+        n = q.shape[1]  # one rank holds every token in order: the plan is cached per (n, relation)
+        tasks = layouts.layout_tasks(self.layout, 1, n, 0, 0, self.relation)
         out, lse = blocks.attend_tasks(q, k, v, tasks, self.backend, self.scale)
         return out, (q, k, v, out, lse), tasks
 

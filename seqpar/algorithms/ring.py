@@ -30,12 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
-from seqpar.algorithms import blocks, kernels, layouts, route
-from seqpar.algorithms.base import Algorithm, AttnShape, Mask
+from seqpar.algorithms import blocks, kernels, layouts
+from seqpar.algorithms.base import Algorithm, AttnShape, Geometry
 from seqpar.algorithms.comm import Comm, Handle
 from seqpar.algorithms.groups import DoubleRing
 from seqpar.algorithms.mesh import Mesh
 from seqpar.algorithms.options import Options
+from seqpar.rules import route
 
 KV_TAG, GRAD_TAG, OUTER_TAG = 11, 12, 13
 TasksFor = Callable[[int], Sequence[layouts.Task]]
@@ -293,7 +294,7 @@ class Ring(Algorithm):
 
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
-                      mask: Mask) -> dict[str, int]:
+                      mask: Geometry) -> dict[str, int]:
         if not options.skips(mask.relation) or world == 1:
             return super().skipped_bytes(shape, world, options, rank, mask)
         plan = route.plan(world, cls.ring_inner(world, options), rank, mask.need(world))

@@ -23,6 +23,7 @@ import torch
 
 from seqpar.algorithms import layouts
 from seqpar.algorithms.layouts import Task
+from seqpar.rules.blocks import rank_positions
 
 Holders = tuple[tuple[int, ...], ...]
 
@@ -40,7 +41,7 @@ class GatherPlan:
     world: int
     seq_len: int
     holders: Holders
-    causal: layouts.Relation | bool  # the relation (True/False: plain causal/full)
+    causal: layouts.Relation | layouts.Mask | bool  # the relation or mask (bool: causal/full)
     sort: bool = False
     _tasks: dict[tuple[int, int], tuple[Task, ...]] = field(default_factory=dict, repr=False)
     _index: dict[tuple[str, int, str], torch.Tensor | None] = field(default_factory=dict,
@@ -49,14 +50,14 @@ class GatherPlan:
     def members(self, i: int) -> tuple[int, ...]:
         return self.holders[i]
 
+    def rank_positions(self, r: int) -> torch.Tensor:
+        """Positions of rank r's shard under this plan's relation or mask."""
+        return torch.tensor(rank_positions(self.layout, r, self.world, self.seq_len, self.causal),
+                            dtype=torch.long)
+
     def concat_positions(self, i: int) -> torch.Tensor:
         """Positions of holding i in member order."""
-        return torch.cat([layouts.positions(self.layout, r, self.world, self.seq_len, self.cu)
-                          for r in self.holders[i]])
-
-    @property
-    def cu(self) -> tuple[int, ...] | None:
-        return layouts.as_relation(self.causal).cu
+        return torch.cat([self.rank_positions(r) for r in self.holders[i]])
 
     def positions(self, i: int) -> torch.Tensor:
         """Positions of holding i in held order (sorted, or member order)."""
@@ -105,10 +106,10 @@ class GatherPlan:
         out: list[Task] = []
         q0 = 0
         for qr in self.holders[qi]:
-            sq = layouts.positions(self.layout, qr, self.world, self.seq_len, self.cu).numel()
+            sq = self.rank_positions(qr).numel()
             k0 = 0
             for kr in self.holders[ki]:
-                sk = layouts.positions(self.layout, kr, self.world, self.seq_len, self.cu).numel()
+                sk = self.rank_positions(kr).numel()
                 for t in layouts.layout_tasks(self.layout, self.world, self.seq_len, qr, kr,
                                               self.causal):
                     out.append(Task(t.q0 + q0, t.q1 + q0, t.k0 + k0, t.k1 + k0, t.mask, t.band))
@@ -119,7 +120,7 @@ class GatherPlan:
 
 @lru_cache(maxsize=512)
 def gather_plan(layout: str, world: int, seq_len: int, holders: Holders,
-                causal: layouts.Relation | bool) -> GatherPlan:
+                causal: layouts.Relation | layouts.Mask | bool) -> GatherPlan:
     """The plan for these holdings (cached per shape). Sorted or member order is chosen on the
     pair (first holding, last holding) and the diagonal pair, identically on every rank."""
     plan = GatherPlan(layout, world, seq_len, holders, causal)

@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from seqpar.algorithms import blocks, groups, layouts, ledger, route, tokens
-from seqpar.algorithms.base import Algorithm, AttnShape, Mask, divides
+from seqpar.algorithms import blocks, groups, layouts, ledger, tokens
+from seqpar.algorithms.base import Algorithm, AttnShape, Geometry, divides
 from seqpar.algorithms.mesh import Grid
 from seqpar.algorithms.options import Options, divisors, is_int
 from seqpar.algorithms.ring import (
@@ -64,6 +64,7 @@ from seqpar.algorithms.ulysses import (
     sum_replicas,
 )
 from seqpar.errors import require
+from seqpar.rules import route
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class Usp(Algorithm):
 
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
-                      mask: Mask) -> dict[str, int]:
+                      mask: Geometry) -> dict[str, int]:
         """The context ring's skipped messages (the all-to-alls send what they send)."""
         dhp, dcp, _, inner = options.resolved(world)
         if not options.skips(mask.relation) or dcp == 1:

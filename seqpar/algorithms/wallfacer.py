@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
-from seqpar.algorithms import blocks, groups, layouts, route, tokens
-from seqpar.algorithms.base import Algorithm, AttnShape, Mask
+from seqpar.algorithms import blocks, groups, layouts, tokens
+from seqpar.algorithms.base import Algorithm, AttnShape, Geometry
 from seqpar.algorithms.burst import (
     pack_bytes,
     packed_size,
@@ -63,6 +63,7 @@ from seqpar.algorithms.options import Options, divisors, is_int
 from seqpar.algorithms.ring import RingComms, plan_of, ring_forward, skipped_ring_bytes
 from seqpar.algorithms.softmax_merge import merge
 from seqpar.errors import require
+from seqpar.rules import route
 
 PLACE_TAG = 31
 
@@ -152,7 +153,7 @@ class WallFacer(Algorithm):
         """need[pos][src] of this rank's sub-ring, forward and backward (None: skip off)."""
         if not self.options.skips(self.relation):
             return None, None
-        mask = Mask(self.layout, seq_len, self.relation)
+        mask = Geometry(self.layout, seq_len, self.relation)
         return subring_needs(self.world, self.options, self.rank, mask)
 
     def forward(self, q, k, v):
@@ -238,7 +239,7 @@ class WallFacer(Algorithm):
 
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
-                      mask: Mask) -> dict[str, int]:
+                      mask: Geometry) -> dict[str, int]:
         """The sub-ring's skipped messages (team collectives and the placement send all)."""
         grid = grid_of(world, options)
         c, t = grid.team_size, grid.ring_size
@@ -260,7 +261,7 @@ class WallFacer(Algorithm):
 
 
 def subring_needs(world: int, options: WallFacerOptions, rank: int,
-                  mask: Mask) -> tuple[route.Need, route.Need]:
+                  mask: Geometry) -> tuple[route.Need, route.Need]:
     """need[pos][src] on rank's sub-ring: forward, whether the team at pos sees the K,V block
     placed at src; backward (queries travel), whether the team of src sees the block held at pos."""
     grid = grid_of(world, options)

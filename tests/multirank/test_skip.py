@@ -1,4 +1,4 @@
-"""Transfer skipping (option skip_transfers, algorithms/route.py): with windows and documents the ring
+"""Transfer skipping (option skip_transfers, rules/route.py): with windows and documents the ring
 schedules carry only the blocks some query ahead sees, and stay exact in float64 against SDPA with an
 explicit mask (workers/measure/reference.reference_mask); every rank's ledger sends exactly the
 analytic count under the call's mask (`bytes_of_rank(..., mask)`) and books the rest as skipped
@@ -13,7 +13,8 @@ import itertools
 import pytest
 
 from seqpar import algorithms
-from seqpar.algorithms import Mask, route
+from seqpar.algorithms import Mask
+from seqpar.rules import route
 from seqpar.case import Case
 from seqpar.workers.measure.check import TOLERANCE, evaluate, run_cases
 

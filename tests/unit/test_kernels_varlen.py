@@ -71,7 +71,7 @@ def _inputs(sq, sk, b=2, h=4, hkv=2, d=12, dtype=torch.float16, seed=0):
 
 def _reference(q, k, v, dout, q_pos, k_pos, rel):
     """out, lse, dq, dk, dv in float64 with the relation's explicit mask."""
-    lo, hi = rel.ranges(q_pos, k_pos)
+    lo, hi = (torch.as_tensor(x) for x in rel.ranges(q_pos, k_pos))
     j = torch.arange(k.shape[1])
     keep = (j >= lo.unsqueeze(1)) & (j < hi.unsqueeze(1))
     q, k, v = (t.double().requires_grad_() for t in (q, k, v))

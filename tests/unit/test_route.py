@@ -1,4 +1,4 @@
-"""Transfer skipping on the ring schedule (algorithms/route.py), simulated without processes: every
+"""Transfer skipping on the ring schedule (rules/route.py), simulated without processes: every
 position's plan is run step by step, and each message one position sends must be the one its
 receiver posts in the same step; every block must be at each position that needs it when it needs
 it; every gradient must visit exactly the block's readers and arrive home; `need=None` must be the
@@ -12,7 +12,8 @@ import random
 import pytest
 import torch
 
-from seqpar.algorithms import layouts, route
+from seqpar.algorithms import layouts
+from seqpar.rules import route
 from seqpar.algorithms.base import AttnShape, Mask
 from seqpar.algorithms.layouts import Relation
 
