@@ -23,6 +23,7 @@ from seqpar.model import checkpointing
 from seqpar.model.config import ModelConfig
 from seqpar.model.memory import TrainPolicy
 from seqpar.model.states import StatePolicy
+from seqpar.rules import masks
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
 
@@ -55,9 +56,10 @@ class Case:
     iters: int = 3
     cu_seqlens: tuple[int, ...] = ()  # global document boundaries [0, ..., N]; () = one document
     window: int | None = None          # sliding window (None: none)
+    mask: str = ""                     # any mask, its compact form (masks.SPECS; "": causal/full)
 
     def __post_init__(self) -> None:  # any length: uneven shards carry N as one document [0, N]
-        if self.world > 0:
+        if self.world > 0 and not self.mask:
             cu = call_cu(self.world, self.seq_len, self.cu_seqlens) or ()
             object.__setattr__(self, "cu_seqlens", cu)
 
@@ -70,9 +72,14 @@ class Case:
     def option_dict(self) -> dict[str, object]:
         return dict(self.options)
 
+    @property
+    def attention_mask(self) -> masks.Mask | None:
+        """The mask this case's queries see (None: causal/full with its documents and window)."""
+        return masks.parse(self.mask, self.seq_len) if self.mask else None
+
     def label(self) -> str:
         opts = "".join(f" {k}={v}" for k, v in self.options)
-        mask = "causal" if self.causal else "full"
+        mask = self.mask[:40] if self.mask else "causal" if self.causal else "full"
         if self.cu_seqlens:
             mask += f" docs={len(self.cu_seqlens) - 1}"
         if self.window is not None:
@@ -89,6 +96,16 @@ class Case:
         require(self.mode in MODES, "mode", self.mode, f"must be one of {', '.join(MODES)}")
         require(self.window is None or (isinstance(self.window, int) and self.window > 0),
                 "window", self.window, "must be a positive integer (or None: no window)")
+        if self.mask:
+            require(not self.cu_seqlens and self.window is None, "mask", self.mask,
+                    "takes the place of cu_seqlens and window (give documents and windows as "
+                    "mask kinds)")
+            m = self.attention_mask
+            cu = layouts.call_cu(self.world, self.seq_len, m.cu)
+            cu = None if cu is None else layouts.normal_cu(self.layout, self.world, self.seq_len, cu)
+            algorithms.get(self.algorithm).check(self.shape, self.world, self.layout, self.causal,
+                                                 self.option_dict, cu)
+            return
         if not self.cu_seqlens:
             algorithms.check(self.algorithm, self.shape, self.world, self.layout, self.causal,
                              **self.option_dict)

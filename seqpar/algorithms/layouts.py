@@ -51,7 +51,9 @@ def _deal(layout: str, world: int, seq_len: int, cu_seqlens: Any, mask: Mask | N
           ) -> tuple[tuple[int, ...] | None, Mask | None]:
     """The (documents, mask) a deal of seq_len tokens depends on: the mask's own documents when
     the call gives none."""
-    cu = cu_seqlens if cu_seqlens is not None else (mask.cu if mask is not None else None)
+    cu = as_cu(cu_seqlens)
+    if cu is None and mask is not None:  # uneven shards of a mask carry N as one document
+        cu = call_cu(world, seq_len, mask.cu)
     return normal_cu(layout, world, seq_len, cu), mask
 
 

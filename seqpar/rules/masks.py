@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from seqpar.errors import require
+from seqpar.errors import SeqparError, require
 from seqpar.rules.relation import Relation
 
 KINDS = ("full", "causal", "inv_causal", "bi_causal")
@@ -271,10 +271,13 @@ def documents(cu: Sequence[int], causal: bool = True, window: int | None = None)
             "must be a positive integer (or None: no window)")
     slices = tuple(s for a, b in zip(cu, cu[1:], strict=False) for s in _band(a, b, window, causal))
     one = len(cu) == 2
-    name = ("causal" if causal else "full") if one and window is None else (
-        f"window:{window}" + ("" if causal else ":full") if one else f"documents:{len(cu) - 1}")
-    if not one and window is not None:
-        name += f":window={window}"
+    lengths = ",".join(str(b - a) for a, b in zip(cu, cu[1:], strict=False))
+    if one:
+        name = "causal" if causal else "full"
+        name = name if window is None else f"window:{window}" + ("" if causal else ":full")
+    else:
+        name = f"documents:{lengths}" + ("" if causal else ":full") + (
+            "" if window is None else f":window={window}")
     return Mask(cu[-1], slices, name, Relation(causal, None if one else cu, window),
                 None if one else cu)
 
@@ -329,7 +332,7 @@ def block_sparse(m_blk: Any, block: int, causal: bool = False) -> Mask:
             else:
                 slices.append(Slice(i * block, j * block, c0 * block, c1 * block, "full"))
         i = j
-    spec = f"block_sparse:{block}:{m.mean():.3g}" + (":causal" if causal else "")
+    spec = f"block_sparse[{nb}x{nb}]:{block}" + (":causal" if causal else "")
     return Mask(nb * int(block), tuple(slices), spec)
 
 
@@ -444,11 +447,13 @@ SPECS = {
     "full": "full",
     "causal": "causal",
     "window": "window:W[:full]  (causal unless :full)",
-    "documents": "documents:L1,L2,...[:window=W]  (document lengths, causal)",
+    "documents": "documents:L1,L2,...[:full][:window=W]  (document lengths; causal unless :full)",
     "block_sparse": "block_sparse:BLOCK:DENSITY[:SEED][:causal]  (random blocks, diagonal kept)",
     "dilated": "dilated:BLOCK:STRIDE[:full]",
     "prefix_lm": "prefix_lm:PREFIX",
     "shared_question": "shared_question:Q:A1,A2,...",
+    "slices": "slices:Q0-Q1/K0-K1/KIND;...  (any mask: its slices; KIND full | causal | "
+              "inv_causal | bi_causal)",
 }
 
 
@@ -461,7 +466,32 @@ def parse(spec: str | Mapping[str, Any] | Mask, n: int) -> Mask:
         return from_config(spec, n)
     require(isinstance(spec, str) and spec, "mask", spec,
             f"must be one of the forms {'; '.join(SPECS.values())}")
+    return _parse(spec, n)
+
+
+def as_spec(mask: Mask) -> str:
+    """A compact form that parses back to exactly this mask: its own spec where it has one, else
+    its slices (`SPECS['slices']`)."""
+    if mask.spec and mask.spec.split(":")[0] in SPECS:
+        try:
+            if _parse(mask.spec, mask.n) == mask:
+                return mask.spec
+        except SeqparError:
+            pass
+    return "slices:" + ";".join(f"{s.q0}-{s.q1}/{s.k0}-{s.k1}/{s.kind}" for s in mask.slices)
+
+
+@lru_cache(maxsize=256)
+def _parse(spec: str, n: int) -> Mask:
     kind, *args = spec.split(":")
+    if kind == "slices":
+        try:
+            parts = [p.split("/") for p in ":".join(args).split(";") if p]
+            slices = [(*map(int, q.split("-")), *map(int, k.split("-")), *rest)
+                      for q, k, *rest in parts]
+        except ValueError:
+            require(False, "mask", spec, f"must read {SPECS['slices']}")
+        return from_slices(n, slices, spec)
     flags = {a for a in args if a in ("full", "causal")}
     args = [a for a in args if a not in ("full", "causal")]
     config: dict[str, Any] = {"kind": kind}
@@ -471,6 +501,7 @@ def parse(spec: str | Mapping[str, Any] | Mask, n: int) -> Mask:
         elif kind == "documents":
             config["lengths"] = [int(x) for x in args[0].split(",")]
             config |= {k: int(v) for k, v in (a.split("=") for a in args[1:])}
+            config["causal"] = "full" not in flags
         elif kind == "block_sparse":
             config |= {"block": int(args[0]), "density": float(args[1]),
                        "seed": int(args[2]) if len(args) > 2 else 0, "causal": "causal" in flags}

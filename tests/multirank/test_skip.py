@@ -14,8 +14,8 @@ import pytest
 
 from seqpar import algorithms
 from seqpar.algorithms import Mask
-from seqpar.rules import route
 from seqpar.case import Case
+from seqpar.rules import route
 from seqpar.workers.measure.check import TOLERANCE, evaluate, run_cases
 
 SKIP = (("skip_transfers", True),)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from seqpar.algorithms import layouts
-from seqpar.rules import route
 from seqpar.algorithms.base import AttnShape, Mask
 from seqpar.algorithms.layouts import Relation
+from seqpar.rules import route
 
 
 def random_need(size: int, rng: random.Random, density: float) -> route.Need:

@@ -15,7 +15,7 @@ import torch
 
 from seqpar import algorithms
 from seqpar.algorithms import layouts
-from seqpar.algorithms.base import DTYPES, Mask
+from seqpar.algorithms.base import DTYPES, Geometry
 from seqpar.case import Case
 from seqpar.workers.measure.reference import GRADS, TOLERANCE, error_scale, make_inputs, reference
 from seqpar.workers.measure.timing import timed_pass
@@ -51,12 +51,12 @@ class CheckResult:
 def rank_run(env, case: Case) -> RankResult:
     """On one rank of a gang (see platform.localgang): shard, run forward + backward, report."""
     dtype = DTYPES[case.dtype]
-    cu = case.cu_seqlens or None
-    local = {name: layouts.shard(t, case.layout, env.rank, case.world, cu_seqlens=cu)
+    cu, mask = case.cu_seqlens or None, case.attention_mask
+    local = {name: layouts.shard(t, case.layout, env.rank, case.world, cu_seqlens=cu, mask=mask)
              .to(env.device, dtype) for name, t in make_inputs(case).items()}
     group = env.group(case.world)
     attn = algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
-                                      group=group, mesh=env.mesh, window=case.window,
+                                      group=group, mesh=env.mesh, window=case.window, mask=mask,
                                       **dict(case.options))
     with algorithms.recording() as ledger:
         fwd_s, bwd_s, (out, q, k, v) = timed_pass(
@@ -111,22 +111,23 @@ def evaluate(case: Case, results: list[RankResult]) -> CheckResult:
     tolerance) and every rank's bytes against the analytic count."""
     ref = reference(case)
     errors = {}
+    mask = case.attention_mask
     for name in GRADS:
         got = layouts.unshard([r.shards[name] for r in results], case.layout,
-                              cu_seqlens=case.cu_seqlens or None).double()
+                              cu_seqlens=case.cu_seqlens or None, mask=mask).double()
         errors[name] = float((got - ref[name]).abs().max()) / error_scale(ref[name])
     measured = {p: max(r.bytes_sent[p] for r in results) for p in ("forward", "backward")}
-    mask = Mask.of(case.shape, case.world, case.layout, case.causal, case.cu_seqlens or None,
-                   case.window)  # net of the transfers the rings skip (documents, windows)
+    geometry = Geometry.of(case.shape, case.world, case.layout, case.causal,
+                           case.cu_seqlens or None, case.window, mask)  # net of skipped transfers
     expected = algorithms.expected_bytes(case.algorithm, case.shape, case.world,
                                          layout=case.layout, causal=case.causal,
                                          cu_seqlens=case.cu_seqlens or None, window=case.window,
-                                         **dict(case.options))
+                                         mask=mask, **dict(case.options))
     failures = [f"{n} error {e:.1e} > {TOLERANCE[case.dtype]:.0e}"
                 for n, e in errors.items() if not e <= TOLERANCE[case.dtype]]
     spec = algorithms.get(case.algorithm)
     for r, res in enumerate(results):
-        want = spec.bytes_of_rank(case.shape, case.world, dict(case.options), r, mask)
+        want = spec.bytes_of_rank(case.shape, case.world, dict(case.options), r, geometry)
         for p in ("forward", "backward"):
             if res.bytes_sent[p] != want[p]:
                 failures.append(f"rank {r} {p} bytes {res.bytes_sent[p]} != {want[p]}")

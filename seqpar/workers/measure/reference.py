@@ -56,10 +56,12 @@ def reference_mask(case: Case, start: int = 0, stop: int | None = None) -> torch
     """Rows start..stop (default: all N) of the explicit boolean mask (rows, N) of causality,
     documents and window (True: visible), written from the definition, independently of
     `layouts.Relation`; None where every query sees every key (full attention, one document)."""
-    if not (case.causal or case.cu_seqlens or case.window is not None):
-        return None
     n = case.seq_len
     stop = n if stop is None else stop
+    if case.mask:  # any mask: its dense rows, from its slices' definition
+        return torch.from_numpy(case.attention_mask.dense(start, stop))
+    if not (case.causal or case.cu_seqlens or case.window is not None):
+        return None
     keys, queries = torch.arange(n), torch.arange(start, stop)
     cu = torch.tensor(case.cu_seqlens or (0, n))
     doc = torch.repeat_interleave(torch.arange(len(cu) - 1), cu[1:] - cu[:-1])
@@ -72,10 +74,13 @@ def reference_mask(case: Case, start: int = 0, stop: int | None = None) -> torch
 
 
 def _seen_keys(mask: torch.Tensor | None, n: int) -> tuple[int, int]:
-    """The keys [lo, hi) some row of a block's mask sees (all N without a mask)."""
+    """The keys [lo, hi) some row of a block's mask sees (all N without a mask; one key when no
+    row sees any: those rows' results are zero)."""
     if mask is None:
         return 0, n
     seen = mask.any(dim=0).nonzero()
+    if seen.numel() == 0:
+        return 0, 1
     return int(seen[0]), int(seen[-1]) + 1
 
 
@@ -101,11 +106,21 @@ def reference(case: Case, inputs: dict[str, torch.Tensor] | None = None,
         for a, b in rows:
             mask = reference_mask(case, a, b)
             lo, hi = _seen_keys(mask, n)  # keys no row of the block sees add exactly nothing
+            # a row that sees no key has output 0 and gradient 0 (not SDPA's NaN): it attends to
+            # one key under a zero upstream gradient, and its output is zeroed
+            blind = None if mask is None else ~mask.any(dim=1)
+            if blind is not None and bool(blind.any()):
+                mask = mask.clone()
+                mask[blind, lo] = True
             q = x["q"].narrow(2, h, 1).narrow(1, a, b - a).transpose(1, 2).clone().requires_grad_()
             out = F.scaled_dot_product_attention(
                 q, k[:, :, lo:hi], v[:, :, lo:hi],
                 attn_mask=None if mask is None else mask[:, lo:hi].to(device))
-            out.backward(x["dout"].narrow(2, h, 1).narrow(1, a, b - a).transpose(1, 2))
+            dout = x["dout"].narrow(2, h, 1).narrow(1, a, b - a).transpose(1, 2)
+            if blind is not None and bool(blind.any()):
+                keep = (~blind).to(device).view(1, 1, -1, 1)
+                out, dout = out * keep, dout * keep
+            out.backward(dout)
             ref["out"].narrow(2, h, 1).narrow(1, a, b - a).copy_(out.detach().transpose(1, 2))
             ref["dq"].narrow(2, h, 1).narrow(1, a, b - a).copy_(q.grad.transpose(1, 2))
             del out, q, mask
