@@ -31,15 +31,16 @@ from seqpar.algorithms.burst import Burst
 from seqpar.algorithms.comm import Comm, Links
 from seqpar.algorithms.double_ring import DoubleRing
 from seqpar.algorithms.layouts import LAYOUTS, check_layout
-from seqpar.algorithms.ledger import PHASES, Ledger, recording
+from seqpar.algorithms.ledger import Ledger, recording
 from seqpar.algorithms.local import Local
 from seqpar.algorithms.mesh import Grid, Mesh, build_mesh, view_mesh
-from seqpar.algorithms.options import Options
 from seqpar.algorithms.ring import Ring
 from seqpar.algorithms.ulysses import Ulysses
 from seqpar.algorithms.usp import Usp
 from seqpar.algorithms.wallfacer import WallFacer
 from seqpar.errors import SeqparError, require
+from seqpar.rules import algorithms as rules_api
+from seqpar.rules.options import Options
 
 AlgorithmSpec = type[Algorithm]
 REGISTRY: dict[str, AlgorithmSpec] = {}
@@ -80,10 +81,7 @@ def get(name: str) -> AlgorithmSpec:
 def grid_for(name: str, world: int, nodes: Sequence[int] | None = None,
              **options: Any) -> Grid:
     """The rank grid `name` lays on `world` ranks (nodes: each rank's node id)."""
-    cls = get(name)
-    opts = cls.parse(options)
-    opts.check(world)
-    return cls.grid(world, opts, nodes)
+    return rules_api.grid_of(get(name), world, nodes, **options)
 
 
 def mesh_for(name: str, world: int, *, dp: int = 1, members: Sequence[int] | None = None,
@@ -158,8 +156,7 @@ def build_attention(
 def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
           causal: bool = True, **options: Any) -> None:
     """Every rule of `name` for this configuration, without any process group."""
-    check_layout(layout)
-    get(name).check(shape, world, layout, causal, options)
+    rules_api.check_of(get(name), shape, world, layout, causal, **options)
 
 
 def expected_bytes(name: str, shape: AttnShape, world: int, *, layout: str | None = None,
@@ -170,15 +167,9 @@ def expected_bytes(name: str, shape: AttnShape, world: int, *, layout: str | Non
     sends, or `rank`'s. With the call's layout and relation (causal, cu_seqlens, window, or any
     `mask`) the count is net of the transfers the schedule skips (option skip_transfers, see
     `skipped_bytes`); without a layout it is the unskipped count."""
-    cls = get(name)
-    opts = cls.parse(options)
-    if layout is None and rank is None:
-        return cls.expected_bytes(shape, world, opts)
-    geometry = None if layout is None else Geometry.of(shape, world, layout, causal, cu_seqlens,
-                                                       window, mask)
-    ranks = range(world) if rank is None else (rank,)
-    per_rank = [cls.bytes_of_rank(shape, world, opts, r, geometry) for r in ranks]
-    return {p: max(b[p] for b in per_rank) for p in PHASES}
+    return rules_api.expected_bytes_of(get(name), shape, world, layout=layout, causal=causal,
+                                       cu_seqlens=cu_seqlens, window=window, mask=mask,
+                                       rank=rank, **options)
 
 
 def skipped_bytes(name: str, shape: AttnShape, world: int, *, layout: str, causal: bool = True,
@@ -189,28 +180,20 @@ def skipped_bytes(name: str, shape: AttnShape, world: int, *, layout: str, causa
     a block would reach sees it (option skip_transfers; 0 for algorithms without a ring): `rank`'s,
     or (rank None) how far the busiest rank's count falls, i.e. `expected_bytes` without the mask
     minus `expected_bytes` with it."""
-    cls = get(name)
-    opts = cls.parse(options)
-    if rank is not None:
-        geometry = Geometry.of(shape, world, layout, causal, cu_seqlens, window, mask)
-        return cls.skipped_bytes(shape, world, opts, rank, geometry)
-    full = expected_bytes(name, shape, world, **options)
-    net = expected_bytes(name, shape, world, layout=layout, causal=causal,
-                         cu_seqlens=cu_seqlens, window=window, mask=mask, **options)
-    return {p: full[p] - net[p] for p in PHASES}
+    return rules_api.skipped_bytes_of(get(name), shape, world, layout=layout, causal=causal,
+                                      cu_seqlens=cu_seqlens, window=window, mask=mask,
+                                      rank=rank, **options)
 
 
 def options_of(name: str) -> Mapping[str, Any]:
     """The options an algorithm takes, with their defaults."""
-    return get(name).Options().as_dict()
+    return rules_api.options_of(get(name))
 
 
 def option_space(name: str, world: int) -> list[dict[str, Any]]:
     """Every configuration of `name` worth tuning at `world` ranks (its options' `space`): the
     algorithm's own options (not the kernel, scale and gradient dtype every algorithm takes)."""
-    common = Options.names()
-    return [{k: v for k, v in o.as_dict().items() if k not in common}
-            for o in get(name).Options.space(world)]
+    return rules_api.option_space_of(get(name), world)
 
 
 __all__ = ["LAYOUTS", "PEERS", "REGISTRY", "Algorithm", "AlgorithmSpec", "Attention", "AttnShape",

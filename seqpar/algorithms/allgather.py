@@ -13,13 +13,11 @@ the compute of blocks no query sees is skipped as everywhere (`layouts.block_tas
 from __future__ import annotations
 
 from seqpar.algorithms import blocks, tokens
-from seqpar.algorithms.base import Algorithm, AttnShape
-from seqpar.algorithms.options import Options
+from seqpar.algorithms.base import Algorithm
+from seqpar.rules.algorithms.allgather import AllGatherRules
 
 
-class AllGather(Algorithm):
-    name = "allgather"
-    summary = "all-gather K,V; local attention; reduce-scatter dK,dV"
+class AllGather(AllGatherRules, Algorithm):
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         holders = (*((r,) for r in range(self.world)), tuple(range(self.world)))
@@ -44,9 +42,3 @@ class AllGather(Algorithm):
         dkv = blocks.permute(dkv, plan.inverse(everyone, dkv.device))  # back to rank order
         dk, dv = blocks.unpack_kv(self.comm.reduce_scatter(dkv, dim=1))
         return dq, dk, dv
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        kv = 2 * shape.kv_heads * shape.unit(world)
-        grad = 2 * shape.kv_heads * shape.grad_unit(world, options)
-        return {"forward": (world - 1) * kv, "backward": (world - 1) * grad}

@@ -15,111 +15,33 @@ communication into the ledgers that were active in forward, and casts gradients 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from seqpar.algorithms import kernels, layouts, ledger
-from seqpar.algorithms.mesh import Grid, Mesh
-from seqpar.algorithms.options import Options
+from seqpar.algorithms.mesh import Mesh
 from seqpar.errors import require
 from seqpar.rules import masks
+from seqpar.rules.algorithms.base import Geometry, Rules, call_relation
 from seqpar.rules.blocks import rank_positions
+from seqpar.rules.options import Options
+from seqpar.rules.shape import AttnShape, check_shape, divides  # noqa: F401 (also from here)
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 
 
-@dataclass(frozen=True)
-class AttnShape:
-    """The global shape of one attention call: N = seq_len tokens over the whole group."""
-
-    batch: int
-    seq_len: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    elem_bytes: int = 4
-
-    def shard_len(self, world: int) -> int:
-        """s: rows of every rank's shard as it travels, ceil(N / P) (uneven shards are padded)."""
-        return layouts.shard_len(self.seq_len, world)
-
-    def unit(self, world: int) -> int:
-        """u = B * s * D * e: bytes of one head of one rank's shard."""
-        return self.batch * self.shard_len(world) * self.head_dim * self.elem_bytes
-
-    @property
-    def acc_bytes(self) -> int:
-        """Bytes of one element in the accumulation dtype (float64 for float64, else float32)."""
-        return 8 if self.elem_bytes == 8 else 4
-
-    def grad_bytes(self, options: Options) -> int:
-        """Bytes of one element of a gradient message that is summed where it arrives."""
-        return self.acc_bytes if options.grad_dtype == "accumulate" else self.elem_bytes
-
-    def grad_unit(self, world: int, options: Options) -> int:
-        """u for gradient messages: B * s * D * (bytes of the gradient dtype)."""
-        return self.unit(world) // self.elem_bytes * self.grad_bytes(options)
-
-
-def call_relation(layout: str, world: int, n: int, causal: bool = True,
-                  cu_seqlens: Sequence[int] | None = None, window: int | None = None,
-                  mask: masks.Mask | None = None) -> layouts.Relation | masks.Mask:
-    """What the queries of a call on N = n tokens see, as the algorithms run it: a classic relation
-    (causal / full, documents, window; a mask of those kinds becomes its relation) or any other
-    mask. Uneven shards (n not a multiple of the world) carry n as one document [0, n)."""
-    if mask is not None:
-        cu = layouts.call_cu(world, n, mask.cu)
-        cu = None if cu is None else layouts.normal_cu(layout, world, n, cu)
-        if mask.relation is not None:
-            return layouts.Relation(mask.relation.causal, cu, mask.relation.window)
-        return mask.with_cu(cu)
-    cu = layouts.call_cu(world, n, layouts.as_cu(cu_seqlens) or None)
-    if cu is not None:
-        cu = layouts.normal_cu(layout, world, cu[-1], cu)
-    return layouts.Relation(causal, cu, window)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """What the queries of a call see, as the analytic byte counts need it: the layout, the padded
-    length the algorithms run on (s * P, s = ceil(N / P)) and the relation or mask."""
-
-    layout: str
-    seq_len: int
-    relation: layouts.Relation | masks.Mask
-
-    @classmethod
-    def of(cls, shape: AttnShape, world: int, layout: str, causal: bool = True,
-           cu_seqlens: Sequence[int] | None = None, window: int | None = None,
-           mask: masks.Mask | None = None) -> Geometry:
-        """The geometry of a call on `shape` (seq_len = N) as `Attention` builds it."""
-        relation = call_relation(layout, world, shape.seq_len, causal, cu_seqlens, window, mask)
-        return cls(layout, shape.shard_len(world) * world, relation)
-
-    def need(self, world: int) -> tuple[tuple[bool, ...], ...]:
-        """need[q_rank][k_rank] in the layout (`layouts.layout_need`)."""
-        return layouts.layout_need(self.layout, world, self.seq_len, self.relation)
-
-    def rank_pairs(self, world: int) -> list[int]:
-        """Visible pairs of each rank's queries (the work of a ring-like algorithm's ranks)."""
-        return layouts.rank_pairs(self.layout, world, self.seq_len, self.relation)
-
-
 Mask = Geometry  # the name the callers outside algorithms used before masks.Mask existed
 
 
-class Algorithm:
-    """A distributed attention (see the module docstring). Built by `build_attention`."""
-
-    name: ClassVar[str]
-    summary: ClassVar[str]
-    Options: ClassVar[type[Options]] = Options
-    axes: ClassVar[tuple[str, ...]] = ()  # the mesh axes it communicates on besides "sp"
+class Algorithm(Rules):
+    """A distributed attention (see the module docstring): its rules (`Rules`, class level, in
+    seqpar.rules.algorithms) and the forward and backward that run them. Built by
+    `build_attention`."""
 
     def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options,
                  window: int | None = None, mask: masks.Mask | None = None):
@@ -139,71 +61,6 @@ class Algorithm:
         call = copy.copy(self)
         call.relation = relation
         return call
-
-    # -- class level: no process group needed ----------------------------------------------------
-    @classmethod
-    def parse(cls, options: Mapping[str, Any] | Options | None) -> Options:
-        return cls.Options.parse(options, cls.name)
-
-    @classmethod
-    def grid(cls, world: int, options: Options, nodes: Sequence[int] | None = None) -> Grid:
-        """The rank grid this algorithm lays on a group of `world` ranks (nodes: each rank's)."""
-        return Grid.line(world)
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        """Rules beyond the options' own and the layout's (none by default)."""
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        """The most bytes any rank sends per call, by phase."""
-        raise NotImplementedError
-
-    @classmethod
-    def rank_bytes(cls, shape: AttnShape, world: int, options: Options,
-                   rank: int) -> dict[str, int]:
-        """Bytes `rank` sends per call (by default every rank sends the same)."""
-        return cls.expected_bytes(shape, world, options)
-
-    @classmethod
-    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
-                      mask: Geometry) -> dict[str, int]:
-        """Bytes of `rank_bytes` that `rank` does not send under `mask` because its schedule skips
-        blocks no query ahead sees (option skip_transfers; none by default: collectives and
-        all-to-alls send what they send)."""
-        return dict.fromkeys(ledger.PHASES, 0)
-
-    @classmethod
-    def check(cls, shape: AttnShape, world: int, layout: str, causal: bool,
-              options: Mapping[str, Any] | Options | None,
-              cu_seqlens: tuple[int, ...] | None = None) -> Options:
-        """Every rule for this configuration; raises ConfigError naming field, value and rule."""
-        opts = cls.parse(options)
-        check_shape(shape)
-        layouts.check_seq_len(layout, world, shape.seq_len, cu_seqlens)
-        layouts.check_documents(layout, world, shape.seq_len, cu_seqlens)
-        opts.check(world)
-        cls.rules(shape, world, opts)
-        return opts
-
-    @classmethod
-    def bytes_of_rank(cls, shape: AttnShape, world: int,
-                      options: Mapping[str, Any] | Options | None, rank: int,
-                      mask: Geometry | None = None) -> dict[str, int]:
-        """Bytes `rank` sends per call; with the call's `mask`, net of the skipped transfers
-        (without it: the unskipped count, an upper bound when skip_transfers is on)."""
-        opts = cls.parse(options)
-        sent = cls.rank_bytes(shape, world, opts, rank)
-        if mask is None:
-            return sent
-        skipped = cls.skipped_bytes(shape, world, opts, rank, mask)
-        return {p: sent[p] - skipped[p] for p in sent}
-
-    @classmethod
-    def skipped_of_rank(cls, shape: AttnShape, world: int,
-                        options: Mapping[str, Any] | Options | None, rank: int,
-                        mask: Geometry) -> dict[str, int]:
-        return cls.skipped_bytes(shape, world, cls.parse(options), rank, mask)
 
     # -- the rank's own work -----------------------------------------------------------------------
     @property
@@ -248,18 +105,6 @@ class _Shell(torch.autograd.Function):
         with ledger.backward_of(ctx.ledgers):
             grads = ctx.algo.backward(dout.contiguous(), saved, state)
         return (None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))
-
-
-def check_shape(shape: AttnShape) -> None:
-    for name in ("batch", "seq_len", "heads", "kv_heads", "head_dim"):
-        value = getattr(shape, name)
-        require(isinstance(value, int) and value > 0, name, value, "must be a positive integer")
-    require(shape.heads % shape.kv_heads == 0, "kv_heads", shape.kv_heads,
-            f"must divide heads={shape.heads}")
-
-
-def divides(field_name: str, value: int, world: int, what: str = "the world size") -> None:
-    require(value % world == 0, field_name, value, f"must be divisible by {what} ({world})")
 
 
 def shape_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> AttnShape:

@@ -17,7 +17,8 @@ import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-PHASES = ("forward", "backward")
+from seqpar.rules.shape import PHASES
+
 LINKS = ("intra", "inter")
 
 def link_class(rank_a: int, rank_b: int,

@@ -23,6 +23,7 @@ from seqpar.rules.masks import (
     SPECS,
     Mask,
     Slice,
+    as_spec,
     block_sparse,
     causal,
     check_slices,
@@ -39,9 +40,9 @@ from seqpar.rules.masks import (
     sliding_window,
 )
 
-__all__ = ["DENSE_MAX", "KINDS", "SPECS", "Mask", "Slice", "block_sparse", "causal", "check_slices",
-           "dilated", "documents", "from_config", "from_dense", "from_mask_mod", "from_slices",
-           "full", "parse", "prefix_lm", "random_block_sparse", "shared_question",
+__all__ = ["DENSE_MAX", "KINDS", "SPECS", "Mask", "Slice", "as_spec", "block_sparse", "causal",
+           "check_slices", "dilated", "documents", "from_config", "from_dense", "from_mask_mod",
+           "from_slices", "full", "parse", "prefix_lm", "random_block_sparse", "shared_question",
            "sliding_window"]
 
 

@@ -28,98 +28,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import torch
 import torch.distributed as dist
 
 from seqpar.algorithms.comm import Comm, Links, SubComm
 from seqpar.errors import require
-
-ALL = "sp"  # the axis of every dim but "dp": the whole sequence-parallel group
-DP = "dp"   # the data-parallel dim, slowest, when a mesh has one (Grid.with_dp)
-
-
-@dataclass(frozen=True)
-class Grid:
-    """A rank grid: named dims, slowest first, and named axes made of several dims."""
-
-    dims: tuple[tuple[str, int], ...]
-    axes: tuple[tuple[str, tuple[str, ...]], ...] = ()
-
-    def __post_init__(self) -> None:
-        names = [n for n, _ in self.dims]
-        require(len(set(names)) == len(names), "grid", names, "dim names must be distinct")
-        for name, size in self.dims:
-            require(isinstance(size, int) and size >= 1, f"grid.{name}", size,
-                    "must be a positive integer")
-        for axis, over in self.axes:
-            require(set(over) <= set(names), f"grid.{axis}", over, f"must name dims of {names}")
-
-    @classmethod
-    def line(cls, size: int) -> Grid:
-        """One dim: every rank in one group (ring, ulysses, allgather)."""
-        return cls(((ALL, size),))
-
-    @property
-    def size(self) -> int:
-        out = 1
-        for _, n in self.dims:
-            out *= n
-        return out
-
-    def with_dp(self, dp: int) -> Grid:
-        """This grid replicated `dp` times along a slowest data-parallel dim: DP x SP."""
-        return Grid(((DP, dp), *self.dims), self.axes)
-
-    def sp_dims(self) -> tuple[tuple[str, int], ...]:
-        """The sequence-parallel dims: all but "dp"."""
-        return tuple(d for d in self.dims if d[0] != DP)
-
-    def over(self, axis: str) -> tuple[str, ...]:
-        """The dims an axis spans, in grid order."""
-        if axis == ALL:
-            return tuple(n for n, _ in self.sp_dims())
-        if any(n == axis for n, _ in self.dims):
-            return (axis,)
-        for name, over in self.axes:
-            if name == axis:
-                order = [n for n, _ in self.dims]
-                return tuple(sorted(over, key=order.index))
-        raise KeyError(f"grid has no axis {axis!r}")
-
-    def has(self, axis: str) -> bool:
-        return axis == ALL or any(n == axis for n, _ in self.dims) or any(
-            n == axis for n, _ in self.axes)
-
-    def axis_size(self, axis: str) -> int:
-        sizes = dict(self.dims)
-        out = 1
-        for n in self.over(axis):
-            out *= sizes[n]
-        return out
-
-    def groups(self, axis: str) -> tuple[tuple[int, ...], ...]:
-        """Every group of the axis (positions, by coordinate), in grid order of the other dims."""
-        return _groups(self, axis)
-
-    def group_of(self, axis: str, pos: int) -> tuple[int, ...]:
-        return next(g for g in self.groups(axis) if pos in g)
-
-    def coord(self, axis: str, pos: int) -> int:
-        """pos's coordinate on the axis: its rank in the axis's group."""
-        return self.group_of(axis, pos).index(pos)
-
-
-@lru_cache(maxsize=256)
-def _groups(grid: Grid, axis: str) -> tuple[tuple[int, ...], ...]:
-    names = [n for n, _ in grid.dims]
-    over = grid.over(axis)
-    cube = torch.arange(grid.size).view(*[n for _, n in grid.dims])
-    rest = [names.index(n) for n in names if n not in over]
-    moved = cube.permute(*rest, *[names.index(n) for n in over])
-    rows = moved.reshape(-1, grid.axis_size(axis))
-    return tuple(tuple(int(p) for p in row) for row in rows)
+from seqpar.rules.grids import DP, SP, Grid
 
 
 @dataclass
@@ -158,7 +73,7 @@ class Mesh:
         from torch.distributed.device_mesh import DeviceMesh
 
         require(self.real, "mesh", "views", "a DeviceMesh needs real process groups (build_mesh)")
-        names = tuple(n for n in (DP, ALL) if n in self.comms and self.comms[n].group is not None)
+        names = tuple(n for n in (DP, SP) if n in self.comms and self.comms[n].group is not None)
         require(bool(names), "mesh", self.grid.size, "a one-rank mesh has no DeviceMesh view")
         groups = [self.comms[n].group for n in names]
         shape = [self.grid.axis_size(n) for n in names]
@@ -203,7 +118,7 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
     base_pg = dist.group.WORLD if whole else dist.new_group(list(members))
     comms: dict[str, Comm] = {}
     made: dict[tuple[int, ...], dist.ProcessGroup] = {}  # axes with the same ranks share a group
-    for axis in (ALL, *(a for a in axes if a != ALL and grid.has(a))):
+    for axis in (SP, *(a for a in axes if a != SP and grid.has(a))):
         for group in grid.groups(axis):
             ranks = [members[p] for p in group]
             if len(ranks) == grid.size:
@@ -232,7 +147,7 @@ def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,
     if node_tuple is not None:
         base = base.with_nodes(dict(zip(base.global_ranks, node_tuple, strict=True)))
     comms: dict[str, Comm] = {}
-    for axis in (ALL, *(a for a in axes if a != ALL and grid.has(a))):
+    for axis in (SP, *(a for a in axes if a != SP and grid.has(a))):
         group = grid.group_of(axis, base.rank)
         if len(group) == grid.size:
             comms[axis] = base.relabel(axis)

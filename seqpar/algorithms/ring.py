@@ -31,12 +31,16 @@ from dataclasses import dataclass
 import torch
 
 from seqpar.algorithms import blocks, kernels, layouts
-from seqpar.algorithms.base import Algorithm, AttnShape, Geometry
+from seqpar.algorithms.base import Algorithm
 from seqpar.algorithms.comm import Comm, Handle
-from seqpar.algorithms.groups import DoubleRing
 from seqpar.algorithms.mesh import Mesh
-from seqpar.algorithms.options import Options
 from seqpar.rules import route
+from seqpar.rules.algorithms.ring import (  # noqa: F401 (the rules, also from here)
+    RingRules,
+    ring_bytes,
+    skipped_ring_bytes,
+)
+from seqpar.rules.groups import NestedRing
 
 KV_TAG, GRAD_TAG, OUTER_TAG = 11, 12, 13
 TasksFor = Callable[[int], Sequence[layouts.Task]]
@@ -60,8 +64,8 @@ class RingComms:
         return cls(ring, mesh.comm("inner"), mesh.comm("outer"))
 
     @property
-    def schedule(self) -> DoubleRing:
-        return DoubleRing(self.ring.size, self.inner.size, self.ring.rank)
+    def schedule(self) -> NestedRing:
+        return NestedRing(self.ring.size, self.inner.size, self.ring.rank)
 
 
 def plan_of(comms: RingComms, need: route.Need | None) -> route.Plan:
@@ -227,27 +231,11 @@ def ring_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: to
     return carry(comms, kv, plan or plan_of(comms, None), compute, kv, grad_dtype)
 
 
-def ring_bytes(kv_bytes: int, world: int, grad_bytes: int | None = None) -> dict[str, int]:
-    """Bytes one rank sends in a ring of `world` whose K,V message is kv_bytes and whose dK,dV
-    message is grad_bytes (default kv_bytes)."""
-    if world == 1:
-        return {"forward": 0, "backward": 0}
-    grad_bytes = kv_bytes if grad_bytes is None else grad_bytes
-    return {"forward": (world - 1) * kv_bytes,
-            "backward": (world - 1) * kv_bytes + world * grad_bytes}
 
 
-def skipped_ring_bytes(kv_bytes: int, grad_bytes: int, plan: route.Plan) -> dict[str, int]:
-    """Bytes of `ring_bytes` that a position does not send on its route (`plan`): its skipped
-    K,V messages (forward, and again backward) and skipped gradient messages."""
-    kv = (plan.full_kv_messages - plan.kv_messages) * kv_bytes
-    return {"forward": kv,
-            "backward": kv + (plan.full_grad_messages - plan.grad_messages) * grad_bytes}
 
 
-class Ring(Algorithm):
-    name = "ring"
-    summary = "K,V shards travel a ring; online-softmax merge; overlapped p2p"
+class Ring(RingRules, Algorithm):
 
     def tasks_for(self, seq_len: int) -> TasksFor:
         def tasks(src: int) -> Sequence[layouts.Task]:  # this rank's queries, src's keys
@@ -280,23 +268,3 @@ class Ring(Algorithm):
                             tasks_for, dq, self.backend, self.scale, self.grad_dtype(k), plan)
         dk, dv = blocks.unpack_kv(dkv)
         return dq, dk, dv
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        kv = 2 * shape.kv_heads * shape.unit(world)
-        grad = 2 * shape.kv_heads * shape.grad_unit(world, options)
-        return ring_bytes(kv, world, grad)
-
-    @classmethod
-    def ring_inner(cls, world: int, options: Options) -> int:
-        """Inner ring size of the schedule the analytic counts assume (the plain ring: world)."""
-        return world
-
-    @classmethod
-    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
-                      mask: Geometry) -> dict[str, int]:
-        if not options.skips(mask.relation) or world == 1:
-            return super().skipped_bytes(shape, world, options, rank, mask)
-        plan = route.plan(world, cls.ring_inner(world, options), rank, mask.need(world))
-        return skipped_ring_bytes(2 * shape.kv_heads * shape.unit(world),
-                                  2 * shape.kv_heads * shape.grad_unit(world, options), plan)

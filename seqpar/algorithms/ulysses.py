@@ -21,14 +21,15 @@ from collections.abc import Sequence
 import torch
 
 from seqpar.algorithms import blocks, tokens
-from seqpar.algorithms.base import Algorithm, AttnShape, divides
+from seqpar.algorithms.base import Algorithm
 from seqpar.algorithms.comm import Comm
-from seqpar.algorithms.options import Options
-
-
-def kv_replicas(kv_heads: int, world: int) -> int:
-    """How many copies of each K/V head the all-to-all needs (1 when kv_heads >= world)."""
-    return 1 if kv_heads >= world else world // kv_heads
+from seqpar.rules.algorithms.ulysses import (  # noqa: F401 (the rules, also from here)
+    UlyssesRules,
+    head_plan_bytes,
+    kv_ranges,
+    kv_replicas,
+    seq_alltoall_bytes,
+)
 
 
 def replicate_kv(k: torch.Tensor, v: torch.Tensor, reps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,25 +62,11 @@ def heads_to_seq(tensors: Sequence[torch.Tensor], comm: Comm,
                            gather_dim=2)
 
 
-def seq_alltoall_bytes(shape: AttnShape, group: int, world: int, kv_heads: int) -> int:
-    """Bytes one rank sends in one phase's all-to-alls over a head-parallel group of `group`
-    ranks inside a sequence-parallel group of `world`: q, k, v (or dout) in, out (or dq, dk, dv)
-    back, each (group-1)/group of its input. kv_heads counts replicated K,V heads (LoongTrain
-    §4.5.4: AlltoAll_Volume = sum over q, k, v, out of Size x (dhp-1)/dhp)."""
-    heads_per_member = 2 * (shape.heads // group) + 2 * (kv_heads // group)
-    return (group - 1) * heads_per_member * shape.unit(world)
 
 
 KV_HEADS_TAG = 21
 
 
-def kv_ranges(heads: int, kv_heads: int, ways: int) -> list[tuple[int, int]] | None:
-    """The K,V head range [lo, hi) each of `ways` members' query heads read, or None when kv_heads
-    splits (a multiple of ways) or replicates (a divisor) evenly."""
-    if kv_heads % ways == 0 or ways % kv_heads == 0:
-        return None
-    per, group = heads // ways, heads // kv_heads
-    return [(j * per // group, ((j + 1) * per - 1) // group + 1) for j in range(ways)]
 
 
 def local_kv_index(heads: int, kv_heads: int, ways: int, member: int) -> torch.Tensor:
@@ -130,21 +117,9 @@ def kv_grads_to_seq(dkh: torch.Tensor, dvh: torch.Tensor, comm: Comm,
     return dk, dv
 
 
-def head_plan_bytes(shape: AttnShape, group: int, world: int, member: int) -> dict[str, int]:
-    """Bytes member `member` of a head-parallel group sends when K,V heads go by `kv_ranges`:
-    q and out (dout and dq) by all-to-all, (group-1)/group of H heads each; forward the K,V heads
-    every other member reads, backward its own K,V heads' gradients to every other member."""
-    ranges = kv_ranges(shape.heads, shape.kv_heads, group)
-    u = shape.unit(world)
-    qo = (group - 1) * 2 * (shape.heads // group) * u
-    widths = [hi - lo for lo, hi in ranges]
-    return {"forward": qo + 2 * u * (sum(widths) - widths[member]),
-            "backward": qo + 2 * u * (group - 1) * widths[member]}
 
 
-class Ulysses(Algorithm):
-    name = "ulysses"
-    summary = "all-to-all sequence->heads, full attention on H/P heads"
+class Ulysses(UlyssesRules, Algorithm):
 
     def forward(self, q, k, v):
         seq_len = q.shape[1] * self.world
@@ -196,23 +171,3 @@ class Ulysses(Algorithm):
                                   plan.inverse(0, dout.device))
         dk, dv = sum_replicas(dk, dv, reps)
         return dq, dk, dv
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        divides("heads", shape.heads, world)
-
-    @classmethod
-    def rank_bytes(cls, shape: AttnShape, world: int, options: Options,
-                   rank: int) -> dict[str, int]:
-        if kv_ranges(shape.heads, shape.kv_heads, world) is not None:
-            return head_plan_bytes(shape, world, world, rank)
-        return cls.expected_bytes(shape, world, options)
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        if kv_ranges(shape.heads, shape.kv_heads, world) is not None:
-            per_rank = [head_plan_bytes(shape, world, world, r) for r in range(world)]
-            return {p: max(b[p] for b in per_rank) for p in ("forward", "backward")}
-        kv_heads = shape.kv_heads * kv_replicas(shape.kv_heads, world)
-        both = seq_alltoall_bytes(shape, world, world, kv_heads)
-        return {"forward": both, "backward": both}

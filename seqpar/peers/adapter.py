@@ -18,9 +18,9 @@ from seqpar.algorithms import kernels
 from seqpar.algorithms.base import Algorithm, AttnShape
 from seqpar.algorithms.comm import SubComm
 from seqpar.algorithms.layouts import check_layout
-from seqpar.algorithms.options import Options
 from seqpar.errors import require
 from seqpar.peers.booking import Hook, booking
+from seqpar.rules.options import Options
 
 INSTALL = {"cpu": "pip install 'seqpar[peers]'", "gpu": "pip install 'seqpar[peers-gpu]'"}
 

@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.options import Options
 from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import Hook, gather_sends, nbytes
+from seqpar.rules.options import Options
 
 
 def alltoallv_sends(comm: Any, output: torch.Tensor, input: torch.Tensor,

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 
 from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.options import Options, is_int
 from seqpar.errors import require
 from seqpar.peers.adapter import INSTALL, AutogradPeer
 from seqpar.peers.booking import P2P_HOOK, Hook, gather_sends, scatter_sends
+from seqpar.rules.options import Options, is_int
 
 
 class RingFlashZigzag(AutogradPeer):

@@ -35,10 +35,10 @@ import torch.distributed._functional_collectives as ft_c
 from seqpar.algorithms import kernels
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.comm import Comm
-from seqpar.algorithms.options import Options
 from seqpar.errors import require
 from seqpar.peers.adapter import Peer
 from seqpar.peers.booking import Hook, nbytes
+from seqpar.rules.options import Options
 
 ROTATE = ("allgather", "alltoall")
 aten = torch.ops.aten

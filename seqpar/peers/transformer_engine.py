@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 
 from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.options import Options
 from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import P2P_HOOK, Hook, equal_alltoall_sends, gather_sends, nbytes
+from seqpar.rules.options import Options
 
 COMM_TYPES = ("p2p", "all_gather", "a2a")
 

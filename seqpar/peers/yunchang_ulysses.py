@@ -25,10 +25,10 @@ import torch.nn.functional as F
 
 from seqpar.algorithms import kernels
 from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.options import Options
 from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import Hook, equal_alltoall_sends
+from seqpar.rules.options import Options
 
 
 def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,

@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.mesh import Grid
-from seqpar.algorithms.options import Options, divisors, is_int
 from seqpar.algorithms.usp import UspOptions, usp_grid
 from seqpar.errors import require
 from seqpar.peers.adapter import INSTALL, AutogradPeer
 from seqpar.peers.booking import P2P_HOOK, Hook, booking, equal_alltoall_sends
+from seqpar.rules.options import Options, divisors, is_int
 
 PLACEMENTS = {True: "head-first", False: "context-first"}
 

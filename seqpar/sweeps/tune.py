@@ -13,10 +13,10 @@ from typing import Any
 
 from seqpar import algorithms
 from seqpar.algorithms.layouts import LAYOUTS
-from seqpar.algorithms.options import divisors
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.grid import Point, expand
 from seqpar.experiments.spec import PRESETS
+from seqpar.rules.options import divisors
 from seqpar.sweeps.spec import SweepPlan
 
 __all__ = ["divisors", "option_space", "pruned", "tuning_plan"]

@@ -11,9 +11,9 @@ import torch
 
 from seqpar import algorithms
 from seqpar.algorithms import AttnShape, usp
-from seqpar.algorithms.groups import PLACEMENTS
 from seqpar.case import Case
 from seqpar.errors import SeqparError
+from seqpar.rules.groups import PLACEMENTS
 from seqpar.workers.measure.check import evaluate, mesh_key, rank_run
 
 NODES = (0, 0, 0, 0, 1, 1, 1, 1)  # 2 nodes x 4 ranks

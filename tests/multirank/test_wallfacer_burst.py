@@ -11,8 +11,8 @@ import torch
 
 from seqpar import algorithms
 from seqpar.algorithms import burst, layouts
-from seqpar.algorithms.groups import WALLFACER_PLACEMENTS, WallFacerGrid
 from seqpar.case import Case
+from seqpar.rules.groups import WALLFACER_PLACEMENTS, WallFacerGrid
 from seqpar.workers.measure.check import evaluate, mesh_key, rank_run, run_case
 from seqpar.workers.measure.meters import SavedTensorMeter
 from seqpar.workers.measure.reference import make_inputs

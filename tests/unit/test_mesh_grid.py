@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from seqpar import algorithms
-from seqpar.algorithms import burst, groups, tokens
+from seqpar.algorithms import burst, tokens
 from seqpar.algorithms.comm import Comm, LinkModel
 from seqpar.algorithms.mesh import Grid, Mesh
 from seqpar.errors import ConfigError
+from seqpar.rules import groups
 
 
 def _sorted_groups(groups_):
@@ -44,7 +45,7 @@ def test_double_ring_grid_inner_and_outer_rings_are_alg2s(inner):
     assert [list(g) for g in grid.groups("inner")] == groups.inner_rings(8, inner)
     assert _sorted_groups(grid.groups("outer")) == _sorted_groups(groups.outer_rings(8, inner))
     for pos in range(8):  # the schedule's positions are the grid's coordinates
-        ring = groups.DoubleRing(8, inner, pos)
+        ring = groups.NestedRing(8, inner, pos)
         i, t = divmod(pos, inner)
         assert (grid.coord("outer", pos), grid.coord("inner", pos)) == (i, t)
         assert ring.next_inner == grid.group_of("inner", pos)[(t + 1) % inner]

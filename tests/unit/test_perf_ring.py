@@ -8,13 +8,13 @@ import pytest
 
 from seqpar import algorithms
 from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.groups import DoubleRing
 from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
 from seqpar.experiments.perf.predict import Job
 from seqpar.experiments.perf.ring import sources
 from seqpar.experiments.perf.schedule import Ring, schedule
+from seqpar.rules.groups import NestedRing
 
 
 def _kind(st: Ring, r: int, pos: int, src: int) -> tuple:
@@ -55,4 +55,4 @@ def test_sources_are_the_double_rings(n, w):
     src = sources(n, w)
     for step in range(n):
         o, i = divmod(step, w)
-        assert src[step].tolist() == [DoubleRing(n, w, p).source(o, i) for p in range(n)]
+        assert src[step].tolist() == [NestedRing(n, w, p).source(o, i) for p in range(n)]

@@ -7,8 +7,8 @@ import pytest
 from seqpar import algorithms
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.layouts import Relation
-from seqpar.algorithms.options import Options
 from seqpar.errors import ConfigError
+from seqpar.rules.options import Options
 
 PLAIN, WINDOW, DOCS = Relation(True), Relation(True, None, 8), Relation(False, (0, 5, 64), None)
 

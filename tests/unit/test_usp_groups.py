@@ -8,8 +8,9 @@ import itertools
 import pytest
 
 from seqpar import algorithms
-from seqpar.algorithms import AttnShape, groups, usp
+from seqpar.algorithms import AttnShape, usp
 from seqpar.errors import ConfigError
+from seqpar.rules import groups
 
 NODE_OF_8 = [r // 4 for r in range(8)]  # 2 nodes x 4 ranks, nodes are blocks of consecutive ranks
 
@@ -55,7 +56,7 @@ def test_inner_and_outer_rings_of_loongtrain_figure_9():
 
 @pytest.mark.parametrize(("size", "inner"), [(8, 8), (8, 4), (8, 2), (8, 1), (6, 3), (4, 2), (1, 1)])
 def test_double_ring_schedule_visits_every_block_once_and_brings_grads_home(size, inner):
-    rings = [groups.DoubleRing(size, inner, p) for p in range(size)]
+    rings = [groups.NestedRing(size, inner, p) for p in range(size)]
     steps = [(o, s) for o in range(size // inner) for s in range(inner)]
     for ring in rings:
         held = [ring.source(o, s) for o, s in steps]
@@ -78,7 +79,7 @@ def test_double_ring_schedule_visits_every_block_once_and_brings_grads_home(size
 
 def test_one_inner_ring_is_the_plain_ring():
     for p in range(5):
-        ring = groups.DoubleRing(5, 5, p)
+        ring = groups.NestedRing(5, 5, p)
         assert ring.outer == 1 and ring.next_inner == (p + 1) % 5 and ring.prev_inner == (p - 1) % 5
         assert [ring.source(0, s) for s in range(5)] == [(p - s) % 5 for s in range(5)]
         assert all(ring.grad_peers(s) == ((p + 1) % 5, (p - 1) % 5) for s in range(5))

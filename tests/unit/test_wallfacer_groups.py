@@ -9,14 +9,14 @@ import pytest
 
 from seqpar import algorithms
 from seqpar.algorithms import AttnShape
-from seqpar.algorithms.groups import (
+from seqpar.errors import ConfigError
+from seqpar.rules.groups import (
     WALLFACER_PLACEMENTS,
     WallFacerGrid,
     burst_ring,
     get_init_send,
     node_block_size,
 )
-from seqpar.errors import ConfigError
 
 GRIDS = [(8, 1), (8, 2), (16, 2), (16, 4), (4, 2), (36, 3)]
 

@@ -17,9 +17,10 @@ from functools import lru_cache
 from typing import Any
 
 from seqpar import algorithms
-from seqpar.algorithms import burst, groups, usp
+from seqpar.algorithms import burst, usp
 from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.groups import DoubleRing, WallFacerGrid
+from seqpar.rules import groups
+from seqpar.rules.groups import NestedRing, WallFacerGrid
 
 Members = tuple[int, ...]
 
@@ -77,7 +78,7 @@ class Ring:
         return 0 if n == 1 else (n - 1) * self.msg + n * self.grad
 
     def source(self, pos: int, outer_step: int, inner_step: int) -> int:
-        return DoubleRing(self.size, self.inner, pos).source(outer_step, inner_step)
+        return NestedRing(self.size, self.inner, pos).source(outer_step, inner_step)
 
 
 Stage = Collective | P2P | Kernel | Ring

@@ -72,7 +72,7 @@ def outer_rings(dcp: int, inner: int) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
-class DoubleRing:
+class NestedRing:
     """Position `pos` of a ring of `size` split into inner rings of `inner` (Double-Ring-Attention).
 
     Position pos = i * inner + t is member t of inner ring i. At outer step o and inner step s it holds
@@ -249,7 +249,7 @@ class WallFacerGrid:
 # --- Burst (topology-aware ring)
 # BurstAttention (BurstEngine §3.1, Fig. 4) splits the global ring into one sub-ring per node: blocks
 # turn inside the node, and one inter-node step per node moves every rank's round-start block to the
-# same position on the next node (all NICs at once). That is a DoubleRing with inner = ranks per node.
+# same position on the next node (all NICs at once). That is a NestedRing with inner = ranks per node.
 
 
 def node_block_size(nodes: Sequence[int]) -> int:
@@ -263,6 +263,6 @@ def node_block_size(nodes: Sequence[int]) -> int:
     return size if even and distinct else world
 
 
-def burst_ring(nodes: Sequence[int], rank: int) -> DoubleRing:
+def burst_ring(nodes: Sequence[int], rank: int) -> NestedRing:
     """The topology-aware ring of `rank` in a group whose members sit on `nodes`."""
-    return DoubleRing(len(nodes), node_block_size(nodes), rank)
+    return NestedRing(len(nodes), node_block_size(nodes), rank)

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from seqpar.algorithms.kernels import BACKENDS
 from seqpar.errors import require
 
+BACKENDS = ("auto", "flash", "torch", "math")  # the local kernels (algorithms.kernels)
 GRAD_DTYPES = ("accumulate", "input")
 
 

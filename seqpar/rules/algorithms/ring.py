@@ -1,0 +1,52 @@
+"""`ring`, its rules: (P-1) K,V messages forward; backward K,V again and P dK,dV messages, net of
+the messages a route skips (`rules.route`)."""
+
+from __future__ import annotations
+
+from seqpar.rules import route
+from seqpar.rules.algorithms.base import Geometry, Rules
+from seqpar.rules.options import Options
+from seqpar.rules.shape import AttnShape
+
+
+def ring_bytes(kv_bytes: int, world: int, grad_bytes: int | None = None) -> dict[str, int]:
+    """Bytes one rank sends in a ring of `world` whose K,V message is kv_bytes and whose dK,dV
+    message is grad_bytes (default kv_bytes)."""
+    if world == 1:
+        return {"forward": 0, "backward": 0}
+    grad_bytes = kv_bytes if grad_bytes is None else grad_bytes
+    return {"forward": (world - 1) * kv_bytes,
+            "backward": (world - 1) * kv_bytes + world * grad_bytes}
+
+
+def skipped_ring_bytes(kv_bytes: int, grad_bytes: int, plan: route.Plan) -> dict[str, int]:
+    """Bytes of `ring_bytes` that a position does not send on its route (`plan`): its skipped
+    K,V messages (forward, and again backward) and skipped gradient messages."""
+    kv = (plan.full_kv_messages - plan.kv_messages) * kv_bytes
+    return {"forward": kv,
+            "backward": kv + (plan.full_grad_messages - plan.grad_messages) * grad_bytes}
+
+
+class RingRules(Rules):
+    name = "ring"
+    summary = "K,V shards travel a ring; online-softmax merge; overlapped p2p"
+
+    @classmethod
+    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
+        kv = 2 * shape.kv_heads * shape.unit(world)
+        grad = 2 * shape.kv_heads * shape.grad_unit(world, options)
+        return ring_bytes(kv, world, grad)
+
+    @classmethod
+    def ring_inner(cls, world: int, options: Options) -> int:
+        """Inner ring size of the schedule the analytic counts assume (the plain ring: world)."""
+        return world
+
+    @classmethod
+    def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
+                      mask: Geometry) -> dict[str, int]:
+        if not options.skips(mask.relation) or world == 1:
+            return super().skipped_bytes(shape, world, options, rank, mask)
+        plan = route.plan(world, cls.ring_inner(world, options), rank, mask.need(world))
+        return skipped_ring_bytes(2 * shape.kv_heads * shape.unit(world),
+                                  2 * shape.kv_heads * shape.grad_unit(world, options), plan)

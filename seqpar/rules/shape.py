@@ -1,0 +1,57 @@
+"""The shape of one attention call and the units its byte counts are written in, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from seqpar.errors import require
+from seqpar.rules.layouts import shard_len
+
+PHASES = ("forward", "backward")
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """The global shape of one attention call: N = seq_len tokens over the whole group."""
+
+    batch: int
+    seq_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    elem_bytes: int = 4
+
+    def shard_len(self, world: int) -> int:
+        """s: rows of every rank's shard as it travels, ceil(N / P) (uneven shards are padded)."""
+        return shard_len(self.seq_len, world)
+
+    def unit(self, world: int) -> int:
+        """u = B * s * D * e: bytes of one head of one rank's shard."""
+        return self.batch * self.shard_len(world) * self.head_dim * self.elem_bytes
+
+    @property
+    def acc_bytes(self) -> int:
+        """Bytes of one element in the accumulation dtype (float64 for float64, else float32)."""
+        return 8 if self.elem_bytes == 8 else 4
+
+    def grad_bytes(self, options: Any) -> int:
+        """Bytes of one element of a gradient message that is summed where it arrives."""
+        return self.acc_bytes if options.grad_dtype == "accumulate" else self.elem_bytes
+
+    def grad_unit(self, world: int, options: Any) -> int:
+        """u for gradient messages: B * s * D * (bytes of the gradient dtype)."""
+        return self.unit(world) // self.elem_bytes * self.grad_bytes(options)
+
+
+def check_shape(shape: AttnShape) -> None:
+    for name in ("batch", "seq_len", "heads", "kv_heads", "head_dim"):
+        value = getattr(shape, name)
+        require(isinstance(value, int) and value > 0, name, value, "must be a positive integer")
+    require(shape.heads % shape.kv_heads == 0, "kv_heads", shape.kv_heads,
+            f"must divide heads={shape.heads}")
+
+
+def divides(field_name: str, value: int, world: int, what: str = "the world size") -> None:
+    require(value % world == 0, field_name, value, f"must be divisible by {what} ({world})")
