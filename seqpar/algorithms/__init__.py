@@ -28,7 +28,7 @@ from seqpar.algorithms import masks
 from seqpar.algorithms.allgather import AllGather
 from seqpar.algorithms.base import Algorithm, Attention, AttnShape, Geometry, Mask
 from seqpar.algorithms.burst import Burst
-from seqpar.algorithms.comm import Comm, Links
+from seqpar.algorithms.comm import Comm, Links, StrictOrder
 from seqpar.algorithms.double_ring import DoubleRing
 from seqpar.algorithms.layouts import LAYOUTS, check_layout
 from seqpar.algorithms.ledger import Ledger, recording
@@ -86,20 +86,22 @@ def grid_for(name: str, world: int, nodes: Sequence[int] | None = None,
 
 def mesh_for(name: str, world: int, *, dp: int = 1, members: Sequence[int] | None = None,
              nodes: Sequence[int] | None = None, links: Links | None = None,
-             **options: Any) -> Mesh | None:
+             strict: bool | None = None, **options: Any) -> Mesh | None:
     """The mesh of `name` on global ranks `members` (default: the world), with a process group per
     axis; `dp` > 1 replicates it along a data-parallel axis "dp" (DP x SP, `world` ranks each).
     Collective over the whole world: every rank calls it with the same arguments (ranks outside
     `members` take part in group creation and get None). `nodes`: each member's node id; `links`:
-    the link classes its Comms emulate."""
+    the link classes its Comms emulate; `strict`: NCCL's semantics on any backend (None:
+    SEQPAR_STRICT_COMM)."""
     cls = get(name)
     sp_nodes = None if nodes is None else list(nodes)[:world]
     grid = grid_for(name, world, sp_nodes, **options)
     if dp == 1:
-        return build_mesh(grid, cls.axes, members=members, nodes=nodes, links=links)
+        return build_mesh(grid, cls.axes, members=members, nodes=nodes, links=links,
+                          strict=strict)
     require(isinstance(dp, int) and dp > 1, "dp", dp, "must be a positive integer")
     return build_mesh(grid.with_dp(dp), (*cls.axes, "dp"), members=members, nodes=nodes,
-                      links=links)
+                      links=links, strict=strict)
 
 
 def _whole_world(comm: Comm) -> bool:
@@ -111,7 +113,7 @@ def build_attention(
     name: str, *, causal: bool, layout: str = "contiguous",
     group: dist.ProcessGroup | None = None, mesh: Mesh | None = None,
     nodes: Sequence[int] | None = None, links: Links | None = None, window: int | None = None,
-    mask: masks.Mask | None = None, **options: Any,
+    mask: masks.Mask | None = None, strict: bool | None = None, **options: Any,
 ) -> Attention:
     """A callable (q, k, v) -> out for this rank's shards; every rank of `group` must build it.
 
@@ -136,11 +138,11 @@ def build_attention(
         if group is not None and not (dist.is_available() and dist.is_initialized()):
             raise SeqparError("group: torch.distributed is not initialised; "
                               "call init_process_group first or pass no group at world size 1")
-        base = Comm(group, label="sp", links=links)
+        base = Comm(group, label="sp", links=links, order=StrictOrder.of(strict))
         opts.check(base.size)
         grid = cls.grid(base.size, opts, nodes)
         if _whole_world(base) and base.size > 1:
-            mesh = build_mesh(grid, cls.axes, nodes=nodes, links=links)
+            mesh = build_mesh(grid, cls.axes, nodes=nodes, links=links, strict=base.strict)
         else:
             mesh = view_mesh(grid, cls.axes, base, nodes)
     else:

@@ -6,12 +6,14 @@ is made, like its node map), completes no earlier than `latency + bytes / bandwi
 started. Asynchronous exchanges stay asynchronous: `Handle.wait()` returns at the later of the real
 and the emulated completion, so overlap of communication with compute shows on one machine.
 
-Strict mode (SEQPAR_STRICT_COMM=1, read when a Comm is made) gives gloo NCCL's semantics, so a
-schedule that would hang on GPUs hangs (and times out) on CPU too: point-to-point tags are ignored
-(every message carries STRICT_TAG, so messages between two ranks match in the order they were
-posted, not by tag), and a process group's operations run one after the other (before an operation
-is posted, the group's previous one is waited for, as NCCL runs a communicator's operations in order
-on one stream). gloo alone matches by tag and progresses each operation on its own.
+Strict mode gives gloo NCCL's semantics, so a schedule that would hang on GPUs hangs (and times
+out) on CPU too: point-to-point tags are ignored (every message carries STRICT_TAG, so messages
+between two ranks match in the order they were posted, not by tag), and a process group's operations
+run one after the other (before an operation is posted, the group's previous one is waited for, as
+NCCL runs a communicator's operations in order on one stream). gloo alone matches by tag and
+progresses each operation on its own. Like links, it is state passed where Comms are made: a
+`StrictOrder` (the operation in flight per group) shared by the Comms of one mesh, or None; the
+mesh builders take `strict=` and default to the environment (SEQPAR_STRICT_COMM=1), read once there.
 """
 
 from __future__ import annotations
@@ -44,21 +46,37 @@ Links = Mapping[str, LinkModel]  # link class ('intra', 'inter') -> its emulated
 
 STRICT_ENV_VAR = "SEQPAR_STRICT_COMM"  # "1": NCCL's semantics on any backend (module docstring)
 STRICT_TAG = 0
-# strict mode: per process group, the Handle of its operation in flight (at most one, as on one
-# NCCL stream); an entry lives only while its operation is unfinished
-_in_flight: dict[Any, Handle] = {}
 
 
 def strict_mode() -> bool:
-    """Whether Comms made now follow NCCL's semantics (SEQPAR_STRICT_COMM=1)."""
+    """The default for meshes built without `strict=`: SEQPAR_STRICT_COMM=1."""
     return os.environ.get(STRICT_ENV_VAR, "0") == "1"
 
 
-def _in_order(group: Any) -> None:
-    """Strict mode, before posting on `group`: wait for the group's operation in flight."""
-    handle = _in_flight.pop(group, None)
-    if handle is not None:
-        handle.complete()
+class StrictOrder:
+    """NCCL's order for the Comms that share it: per process group, the Handle of its operation in
+    flight (at most one, as on one NCCL stream), waited for before the group's next is posted."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[Any, Handle] = {}
+
+    @classmethod
+    def of(cls, strict: bool | None) -> StrictOrder | None:
+        """An order for strict=True, none for False; None: as the environment says."""
+        return cls() if (strict_mode() if strict is None else strict) else None
+
+    def before(self, group: Any) -> None:
+        """Before posting on `group`: wait for the group's operation in flight."""
+        handle = self._in_flight.pop(group, None)
+        if handle is not None:
+            handle.complete()
+
+    def posted(self, group: Any, handle: Handle) -> None:
+        self._in_flight[group] = handle
+
+    def done(self, group: Any, handle: Handle) -> None:
+        if self._in_flight.get(group) is handle:
+            del self._in_flight[group]
 
 
 def _device_done(tensors: Sequence[torch.Tensor]) -> None:
@@ -75,10 +93,10 @@ class Handle:
     """Pending communication; `wait()` returns the received tensors."""
 
     def __init__(self, works: list, results: list[torch.Tensor], emulated_s: float, start: float,
-                 group: Any = None, emulating: bool = False):
+                 group: Any = None, emulating: bool = False, order: StrictOrder | None = None):
         self._works, self._results = works, results
         self._emulated_s, self._start = emulated_s, start
-        self._group = group  # strict mode: the group whose operation in flight this is
+        self._group, self._order = group, order  # strict mode: whose operation in flight this is
         self._emulating = emulating
 
     def complete(self) -> None:
@@ -88,8 +106,8 @@ class Handle:
             work.wait()
         if works and self._emulating:
             _device_done(self._results)  # on CUDA, wait() only orders streams: see the transfer end
-        if self._group is not None and _in_flight.get(self._group) is self:
-            del _in_flight[self._group]
+        if self._order is not None:
+            self._order.done(self._group, self)
 
     def wait(self) -> list[torch.Tensor]:
         self.complete()
@@ -104,12 +122,14 @@ class Comm:
 
     `node_of` maps global ranks to node ids (None: one node): it classifies every transfer as
     intra- or inter-node, for the ledger and for link emulation. `links` (empty: none) emulates the
-    link classes it names. Both come from the trial's mesh.
+    link classes it names. `order` (None: gloo's own) gives it NCCL's semantics, shared with the
+    other Comms of its mesh. All three come from the trial's mesh.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, label: str = "sp",
-                 node_of: dict[int, int] | None = None, links: Links | None = None):
-        self.label, self.node_of, self.strict = label, node_of, strict_mode()
+                 node_of: dict[int, int] | None = None, links: Links | None = None,
+                 order: StrictOrder | None = None):
+        self.label, self.node_of, self.order = label, node_of, order
         self.links: dict[str, LinkModel] = dict(links or {})
         if group is None and not (dist.is_available() and dist.is_initialized()):
             # a single process without torch.distributed: a group of one that never communicates
@@ -123,13 +143,19 @@ class Comm:
 
     @classmethod
     def solo(cls, label: str = "sp", global_rank: int = 0,
-             node_of: dict[int, int] | None = None, links: Links | None = None) -> Comm:
+             node_of: dict[int, int] | None = None, links: Links | None = None,
+             order: StrictOrder | None = None) -> Comm:
         """A group of one (this rank alone): every operation is local, nothing is booked."""
         comm = cls.__new__(cls)
         comm.label, comm.group, comm.size, comm.rank = label, None, 1, 0
         comm.global_ranks, comm._nccl, comm.node_of = [global_rank], False, node_of
-        comm.strict, comm.links = strict_mode(), dict(links or {})
+        comm.order, comm.links = order, dict(links or {})
         return comm
+
+    @property
+    def strict(self) -> bool:
+        """Whether this Comm follows NCCL's semantics (see the module docstring)."""
+        return self.order is not None
 
     def relabel(self, label: str) -> Comm:
         """The same group, booked under another label."""
@@ -176,8 +202,8 @@ class Comm:
 
     def _next_op(self) -> None:
         """Before posting an operation: in strict mode, the group's previous one must be done."""
-        if self.strict:
-            _in_order(self.group)
+        if self.order is not None:
+            self.order.before(self.group)
 
     def _tag(self, tag: int) -> int:
         return STRICT_TAG if self.strict else tag
@@ -242,10 +268,10 @@ class Comm:
             return Handle([], [b for b, _ in recvs], emulated, start)
         self._next_op()
         works = dist.batch_isend_irecv(ops)
-        handle = Handle(works, [b for b, _ in recvs], emulated, start,
-                        self.group if self.strict else None, emulating=bool(self.links))
-        if self.strict:
-            _in_flight[self.group] = handle
+        handle = Handle(works, [b for b, _ in recvs], emulated, start, self.group,
+                        emulating=bool(self.links), order=self.order)
+        if self.order is not None:
+            self.order.posted(self.group, handle)
         return handle
 
     def _recv_seconds(self, buf: torch.Tensor, peer: int) -> float:
@@ -348,7 +374,7 @@ class SubComm(Comm):
 
     def __init__(self, parent: Comm, members: Sequence[int], label: str):
         self.label, self.group, self.node_of = label, parent.group, parent.node_of
-        self.strict, self.links = parent.strict, dict(parent.links)
+        self.order, self.links = parent.order, dict(parent.links)
         self._nccl = False  # the native collectives would span the whole parent group
         self._members = [parent._group_peer(m) for m in members]
         self.size, self.rank = len(members), list(members).index(parent.rank)

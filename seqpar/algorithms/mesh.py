@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from seqpar.algorithms.comm import Comm, Links, SubComm
+from seqpar.algorithms.comm import Comm, Links, StrictOrder, SubComm
 from seqpar.errors import require
 from seqpar.rules.grids import DP, SP, Grid
 
@@ -101,11 +101,14 @@ def _check_nodes(nodes: Sequence[int] | None, size: int) -> tuple[int, ...] | No
 
 
 def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None = None,
-               nodes: Sequence[int] | None = None, links: Links | None = None) -> Mesh | None:
+               nodes: Sequence[int] | None = None, links: Links | None = None,
+               strict: bool | None = None) -> Mesh | None:
     """The mesh of `grid` on the global ranks `members` (default: the whole world), with a process
-    group per axis, its Comms emulating `links`. Collective: every rank of the world calls it with
-    the same arguments; ranks outside `members` take part in group creation and get None.
+    group per axis, its Comms emulating `links` and, `strict`, following NCCL's semantics (None:
+    SEQPAR_STRICT_COMM). Collective: every rank of the world calls it with the same arguments;
+    ranks outside `members` take part in group creation and get None.
     """
+    order = StrictOrder.of(strict)
     world, me = dist.get_world_size(), dist.get_rank()
     members = tuple(range(world)) if members is None else tuple(members)
     require(len(members) == grid.size, "members", list(members),
@@ -130,8 +133,8 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
             else:
                 pg = made[tuple(ranks)] = dist.new_group(ranks)  # every rank, one order
             if me in ranks:
-                comms[axis] = (Comm(pg, axis, node_of=node_of, links=links) if pg is not None
-                               else Comm.solo(axis, me, node_of, links))
+                comms[axis] = (Comm(pg, axis, node_of=node_of, links=links, order=order)
+                               if pg is not None else Comm.solo(axis, me, node_of, links, order))
     if me not in members:
         return None
     return Mesh(grid, members, members.index(me), node_tuple, comms, real=True, whole=base_pg)
@@ -152,7 +155,8 @@ def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,
         if len(group) == grid.size:
             comms[axis] = base.relabel(axis)
         elif len(group) == 1:
-            comms[axis] = Comm.solo(axis, base.global_ranks[base.rank], base.node_of, base.links)
+            comms[axis] = Comm.solo(axis, base.global_ranks[base.rank], base.node_of, base.links,
+                                    base.order)
         else:
             comms[axis] = SubComm(base, group, f"{axis}(view)")
     return Mesh(grid, tuple(base.global_ranks), base.rank, node_tuple, comms, real=False)

@@ -60,7 +60,8 @@ class RingComms:
     def of(cls, mesh: Mesh, ring_axis: str = "sp") -> RingComms:
         ring = mesh.comm(ring_axis)
         if "inner" not in mesh.comms:
-            return cls(ring, ring, Comm.solo("outer", ring.global_ranks[ring.rank]))
+            return cls(ring, ring, Comm.solo("outer", ring.global_ranks[ring.rank],
+                                             order=ring.order))
         return cls(ring, mesh.comm("inner"), mesh.comm("outer"))
 
     @property

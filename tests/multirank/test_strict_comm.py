@@ -4,8 +4,6 @@ one after the other. A schedule that leans on either shows it on CPU, as it woul
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -13,17 +11,9 @@ from seqpar.algorithms import comm
 
 
 def _comm(env, strict: bool) -> comm.Comm:
-    """A Comm on ranks 0 and 1 in the mode asked, leaving the rank's own mode as it was (the
-    shared gang's other tests run in it)."""
-    before = os.environ.get(comm.STRICT_ENV_VAR)
-    os.environ[comm.STRICT_ENV_VAR] = "1" if strict else "0"
-    try:
-        return comm.Comm(env.group(2))
-    finally:
-        if before is None:
-            del os.environ[comm.STRICT_ENV_VAR]
-        else:
-            os.environ[comm.STRICT_ENV_VAR] = before
+    """A Comm on ranks 0 and 1 in the mode asked: strictness is state passed where a Comm is made
+    (its StrictOrder), so the shared gang's other tests keep their own."""
+    return comm.Comm(env.group(2), order=comm.StrictOrder.of(strict))
 
 
 def _crossed_tags(env, strict: bool, seed: int) -> list[list[float]]:
@@ -53,13 +43,14 @@ def _serialised(env) -> list[bool]:
     """Posting a second exchange on a group first finishes the first (strict mode)."""
     c = _comm(env, True)
     peer = 1 - env.rank
+    in_flight = c.order._in_flight  # the mesh's own order: no module state
     first = c.exchange([(torch.ones(4), peer)], [(torch.empty(4), peer)], tag=5)
-    in_flight_first = comm._in_flight.get(c.group) is first
+    in_flight_first = in_flight.get(c.group) is first
     second = c.exchange([(torch.ones(4), peer)], [(torch.empty(4), peer)], tag=6)
-    done = [in_flight_first, first._works == [], comm._in_flight.get(c.group) is second]
+    done = [in_flight_first, first._works == [], in_flight.get(c.group) is second]
     second.wait()
     first.wait()  # already complete: returns at once
-    return done + [c.group not in comm._in_flight]
+    return done + [c.group not in in_flight]
 
 
 @pytest.mark.multirank
