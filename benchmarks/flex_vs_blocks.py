@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     n, h, d = args.seq_len, args.heads, args.head_dim
     dtype = getattr(torch, args.dtype)
-    specs = [f"block_sparse:128:0.2:0", f"window:{n // 8}", "causal"]
+    specs = ["block_sparse:128:0.2:0", f"window:{n // 8}", "causal"]
     flex = torch.compile(flex_attention, dynamic=False)
     print(f"N={n} H={h} D={d} {args.dtype} on {args.device}: fwd+bwd ms (median of {args.reps})")
     for spec in specs:
