@@ -108,6 +108,8 @@ class Cluster(_Strict):
                                              "GB/s each way (offload)")
     host_memory_gb_per_s: float | None = Field(None, gt=0, description="a node's host memory "
                                                "bandwidth, GB/s (an offloaded optimizer step)")
+    host_memory_gb: float | None = Field(None, gt=0, description="a node's host memory, GB: what "
+                                         "its GPUs offload must fit in it")
     intra: Link = Field(description="one GPU's link to the others of its node")
     nics_per_node: int = Field(1, gt=0)
     inter: Link = Field(description="one NIC: bandwidth and latency between nodes")
@@ -223,7 +225,7 @@ GEMM_EFFICIENCY = {"a100": 267.9 / 312, "h100": 792.1 / 989.4, "h200": 792.1 / 9
 def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: float, nics: int,
             nic_gbit: float, peak_bf16: float = 312.0, inter_latency: float = 10.0,
             hbm: float = 2039.0, gpu: str = "a100", host_link: float | None = None,
-            host_memory: float | None = None) -> Cluster:
+            host_memory: float | None = None, host_gb: float | None = None) -> Cluster:
     """A preset from datasheet numbers: the attention kernel at FlashAttention-2's documented
     efficiency (Ampere; a Hopper's documented kernels replace it, perf.rates), GEMMs at the
     documented maximum achievable rate, links at NCCL's efficiency."""
@@ -237,6 +239,7 @@ def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: fl
         peak_tflops={"bfloat16": peak_bf16, "float16": peak_bf16, "float32": peak_bf16 / 16},
         memory_gb=mem, intra=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nvlink, latency_us=5.0),
         nics_per_node=nics, host_link_gb_per_s=host_link, host_memory_gb_per_s=host_memory,
+        host_memory_gb=host_gb,
         inter=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nic_gbit / 8, latency_us=inter_latency))
 
 
@@ -246,8 +249,9 @@ def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: fl
 # H200 SXM 4800. Memory: the papers' presets count their "80 GB" as 80e9 bytes; the H100 and H200
 # presets count nvidia-smi's GiB (80 GiB = 85.9e9, 141 GB -> 140 GiB = 150.3e9).
 # Host side (DGX H100/H200 datasheets): PCIe Gen5 x16 per GPU, 64 GB/s each way (x 0.8, NCCL-like
-# efficiency: 51); two Xeon 8480C with 8 DDR5-4800 channels each, 2 x 307 GB/s per node.
-H100 = dict(peak_bf16=989.4, hbm=3350.0, gpu="h100", host_link=51.2, host_memory=614.4)
+# efficiency: 51); two Xeon 8480C with 8 DDR5-4800 channels each, 2 x 307 GB/s per node; 2 TB.
+H100 = dict(peak_bf16=989.4, hbm=3350.0, gpu="h100", host_link=51.2, host_memory=614.4,
+            host_gb=2048.0)
 PRESETS: dict[str, Cluster] = {
     "loongtrain-a100": _nvidia(
         "loongtrain-a100", "LoongTrain §5 testbed: 8 nodes x 8 Ampere 80 GB, NVLink, "

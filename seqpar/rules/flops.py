@@ -11,8 +11,10 @@ apart: `MODEL_BACKWARD_FLOPS` = the backward's matmuls without the recomputed QK
 forward's = (5 - 1) / 2 = 2.
 
 GEMMs (projections, SwiGLU, LM head) are exact: backward = 2x forward (dX and dW).
-A training step's model FLOPs, two conventions (both reported): `halved` (the papers': causal
-attention counts its visible half) and `full` (attention counted as if unmasked).
+A training step's model FLOPs, two conventions (both reported): `halved`, the papers' (LoongTrain
+§6.1: causal attention counts its visible half, backward 2.5x) and `full`, Megatron-LM's and
+torchtitan's (6·params + 12·L·d·N a token: attention as if unmasked, backward 2x). `full` can pass
+the hardware's peak at long causal sequences: it counts work a causal kernel skips.
 """
 
 from __future__ import annotations
@@ -87,13 +89,14 @@ def head_flops(cfg: ModelConfig, tokens: float) -> float:
     return 2.0 * tokens * cfg.hidden * cfg.vocab
 
 
-def step_flops(cfg: ModelConfig, batch: int, seq_len: int, convention: str = "halved",
-               attention_backward: float = BACKWARD_FLOPS) -> float:
+def step_flops(cfg: ModelConfig, batch: int, seq_len: int, convention: str = "halved") -> float:
     """Model FLOPs of one forward + backward over batch x seq_len tokens (all ranks together, no
-    recompute): 6·dense params·tokens + (1 + attention_backward)·attention forward."""
-    mask = "causal" if convention == "halved" else "full"
-    attn = cfg.layers * attention_flops(batch, seq_len, seq_len, cfg.heads, cfg.head_dim, mask)
-    return 6.0 * dense_params(cfg) * batch * seq_len + (1.0 + attention_backward) * attn
+    recompute): 6·dense params·tokens + (1 + backward)·attention forward, by `convention`."""
+    halved = convention == "halved"
+    backward = BACKWARD_FLOPS if halved else MODEL_BACKWARD_FLOPS
+    attn = cfg.layers * attention_flops(batch, seq_len, seq_len, cfg.heads, cfg.head_dim,
+                                        "causal" if halved else "full")
+    return 6.0 * dense_params(cfg) * batch * seq_len + (1.0 + backward) * attn
 
 
 def recomputed_tokens(mode: str, fraction: float, s: int) -> int:

@@ -15,9 +15,10 @@ Pure Python: the planner imports this without torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from seqpar.errors import require
-from seqpar.rules.model import ModelConfig, numel, param_shapes
+from seqpar.rules.model import ModelConfig, block_numel, numel, param_shapes
 
 ELEM = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence")
@@ -145,6 +146,7 @@ def block_bytes(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, pol
     return int(batch * shard_tokens * block_elems(cfg, attn, policy, _acc(e) / e, batch) * e)
 
 
+@lru_cache(maxsize=8192)
 def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str,
                           policy: TrainPolicy, attn: AttentionHeld) -> int:
     """Bytes a forward keeps for backward on one rank's device (what `AllocationMeter` measures over
@@ -166,7 +168,7 @@ def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype
     on_device = min(cfg.layers, 2) if "activations" in policy.offload else cfg.layers
     blocks = on_device * block_bytes(cfg, batch, shard_tokens, dtype, policy, attn)
     extra = 2 * shard_tokens * cfg.head_dim * e + (2 * batch + 1) * shard_tokens * 8  # rope, ids
-    block_weights = sum(numel(s) for k, s in param_shapes(cfg).items() if k.startswith("blocks.0."))
+    block_weights = block_numel(cfg)
     casts = 0
     if policy.states == "fsdp":
         casts = (2 * v * d + d) * e                        # the root's gathered parameters
@@ -182,6 +184,7 @@ def tile_tokens(cfg: ModelConfig, shard_tokens: int) -> int:
     return min(shard_tokens, cfg.hidden)
 
 
+@lru_cache(maxsize=8192)
 def block_working_set(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str,
                       policy: TrainPolicy, attn: AttentionHeld) -> int:
     """Bytes one block adds while it runs its backward: what its checkpoint mode recomputes (the

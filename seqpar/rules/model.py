@@ -69,7 +69,7 @@ class ModelConfig:
 
     def params(self) -> int:
         """Parameters: embedding, per block (norms, q/k/v/o projections, SwiGLU), final norm, head."""
-        return sum(numel(shape) for shape in param_shapes(self).values())
+        return 2 * self.vocab * self.hidden + self.hidden + self.layers * block_numel(self)
 
     @classmethod
     def preset(cls, name: str) -> ModelConfig:
@@ -107,6 +107,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+@lru_cache(maxsize=256)
 def block_numel(cfg: ModelConfig) -> int:
     """Parameters of one block."""
     return sum(numel(s) for s in block_shapes(cfg).values())

@@ -31,6 +31,7 @@ class Prediction:
     mfu: float | None = None
     stages: list[tuple[str, float]] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)  # a training step's parts (model scope)
+    forward_bytes: tuple[int, int] = (0, 0)  # the forward's (intra, inter) bytes
 
     def json(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "options": self.options, "layout": self.layout,
@@ -63,7 +64,8 @@ def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes:
         fwd.bytes_inter + (bwd.bytes_inter if both else 0), peak,
         peak <= cluster.memory_gb * 1e9, bottleneck,
         stages=[(f"fwd {label}", s) for label, s in fwd.stages]
-        + ([(f"bwd {label}", s) for label, s in bwd.stages] if both else []))
+        + ([(f"bwd {label}", s) for label, s in bwd.stages] if both else []),
+        forward_bytes=(fwd.bytes_intra, fwd.bytes_inter))
 
 
 def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
