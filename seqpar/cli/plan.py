@@ -128,7 +128,8 @@ def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, 
 
     fitting = [s for s in steps if s.fits]
     if as_json:
-        print(json.dumps({"cluster": c.name, "memory_gb": c.memory_gb, **head,
+        print(json.dumps({"cluster": c.name, "memory_gb": c.memory_gb,
+                          "host_memory_gb": c.host_memory_gb, **head,
                           "fitting": len(fitting), "configs": [s.json() for s in steps]},
                          indent=1))
         return
