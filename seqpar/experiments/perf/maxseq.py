@@ -75,9 +75,10 @@ def peak_at(name: str, model: str, seq_len: int, *, world: int, options: dict[st
     attn = attention_peak(name, shape, world, options, nodes)
     if policy is None:
         return attn
-    comms = memory.communicators(name, world, 1, policy.states) if gpu else 0
+    per_node = max(1, world // nodes)
+    comms = memory.communicators(name, world, 1, policy.states, per_node) if gpu else 0
     return memory.step_memory(name, shape, world, options, cfg, policy.train(dtype), attn, dtype,
-                              shards=policy.shards(1, world), comms=comms)["peak"]
+                              shards=policy.shards(1, world, per_node), comms=comms)["peak"]
 
 
 def max_seq(cluster: Cluster, model: str, world: int, space: Space, *, nodes: int = 1,
@@ -99,7 +100,8 @@ def max_seq(cluster: Cluster, model: str, world: int, space: Space, *, nodes: in
         finest = min(grains.values())
         policies: list[Policy | None] = [None]
         if scope == "model":
-            policies = list(policy_space(filters, 1, offload_sets=((),), tiled=(False,)))
+            policies = list(policy_space(filters, 1, offload_sets=((),), tiled=(False,), sp=world,
+                                         per_node=max(1, world // nodes)))
         for policy in policies:
             peak = functools.partial(peak_at, name, model, world=world, options=dict(options),
                                      nodes=nodes, policy=policy, dtype=dtype,

@@ -112,13 +112,12 @@ def _states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: int) -> i
 AXES = {"usp": 2, "double_ring": 2, "wallfacer": 2, "burst": 2}
 
 
-def communicators(name: str, sp: int, dp: int, states: str) -> int:
-    """Communicators one rank holds: the attention's axes, the states' sharding group, and the DP
-    group that reduces gradients when states are not sharded over it."""
+def communicators(name: str, sp: int, dp: int, states: str, per_node: int = 1) -> int:
+    """Communicators one rank holds: the attention's axes, the states' sharding group, and the
+    group that reduces gradients over the ranks the states are not sharded over."""
     attention = 0 if sp == 1 else 1 + AXES.get(name, 0)
-    sharding = 1 if states != "replicated" and (dp if states == "dp_sp" else 1) * sp > 1 else 0
-    reduce = 1 if states != "dp_sp" and dp * (sp if states == "replicated" else 1) > 1 else 0
-    return attention + sharding + reduce
+    shards = {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp), "replicated": 1}[states]
+    return attention + (shards > 1) + (dp * sp // shards > 1)
 
 
 def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],

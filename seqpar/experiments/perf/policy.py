@@ -4,7 +4,8 @@ them a search walks (narrowed by the user's filters).
 
 `states`: `dp_sp` shards them over every rank (FSDP over DP x SP, torchtitan's and LoongTrain §5.1's
 hybrid ZeRO over data x sequence ranks), `sp` over the sequence-parallel group only (replicated over
-DP: HSDP, AMSP's middle choice), `replicated` nowhere. `checkpoint`: none, full, sc++, seq:F
+DP: HSDP), `node` over the GPUs of a node (replicated across nodes: AMSP's partial sharding, which
+LoongTrain §5.1 adopts), `replicated` nowhere. `checkpoint`: none, full, sc++, seq:F
 (BurstEngine's sequence-level fraction F), sc++,seq:F. `offload`: drawn from optimizer, params,
 activations. `tiled`: the tiled MLP and loss (ALST). Mixed precision keeps fp32 master weights for a
 16-bit compute dtype, as a real run does.
@@ -21,7 +22,7 @@ from typing import Any
 from seqpar.errors import require
 from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy
 
-STATES = ("dp_sp", "sp", "replicated")
+STATES = ("dp_sp", "sp", "node", "replicated")
 CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5")
 # offload sets a search tries (each a list drawn from OFFLOADS)
 OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("activations",), ("optimizer",),
@@ -48,9 +49,10 @@ class Policy:
         """The runner's TrainPolicy (fp32 master weights for a 16-bit dtype)."""
         return _train(self, dtype)
 
-    def shards(self, dp: int, sp: int) -> int:
+    def shards(self, dp: int, sp: int, per_node: int = 1) -> int:
         """Ranks the states are sharded over."""
-        return {"dp_sp": dp * sp, "sp": sp, "replicated": 1}[self.states]
+        return {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp),
+                "replicated": 1}[self.states]
 
     def fields(self) -> dict[str, Any]:
         return {"states": self.states, "checkpoint": self.checkpoint,
@@ -125,10 +127,13 @@ class Filters:
 
 
 def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tuple[str, ...]]
-          = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True)) -> list[Policy]:
-    """Every policy the filters leave, for a DP degree (with dp = 1, `sp` states are `dp_sp`'s)."""
+          = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), sp: int = 1,
+          per_node: int = 1) -> list[Policy]:
+    """Every policy the filters leave for a DP x SP split; a states choice that shards over the
+    same ranks as another (`sp` at DP = 1, `node` on one node or with SP = a node) is left out."""
     f = filters
-    states = [f.states] if f.states else [s for s in STATES if not (dp == 1 and s == "sp")]
+    same = {"sp": dp == 1, "node": not 1 < per_node < dp * sp or per_node == sp}
+    states = [f.states] if f.states else [s for s in STATES if not same.get(s, False)]
     checkpoints = [f.checkpoint] if f.checkpoint else list(CHECKPOINTS)
     fused = [f.fused_head] if f.fused_head is not None else [False, True]
     offloads = [tuple(f.offload)] if f.offload is not None else list(offload_sets)

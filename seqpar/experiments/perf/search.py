@@ -27,7 +27,7 @@ from seqpar.errors import ConfigError, require
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.api import Prediction, attention_peak
-from seqpar.experiments.perf.policy import OFFLOAD_SETS, STATES, Filters, Policy, space
+from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.step import Setup, Step, _attention_link, step
 from seqpar.rules.memory import OFFLOADS
@@ -74,11 +74,11 @@ def attention_space(sp: int, filters: Filters) -> list[tuple[str, dict[str, Any]
 
 
 def frugal(policies: Sequence[Policy]) -> Policy:
-    """The policy of a space that holds the least memory (sharded widest, full checkpointing, the
-    fused head, the most offload, tiled)."""
+    """The policy of a space (of one states choice) that holds the least memory (full
+    checkpointing, the fused head, the most offload, tiled)."""
     def cost(p: Policy) -> tuple:
         ck = {"full": 0, "sc++": 1}.get(p.checkpoint, 2 if "seq:" in p.checkpoint else 3)
-        return (STATES.index(p.states), ck, not p.fused_head, -len(p.offload), not p.tiled)
+        return (ck, not p.fused_head, -len(p.offload), not p.tiled)
 
     return min(policies, key=cost)
 
@@ -155,11 +155,12 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
     offloadable = setup.cluster.host_link_gb_per_s is not None
     candidates: list[tuple[float, int, int, Prediction, list, list[Policy]]] = []
     for dp, sp, _ in result.splits:
-        policies = [p for p in space(filters, dp, offload_sets, tiled)
+        policies = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node)
                     if offloadable or not p.offload]
         if not policies:
             continue
-        thin = frugal(policies)
+        thin = [frugal([p for p in policies if p.states == st])
+                for st in dict.fromkeys(p.states for p in policies)]
         predictions: list[Prediction] = []
         for name, options in (attention if attention is not None else attention_space(sp, filters)):
             for layout in layouts:
@@ -168,11 +169,12 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                 except ConfigError:
                     continue
                 peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
-                probe = _probe(setup, dp, sp, name, options, peak, thin)
+                probe, least = min((_probe(setup, dp, sp, name, options, peak, t), t.label())
+                                   for t in thin)
                 if probe > budget:
                     result.too_big += 1
                     if result.closest is None or probe < result.closest[0]:
-                        result.closest = (probe, f"dp={dp} sp={sp} {name} {thin.label()}")
+                        result.closest = (probe, f"dp={dp} sp={sp} {name} {least}")
                     continue
                 predictions.append(setup.attention(sp, name, dict(options), layout))
         kept, same = pareto([_metrics(setup, sp, p) for p in predictions])
@@ -216,8 +218,9 @@ def _probe(setup: Setup, dp: int, sp: int, name: str, options: dict[str, Any], p
     the attention's own peak)."""
     return memory.step_memory(name, setup.shape, sp, options, setup.cfg,
                               policy.train(setup.dtype), peak, setup.dtype, dp=dp,
-                              shards=policy.shards(dp, sp),
-                              comms=memory.communicators(name, sp, dp, policy.states)
+                              shards=policy.shards(dp, sp, setup.per_node),
+                              comms=memory.communicators(name, sp, dp, policy.states,
+                                                         setup.per_node)
                               if setup.cluster.cores is None else 0)["peak"]
 
 

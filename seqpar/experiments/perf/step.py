@@ -177,11 +177,17 @@ class _Comm:
 
 
 def _groups(setup: Setup, dp: int, sp: int, over: str) -> list[list[int]]:
-    """Rank r = dp index x sp + sp index: `all`, the `sp` groups, or the `dp` groups."""
+    """Rank r = dp index x sp + sp index: `all`, the `sp` groups, the `dp` groups, each `node`'s
+    ranks, or the ranks of one local index across `nodes`."""
+    world, per = dp * sp, min(setup.per_node, dp * sp)
     if over == "all":
-        return [list(range(dp * sp))]
+        return [list(range(world))]
     if over == "sp":
         return [[d * sp + i for i in range(sp)] for d in range(dp)]
+    if over == "node":
+        return [list(range(n, n + per)) for n in range(0, world, per)]
+    if over == "nodes":
+        return [list(range(j, world, per)) for j in range(per)]
     return [[d * sp + i for d in range(dp)] for i in range(sp)]
 
 
@@ -189,7 +195,7 @@ def _comm(setup: Setup, dp: int, sp: int, policy: Policy, train: TrainPolicy) ->
     cfg, net = setup.cfg, setup.net
     e, stored = ELEM[setup.dtype], ELEM[train.master_dtype or setup.dtype]
     block, root = block_numel(cfg), 2 * cfg.vocab * cfg.hidden + cfg.hidden
-    shards = policy.shards(dp, sp)
+    shards = policy.shards(dp, sp, setup.per_node)
 
     def coll(over: str, size: int, numel: int, elem: int, factor: float) -> float:
         if size < 2:
@@ -197,7 +203,7 @@ def _comm(setup: Setup, dp: int, sp: int, policy: Policy, train: TrainPolicy) ->
         nbytes = int(factor * (size - 1) / size * numel * elem)
         return net.collective(_groups(setup, dp, sp, over), nbytes).seconds
 
-    over = "all" if policy.states == "dp_sp" else "sp"
+    over = {"dp_sp": "all", "sp": "sp", "node": "node"}.get(policy.states, "all")
     gather = coll(over, shards, block, e, 1) if policy.states != "replicated" else 0.0
     scatter = coll(over, shards, block, stored, 1) if policy.states != "replicated" else 0.0
     root_s = coll(over, shards, root, e, 1) + coll(over, shards, root, stored, 1) \
@@ -208,6 +214,10 @@ def _comm(setup: Setup, dp: int, sp: int, policy: Policy, train: TrainPolicy) ->
     elif policy.states == "sp":
         reduce = coll("dp", dp, block // sp, stored, 2)
         reduce_root = coll("dp", dp, root // sp, stored, 2)
+    elif policy.states == "node":
+        nodes = dp * sp // shards
+        reduce = coll("nodes", nodes, block // shards, stored, 2)
+        reduce_root = coll("nodes", nodes, root // shards, stored, 2)
     else:
         reduce = reduce_root = 0.0
     return _Comm(gather, scatter, root_s, reduce, reduce_root)
@@ -256,7 +266,7 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
         + (_attention_link(c, attn, setup.per_node, True) if mode == "full" else 0.0)
     offload = 0.0
     if train.offload and c.host_link_gb_per_s:
-        shard = block_numel(cfg) / policy.shards(dp, sp)
+        shard = block_numel(cfg) / policy.shards(dp, sp, setup.per_node)
         moved = 3 * stored * shard if "params" in train.offload else 0.0
         if "activations" in train.offload:
             moved += 2 * block_bytes(cfg, setup.shape.batch, setup.shape.shard_len(sp), dtype,
@@ -283,9 +293,11 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
                                      for conv in ("full", "halved"))
     full, halved = setup.cache["flops"]
     peak = c.peak(dtype) * world * seconds
+    shards = policy.shards(dp, sp, setup.per_node)
     mem = memory.step_memory(attn.algorithm, setup.shape, sp, attn.options, cfg, train,
-                             attn.peak_mem_bytes, dtype, dp=dp, shards=policy.shards(dp, sp),
-                             comms=memory.communicators(attn.algorithm, sp, dp, policy.states)
+                             attn.peak_mem_bytes, dtype, dp=dp, shards=shards,
+                             comms=memory.communicators(attn.algorithm, sp, dp, policy.states,
+                                                        setup.per_node)
                              if c.cores is None else 0)
     mem["host"] = _host_bytes(setup, cfg, train, policy, attn, dp, sp)
     fits = mem["peak"] <= c.memory_gb * 1e9 and (
@@ -300,7 +312,7 @@ def _host_bytes(setup: Setup, cfg: ModelConfig, train: TrainPolicy, policy: Poli
     """Bytes one rank keeps in host memory: offloaded states and activations."""
     if not train.offload:
         return 0
-    host = predicted_states(cfg, setup.dtype, train, policy.shards(dp, sp))["host"]
+    host = predicted_states(cfg, setup.dtype, train, policy.shards(dp, sp, setup.per_node))["host"]
     if "activations" in train.offload:
         held = memory.attention_held(attn.algorithm, setup.shape, sp, attn.options)
         host += max(0, cfg.layers - 2) * block_bytes(cfg, setup.shape.batch,
@@ -313,7 +325,7 @@ def _optimizer_seconds(setup: Setup, cfg: ModelConfig, policy: Policy, train: Tr
                        dp: int, sp: int) -> float:
     c = setup.cluster
     stored = ELEM[train.master_dtype or setup.dtype]
-    numel = params(cfg) / policy.shards(dp, sp)
+    numel = params(cfg) / policy.shards(dp, sp, setup.per_node)
     nbytes = ADAM_PASSES * stored * numel
     if "optimizer" in train.offload and c.host_memory_gb_per_s and c.host_link_gb_per_s:
         crossing = 0.0 if "params" in train.offload else 2 * stored * numel  # grads out, params in
