@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from seqpar.errors import require
-from seqpar.rules.model import ModelConfig, block_numel, numel, param_shapes
+from seqpar.rules.model import ModelConfig, block_numel, block_shapes, numel, param_shapes
 
 ELEM = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence")
@@ -79,6 +79,15 @@ def _local_numel(shape: tuple[int, ...], shards: int) -> int:
     return rows * numel(shape[1:])
 
 
+@lru_cache(maxsize=1024)
+def _sharded_numel(cfg: ModelConfig, shards: int) -> int:
+    """Elements of rank 0's shards of every parameter (each sharded on dim 0 over `shards`)."""
+    blocks = sum(_local_numel(s, shards) for s in block_shapes(cfg).values())
+    rest = sum(_local_numel(s, shards) for k, s in param_shapes(cfg).items()
+               if not k.startswith("blocks."))
+    return cfg.layers * blocks + rest
+
+
 def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: int
                      ) -> dict[str, int]:
     """Bytes of model states one rank holds under AdamW: parameters (master dtype, or the compute
@@ -87,7 +96,7 @@ def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: 
     optimizer: the moments)."""
     stored = ELEM[policy.master_dtype or dtype]
     n = shards if policy.states == "fsdp" else 1
-    count = sum(_local_numel(s, n) for s in param_shapes(cfg).values())
+    count = _sharded_numel(cfg, n)
     out = {"params": count * stored, "grads": count * stored, "optimizer": 2 * count * stored}
     host = (out["params"] + out["grads"]) * ("params" in policy.offload) \
         + out["optimizer"] * ("optimizer" in policy.offload)

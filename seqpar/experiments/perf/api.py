@@ -70,9 +70,19 @@ def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes:
 
 def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
                    nodes: int = 1) -> int:
-    """Bytes one rank holds at the attention's peak (what `fits` compares to the device)."""
-    return memory.attention_peak(name, shape, world, options,
-                                 schedule(name, shape, world, options, nodes))
+    """Bytes one rank holds at the attention's peak (what `fits` compares to the device;
+    memoised: a search asks before it times a configuration, and the prediction asks again)."""
+    key = (name, shape, world, tuple(sorted(options.items())), nodes)
+    got = _PEAKS.get(key)
+    if got is None:
+        if len(_PEAKS) > 8192:
+            _PEAKS.clear()
+        got = _PEAKS[key] = memory.attention_peak(name, shape, world, options,
+                                                  schedule(name, shape, world, options, nodes))
+    return got
+
+
+_PEAKS: dict[tuple, int] = {}
 
 
 def predict_spec(spec: Any, cluster: Cluster) -> Prediction:
