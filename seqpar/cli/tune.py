@@ -33,8 +33,7 @@ def tune(
     from seqpar.experiments.perf.search import check_counts
     from seqpar.sweeps.tune import tuning_plan
 
-    check_counts(world=world, seq_len=seq_len, nodes=nodes, iters=iters,
-                 **({"prune": prune} if prune is not None else {}))
+    check_counts(nodes=nodes)  # the rest are a sweep's fields, refused by name when the plan is made
 
     plan = tuning_plan(world, model, seq_len, nodes, iters=iters, device=device, prune=prune,
                        cluster=cluster, dtype=dtype or ("bfloat16" if device == "cuda" else "float32"))
