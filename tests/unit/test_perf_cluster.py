@@ -109,7 +109,8 @@ def test_a_training_trial_is_predicted_by_the_same_step():
     from seqpar.experiments.spec import ExperimentSpec
 
     spec = ExperimentSpec.parse({
-        "model": {"heads": 4, "kv_heads": 2, "head_dim": 16}, "plan": {"algorithm": "ring", "world": 4, "nodes": 1},
+        "model": {"heads": 4, "kv_heads": 2, "head_dim": 16},
+        "plan": {"algorithm": "ring", "world": 4, "nodes": 1},
         "workload": {"seq_len": 256},
         "train": {"model": "tiny", "dp": 2, "states": "fsdp", "checkpoint": "full"}})
     p = predict_trial(spec, clusters.load("local"))
