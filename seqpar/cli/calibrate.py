@@ -16,7 +16,8 @@ def calibrate(
                      ] = True,
 ) -> None:
     """Kernel throughput by block size, merge and copy rates, local link latency/bandwidth and the
-    transport's CPU cost, a ring step's fixed cost -> the `local` cluster."""
+    transport's CPU cost, a ring step's fixed cost -> the `local` cluster; on a CUDA machine also
+    each attention kernel's rates (the planner's --kernel takes them first)."""
     from seqpar.experiments import clusters
     from seqpar.sweeps.calibrate import calibrate as measure
 
@@ -24,6 +25,11 @@ def calibrate(
     display_table("attention kernel fwd+bwd (float32, one thread), GFLOP/s",
                   ["block tokens", *table],
                   [[t, *(f"{table[m][t] / 1e9:.2f}" for m in table)] for t in table["causal"]])
+    if c.kernels:
+        display_table("attention kernels on CUDA (16K-token calls), TFLOP/s",
+                      ["kernel", "forward", "forward causal", "backward"],
+                      [[k, r.forward_full, r.forward_causal, r.backward]
+                       for k, r in c.kernels.items()])
     path = clusters.save(c, out)
     console.print(
         f"{c.cores} cores; kernel {c.attention_tflops['float32'] * 1e3:.2f} GFLOP/s at large blocks, "

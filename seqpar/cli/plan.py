@@ -3,74 +3,208 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from seqpar.cli.display import console, display_table
 
+Opt = typer.Option
+
 
 def plan(
-    cluster: Annotated[str, typer.Option("--cluster", help="A cluster preset (loongtrain-a100, "
-                                         "burst-a800, wallfacer-h100, ..., local) or a YAML file.")
-                       ] = "local",
-    model: Annotated[str, typer.Option("--model", help="llama2-7b, llama3-8b, 14b, tiny, ...")
-                     ] = "llama2-7b",
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens in the sequence.")] = 131072,
-    world: Annotated[int, typer.Option("--world", "-P", help="Ranks in the group.")] = 8,
-    nodes: Annotated[int | None, typer.Option(
+    cluster: Annotated[str, Opt("--cluster", help="A cluster preset (h100-sxm, h200-sxm, "
+                                "loongtrain-a100, burst-a800, ..., local) or a YAML file.")] = "local",
+    model: Annotated[str, Opt("--model", help="A model preset (llama3.1-8b, llama3.1-70b, "
+                              "qwen2.5-14b, llama2-7b, ...), a YAML of ModelConfig's fields or a "
+                              "Hugging Face config.json.")] = "llama2-7b",
+    seq_len: Annotated[int, Opt("--seq-len", help="Tokens in a sequence.")] = 131072,
+    world: Annotated[int, Opt("--world", "-P", help="Ranks: the SP group (attention, model "
+                              "scope) or all GPUs, DP x SP (cluster scope).")] = 8,
+    nodes: Annotated[int | None, Opt(
         "--nodes", help="Nodes the ranks span (default: world / GPUs per node).")] = None,
-    scope: Annotated[str, typer.Option(help="attention (one layer fwd+bwd) | model (a step)")
-                     ] = "attention",
-    dtype: Annotated[str, typer.Option(help="bfloat16 | float32 | ...")] = "bfloat16",
-    top: Annotated[int, typer.Option("--top", help="Rows in the table.")] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    validate: Annotated[str | None, typer.Option(
+    scope: Annotated[str, Opt(help="attention (one layer fwd+bwd) | model (a step of one SP "
+                              "group) | cluster (the DP x SP split of --world)")] = "attention",
+    tokens_per_step: Annotated[int | None, Opt(
+        "--tokens-per-step", help="Tokens a step trains on, all ranks together (cluster scope).")
+    ] = None,
+    kernel: Annotated[str, Opt(help="The attention kernel: flash2 | flash3 | sdpa-flash | "
+                               "sdpa-cudnn | sdpa-efficient.")] = "flash2",
+    dtype: Annotated[str, Opt(help="bfloat16 | float32 | ...")] = "bfloat16",
+    sp: Annotated[int | None, Opt("--sp", help="Only this SP degree (cluster scope).")] = None,
+    algorithm: Annotated[str | None, Opt("--algorithm", help="Only this algorithm.")] = None,
+    layout: Annotated[str | None, Opt("--layout", help="Only this layout.")] = None,
+    states: Annotated[str | None, Opt(help="Only: dp_sp | sp | replicated.")] = None,
+    checkpoint: Annotated[str | None, Opt(help="Only: none | full | sc++ | seq:F | sc++,seq:F.")
+                          ] = None,
+    fused_head: Annotated[bool | None, Opt("--fused-head/--no-fused-head", help="Only with / "
+                                           "without the fused LM head.")] = None,
+    offload: Annotated[str | None, Opt(help="Only this offload: none, or a comma list of "
+                                       "optimizer, params, activations.")] = None,
+    tiled: Annotated[bool | None, Opt("--tiled/--no-tiled", help="Only with / without the "
+                                      "tiled MLP and loss.")] = None,
+    top: Annotated[int, Opt("--top", help="Rows in the table (0: every configuration, and an "
+                            "exhaustive cluster search).")] = 20,
+    as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
+    validate: Annotated[str | None, Opt(
         "--validate", help="A finished sweep's id: predicted vs measured per trial.")] = None,
-    max_seq: Annotated[bool, typer.Option(
+    max_seq: Annotated[bool, Opt(
         "--max-seq", help="Per configuration, the longest sequence that fits in the device's "
         "memory (--seq-len is ignored).")] = False,
 ) -> None:
-    """Rank every valid configuration by predicted time; the longest sequence each fits
-    (--max-seq); or --validate a finished sweep."""
+    """Rank every valid configuration by predicted time or tokens per GPU per second; the
+    longest sequence each fits (--max-seq); or --validate a finished sweep."""
+    from seqpar.errors import require
     from seqpar.experiments import clusters
-    from seqpar.experiments.perf import plan as perf_plan
+    from seqpar.experiments.perf.policy import Filters
+    from seqpar.experiments.perf.search import check_counts, offload_names
 
+    require(scope in ("attention", "model", "cluster"), "scope", scope,
+            "must be attention, model or cluster")
+    require(top >= 0, "top", top, "must be 0 (all) or more")
     c = clusters.load(cluster)
     if validate is not None:
         _validate(validate, c, as_json)
         return
-    from seqpar import algorithms
-    from seqpar.sweeps.tune import option_space
-
+    check_counts(seq_len=seq_len, world=world, **({"nodes": nodes} if nodes is not None else {}))
     nodes = nodes or max(1, -(-world // c.gpus_per_node))
-    space = [(name, opts) for name in algorithms.REGISTRY if (name == "local") == (world == 1)
-             for opts in option_space(name, world)]
-    if max_seq:
-        _max_seq(c, model, world, space, nodes, scope, dtype, top, as_json)
+    require(world % nodes == 0, "nodes", nodes, f"must divide world={world}")
+    filters = Filters(sp=sp, algorithm=algorithm, layout=layout, states=states,
+                      checkpoint=checkpoint, fused_head=fused_head, tiled=tiled,
+                      offload=None if offload is None else offload_names(offload))
+    if scope == "cluster":
+        require(tokens_per_step is not None, "tokens-per-step", None, "is needed with --scope "
+                "cluster (the step's tokens, all ranks together)")
+        _cluster(c, model, seq_len, tokens_per_step, world, nodes, kernel, dtype, filters, top,
+                 as_json)
         return
-    ranked = perf_plan.rank(c, model, seq_len, world, space, nodes=nodes, scope=scope, dtype=dtype)
+    from seqpar import algorithms
+
+    space = [(name, opts) for name in algorithms.REGISTRY if (name == "local") == (world == 1)
+             and (algorithm is None or name == algorithm)
+             for opts in algorithms.option_space(name, world)]
+    layouts = (layout,) if layout else LAYOUTS
+    if max_seq:
+        _max_seq(c, model, world, space, nodes, scope, dtype, top, as_json, filters, layouts)
+        return
+    from seqpar.experiments.perf import plan as perf_plan
+
+    ranked = perf_plan.rank(c, model, seq_len, world, space, nodes=nodes, scope=scope,
+                            dtype=dtype, kernel=kernel, filters=filters, layouts=layouts)
+    if scope == "model":
+        _steps(ranked, f"{model} N={seq_len:,} P={world} on {c.name} ({nodes} node(s)), scope "
+               f"model, kernel {kernel}", c, top, as_json, {"scope": "model", "kernel": kernel})
+        return
+    _attention(ranked, c, model, seq_len, world, nodes, top, as_json, kernel)
+
+
+def _cluster(c, model: str, seq_len: int, tokens: int, world: int, nodes: int, kernel: str,
+             dtype: str, filters, top: int, as_json: bool) -> None:
+    from seqpar.experiments.perf.search import make_setup, search
+
+    setup = make_setup(c, model, seq_len, tokens, world, nodes, kernel=kernel, dtype=dtype)
+    result = search(setup, filters, keep=top or None)
+    head = {"scope": "cluster", "model": model, "kernel": kernel, "kernel_source":
+            setup.kernel_source, "world": world, "nodes": nodes, "seq_len": seq_len,
+            "tokens_per_step": tokens, "splits": [{"dp": d, "sp": s, "micro_batches": m}
+                                                  for d, s, m in result.splits],
+            "searched": result.searched, "dominated": result.dominated,
+            "too_big": result.too_big, "bounded": result.bounded}
+    title = (f"{model} N={seq_len:,}, {tokens:,} tokens a step on {world} GPUs ({nodes} node(s)) "
+             f"of {c.name}, kernel {kernel}")
+    _steps(result.ranked, title, c, top, as_json, head, result)
+    if not as_json:
+        console.print(f"kernel rates: {setup.kernel_source}", soft_wrap=False, overflow="fold")
+        console.print(f"{result.searched} configurations timed over {len(result.splits)} DP x SP "
+                      f"split(s); not timed: {result.dominated} dominated attention "
+                      f"configurations, {result.too_big} that fit under no policy, "
+                      f"{result.bounded} that cannot reach the top {top}")
+
+
+def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, Any],
+           result: Any = None) -> None:
+    """Whole-step predictions: a table (where the time goes, why each lower row loses) or JSON."""
+    from seqpar.experiments.perf.search import why_slower, with_alternatives
+
+    fitting = [s for s in steps if s.fits]
     if as_json:
-        print(json.dumps({"cluster": c.name, "configs": [p.json() for p in ranked]}, indent=1))
+        print(json.dumps({"cluster": c.name, "memory_gb": c.memory_gb,
+                          "host_memory_gb": c.host_memory_gb, **head,
+                          "fitting": len(fitting), "configs": [s.json() for s in steps]},
+                         indent=1))
+        return
+    if not fitting:
+        closest = min(steps, key=lambda s: s.peak_mem_bytes, default=None)
+        if closest is not None:
+            near = (f"{closest.peak_mem_bytes / 1e9:.1f} GB: dp={closest.dp} sp={closest.sp} "
+                    f"{closest.algorithm} {closest.policy.label()}")
+        elif result is not None and result.closest is not None:
+            near = f"{result.closest[0] / 1e9:.1f} GB: {result.closest[1]}"
+        else:
+            near = "no valid configuration (see the algorithms' rules)"
+        console.print(f"nothing fits in {c.memory_gb:g} GB: {title}; the least memory found needs "
+                      f"{near}")
+        return
+    best = fitting[0]
+    rows = []
+    shown = _fold(steps)
+    for i, s in enumerate(shown[:top] if top else shown):
+        options, layouts = _describe(with_alternatives(result, s) if result else [s])
+        p = s.parts
+        where = "/".join(f"{100 * p[k] / s.step_ms:.0f}" for k in
+                         ("attention", "other_compute", "recompute", "exposed_comm", "optimizer"))
+        rows.append([i + 1 if s.fits else "-", f"{s.dp}x{s.sp}", s.algorithm, options, layouts,
+                     s.policy.label(), f"{s.step_ms / 1e3:.2f}", f"{s.tgs:,.0f}",
+                     f"{s.peak_mem_bytes / 1e9:.1f}", where, why_slower(s, best)])
+    display_table(title, ["#", "dp x\nsp", "algorithm", "options", "layout", "policy", "step\ns",
+                          "TGS", "mem\nGB", "at/oc/rc/cm/op\n% of step", "vs #1"],
+                  rows, highlight_row=0, compact=True, wrap=("options", "layout", "policy", "vs #1"))
+    console.print(f"{len(fitting)} of {len(steps)} timed configurations fit in {c.memory_gb:g} GB "
+                  f"({len(steps) - len(shown)} folded into a row of the same step time and less "
+                  "memory; --json lists each). Step parts: at attention, oc other compute, rc "
+                  "recompute, cm exposed communication, op optimizer. Policy: +fh fused head, "
+                  "off: offloaded optimizer/params/activations, +tile tiled MLP and loss")
+
+
+def _fold(steps: list) -> list:
+    """The steps with each group of one configuration but for its policy and one step time kept
+    as its least-memory member (the first of the group keeps its place)."""
+    kept: dict[tuple, int] = {}
+    out: list = []
+    for s in steps:
+        key = (s.fits, s.dp, s.sp, s.algorithm, json.dumps(s.options, sort_keys=True), s.layout,
+               f"{s.step_ms:.6g}")
+        if key not in kept:
+            kept[key] = len(out)
+            out.append(s)
+        elif s.peak_mem_bytes < out[kept[key]].peak_mem_bytes:
+            out[kept[key]] = s
+    return out
+
+
+def _attention(ranked: list, c, model: str, seq_len: int, world: int, nodes: int, top: int,
+               as_json: bool, kernel: str) -> None:
+    from seqpar.experiments.perf import plan as perf_plan
+
+    if as_json:
+        print(json.dumps({"cluster": c.name, "kernel": kernel,
+                          "configs": [p.json() for p in ranked]}, indent=1))
         return
     groups = perf_plan.equivalents(ranked)
-    model_scope = scope == "model"
-    columns = ["#", "algorithm", "options", "layout", "attn\nms",
-               *(["step\nms", "MFU"] * model_scope), "compute\nms", "exposed\nintra ms",
-               "exposed\ninter ms", "MB\nintra", "MB\ninter", "mem\nGB", "bound"]
     rows = []
-    for i, group in enumerate(groups[:top]):
+    for i, group in enumerate(groups[:top] if top else groups):
         p = group[0]
         options, layouts = _describe(group)
         rows.append([i + 1 if p.fits else "no fit", p.algorithm, options, layouts,
-                     f"{p.attention_ms:.2f}",
-                     *([f"{p.step_ms:.1f}", f"{100 * p.mfu:.1f}%"] if model_scope else []),
-                     f"{p.compute_ms:.2f}", f"{p.exposed_ms['intra']:.2f}",
+                     f"{p.attention_ms:.2f}", f"{p.compute_ms:.2f}", f"{p.exposed_ms['intra']:.2f}",
                      f"{p.exposed_ms['inter']:.2f}", f"{p.bytes_intra / 1e6:.1f}",
                      f"{p.bytes_inter / 1e6:.1f}", f"{p.peak_mem_bytes / 1e9:.2f}",
                      p.bottleneck.replace(" communication", "")])
-    display_table(f"{model} N={seq_len} P={world} on {c.name} ({nodes} node(s)), scope {scope}",
-                  columns, rows, highlight_row=0, compact=True, wrap=("options", "layout"))
+    display_table(f"{model} N={seq_len} P={world} on {c.name} ({nodes} node(s)), scope attention, "
+                  f"kernel {kernel}",
+                  ["#", "algorithm", "options", "layout", "attn\nms", "compute\nms",
+                   "exposed\nintra ms", "exposed\ninter ms", "MB\nintra", "MB\ninter", "mem\nGB",
+                   "bound"], rows, highlight_row=0, compact=True, wrap=("options", "layout"))
     unfit = sum(not p.fits for p in ranked)
     console.print(f"{len(ranked)} configurations in {len(groups)} rows (a row: configurations "
                   f"with identical predictions; --json lists each), {unfit} do not fit in "
@@ -78,37 +212,39 @@ def plan(
 
 
 def _max_seq(c, model: str, world: int, space: list, nodes: int, scope: str, dtype: str,
-             top: int, as_json: bool) -> None:
+             top: int, as_json: bool, filters, layouts) -> None:
     from seqpar.experiments.perf.maxseq import max_seq
 
-    found = max_seq(c, model, world, space, nodes=nodes, scope=scope, dtype=dtype)
+    found = max_seq(c, model, world, space, nodes=nodes, scope=scope, dtype=dtype,
+                    filters=filters, layouts=layouts)
     if as_json:
         print(json.dumps({"cluster": c.name, "memory_gb": c.memory_gb,
                           "configs": [r.json() for r in found]}, indent=1))
         return
     groups: dict[tuple, list] = {}
     for r in found:
-        groups.setdefault((r.algorithm, r.max_tokens, r.peak_mem_bytes), []).append(r)
+        groups.setdefault((r.algorithm, r.max_tokens, r.peak_mem_bytes,
+                           r.policy.label() if r.policy else ""), []).append(r)
     rows = []
-    for i, group in enumerate(list(groups.values())[:top]):
+    for i, group in enumerate(list(groups.values())[:top] if top else groups.values()):
         r = group[0]
-        options, layouts = _describe(group)
-        rows.append([i + 1, r.algorithm, options, layouts,
+        options, lays = _describe(group)
+        rows.append([i + 1, r.algorithm, options, lays, r.policy.label() if r.policy else "-",
                      f"{r.max_tokens:,}" if r.max_tokens else "none fits",
                      f"{r.max_tokens / 2**20:.2f}M" if r.max_tokens else "-",
                      f"{r.peak_mem_bytes / 1e9:.2f}"])
     display_table(f"longest sequence that fits: {model} P={world} on {c.name} ({nodes} node(s), "
                   f"{c.memory_gb:g} GB), scope {scope}",
-                  ["#", "algorithm", "options", "layout", "max tokens", "Mi tokens", "mem GB at it"],
-                  rows,
-                  highlight_row=0, compact=True, wrap=("options", "layout"))
+                  ["#", "algorithm", "options", "layout", "policy", "max tokens", "Mi tokens",
+                   "mem GB at it"], rows,
+                  highlight_row=0, compact=True, wrap=("options", "layout", "policy"))
     console.print(f"{len(found)} configurations in {len(groups)} rows; lengths are multiples of "
                   "each configuration's granularity (--json)")
 
 
 SHORT = {"head-first": "hf", "context-first": "cf", "collective-intra": "coll",
-         "p2p-intra": "p2p", "contiguous": "contig"}
-KEYS = {"inner_ring": "ring", "team_size": "C", "checkpoint": "", "placement": ""}
+         "p2p-intra": "p2p", "contiguous": "contig", "zigzag": "zz", "stripe": "st"}
+KEYS = {"inner_ring": "ring", "team_size": "C", "placement": ""}
 LAYOUTS = ("contiguous", "zigzag", "stripe")
 
 
@@ -149,10 +285,9 @@ def _memory_cell(pair: tuple[float, float] | None) -> str:
 
 
 def _validate(sweep_id: str, cluster, as_json: bool) -> None:
-    from seqpar.cli import options
     from seqpar.experiments.perf import plan as perf_plan
 
-    tracker = options.tracker()
+    tracker = _reader(sweep_id)
     checks = perf_plan.validate(((t.params, t.metrics) for t in tracker.trials(sweep_id)), cluster)
     s = perf_plan.summary(checks)
     memory = [k for k in ("state_bytes", "activation_bytes") if any(k in c.memory for c in checks)]
@@ -173,3 +308,25 @@ def _validate(sweep_id: str, cluster, as_json: bool) -> None:
         for group, regret in s["regret"].items():
             console.print(f"  {group}: predicted best {s['predicted_best'][group]} is "
                           f"{100 * regret:.1f}% off the measured best")
+
+
+def _reader(sweep_id: str) -> Any:
+    """The tracker holding `sweep_id`, or one line (exit 2) when it cannot: a SQLite store that
+    does not exist is not created (nor its lock), an id it does not hold is refused."""
+    from pathlib import Path
+
+    from seqpar.cli import options
+    from seqpar.errors import ConfigError
+    from seqpar.platform.tracking import check_uri
+
+    uri = check_uri(options.GLOBALS.tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise ConfigError("validate", sweep_id, f"no sweep with this id: there is no store at {uri}")
+    tracker = options.tracker()
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracker.client.get_run(sweep_id)
+    except MlflowException:
+        raise ConfigError("validate", sweep_id, f"no sweep with this id in {uri}") from None
+    return tracker

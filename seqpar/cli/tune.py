@@ -30,7 +30,10 @@ def tune(
 ) -> None:
     """Profile every valid (algorithm, options, layout) for this world and rank by tokens/s."""
     from seqpar.cli.sweep import execute
+    from seqpar.experiments.perf.search import check_counts
     from seqpar.sweeps.tune import tuning_plan
+
+    check_counts(nodes=nodes)  # the rest are a sweep's fields, refused by name when the plan is made
 
     plan = tuning_plan(world, model, seq_len, nodes, iters=iters, device=device, prune=prune,
                        cluster=cluster, dtype=dtype or ("bfloat16" if device == "cuda" else "float32"))

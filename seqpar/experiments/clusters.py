@@ -7,7 +7,8 @@
 Throughputs are sustained rates at large blocks. The attention kernel's rate falls at small
 blocks: rate(t) = attention_tflops * t / (t + kernel_half_tokens) for a kernel call of t query
 tokens. The presets take peak numbers from the vendor datasheets and one documented efficiency
-for FlashAttention-2 on Ampere (FLASH_EFFICIENCY, below); nothing is fitted to the papers' tables.
+for FlashAttention-2 on Ampere (FLASH_EFFICIENCY, below), the documented kernel and GEMM rates of
+Hopper GPUs (`perf.rates`); nothing is fitted to the papers' tables.
 
 Work beside the kernel, per rank: the online-softmax merge of each forward call's partial output,
 gradient accumulation and message packing (memory-bound: `merge_gb_per_s`, `copy_gb_per_s`; on a
@@ -62,6 +63,16 @@ class Link(_Strict):
         return self.latency_us * 1e-6 + nbytes * share / (self.bandwidth_gb_per_s * 1e9)
 
 
+class KernelRate(_Strict):
+    """An attention kernel's TFLOP/s at large blocks (16-bit): forward without and with a causal mask,
+    and backward (FLOPs counted as seqpar.rules.flops counts them), and where they come from."""
+
+    forward_full: float = Field(gt=0)
+    forward_causal: float = Field(gt=0)
+    backward: float = Field(gt=0)
+    source: str = ""
+
+
 class Cluster(_Strict):
     name: str
     source: str = Field("", description="where the numbers come from")
@@ -80,7 +91,25 @@ class Cluster(_Strict):
         default_factory=dict, description="measured kernel TFLOP/s (fwd+bwd) by mask (causal | full) "
         "and call tokens, in the measured dtype (`seqpar calibrate`); when given it replaces "
         "attention_tflops x t / (t + kernel_half_tokens)")
+    attention_backward_tflops: dict[str, float] = Field(
+        default_factory=dict, description="sustained backward TFLOP/s by dtype (default: the "
+        "forward's, attention_tflops)")
+    causal_rate_ratio: float = Field(1.0, gt=0, description="a causal call's rate over an unmasked "
+                                     "one's at large blocks (FlashAttention-3 Fig. 4)")
+    gpu: str | None = Field(None, description="the device in seqpar.experiments.perf.rates' tables "
+                            "(h100, h200, a100): documented kernel and GEMM rates by shape")
+    kernel: str | None = Field(None, description="the attention kernel attention_tflops describes "
+                               "(None: flash2)")
+    kernels: dict[str, KernelRate] = Field(
+        default_factory=dict, description="measured attention kernels by name (`seqpar calibrate` "
+        "on this cluster): they take precedence over the documented rates")
     memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
+    host_link_gb_per_s: float | None = Field(None, gt=0, description="one GPU's link to host memory, "
+                                             "GB/s each way (offload)")
+    host_memory_gb_per_s: float | None = Field(None, gt=0, description="a node's host memory "
+                                               "bandwidth, GB/s (an offloaded optimizer step)")
+    host_memory_gb: float | None = Field(None, gt=0, description="a node's host memory, GB: what "
+                                         "its GPUs offload must fit in it")
     intra: Link = Field(description="one GPU's link to the others of its node")
     nics_per_node: int = Field(1, gt=0)
     inter: Link = Field(description="one NIC: bandwidth and latency between nodes")
@@ -143,6 +172,14 @@ class Cluster(_Strict):
             return 0.0
         return nbytes / (self.transport_gb_per_s * 1e9) + messages * self.message_us * 1e-6
 
+    def backward_slowdown(self, dtype: str) -> float:
+        """The backward kernel's time per FLOP over the forward's (1 when no backward rate)."""
+        back = self.attention_backward_tflops
+        if not back:
+            return 1.0
+        value = back.get(dtype) or back.get("bfloat16") or next(iter(back.values()))
+        return self.rate(dtype) / (value * 1e12)
+
     def rate(self, dtype: str, kind: str = "attention") -> float:
         """FLOP/s of one device for `kind` (attention | gemm) in `dtype` (nearest known dtype)."""
         table = self.attention_tflops if kind == "attention" else self.gemm_tflops
@@ -156,7 +193,8 @@ class Cluster(_Strict):
         table = self.attention_tflops_by_block.get("full" if mask == "full" else "causal")
         if not table:
             half = self.kernel_half_tokens
-            return self.rate(dtype) * (tokens / (tokens + half) if half else 1.0)
+            masked = 1.0 if mask == "full" else self.causal_rate_ratio
+            return self.rate(dtype) * masked * (tokens / (tokens + half) if half else 1.0)
         points = sorted(table.items())
         if tokens <= points[0][0]:
             return points[0][1] * 1e12
@@ -179,43 +217,71 @@ class Cluster(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def _ampere(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: float, nics: int,
+# Maximum Achievable Matmul FLOPS (ml-engineering, compute/accelerator README; bf16, best shape of a
+# sweep): A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989 (perf.rates scales it by shape)
+GEMM_EFFICIENCY = {"a100": 267.9 / 312, "h100": 792.1 / 989.4, "h200": 792.1 / 989.4}
+
+
+def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: float, nics: int,
             nic_gbit: float, peak_bf16: float = 312.0, inter_latency: float = 10.0,
-            hbm: float = 2039.0) -> Cluster:
+            hbm: float = 2039.0, gpu: str = "a100", host_link: float | None = None,
+            host_memory: float | None = None, host_gb: float | None = None) -> Cluster:
+    """A preset from datasheet numbers: the attention kernel at FlashAttention-2's documented
+    efficiency (Ampere; a Hopper's documented kernels replace it, perf.rates), GEMMs at the
+    documented maximum achievable rate, links at NCCL's efficiency."""
+    gemm = GEMM_EFFICIENCY[gpu] * peak_bf16
     return Cluster(
-        name=name, source=source, nodes=nodes, gpus_per_node=gpn, memory_gb_per_s=hbm,
+        name=name, source=source, nodes=nodes, gpus_per_node=gpn, memory_gb_per_s=hbm, gpu=gpu,
         attention_tflops={"bfloat16": FLASH_EFFICIENCY * peak_bf16,
                           "float16": FLASH_EFFICIENCY * peak_bf16,
                           "float32": FLASH_EFFICIENCY * peak_bf16 / 16},
-        gemm_tflops={"bfloat16": 0.7 * peak_bf16, "float16": 0.7 * peak_bf16,
-                     "float32": 0.7 * peak_bf16 / 16},
+        gemm_tflops={"bfloat16": gemm, "float16": gemm, "float32": gemm / 16},
         peak_tflops={"bfloat16": peak_bf16, "float16": peak_bf16, "float32": peak_bf16 / 16},
         memory_gb=mem, intra=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nvlink, latency_us=5.0),
-        nics_per_node=nics,
+        nics_per_node=nics, host_link_gb_per_s=host_link, host_memory_gb_per_s=host_memory,
+        host_memory_gb=host_gb,
         inter=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nic_gbit / 8, latency_us=inter_latency))
 
 
 # NVLink figures are per direction per GPU (A100/A800 NVLink3: 600 GB/s both ways = 300 each way;
-# BurstEngine states 400 GB/s for its A800 nodes, i.e. 200 each way); H100 NVLink4 450 each way.
-# HBM bandwidth (datasheets): A100/A800 80 GB SXM 2039 GB/s, A100 40 GB 1555, H100 SXM 3350.
+# BurstEngine states 400 GB/s for its A800 nodes, i.e. 200 each way); H100/H200 NVLink4 450 each way.
+# HBM bandwidth (datasheets): A100/A800 80 GB SXM 2039 GB/s, A100 40 GB 1555, H100 SXM 3350,
+# H200 SXM 4800. Memory: the papers' presets count their "80 GB" as 80e9 bytes; the H100 and H200
+# presets count nvidia-smi's GiB (80 GiB = 85.9e9, 141 GB -> 140 GiB = 150.3e9).
+# Host side (DGX H100/H200 datasheets): PCIe Gen5 x16 per GPU, 64 GB/s each way (x 0.8, NCCL-like
+# efficiency: 51); two Xeon 8480C with 8 DDR5-4800 channels each, 2 x 307 GB/s per node; 2 TB.
+H100 = dict(peak_bf16=989.4, hbm=3350.0, gpu="h100", host_link=51.2, host_memory=614.4,
+            host_gb=2048.0)
 PRESETS: dict[str, Cluster] = {
-    "loongtrain-a100": _ampere(
+    "loongtrain-a100": _nvidia(
         "loongtrain-a100", "LoongTrain §5 testbed: 8 nodes x 8 Ampere 80 GB, NVLink, "
         "4 x HDR 200 Gb/s NICs per node, no SHARP", 8, 8, 80, 300, 4, 200),
-    "burst-a800": _ampere(
+    "burst-a800": _nvidia(
         "burst-a800", "BurstEngine §4.1: A800-SXM4-80GB nodes, 400 GB/s NVLink, "
         "8 x HDR 200 Gb/s NICs per node", 8, 8, 80, 200, 8, 200),
-    "wallfacer-h100": _ampere(
+    "wallfacer-h100": _nvidia(
         "wallfacer-h100", "WallFacer §5: 8 nodes x 8 H100 80 GB, NVLink, InfiniBand with 8 "
-        "ConnectX-7 (400 Gb/s) per node", 8, 8, 80, 450, 8, 400, peak_bf16=989.0, hbm=3350.0),
-    "wallfacer-a100-16": _ampere(
+        "ConnectX-7 (400 Gb/s) per node", 8, 8, 80, 450, 8, 400, **H100),
+    "wallfacer-a100-16": _nvidia(
         "wallfacer-a100-16", "WallFacer §5: Google Cloud, 2 machines x 16 A100 40 GB, NVLink, "
         "Ethernet between (100 Gb/s assumed: the paper gives no rate)", 2, 16, 40, 300, 1, 100,
         inter_latency=30.0, hbm=1555.0),
-    "wallfacer-a100-8": _ampere(
+    "wallfacer-a100-8": _nvidia(
         "wallfacer-a100-8", "WallFacer §5: Google Cloud, 4 machines x 8 A100 40 GB, NVLink, "
         "Ethernet between (100 Gb/s assumed: the paper gives no rate)", 4, 8, 40, 300, 1, 100,
         inter_latency=30.0, hbm=1555.0),
+    "h100-sxm": _nvidia(
+        "h100-sxm", "DGX H100 datasheet: 8 x H100 SXM5 80 GB a node (989 TFLOP/s bf16 dense, HBM3 "
+        "3.35 TB/s), NVLink 4 (900 GB/s both ways), 8 x ConnectX-7 400 Gb/s InfiniBand", 1, 8,
+        85.9, 450, 8, 400, **H100),
+    "h200-sxm": _nvidia(
+        "h200-sxm", "DGX H200 datasheet: 8 x H200 SXM 141 GB a node (989 TFLOP/s bf16 dense, HBM3e "
+        "4.8 TB/s), NVLink 4 (900 GB/s both ways), 8 x ConnectX-7 400 Gb/s InfiniBand", 1, 8,
+        150.3, 450, 8, 400, **{**H100, "hbm": 4800.0, "gpu": "h200"}),
+    "torchtitan-h100": _nvidia(
+        "torchtitan-h100", "torchtitan docs/performance.md (Grand Teton): 8 x H100 96 GB HBM2e "
+        "(2.4 TB/s) a node, NVLink, 400 Gb/s RDMA per GPU, 500 W power limit (not modelled: the "
+        "SXM's 989 TFLOP/s assumed)", 1, 8, 103.1, 450, 8, 400, **{**H100, "hbm": 2400.0}),
 }
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from seqpar.case import Case
-from seqpar.experiments.clusters import Cluster, Link
+from seqpar.experiments.clusters import Cluster, KernelRate, Link
 from seqpar.experiments.perf.calibrate import (
     HEAD_DIM,
     HEADS,
@@ -25,6 +26,7 @@ from seqpar.experiments.perf.calibrate import (
     with_host_links,
 )
 from seqpar.platform.localgang import LocalGang
+from seqpar.rules.flops import BACKWARD_FLOPS, attention_flops
 from seqpar.workers.measure import measure as measure_case
 
 
@@ -97,12 +99,101 @@ def host_links(repeats: int = 10) -> tuple[Link, float, float, dict[str, float]]
     return lk, 1 / per_byte, per_message, tiny
 
 
+# ----------------------------------------------------------------- attention kernels on CUDA
+CUDA_SHAPE = (1, 16384, 16, 128)  # (batch, tokens, heads, head dim): the microbenchmarks' 16K calls
+
+
+def _sdpa(backend: str) -> Callable | None:
+    """torch SDPA pinned to one backend, on (B, N, H, D) tensors."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    which = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+             "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel([which]):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+        return out.transpose(1, 2)
+
+    return run
+
+
+def _flash(version: int) -> Callable | None:
+    """flash-attn's own function (2: flash_attn; 3: flash_attn_interface), or None when absent."""
+    try:
+        if version == 2:
+            from flash_attn import flash_attn_func
+        else:
+            from flash_attn_interface import flash_attn_func
+    except ImportError:
+        return None
+
+    def run(q, k, v, causal):
+        out = flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    return run
+
+
+def _cuda_seconds(fn: Callable[[], object], repeats: int = 10) -> float:
+    """The median of `repeats` timed calls (CUDA events), after two warm ones."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _kernel_rate(run: Callable, dtype: torch.dtype) -> KernelRate:
+    """One kernel's forward (no mask, causal) and backward TFLOP/s on CUDA_SHAPE."""
+    b, n, h, d = CUDA_SHAPE
+    q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    grad = torch.randn(b, n, h, d, device="cuda", dtype=dtype)
+    full, causal = (attention_flops(b, n, n, h, d, m) for m in ("full", "causal"))
+    forward = _cuda_seconds(lambda: run(q, k, v, False))
+    masked = _cuda_seconds(lambda: run(q, k, v, True))
+    both = _cuda_seconds(lambda: run(q, k, v, False).backward(grad))
+    return KernelRate(
+        forward_full=round(full / forward / 1e12, 1), forward_causal=round(causal / masked / 1e12, 1),
+        backward=round(BACKWARD_FLOPS * full / max(both - forward, 1e-9) / 1e12, 1),
+        source=f"seqpar calibrate on {torch.cuda.get_device_name()}, torch {torch.__version__}: "
+               f"B={b} N={n} H={h} D={d} {str(dtype).removeprefix('torch.')}")
+
+
+def cuda_kernels(dtype: torch.dtype = torch.bfloat16) -> dict[str, KernelRate]:
+    """Each attention kernel this CUDA machine runs, measured as the planner's rates are stated:
+    forward TFLOP/s without and with the causal mask and backward TFLOP/s at 16K-token calls
+    (FLOPs as rules.flops counts them). A kernel that cannot run here is left out."""
+    runs = {"flash2": _flash(2), "flash3": _flash(3),
+            **{k: _sdpa(k) for k in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient")}}
+    out = {}
+    for name, run in runs.items():
+        if run is None:
+            continue
+        try:
+            out[name] = _kernel_rate(run, dtype)
+        except RuntimeError:  # no kernel of this backend for this GPU, dtype or shape
+            continue
+    return out
+
+
 def calibrate(name: str = "local",
               with_link: bool = True) -> tuple[Cluster, dict[str, dict[int, float]]]:
     """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores) and
     the kernel's FLOP/s by mask and block tokens; with `with_link`, also the local link, the
-    transport's CPU cost and the fixed host costs (two local ranks)."""
+    transport's CPU cost and the fixed host costs (two local ranks); on a CUDA machine also every
+    attention kernel it runs (`Cluster.kernels`: the planner takes them before documented rates)."""
     cluster, table = measure(name)
     if with_link:
         cluster = with_host_links(cluster, *host_links())
+    if torch.cuda.is_available():
+        cluster = cluster.model_copy(update={"kernels": cuda_kernels()})
     return cluster, table

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from typer.testing import CliRunner
 
 from seqpar.cli.app import app
@@ -43,13 +45,140 @@ def test_plan_lists_configurations_that_do_not_fit_after_the_ranked_ones():
         assert c["fits"] == (c["predicted"]["peak_mem_bytes"] <= mem)
 
 
-def test_plan_model_scope_has_step_time_and_mfu():
+STEP_KEYS = {"dp", "sp", "algorithm", "options", "layout", "states", "checkpoint", "fused_head",
+             "offload", "tiled", "kernel", "micro_batches", "predicted", "fits"}
+PARTS = {"attention", "other_compute", "recompute", "exposed_comm", "optimizer"}
+
+
+def _check_steps(out: dict, world: int, tokens: int, seq_len: int) -> list[dict]:
+    configs = out["configs"]
+    assert configs and out["kernel"] == "flash2"
+    for c in configs:
+        assert set(c) == STEP_KEYS
+        assert c["dp"] * c["sp"] == world and c["micro_batches"] * c["dp"] * seq_len == tokens
+        assert c["states"] in ("dp_sp", "sp", "node", "replicated") and isinstance(c["offload"], list)
+        assert isinstance(c["fused_head"], bool) and isinstance(c["tiled"], bool)
+        p = c["predicted"]
+        assert set(p) >= {"step_ms", "tgs", "mfu", "mfu_causal_halved", "peak_mem_bytes",
+                          "parts_ms"}
+        assert set(p["parts_ms"]) == PARTS
+        assert abs(sum(p["parts_ms"].values()) - p["step_ms"]) < 0.02
+        assert abs(p["tgs"] - tokens / (p["step_ms"] / 1e3 * world)) < 0.01 * p["tgs"]
+        host = p["memory"]["host"] * world / out.get("nodes", 1)  # a node's offloaded bytes
+        assert c["fits"] == (p["peak_mem_bytes"] <= out["memory_gb"] * 1e9 and (
+            out["host_memory_gb"] is None or host <= out["host_memory_gb"] * 1e9))
+    fits = [c["fits"] for c in configs]
+    assert fits == sorted(fits, reverse=True)  # fitting ones first
+    tgs = [c["predicted"]["tgs"] for c in configs if c["fits"]]
+    assert tgs == sorted(tgs, reverse=True)
+    return configs
+
+
+def test_plan_model_scope_gives_each_configuration_its_own_fields():
     out = plan_json("--cluster", "burst-a800", "--model", "llama2-7b", "--seq-len", "131072",
                     "--world", "16", "--scope", "model")
-    best = out["configs"][0]
-    assert best["predicted"]["step_ms"] > 32 * best["predicted"]["attention_ms"] * 0.5
-    assert 0 < best["predicted"]["mfu"] < 1
-    assert "checkpoint" in best["options"]
+    configs = _check_steps(out, 16, 131072, 131072)
+    # one SP group over 2 nodes: states sharded over it, over each node, or not at all
+    assert {c["dp"] for c in configs} == {1}
+    assert {c["states"] for c in configs} == {"dp_sp", "node", "replicated"}
+    best = configs[0]["predicted"]
+    assert best["parts_ms"]["attention"] > 0.3 * best["step_ms"]
+    assert 0 < best["mfu_causal_halved"] < 1
+
+
+def test_plan_cluster_scope_searches_dp_x_sp_splits():
+    tokens, seq_len = 8 * 65536, 65536
+    out = plan_json("--cluster", "h100-sxm", "--model", "llama3.1-8b", "--seq-len",
+                    str(seq_len), "--world", "16", "--nodes", "2", "--scope", "cluster",
+                    "--tokens-per-step", str(tokens), "--top", "0")
+    configs = _check_steps(out, 16, tokens, seq_len)
+    # SP within a node or over whole nodes; DP takes the rest, with whole micro-batches
+    assert [(s["dp"], s["sp"]) for s in out["splits"]] == [(8, 2), (4, 4), (2, 8), (1, 16)]
+    assert {c["sp"] for c in configs} == {2, 4, 8, 16}
+    assert {c["states"] for c in configs} == {"dp_sp", "sp", "node", "replicated"}
+    assert {tuple(c["offload"]) for c in configs} >= {(), ("activations",)}
+    assert out["kernel_source"].startswith("flash2: FlashAttention-3 (Shah et al. 2024")
+
+
+def test_plan_cluster_scope_filters_pin_a_configuration():
+    out = plan_json("--cluster", "h100-sxm", "--model", "llama3.1-8b", "--seq-len", "32768",
+                    "--world", "8", "--scope", "cluster", "--tokens-per-step", "262144", "--sp",
+                    "2", "--algorithm", "ring", "--layout", "zigzag", "--states", "dp_sp",
+                    "--checkpoint", "full", "--no-fused-head", "--offload", "none", "--no-tiled")
+    (c,) = out["configs"]
+    assert (c["dp"], c["sp"], c["algorithm"], c["layout"], c["states"], c["checkpoint"],
+            c["fused_head"], c["offload"], c["tiled"], c["micro_batches"]) == \
+        (4, 2, "ring", "zigzag", "dp_sp", "full", False, [], False, 2)
+
+
+def test_plan_cluster_table_shows_where_time_goes_and_why_rows_lose(monkeypatch):
+    out = _table(monkeypatch, "--cluster", "h100-sxm", "--model", "llama3.1-8b", "--seq-len",
+                 "131072", "--world", "16", "--nodes", "2", "--scope", "cluster",
+                 "--tokens-per-step", "1048576", "--top", "6")
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    rows = [line for line in lines if re.match(r"\s*\d+\s+\d+x\d+\s", line)]
+    assert len(rows) == 6 and " best " in rows[0]
+    assert all("%:" in r or "ties #1" in r for r in rows[1:])  # +N%: the part that grew
+    assert "at/oc/rc/cm/op" in out and "kernel rates: flash2" in out
+
+
+def test_plan_cluster_scope_says_when_nothing_fits_within_seconds():
+    import time
+
+    t0 = time.perf_counter()
+    result = CliRunner().invoke(app, ["plan", "--cluster", "wallfacer-a100-16", "--model",
+                                      "llama3.1-70b", "--seq-len", "1048576", "--world", "2",
+                                      "--nodes", "1", "--scope", "cluster", "--tokens-per-step",
+                                      "1048576"])
+    assert result.exit_code == 0, result.output
+    assert "nothing fits in 40 GB" in result.output and "the least memory found needs" in \
+        result.output
+    assert time.perf_counter() - t0 < 10
+
+
+def test_plan_kernel_changes_the_prediction_and_is_refused_where_absent():
+    from seqpar.errors import ConfigError
+
+    args = ["--cluster", "h100-sxm", "--model", "llama3.1-8b", "--seq-len", "65536", "--world",
+            "8", "--algorithm", "ring", "--layout", "zigzag"]
+    times = {k: plan_json(*args, "--kernel", k)["configs"][0]["predicted"]["attention_ms"]
+             for k in ("flash3", "sdpa-cudnn", "flash2", "sdpa-flash", "sdpa-efficient")}
+    assert list(times.values()) == sorted(times.values())  # FA3 Fig. 4-5's order on an H100
+    result = CliRunner().invoke(app, ["plan", "--cluster", "loongtrain-a100", "--kernel",
+                                      "flash3", "--json"])
+    assert isinstance(result.exception, ConfigError)
+    assert "Hopper only" in str(result.exception)
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("--seq-len", "0"), ("--seq-len", "-5"), ("--world", "0"), ("--nodes", "0"),
+    ("--nodes", "-1"), ("--tokens-per-step", "0"), ("--sp", "0"), ("--top", "-1")])
+def test_plan_refuses_a_bad_number_in_one_line(option, value):
+    from seqpar.errors import ConfigError
+
+    result = CliRunner().invoke(app, ["plan", "--scope", "cluster", "--tokens-per-step",
+                                      "131072", option, value, "--json"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert str(result.exception).startswith(f"{option.lstrip('-')}={value}") or \
+        str(result.exception).startswith(f"{option.lstrip('-')}={int(value)}")
+    assert "\n" not in str(result.exception)
+
+
+def test_plan_validate_of_an_unknown_sweep_is_one_line_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    store = tmp_path / "store"
+    store.mkdir()
+    seqpar = str(Path(sys.executable).with_name("seqpar"))
+    run = subprocess.run([seqpar, "--tracking-uri",
+                          f"sqlite:///{store / 'mlflow.db'}", "plan", "--validate", "0123abcd"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "no sweep with this id" in run.stderr
+    assert list(store.iterdir()) == []  # no store, no lock
 
 
 def test_plan_bad_cluster_is_one_line():
@@ -139,22 +268,22 @@ def test_plan_rows_are_configurations_with_identical_predictions():
     assert len(distinct) == len(groups)
 
 
-def test_plan_model_scope_table_has_step_time_and_mfu(monkeypatch):
+def test_plan_model_scope_table_has_step_time_and_policy(monkeypatch):
     out = _table(monkeypatch, "--cluster", "burst-a800", "--model", "llama2-7b", "--seq-len",
                  "131072", "--world", "16", "--scope", "model", "--top", "3")
-    assert "step" in out and "MFU" in out and "fsdp" in out  # the training policy of each row
+    assert "step" in out and "TGS" in out and "dp_sp" in out  # the training policy of each row
     assert max(len(line) for line in out.splitlines()) <= 120
 
 
 def test_plan_model_scope_ranks_states_and_heads_and_finds_burstengines_14b_fits():
     """BurstEngine's 14B at 256K tokens on 8 x A800 80 GB: configurations fit once states are
-    sharded and the head fused; replicated states (16 bytes a parameter, 223 GB) never fit."""
+    sharded; replicated states (16 bytes a parameter, 223 GB) never fit."""
     from seqpar.experiments import clusters
     from seqpar.experiments.perf import plan as perf_plan
 
     ranked = perf_plan.rank(clusters.load("burst-a800"), "14b", 262144, 8,
                             [("ring", {}), ("ulysses", {})], scope="model")
     fits = [p for p in ranked if p.fits]
-    assert fits and all(p.options["checkpoint"].startswith("fsdp") for p in fits)
-    assert any(not p.fits and p.options["checkpoint"].startswith("fsdp") for p in ranked)
+    assert fits and all(p.policy.states == "dp_sp" for p in fits)
+    assert any(not p.fits and p.policy.states == "dp_sp" for p in ranked)
     assert all(p.peak_mem_bytes <= 80e9 for p in fits)

@@ -34,9 +34,9 @@ def test_the_longest_sequence_fits_and_one_step_more_does_not(scope):
     assert found and [r.max_tokens for r in found] == sorted((r.max_tokens for r in found),
                                                              reverse=True)
     for r in found:
-        opts = {k: v for k, v in r.options.items() if k != "checkpoint"}
-        at = {"world": world, "options": opts, "nodes": max(1, world // 8),
-              "checkpoint": r.options.get("checkpoint")}
+        opts = dict(r.options)
+        at = {"world": world, "options": opts, "nodes": max(1, world // 8), "policy": r.policy}
+        assert (r.policy is None) == (scope == "attention")
         assert r.max_tokens % r.granularity == 0
         if r.max_tokens:
             algorithms.check(r.algorithm, model_shape(model, r.max_tokens)[0], world, r.layout,
@@ -67,6 +67,33 @@ def test_plan_max_seq_json_and_table():
     assert {c["algorithm"] for c in configs} >= {"ring", "ulysses", "usp", "burst", "wallfacer"}
     assert all(set(c) == {"algorithm", "options", "layout", "max_tokens", "granularity",
                           "peak_mem_bytes"} for c in configs)
+    model = json.loads(CliRunner().invoke(app, [*args, "--scope", "model", "--algorithm", "ring",
+                                                "--checkpoint", "full", "--json"]).output)
+    assert model["configs"] and all(
+        set(c) == {"algorithm", "options", "layout", "states", "checkpoint", "fused_head",
+                   "offload", "tiled", "max_tokens", "granularity", "peak_mem_bytes"}
+        and c["checkpoint"] == "full" and c["offload"] == [] and c["tiled"] is False
+        for c in model["configs"])
     assert all(0 < c["peak_mem_bytes"] <= 80e9 for c in configs if c["max_tokens"])
     table = CliRunner().invoke(app, [*args, "--top", "3"])
     assert table.exit_code == 0 and f"{configs[0]['max_tokens']:,}" in table.output
+
+
+def test_activation_offload_and_tiling_lengthen_the_longest_sequence():
+    """Llama-3.1-8B on 8 H100 80 GB: offloading activations and tiling the MLP and loss (ALST)
+    fit longer sequences than the same policy without them, never shorter ones."""
+    from seqpar.experiments.perf.policy import Filters
+
+    cluster = clusters.load("h100-sxm")
+    space = [("ulysses", {}), ("ring", {})]
+
+    def longest(offload, tiled):
+        f = Filters(states="dp_sp", checkpoint="full", fused_head=True, offload=offload,
+                    tiled=tiled)
+        return {(r.algorithm, r.layout): r.max_tokens
+                for r in max_seq(cluster, "llama3.1-8b", 8, space, scope="model", filters=f)}
+
+    plain, tiled, both = longest((), False), longest((), True), longest(("activations",), True)
+    assert plain.keys() == tiled.keys() == both.keys()
+    assert all(plain[k] <= tiled[k] <= both[k] for k in plain)
+    assert all(both[k] > 1.5 * plain[k] for k in plain)

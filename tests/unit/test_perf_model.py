@@ -174,16 +174,19 @@ def test_wallfacer_holds_3c_activations_and_memory_rises():
 
 
 def test_checkpoint_policies_trade_memory_for_recompute():
-    from seqpar.experiments.perf.step import shape_of, step
-    from seqpar.model.config import PRESETS
+    from seqpar.experiments.perf.policy import Policy
+    from seqpar.experiments.perf.search import make_setup
+    from seqpar.experiments.perf.step import step
 
-    cfg = PRESETS["llama2-7b"]
-    shape = shape_of(cfg, 131072)
-    p = perf.predict(A100, "usp", shape, 16, nodes=2, options={"dhp": 8})
-    none, full, scpp, half = (step(p, cfg, A100, shape, 16, ck)
+    setup = make_setup(A100, "llama2-7b", 131072, 131072, 16, 2)
+    p = setup.attention(16, "usp", {"dhp": 8}, "zigzag")
+    none, full, scpp, half = (step(setup, 1, 16, p, Policy("dp_sp", ck))
                               for ck in ("none", "full", "sc++", "seq:0.5"))
     assert none.step_ms < half.step_ms < full.step_ms
     assert scpp.step_ms < full.step_ms  # SC++ does not recompute attention
     assert none.peak_mem_bytes > half.peak_mem_bytes > full.peak_mem_bytes
     assert full.peak_mem_bytes < scpp.peak_mem_bytes < none.peak_mem_bytes
-    assert 0 < full.mfu < none.mfu < 1
+    assert 0 < full.mfu_causal_halved < none.mfu_causal_halved < 1
+    for s in (none, full, scpp, half):  # the step's parts are the whole step
+        assert sum(s.parts.values()) == pytest.approx(s.step_ms, rel=1e-9)
+    assert none.parts["recompute"] == 0 < scpp.parts["recompute"] < full.parts["recompute"]

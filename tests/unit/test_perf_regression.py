@@ -1,7 +1,8 @@
 """The planner's predictions stay what they were: a fixed table of configurations (clusters, models,
 sequence lengths, worlds up to 256, every algorithm with the options that change its schedule,
-attention and model scopes) whose every predicted number is recorded in perf_regression.json and
-must be reproduced to 1e-9 relative.
+attention and model scopes: the model scope's configurations are the search's, each with every
+training policy) whose every predicted number is recorded in perf_regression.json and must be
+reproduced to 1e-9 relative.
 
 Re-record (only when a prediction is meant to change, saying why in the commit):
     .venv/bin/python tests/unit/test_perf_regression.py --record
@@ -49,19 +50,29 @@ def _space(world: int, every: int) -> list[tuple[str, dict[str, Any]]]:
 
 FIELDS = ("algorithm", "options", "layout", "attention_ms", "forward_ms", "compute_ms",
           "exposed_intra_ms", "exposed_inter_ms", "bytes_intra", "bytes_inter", "peak_mem_bytes",
-          "step_ms", "mfu", "fits", "bottleneck")
+          "fits", "bottleneck")
+# the model scope (a whole step): the configuration, then every number of its prediction
+STEP_FIELDS = ("algorithm", "options", "layout", "policy", "step_ms", "tgs", "mfu",
+               "mfu_causal_halved", "peak_mem_bytes", "fits", "attention", "other_compute",
+               "recompute", "exposed_comm", "optimizer", "states", "activations", "transient")
+
+
+def _num(x: Any) -> Any:
+    return float(f"{x:.12g}") if isinstance(x, float) else x
 
 
 def _row(p: Any) -> list[Any]:
     """Every number `seqpar plan --json` prints for a configuration (more digits than it prints:
     12 significant, so a change of 1e-9 shows), and what identifies the configuration."""
-    def num(x: Any) -> Any:
-        return float(f"{x:.12g}") if isinstance(x, float) else x
-
-    return [num(x) for x in (
+    if hasattr(p, "policy"):  # a whole step
+        return [_num(x) for x in (
+            p.algorithm, p.options, p.layout, p.policy.fields(), p.step_ms, p.tgs, p.mfu,
+            p.mfu_causal_halved, p.peak_mem_bytes, p.fits, *(p.parts[k] for k in STEP_FIELDS[10:15]),
+            *(p.memory[k] for k in STEP_FIELDS[15:]))]
+    return [_num(x) for x in (
         p.algorithm, p.options, p.layout, p.attention_ms, p.forward_ms, p.compute_ms,
         p.exposed_ms["intra"], p.exposed_ms["inter"], p.bytes_intra, p.bytes_inter,
-        p.peak_mem_bytes, p.step_ms, p.mfu, p.fits, p.bottleneck)]
+        p.peak_mem_bytes, p.fits, p.bottleneck)]
 
 
 def _cluster(name: str) -> Any:
@@ -98,12 +109,14 @@ def test_plan_predictions_match_the_recorded_table(case):
     want = json.loads(FIXTURE.read_text())[_key(case)]
     got = json.loads(json.dumps(predictions(case)))  # options as JSON holds them
     # the same configurations (in ranked order, but for ties broken by the last bit)
-    by_config = {json.dumps(w[:3]): w for w in want}
-    assert sorted(by_config) == sorted(json.dumps(g[:3]) for g in got)
+    n = 4 if case[5] == "model" else 3
+    fields = STEP_FIELDS if case[5] == "model" else FIELDS
+    by_config = {json.dumps(w[:n]): w for w in want}
+    assert sorted(by_config) == sorted(json.dumps(g[:n]) for g in got)
     for g in got:
-        w = by_config[json.dumps(g[:3])]
-        bad = {f: (a, b) for f, a, b in zip(FIELDS, g, w, strict=True) if not _close(a, b)}
-        assert not bad, f"{g[:3]}: {bad}"
+        w = by_config[json.dumps(g[:n])]
+        bad = {f: (a, b) for f, a, b in zip(fields, g, w, strict=True) if not _close(a, b)}
+        assert not bad, f"{g[:n]}: {bad}"
 
 
 def test_the_recorded_table_covers_every_algorithm_and_both_scopes():

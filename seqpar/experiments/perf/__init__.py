@@ -7,7 +7,10 @@
 
 One place per concern: `schedule` (each algorithm's stages, bytes from the algorithm's own analytic
 functions), `net` (links, NICs, contention), `kernel` (attention kernel time by block, from the
-layout's blocks), `predict` (overlap structure), `memory` (per rank), `step` (--scope model).
+layout's blocks), `rates` (the kernel that will run and GEMMs, from documented microbenchmarks),
+`predict` (overlap structure), `memory` (per rank), `policy` (a training policy's fields), `step`
+(a whole training step of DP x SP ranks), `search` (--scope model | cluster: splits, algorithms,
+policies, ranked by TGS), `plan` (--scope attention, --validate), `maxseq` (--max-seq).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ class Prediction:
     mfu: float | None = None
     stages: list[tuple[str, float]] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)  # a training step's parts (model scope)
+    forward_bytes: tuple[int, int] = (0, 0)  # the forward's (intra, inter) bytes
 
     def json(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "options": self.options, "layout": self.layout,
@@ -63,14 +64,25 @@ def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes:
         fwd.bytes_inter + (bwd.bytes_inter if both else 0), peak,
         peak <= cluster.memory_gb * 1e9, bottleneck,
         stages=[(f"fwd {label}", s) for label, s in fwd.stages]
-        + ([(f"bwd {label}", s) for label, s in bwd.stages] if both else []))
+        + ([(f"bwd {label}", s) for label, s in bwd.stages] if both else []),
+        forward_bytes=(fwd.bytes_intra, fwd.bytes_inter))
 
 
 def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
                    nodes: int = 1) -> int:
-    """Bytes one rank holds at the attention's peak (what `fits` compares to the device)."""
-    return memory.attention_peak(name, shape, world, options,
-                                 schedule(name, shape, world, options, nodes))
+    """Bytes one rank holds at the attention's peak (what `fits` compares to the device;
+    memoised: a search asks before it times a configuration, and the prediction asks again)."""
+    key = (name, shape, world, tuple(sorted(options.items())), nodes)
+    got = _PEAKS.get(key)
+    if got is None:
+        if len(_PEAKS) > 8192:
+            _PEAKS.clear()
+        got = _PEAKS[key] = memory.attention_peak(name, shape, world, options,
+                                                  schedule(name, shape, world, options, nodes))
+    return got
+
+
+_PEAKS: dict[tuple, int] = {}
 
 
 def predict_spec(spec: Any, cluster: Cluster) -> Prediction:

@@ -104,6 +104,8 @@ class Job:
         forward merges each call's partial output, backward adds the block's dq, dk, dv (in the
         accumulation dtype)."""
         seconds = b.seconds * factor
+        if factor != 1.0:  # backward, at the backward kernel's own rate
+            seconds *= self.cluster.backward_slowdown(self.dtype)
         if not accumulate:
             return seconds
         row = self.shape.batch * heads * self.shape.head_dim * self.shape.acc_bytes

@@ -3,7 +3,7 @@
 The block's kernel calls come from `layouts.block_tasks` (the one place the causal block relations
 live) on a small proxy of the sequence (PROXY tokens per layout chunk), scaled to the real size: so
 causal imbalance per layout (contiguous vs zigzag vs stripe) and the kernel's size per call follow
-from the layout itself. FLOPs per call are `kernels.attention_flops`; a call of t query tokens runs
+from the layout itself. FLOPs per call are `rules.flops.attention_flops`; a call of t query tokens runs
 at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), or at
 the rate a calibrated host measured for its mask and size (`Cluster.call_rate`), plus the cluster's
 fixed cost per call (a CPU's dispatch). Rates are one core's (one device's): how
@@ -18,11 +18,11 @@ from functools import lru_cache
 import torch
 
 from seqpar.algorithms import layouts
-from seqpar.algorithms.kernels import BACKWARD_FLOPS, attention_flops
 from seqpar.experiments.clusters import Cluster
+from seqpar.rules.flops import BACKWARD_FLOPS, attention_flops
 
 PROXY = 4  # proxy tokens per layout chunk (>= 2 so diagonal runs are seen)
-BACKWARD = BACKWARD_FLOPS  # backward FLOPs / forward FLOPs (kernels.flops, the one place)
+BACKWARD = BACKWARD_FLOPS  # backward FLOPs / forward FLOPs (rules.flops, the one place)
 
 
 @lru_cache(maxsize=8192)

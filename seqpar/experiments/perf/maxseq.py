@@ -1,9 +1,11 @@
 """`seqpar plan --max-seq`: the longest sequence each configuration fits in a device's memory.
 
 By the planner's own memory model (the peak `seqpar plan` compares to the device: the attention
-layer's in the attention scope, a training step's in the model scope), searched over the lengths
-the configuration accepts: multiples of its granularity (the smallest length its rules accept, e.g.
-2P for zigzag), doubling until it no longer fits, then bisecting. Peak memory grows with the length.
+layer's in the attention scope, a training step's in the model scope, under each training policy),
+searched over the lengths the configuration accepts: multiples of its granularity (the smallest
+length its rules accept, e.g. 2P for zigzag), doubling until it no longer fits, then bisecting. Peak
+memory grows with the length. The model scope tries the policies without offload or tiling unless
+`offload` / `tiled` filters name them (each policy is a configuration of its own).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.layouts import LAYOUTS, chunk_count
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.clusters import Cluster
+from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.api import attention_peak
 from seqpar.experiments.perf.plan import Space, model_shape
-from seqpar.experiments.perf.step import CHECKPOINTS, step_peak
+from seqpar.experiments.perf.policy import Filters, Policy
+from seqpar.experiments.perf.policy import space as policy_space
 
 LIMIT = 1 << 40  # tokens: no device holds more
 
@@ -33,9 +37,11 @@ class MaxSeq:
     max_tokens: int       # 0: not even the shortest length fits
     granularity: int      # valid lengths are its multiples
     peak_mem_bytes: int   # predicted at max_tokens (at the granularity when none fits)
+    policy: Policy | None = None  # the training policy (model scope)
 
     def json(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "options": self.options, "layout": self.layout,
+                **(self.policy.fields() if self.policy else {}),
                 "max_tokens": self.max_tokens, "granularity": self.granularity,
                 "peak_mem_bytes": self.peak_mem_bytes}
 
@@ -61,22 +67,28 @@ def granularity(name: str, model: str, world: int, layout: str, options: dict[st
 
 
 def peak_at(name: str, model: str, seq_len: int, *, world: int, options: dict[str, Any],
-            nodes: int = 1, checkpoint: str | None = None, dtype: str = "bfloat16") -> int:
-    """The planner's predicted peak bytes per rank at seq_len (a step's with `checkpoint`)."""
+            nodes: int = 1, policy: Policy | None = None, dtype: str = "bfloat16",
+            gpu: bool = True) -> int:
+    """The planner's predicted peak bytes per rank at seq_len (a step's under `policy`, with
+    NCCL's buffers on a GPU cluster)."""
     shape, cfg = model_shape(model, seq_len, dtype)
     attn = attention_peak(name, shape, world, options, nodes)
-    return attn if checkpoint is None else step_peak(name, shape, world, options, cfg,
-                                                     checkpoint, attn)
+    if policy is None:
+        return attn
+    per_node = max(1, world // nodes)
+    comms = memory.communicators(name, world, 1, policy.states, per_node) if gpu else 0
+    return memory.step_memory(name, shape, world, options, cfg, policy.train(dtype), attn, dtype,
+                              shards=policy.shards(1, world, per_node), comms=comms)["peak"]
 
 
 def max_seq(cluster: Cluster, model: str, world: int, space: Space, *, nodes: int = 1,
             scope: str = "attention", layouts: Sequence[str] = LAYOUTS, causal: bool = True,
-            dtype: str = "bfloat16") -> list[MaxSeq]:
-    """Per valid (algorithm, options, layout[, checkpoint]) the longest sequence that fits, longest
+            dtype: str = "bfloat16", filters: Filters = Filters()) -> list[MaxSeq]:
+    """Per valid (algorithm, options, layout[, policy]) the longest sequence that fits, longest
     first."""
     require(scope in ("attention", "model"), "scope", scope, "must be attention or model")
     require(scope == "attention" or model_shape(model, 1, dtype)[1] is not None, "model", model,
-            "--scope model needs a model preset of seqpar.model.config")
+            "--scope model needs a decoder (a ModelConfig preset or file)")
     budget = cluster.memory_gb * 1e9
     out = []
     for name, options in space:
@@ -86,19 +98,24 @@ def max_seq(cluster: Cluster, model: str, world: int, space: Space, *, nodes: in
         if not grains:
             continue
         finest = min(grains.values())
-        for ck in (CHECKPOINTS if scope == "model" else (None,)):
+        policies: list[Policy | None] = [None]
+        if scope == "model":
+            policies = list(policy_space(filters, 1, offload_sets=((),), tiled=(False,), sp=world,
+                                         per_node=max(1, world // nodes)))
+        for policy in policies:
             peak = functools.partial(peak_at, name, model, world=world, options=dict(options),
-                                     nodes=nodes, checkpoint=ck, dtype=dtype)
+                                     nodes=nodes, policy=policy, dtype=dtype,
+                                     gpu=cluster.cores is None)
             # memory does not depend on the layout: search once at the finest granularity; a
             # coarser one (a multiple of it) takes the longest of its multiples below that
             longest = finest * _longest(lambda m, peak=peak, g=finest: peak(m * g) <= budget)
-            opts = dict(options) if ck is None else {**options, "checkpoint": ck}
+            opts = dict(options)
             for lay, g in grains.items():
                 if g % finest == 0:
                     tokens = longest // g * g
                 else:
                     tokens = g * _longest(lambda m, peak=peak, g=g: peak(m * g) <= budget)
-                out.append(MaxSeq(name, opts, lay, tokens, g, peak(max(tokens, g))))
+                out.append(MaxSeq(name, opts, lay, tokens, g, peak(max(tokens, g)), policy))
     return sorted(out, key=lambda r: -r.max_tokens)
 
 

@@ -8,31 +8,36 @@ wallfacer keeps its team's C shards (3CA), allgather its gathered K,V. A step wi
 
     PM = M_{m+o} + (L + 1) A + held        ring: (L + 4) A, wallfacer: (L + 3C + 1) A
 
-A training step (--scope model) is counted the way the runner holds it (`step_memory`): model states
-by the policy (replicated or FSDP-sharded over DP x SP, master dtype, offload; AdamW), the
-activations this decoder keeps per checkpoint mode (`seqpar.model.memory.predicted_activations`:
-none, full, sc++ (LoongTrain §5.2), sequence(f) (BurstEngine §3.2) and sc++ + sequence), and the
-largest transient working set on top.
+A training step (--scope model | cluster) is counted the way the runner holds it (`step_memory`,
+from `seqpar.rules.memory`): model states by the policy (replicated, or FSDP-sharded over the
+ranks it names; master dtype; offload; AdamW), the activations this decoder keeps per checkpoint
+mode (none, full, sc++ (LoongTrain §5.2), sequence(f) (BurstEngine §3.2), sc++ + sequence; tiled
+MLP and loss; activations offloaded), and the largest transient working set on top: one block's
+recompute and backward beside the attention's own peak, or the head's logits; FSDP's gathered
+blocks; NCCL's buffers, one set per communicator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from seqpar.algorithms import usp
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.ulysses import kv_replicas
-from seqpar.errors import require
 from seqpar.experiments.perf.schedule import Ring, Schedule
-from seqpar.model.config import ModelConfig, param_shapes
-from seqpar.model.memory import (
+from seqpar.rules.memory import (
     ELEM,
     AttentionHeld,
     TrainPolicy,
+    block_working_set,
+    comm_buffer_bytes,
     predicted_activations,
     predicted_states,
+    tile_tokens,
 )
+from seqpar.rules.model import ModelConfig, block_numel
 
 
 def held(name: str, shape: AttnShape, world: int, options: Mapping[str, Any]) -> float:
@@ -52,6 +57,21 @@ def held(name: str, shape: AttnShape, world: int, options: Mapping[str, Any]) ->
 
 def attention_held(name: str, shape: AttnShape, world: int,
                    options: Mapping[str, Any]) -> AttentionHeld:
+    """`_attention_held`, memoised (a search asks for it once per policy)."""
+    key = (name, shape, world, tuple(sorted(options.items())))
+    got = _HELD.get(key)
+    if got is None:
+        if len(_HELD) > 4096:
+            _HELD.clear()
+        got = _HELD[key] = _attention_held(name, shape, world, options)
+    return got
+
+
+_HELD: dict[tuple, AttentionHeld] = {}
+
+
+def _attention_held(name: str, shape: AttnShape, world: int,
+                    options: Mapping[str, Any]) -> AttentionHeld:
     """`held` as the model's memory count takes it: elements per token of the rank's shard, whether
     they are the attention's own inputs (sc++ recomputes those), whether its output changes layout."""
     d = shape.heads * shape.head_dim
@@ -83,73 +103,44 @@ def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str
     return int(inputs + kept + acc + msgs)
 
 
-def policy_of(name: str, dtype: str = "bfloat16") -> TrainPolicy:
-    """A planner policy name as the runner's TrainPolicy: words among a states mode (`fsdp`,
-    default, or `replicated`), a checkpoint mode (`none`, `full`, `sc++`, `seq:F`, `sc++,seq:F`),
-    `fused` (the fused LM head) and `offload`; fp32 master weights for a 16-bit dtype, as a real
-    run keeps them. E.g. 'fsdp sc++ fused', 'replicated seq:0.5', 'full'."""
-    fields: dict[str, Any] = {"states": "fsdp", "checkpoint": "none", "seq_fraction": 0.5,
-                              "master_dtype": "float32" if ELEM[dtype] < 4 else None}
-    for word in name.split():
-        if word in ("fsdp", "replicated"):
-            fields["states"] = word
-        elif word in ("fused", "offload"):
-            fields["fused_head" if word == "fused" else "offload"] = True
-        elif "seq:" in word:
-            head, fraction = word.split("seq:", 1)
-            fields["seq_fraction"] = float(fraction)
-            fields["checkpoint"] = "sc++,sequence" if head.startswith("sc++") else "sequence"
-        else:
-            require(word in ("none", "full", "sc++"), "policy", name,
-                    "words: fsdp|replicated, none|full|sc++|seq:F|sc++,seq:F, fused, offload")
-            fields["checkpoint"] = word
-    return TrainPolicy(**fields)
+@lru_cache(maxsize=4096)
+def _states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: int) -> int:
+    return predicted_states(cfg, dtype, policy, shards)["device"]
 
 
-def policy_fraction(checkpoint: str) -> float:
-    """The sequence fraction recomputed by a policy name: none 0, full 1, 'seq:0.5' 0.5."""
-    if checkpoint == "none":
-        return 0.0
-    if checkpoint in ("full", "sc++"):
-        return 1.0
-    return float(checkpoint.split(":", 1)[1])
+# mesh axes (communicators) an algorithm's attention uses besides the whole SP group
+AXES = {"usp": 2, "double_ring": 2, "wallfacer": 2, "burst": 2}
+
+
+def communicators(name: str, sp: int, dp: int, states: str, per_node: int = 1) -> int:
+    """Communicators one rank holds: the attention's axes, the states' sharding group, and the
+    group that reduces gradients over the ranks the states are not sharded over."""
+    attention = 0 if sp == 1 else 1 + AXES.get(name, 0)
+    shards = {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp), "replicated": 1}[states]
+    return attention + (shards > 1) + (dp * sp // shards > 1)
 
 
 def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
                 cfg: ModelConfig, policy: TrainPolicy, attention_bytes: int, dtype: str,
-                dp: int = 1) -> dict[str, int]:
-    """A training step's memory on one rank, by the runner's own count (seqpar.model.memory):
-    `states` (on the device), `activations` (kept for backward), `transient` (the largest working
-    set on top of them: one attention backward, the head's logits, or FSDP's gathered block and
-    its gradients) and `peak`, their sum."""
-    states = predicted_states(cfg, dtype, policy, world * dp)["device"]
+                dp: int = 1, shards: int | None = None, comms: int = 0) -> dict[str, int]:
+    """A training step's memory on one rank of an SP group of `world` ranks (DP `dp`): `states`
+    (on the device; sharded over `shards` ranks, default all dp x world), `activations` (kept for
+    backward), `transient` (the largest working set on top: one block's recompute and backward
+    beside the attention's peak, or the head's logits; plus FSDP's gathered blocks and NCCL's
+    buffers for `comms` communicators) and `peak`, their sum."""
+    states = _states(cfg, dtype, policy, shards or world * dp)
     s = shape.shard_len(world)
-    acts = predicted_activations(cfg, shape.batch, s, dtype, policy,
-                                 attention_held(name, shape, world, options))
+    b = shape.batch
+    held_by = attention_held(name, shape, world, options)
+    acts = predicted_activations(cfg, b, s, dtype, policy, held_by)
     e = ELEM[dtype]
-    logits = 0 if policy.fused_head else shape.batch * s * cfg.vocab * (e + 2 * 4)
+    head_tokens = tile_tokens(cfg, s) if policy.tiled else s  # the fused head tiles its own
+    logits = 0 if policy.fused_head else b * head_tokens * cfg.vocab * (e + 2 * 4)
+    block = block_working_set(cfg, b, s, dtype, policy, held_by)
     gathered = 0
-    if policy.states == "fsdp":
-        block = sum(n for k, n in _numels(cfg).items() if k.startswith("blocks.0."))
-        gathered = 2 * block * e + block * ELEM[policy.master_dtype or dtype]
-    transient = max(logits, attention_bytes) + gathered
+    if policy.states == "fsdp":  # this block and the next (prefetched) gathered, one's gradients
+        n = block_numel(cfg)
+        gathered = 2 * n * e + n * ELEM[policy.master_dtype or dtype]
+    transient = max(logits, attention_bytes + block) + gathered + comm_buffer_bytes(comms)
     return {"states": states, "activations": acts, "transient": int(transient),
             "peak": int(states + acts + transient)}
-
-
-def _numels(cfg: ModelConfig) -> dict[str, int]:
-    out = {}
-    for k, shape in param_shapes(cfg).items():
-        n = 1
-        for size in shape:
-            n *= size
-        out[k] = n
-    return out
-
-
-def step_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any], cfg: ModelConfig,
-              checkpoint: str | TrainPolicy, attention_bytes: int, dtype: str = "bfloat16",
-              dp: int = 1) -> int:
-    """Peak bytes of a training step (`step_memory`'s peak) under a policy or a checkpoint name."""
-    policy = checkpoint if isinstance(checkpoint, TrainPolicy) else policy_of(checkpoint, dtype)
-    return step_memory(name, shape, world, options, cfg, policy, attention_bytes, dtype, dp)["peak"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from seqpar import algorithms
@@ -15,36 +15,52 @@ from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError, SeqparError, require
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf.api import Prediction, predict
-from seqpar.experiments.perf.step import CHECKPOINTS, predict_trial, shape_of, step
+from seqpar.experiments.perf.policy import Filters
+from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
+from seqpar.experiments.perf.search import check_counts, make_setup, search
+from seqpar.experiments.perf.step import predict_trial, shape_of
+from seqpar.rules.model import load, presets
 
 Space = Iterable[tuple[str, Mapping[str, Any]]]
 
 
 def model_shape(model: str, seq_len: int, dtype: str = "bfloat16") -> tuple[AttnShape, Any]:
-    """(attention shape, ModelConfig or None) for a model name: a ModelConfig preset, else an
-    attention-shape preset of experiments.spec (attention scope only)."""
+    """(attention shape, ModelConfig or None) for a model: a ModelConfig preset, a YAML of its
+    fields or a Hugging Face config.json (`seqpar.rules.model.load`), else an attention-shape
+    preset of experiments.spec (attention scope only)."""
     from seqpar.algorithms.base import DTYPES
     from seqpar.experiments.spec import PRESETS as SHAPES
-    from seqpar.model.config import PRESETS
 
     elem = DTYPES[dtype].itemsize
-    if model in PRESETS:
-        return shape_of(PRESETS[model], seq_len, elem_bytes=elem), PRESETS[model]
-    require(model in SHAPES, "model", model, f"must be one of {', '.join({*PRESETS, *SHAPES})}")
-    s = SHAPES[model]
-    return AttnShape(1, seq_len, s["heads"], s["kv_heads"], s["head_dim"], elem), None
+    if model in SHAPES and model not in presets():
+        s = SHAPES[model]
+        return AttnShape(1, seq_len, s["heads"], s["kv_heads"], s["head_dim"], elem), None
+    if model not in presets() and not model.endswith((".yaml", ".yml", ".json")):
+        require(False, "model", model, f"must be one of {', '.join(sorted({*presets(), *SHAPES}))}"
+                ", a YAML file of ModelConfig's fields or a Hugging Face config.json")
+    cfg = load(model)
+    return shape_of(cfg, seq_len, elem_bytes=elem), cfg
 
 
 def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *, nodes: int = 1,
          scope: str = "attention", layouts: Sequence[str] = LAYOUTS, causal: bool = True,
-         dtype: str = "bfloat16") -> list[Prediction]:
-    """Predictions for every valid (algorithm, options, layout), fitting ones first by time."""
+         dtype: str = "bfloat16", kernel: str = DEFAULT_KERNEL,
+         filters: Filters | None = None) -> list[Any]:
+    """Attention scope: a Prediction for every valid (algorithm, options, layout), fitting ones
+    first by time. Model scope: the whole step (`step.Step`) of every configuration of one SP
+    group of `world` ranks (DP = 1, one sequence a step) and policy, fitting ones first by TGS
+    (`search.search`: dominated attention configurations pruned)."""
     require(scope in ("attention", "model"), "scope", scope, "must be attention or model")
-    require(world >= 1, "world", world, "must be at least 1")
-    require(nodes >= 1 and world % nodes == 0, "nodes", nodes, f"must divide world={world}")
+    check_counts(seq_len=seq_len, world=world, nodes=nodes)
     shape, cfg = model_shape(model, seq_len, dtype)
-    require(scope == "attention" or cfg is not None, "model", model,
-            "--scope model needs a model preset of seqpar.model.config")
+    if scope == "model":
+        require(cfg is not None, "model", model, "--scope model needs a decoder (a ModelConfig "
+                "preset, a YAML of its fields or a config.json), not an attention shape")
+        setup = make_setup(cluster, cfg, seq_len, seq_len, world, nodes, kernel=kernel,
+                           dtype=dtype, causal=causal)
+        f = replace(filters or Filters(), dp=1, sp=world)
+        return search(setup, f, attention=list(space), layouts=layouts).ranked
+    cluster = with_kernel(cluster, kernel, shape.head_dim, dtype)[0]
     out: list[Prediction] = []
     for name, options in space:
         for layout in layouts:
@@ -52,17 +68,9 @@ def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *
                 algorithms.check(name, shape, world, layout, causal, **options)
             except ConfigError:
                 continue
-            p = predict(cluster, name, shape, world, nodes=nodes, options=options, layout=layout,
-                        causal=causal, dtype=dtype)
-            if scope == "model":
-                for ck in CHECKPOINTS:
-                    q = step(p, cfg, cluster, shape, world, ck, dtype)
-                    q.options = {**q.options, "checkpoint": ck}
-                    out.append(q)
-            else:
-                out.append(p)
-    key = (lambda p: p.step_ms) if scope == "model" else (lambda p: p.attention_ms)
-    return sorted(out, key=lambda p: (not p.fits, key(p)))
+            out.append(predict(cluster, name, shape, world, nodes=nodes, options=options,
+                               layout=layout, causal=causal, dtype=dtype))
+    return sorted(out, key=lambda p: (not p.fits, p.attention_ms))
 
 
 def _same(p: Prediction) -> tuple:

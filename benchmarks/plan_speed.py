@@ -1,0 +1,68 @@
+"""How fast `seqpar plan` answers and what it holds: wall and CPU seconds and peak memory (max RSS)
+of the command as a user runs it, median of --repeats runs, with the host's load; and whether torch
+was imported (`python -X importtime`).
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_speed.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SEQPAR = str(Path(sys.executable).with_name("seqpar"))
+CASES = {
+    "attention scope, P = 1,024, 4M tokens":
+        ["plan", "--cluster", "loongtrain-a100", "--model", "llama2-7b", "--seq-len", "4194304",
+         "--world", "1024", "--nodes", "128", "--top", "5"],
+    "cluster scope, G = 1,024 (128 nodes), Llama-3.1-8B, 256K tokens, 16M a step":
+        ["plan", "--scope", "cluster", "--cluster", "h100-sxm", "--model", "llama3.1-8b",
+         "--seq-len", "262144", "--world", "1024", "--nodes", "128", "--tokens-per-step",
+         str(64 * 262144), "--top", "5"],
+    "cluster scope, G = 64 (8 nodes), Llama-3.1-8B, 256K tokens, 2M a step":
+        ["plan", "--scope", "cluster", "--cluster", "h100-sxm", "--model", "llama3.1-8b",
+         "--seq-len", "262144", "--world", "64", "--nodes", "8", "--tokens-per-step",
+         str(8 * 262144), "--top", "5"],
+}
+
+
+def run(args: list[str]) -> tuple[float, float, float]:
+    """(wall s, CPU s of the child, its max RSS in MB)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run([SEQPAR, *args], check=True, capture_output=True, env={**os.environ,
+                                                                         "COLUMNS": "120"})
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, after.ru_maxrss / 1024
+
+
+def imports_torch(args: list[str]) -> bool:
+    out = subprocess.run([sys.executable, "-X", "importtime", SEQPAR, *args], capture_output=True,
+                         text=True, check=True)
+    return any(line.rstrip().endswith(" torch") for line in out.stderr.splitlines())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
+    for name, args in CASES.items():
+        runs = [run(args) for _ in range(a.repeats)]
+        wall, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
+        rss = max(r[2] for r in runs)
+        print(f"{name}: wall {wall:.2f} s, CPU {cpu:.2f} s (median of {a.repeats}), max RSS "
+              f"{rss:.0f} MB, imports torch: {imports_torch(args)}")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

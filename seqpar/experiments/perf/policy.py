@@ -1,0 +1,142 @@
+"""A training policy as the planner ranks it: where model states live (`states`), the checkpoint
+mode, the fused LM head, offload to host memory and tiling — each its own field, and the space of
+them a search walks (narrowed by the user's filters).
+
+`states`: `dp_sp` shards them over every rank (FSDP over DP x SP, torchtitan's and LoongTrain §5.1's
+hybrid ZeRO over data x sequence ranks), `sp` over the sequence-parallel group only (replicated over
+DP: HSDP), `node` over the GPUs of a node (replicated across nodes: AMSP's partial sharding, which
+LoongTrain §5.1 adopts), `replicated` nowhere. `checkpoint`: none, full, sc++, seq:F
+(BurstEngine's sequence-level fraction F), sc++,seq:F. `offload`: drawn from optimizer, params,
+activations. `tiled`: the tiled MLP and loss (ALST). Mixed precision keeps fp32 master weights for a
+16-bit compute dtype, as a real run does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from seqpar.errors import require
+from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy
+
+STATES = ("dp_sp", "sp", "node", "replicated")
+CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5")
+# offload sets a search tries (each a list drawn from OFFLOADS)
+OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("activations",), ("optimizer",),
+                                             ("optimizer", "params"),
+                                             ("optimizer", "params", "activations"))
+
+
+@dataclass(frozen=True)
+class Policy:
+    states: str = "dp_sp"
+    checkpoint: str = "full"
+    fused_head: bool = False
+    offload: tuple[str, ...] = ()
+    tiled: bool = False
+
+    def __post_init__(self) -> None:
+        require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
+        check_checkpoint(self.checkpoint)
+        require(all(o in OFFLOADS for o in self.offload), "offload", list(self.offload),
+                f"must be a list drawn from {', '.join(OFFLOADS)}")
+        object.__setattr__(self, "offload", tuple(o for o in OFFLOADS if o in self.offload))
+
+    def train(self, dtype: str) -> TrainPolicy:
+        """The runner's TrainPolicy (fp32 master weights for a 16-bit dtype)."""
+        return _train(self, dtype)
+
+    def shards(self, dp: int, sp: int, per_node: int = 1) -> int:
+        """Ranks the states are sharded over."""
+        return {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp),
+                "replicated": 1}[self.states]
+
+    def fields(self) -> dict[str, Any]:
+        return {"states": self.states, "checkpoint": self.checkpoint,
+                "fused_head": self.fused_head, "offload": list(self.offload), "tiled": self.tiled}
+
+    def label(self) -> str:
+        """Short: states, checkpoint, +fh (fused head), off:opa (optimizer, params, activations
+        offloaded), +tile."""
+        parts = [self.states, self.checkpoint]
+        parts += ["+fh"] if self.fused_head else []
+        parts += [f"off:{''.join(o[0] for o in self.offload)}"] if self.offload else []
+        parts += ["+tile"] if self.tiled else []
+        return " ".join(parts)
+
+
+@lru_cache(maxsize=4096)
+def _train(policy: Policy, dtype: str) -> TrainPolicy:
+    mode, fraction = split_checkpoint(policy.checkpoint)
+    return TrainPolicy(states="replicated" if policy.states == "replicated" else "fsdp",
+                       master_dtype="float32" if ELEM[dtype] < 4 else None,
+                       offload=policy.offload, checkpoint=mode, seq_fraction=fraction,
+                       fused_head=policy.fused_head, tiled=policy.tiled)
+
+
+def check_checkpoint(name: str) -> None:
+    mode, fraction = split_checkpoint(name)
+    require(0.0 <= fraction <= 1.0, "checkpoint", name, "seq:F needs 0 <= F <= 1")
+
+
+def split_checkpoint(name: str) -> tuple[str, float]:
+    """A planner checkpoint name as (the runner's mode, its sequence fraction)."""
+    if "seq:" in name:
+        head, _, fraction = name.partition("seq:")
+        require(head in ("", "sc++,"), "checkpoint", name,
+                f"must be one of {', '.join(CHECKPOINTS)} (any seq:F, sc++,seq:F)")
+        try:
+            value = float(fraction)
+        except ValueError:
+            value = -1.0
+        require(0.0 <= value <= 1.0, "checkpoint", name, "seq:F needs a number 0 <= F <= 1")
+        return ("sc++,sequence" if head else "sequence"), value
+    require(name in ("none", "full", "sc++"), "checkpoint", name,
+            f"must be one of {', '.join(CHECKPOINTS)} (any seq:F, sc++,seq:F)")
+    return name, 0.5
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the user pinned (None: search it)."""
+
+    dp: int | None = None
+    sp: int | None = None
+    algorithm: str | None = None
+    layout: str | None = None
+    states: str | None = None
+    checkpoint: str | None = None
+    fused_head: bool | None = None
+    offload: tuple[str, ...] | None = None
+    tiled: bool | None = None
+
+    def __post_init__(self) -> None:
+        require(self.states is None or self.states in STATES, "states", self.states,
+                f"must be one of {', '.join(STATES)}")
+        if self.checkpoint is not None:
+            check_checkpoint(self.checkpoint)
+        if self.offload is not None:
+            require(all(o in OFFLOADS for o in self.offload), "offload", list(self.offload),
+                    f"must be a list drawn from {', '.join(OFFLOADS)} (none for [])")
+        for name in ("dp", "sp"):
+            value = getattr(self, name)
+            require(value is None or value >= 1, name, value, "must be at least 1")
+
+
+def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tuple[str, ...]]
+          = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), sp: int = 1,
+          per_node: int = 1) -> list[Policy]:
+    """Every policy the filters leave for a DP x SP split; a states choice that shards over the
+    same ranks as another (`sp` at DP = 1, `node` on one node or with SP = a node) is left out."""
+    f = filters
+    same = {"sp": dp == 1, "node": not 1 < per_node < dp * sp or per_node == sp}
+    states = [f.states] if f.states else [s for s in STATES if not same.get(s, False)]
+    checkpoints = [f.checkpoint] if f.checkpoint else list(CHECKPOINTS)
+    fused = [f.fused_head] if f.fused_head is not None else [False, True]
+    offloads = [tuple(f.offload)] if f.offload is not None else list(offload_sets)
+    tiles = [f.tiled] if f.tiled is not None else list(tiled)
+    return [Policy(s, c, h, o, t) for s, c, h, o, t in
+            itertools.product(states, checkpoints, fused, offloads, tiles)]

@@ -1,0 +1,269 @@
+"""Which configuration trains this model fastest on this cluster: the DP x SP splits of the ranks,
+every attention algorithm with its options and layout, and every training policy, ranked by tokens
+per GPU per second (`--scope cluster`; `--scope model` is one SP group: DP = 1).
+
+A split puts SP ranks within one node or over whole nodes (rank r = dp index x SP + sp index) and
+needs whole micro-batches: tokens per step = N x batch x DP x micro-steps. Per split the search
+predicts each attention configuration once, then every policy on it (arithmetic), so it stays
+fast at thousands of ranks, and prunes what cannot win:
+- an attention configuration whose most frugal policy does not fit is not timed (it is counted);
+- one that another beats or equals on everything a step depends on (its time forward and
+  backward, its link time, its memory at the peak and what it keeps for backward, its
+  communicators) is dominated: no policy can make it win. Equal ones are kept together as
+  `alternatives` of one (a layout or an option that changes nothing at this shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from seqpar import algorithms
+from seqpar.algorithms.layouts import LAYOUTS
+from seqpar.errors import ConfigError, require
+from seqpar.experiments.clusters import Cluster
+from seqpar.experiments.perf import memory
+from seqpar.experiments.perf.api import Prediction, attention_peak
+from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space
+from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
+from seqpar.experiments.perf.step import Setup, Step, _attention_link, step
+from seqpar.rules.memory import OFFLOADS
+from seqpar.rules.model import ModelConfig, load
+
+
+@dataclass
+class Result:
+    setup: Setup
+    ranked: list[Step]                     # fitting first, by TGS; then the unfit, by peak
+    splits: list[tuple[int, int, int]]     # (dp, sp, micro-batches) searched
+    searched: int = 0                      # attention configurations x policies considered
+    dominated: int = 0                     # attention configurations pruned as dominated
+    too_big: int = 0                       # attention configurations that fit under no policy
+    bounded: int = 0                       # configurations not timed: they cannot reach the top
+    closest: tuple[int, str] | None = None  # the least peak seen when nothing fits
+    alternatives: dict[int, list[tuple[dict[str, Any], str]]] = field(default_factory=dict)
+
+    @property
+    def fitting(self) -> list[Step]:
+        return [s for s in self.ranked if s.fits]
+
+
+def splits(setup: Setup, filters: Filters = Filters()) -> list[tuple[int, int, int]]:
+    """(dp, sp, micro-batches) of every split the filters leave."""
+    out = []
+    per_node = setup.per_node
+    for sp in range(1, setup.world + 1):
+        if setup.world % sp or not (per_node % sp == 0 or sp % per_node == 0):
+            continue
+        dp = setup.world // sp
+        if (filters.sp and sp != filters.sp) or (filters.dp and dp != filters.dp):
+            continue
+        m = setup.micro_batches(dp)
+        if m:
+            out.append((dp, sp, m))
+    return out
+
+
+def attention_space(sp: int, filters: Filters) -> list[tuple[str, dict[str, Any]]]:
+    names = [filters.algorithm] if filters.algorithm else list(algorithms.REGISTRY)
+    return [(n, o) for n in names if (n == "local") == (sp == 1) and n in algorithms.REGISTRY
+            for o in algorithms.option_space(n, sp)]
+
+
+def frugal(policies: Sequence[Policy]) -> Policy:
+    """The policy of a space (of one states choice) that holds the least memory (full
+    checkpointing, the fused head, the most offload, tiled)."""
+    def cost(p: Policy) -> tuple:
+        ck = {"full": 0, "sc++": 1}.get(p.checkpoint, 2 if "seq:" in p.checkpoint else 3)
+        return (ck, not p.fused_head, -len(p.offload), not p.tiled)
+
+    return min(policies, key=cost)
+
+
+def _metrics(setup: Setup, sp: int, p: Prediction) -> tuple:
+    """Everything a step depends on from its attention configuration (lower is better)."""
+    held = memory.attention_held(p.algorithm, setup.shape, sp, p.options)
+    return (p.attention_ms, p.forward_ms, p.compute_ms,
+            _attention_link(setup.cluster, p, setup.per_node),
+            _attention_link(setup.cluster, p, setup.per_node, True), p.peak_mem_bytes,
+            held.saved, held.saved - held.recomputable, int(held.relayout),
+            memory.AXES.get(p.algorithm, 0))
+
+
+def pareto(rows: list[tuple]) -> tuple[list[int], dict[int, list[int]]]:
+    """Indices of the rows no other row beats or equals on every metric (the first of equal rows
+    kept), and for each kept row the indices equal to it."""
+    if not rows:
+        return [], {}
+    x = np.array([[float(f"{v:.9g}") for v in r] for r in rows])
+    keep, same = [], {}
+    for i in range(len(rows)):
+        le = (x <= x[i]).all(axis=1)
+        eq = (x == x[i]).all(axis=1)
+        better = le & ~eq
+        if better.any():
+            continue
+        first = int(np.argmax(eq))
+        if first == i:
+            keep.append(i)
+            same[i] = [j for j in np.flatnonzero(eq) if j != i]
+    return keep, same
+
+
+def check_counts(**counts: int) -> None:
+    """Every count a plan takes is a positive integer (a sweep field's rule)."""
+    for name, value in counts.items():
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                name.replace("_", "-"), value, "must be a positive integer")
+
+
+def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int, tokens_per_step: int,
+               world: int, nodes: int, *, kernel: str = DEFAULT_KERNEL, dtype: str = "bfloat16",
+               batch: int = 1, causal: bool = True) -> Setup:
+    """A search's fixed part, validated: the cluster with the kernel's rates, the model (a name or
+    path for `ModelConfig.load`), the step's tokens over world ranks on nodes nodes."""
+    check_counts(seq_len=seq_len, tokens_per_step=tokens_per_step, world=world, nodes=nodes,
+                 batch=batch)
+    require(world % nodes == 0, "nodes", nodes, f"must divide world={world}")
+    require(tokens_per_step % (seq_len * batch) == 0, "tokens-per-step", tokens_per_step,
+            f"must be a multiple of seq-len x batch ({seq_len * batch}): whole sequences")
+    cfg = model if isinstance(model, ModelConfig) else load(model)
+    c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
+    return Setup(c, cfg, seq_len, tokens_per_step, world, nodes, dtype, batch, kernel, source,
+                 causal)
+
+
+def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence[tuple[str, ...]]
+           = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), keep: int | None = None,
+           attention: Sequence[tuple[str, dict[str, Any]]] | None = None,
+           layouts: Sequence[str] | None = None) -> Result:
+    """Every configuration the filters leave, predicted and ranked (fitting by TGS, then unfit).
+    With `keep`, only what can still reach the best `keep` fitting ones is timed (branch and
+    bound: no policy runs an attention configuration faster than its bound, `_bound`).
+    `attention` replaces each split's (algorithm, options) space; `layouts` the layouts."""
+    result = Result(setup, [], splits(setup, filters))
+    budget = setup.cluster.memory_gb * 1e9
+    # causal: contiguous moves the same bytes and holds the same memory as the balanced layouts,
+    # with the busiest rank doing ~2x their work: never faster, so not timed unless asked for
+    if filters.layout:
+        layouts = [filters.layout]
+    elif layouts is None:
+        layouts = [lay for lay in LAYOUTS if not (setup.causal and lay == "contiguous")]
+    offloadable = setup.cluster.host_link_gb_per_s is not None
+    candidates: list[tuple[float, int, int, Prediction, list, list[Policy]]] = []
+    for dp, sp, _ in result.splits:
+        policies = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node)
+                    if offloadable or not p.offload]
+        if not policies:
+            continue
+        thin = [frugal([p for p in policies if p.states == st])
+                for st in dict.fromkeys(p.states for p in policies)]
+        predictions: list[Prediction] = []
+        for name, options in (attention if attention is not None else attention_space(sp, filters)):
+            for layout in layouts:
+                try:
+                    algorithms.check(name, setup.shape, sp, layout, setup.causal, **options)
+                except ConfigError:
+                    continue
+                peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
+                probe, least = min((_probe(setup, dp, sp, name, options, peak, t), t.label())
+                                   for t in thin)
+                if probe > budget:
+                    result.too_big += 1
+                    if result.closest is None or probe < result.closest[0]:
+                        result.closest = (probe, f"dp={dp} sp={sp} {name} {least}")
+                    continue
+                predictions.append(setup.attention(sp, name, dict(options), layout))
+        kept, same = pareto([_metrics(setup, sp, p) for p in predictions])
+        result.dominated += len(predictions) - len(kept)
+        for i in kept:
+            alternatives = [(predictions[j].options, predictions[j].layout) for j in same[i]]
+            bound = _bound(setup, dp, sp, predictions[i], policies) if keep else 0.0
+            candidates.append((bound, dp, sp, predictions[i], alternatives, policies))
+    candidates.sort(key=lambda c: -c[0])
+    steps: list[Step] = []
+    best: list[float] = []  # TGS of the fitting steps, kept sorted descending (the top `keep`)
+    for bound, dp, sp, p, alternatives, policies in candidates:
+        if keep and len(best) >= keep and bound < best[keep - 1]:
+            result.bounded += len(policies)
+            continue
+        for policy in policies:
+            result.searched += 1
+            s = step(setup, dp, sp, p, policy)
+            if alternatives:
+                result.alternatives[id(s)] = alternatives
+            steps.append(s)
+            if keep and s.fits:
+                best.append(s.tgs)
+                best.sort(reverse=True)
+                del best[keep:]
+    steps.sort(key=lambda s: (not s.fits, -s.tgs if s.fits else s.peak_mem_bytes))
+    result.ranked = steps
+    return result
+
+
+def _bound(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Policy]) -> float:
+    """The best TGS any policy could give this attention configuration: no recompute, no offload,
+    no tiling (each only adds time), over every states choice searched."""
+    states = {q.states for q in policies}
+    return max(step(setup, dp, sp, p, Policy(st, "none")).tgs for st in states)
+
+
+def _probe(setup: Setup, dp: int, sp: int, name: str, options: dict[str, Any], peak: int,
+           policy: Policy) -> int:
+    """The peak memory of a configuration under `policy`, before any timing (memory needs only
+    the attention's own peak)."""
+    return memory.step_memory(name, setup.shape, sp, options, setup.cfg,
+                              policy.train(setup.dtype), peak, setup.dtype, dp=dp,
+                              shards=policy.shards(dp, sp, setup.per_node),
+                              comms=memory.communicators(name, sp, dp, policy.states,
+                                                         setup.per_node)
+                              if setup.cluster.cores is None else 0)["peak"]
+
+
+def best_per_split(result: Result) -> list[Step]:
+    """The best fitting configuration of each (dp, sp) split, best first."""
+    seen: dict[tuple[int, int], Step] = {}
+    for s in result.fitting:
+        seen.setdefault((s.dp, s.sp), s)
+    return list(seen.values())
+
+
+def offload_names(text: str) -> tuple[str, ...]:
+    """`--offload` as given: comma-separated names drawn from OFFLOADS, or `none`."""
+    if text.strip() in ("", "none", "[]"):
+        return ()
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [n for n in names if n not in OFFLOADS]
+    if bad:
+        raise ConfigError("offload", text, f"must be none or a comma-separated list drawn from "
+                          f"{', '.join(OFFLOADS)}")
+    return names
+
+
+def with_alternatives(result: Result, s: Step) -> list[Step]:
+    """`s` and the configurations equal to it (other layouts or options with its prediction)."""
+    return [s] + [replace(s, attention=replace(s.attention, options=o, layout=lay))
+                  for o, lay in result.alternatives.get(id(s), [])]
+
+
+PART_NAMES = {"attention": "attention", "other_compute": "other compute", "recompute": "recompute",
+              "exposed_comm": "exposed comm", "optimizer": "optimizer"}
+
+
+def why_slower(s: Step, best: Step) -> str:
+    """Why `s` loses to `best` (one search: same ranks, same tokens a step, so step times compare):
+    memory when it does not fit, else the part of the step that grew most."""
+    if not s.fits:
+        return f"no fit: {s.peak_mem_bytes / 1e9:.0f} GB"
+    if s is best:
+        return "best"
+    if s.step_ms <= best.step_ms * (1 + 5e-4):
+        return "ties #1"
+    extra = {k: s.parts[k] - best.parts[k] for k in s.parts}
+    part = max(extra, key=lambda k: extra[k])
+    return f"+{100 * (s.step_ms / best.step_ms - 1):.0f}%: {PART_NAMES[part]} " \
+           f"+{extra[part] / 1e3:.2g}s"

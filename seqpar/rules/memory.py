@@ -1,0 +1,219 @@
+"""The bytes a training step holds, predicted: model states, the activations a forward keeps, the
+working set of one block's recompute and backward, and the communicators' buffers.
+
+`TrainPolicy` is everything but the shapes that decides them: the runner trains with it and the
+planner ranks over it. Its counts are the runner's own (what `seqpar.model.memory.AllocationMeter`
+and `state_bytes` measure on the decoder in `seqpar.model`), extended by the ALST techniques
+(arXiv 2506.13996): `offload` (a list drawn from `optimizer`, `params`, `activations`) moves
+optimizer moments, stored parameters with their gradients, or the checkpointed activations to host
+memory; `tiled` runs the MLP and the loss over tiles of the sequence (ALST §3.1: tiles of `hidden`
+tokens), so their wide intermediates exist for one tile at a time and are recomputed, not kept.
+
+Pure Python: the planner imports this without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from seqpar.errors import require
+from seqpar.rules.model import ModelConfig, block_numel, block_shapes, numel, param_shapes
+
+ELEM = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence")
+STATES = ("replicated", "fsdp")
+OFFLOADS = ("optimizer", "params", "activations")
+
+# NCCL's buffers per connection of a communicator (nccl src/init.cc, defaults): the Simple
+# protocol's NCCL_BUFFSIZE 4 MiB; LL 8 lines x 512 threads x 8 steps x 16 B = 512 KiB; LL128
+# 120 elements x 640 threads x 8 steps x 8 B = 4.69 MiB
+NCCL_CONNECTION_BYTES = (1 << 22) + 8 * 512 * 8 * 16 + 120 * 640 * 8 * 8
+# an assumption, not a documented default: NCCL picks its channel count at init (NCCL_MAX_NCHANNELS
+# caps it at 32); 16 channels with a ring's two connections each is typical of 8-GPU NVLink nodes
+NCCL_CHANNELS = 16
+NCCL_CONNECTIONS = 2
+
+
+@dataclass(frozen=True)
+class TrainPolicy:
+    """Everything but the shapes that decides a training step's memory."""
+
+    states: str = "replicated"          # replicated | fsdp
+    master_dtype: str | None = None     # None: parameters in the compute dtype
+    offload: tuple[str, ...] = ()       # drawn from OFFLOADS (True: optimizer and params, FSDP2's)
+    checkpoint: str = "none"            # CHECKPOINT_MODES
+    seq_fraction: float = 0.5           # sequence modes: the part of each shard recomputed
+    fused_head: bool = False
+    tiled: bool = False                 # tiled MLP and loss (ALST)
+
+    def __post_init__(self) -> None:
+        offload = self.offload
+        if isinstance(offload, bool):  # the runner's older flag: FSDP2's CPU offload of states
+            offload = ("optimizer", "params") if offload else ()
+        require(isinstance(offload, tuple | list) and all(o in OFFLOADS for o in offload),
+                "offload", offload, f"must be a list drawn from {', '.join(OFFLOADS)} ([] for none)")
+        object.__setattr__(self, "offload", tuple(o for o in OFFLOADS if o in offload))
+        require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
+        require(self.checkpoint in CHECKPOINT_MODES, "checkpoint", self.checkpoint,
+                f"must be one of {', '.join(CHECKPOINT_MODES)}")
+        require(isinstance(self.tiled, bool), "tiled", self.tiled, "must be true or false")
+        require(self.master_dtype is None or self.master_dtype in ELEM, "master_dtype",
+                self.master_dtype, f"must be one of {', '.join(ELEM)} (or none)")
+
+    def label(self) -> str:
+        ckpt = self.checkpoint + (f"({self.seq_fraction:g})" if "sequence" in self.checkpoint else "")
+        parts = [self.states + "".join(f"+offload:{o}" for o in self.offload), f"ckpt={ckpt}"]
+        if self.master_dtype:
+            parts.append(f"master={self.master_dtype}")
+        if self.fused_head:
+            parts.append("fused-head")
+        if self.tiled:
+            parts.append("tiled")
+        return " ".join(parts)
+
+
+def _local_numel(shape: tuple[int, ...], shards: int) -> int:
+    """Elements of rank 0's shard of a parameter sharded on dim 0 over `shards` ranks (torch.chunk)."""
+    rows = -(-shape[0] // shards)
+    return rows * numel(shape[1:])
+
+
+@lru_cache(maxsize=1024)
+def _sharded_numel(cfg: ModelConfig, shards: int) -> int:
+    """Elements of rank 0's shards of every parameter (each sharded on dim 0 over `shards`)."""
+    blocks = sum(_local_numel(s, shards) for s in block_shapes(cfg).values())
+    rest = sum(_local_numel(s, shards) for k, s in param_shapes(cfg).items()
+               if not k.startswith("blocks."))
+    return cfg.layers * blocks + rest
+
+
+def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: int
+                     ) -> dict[str, int]:
+    """Bytes of model states one rank holds under AdamW: parameters (master dtype, or the compute
+    dtype), their gradients, two moments; sharded over `shards` ranks under fsdp. `device` is what
+    stays on the accelerator, `host` what `offload` moved (params: parameters and gradients;
+    optimizer: the moments)."""
+    stored = ELEM[policy.master_dtype or dtype]
+    n = shards if policy.states == "fsdp" else 1
+    count = _sharded_numel(cfg, n)
+    out = {"params": count * stored, "grads": count * stored, "optimizer": 2 * count * stored}
+    host = (out["params"] + out["grads"]) * ("params" in policy.offload) \
+        + out["optimizer"] * ("optimizer" in policy.offload)
+    out["device"] = out["params"] + out["grads"] + out["optimizer"] - host
+    out["host"] = host
+    return out
+
+
+@dataclass(frozen=True)
+class AttentionHeld:
+    """What the distributed attention keeps for its backward, per token of the rank's shard, in
+    elements: `saved` beside its output (ring's q, k, v; Ulysses' head-layout copies), how much of
+    that is its own inputs as they came (`recomputable`: sc++ recomputes those from the block's
+    input), and whether it returns an output that is a new tensor beside the one it saved (a layout
+    change)."""
+
+    saved: float
+    recomputable: float
+    relayout: bool = False
+
+
+def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_per_elem: float,
+                batch: int) -> float:
+    """Elements one block keeps for backward per token of the rank's shard (see
+    `seqpar.model.checkpointing`): the two RMSNorms (their rsqrt, normalised input and scaled
+    output), the residual sums, SwiGLU's four ffn-wide tensors (none when tiled: a tile recomputes
+    them), the attention output and what the attention saves."""
+    d, f, h = cfg.hidden, cfg.ffn, cfg.heads
+    lse = h * lse_per_elem
+    out = d * (2 if attn.relayout else 1)
+    attention = attn.saved + lse + out
+    mlp = 0 if policy.tiled else 4 * f
+    none = 2 * (2 * d + 1) + 2 * d + mlp + attention
+    mode, frac = policy.checkpoint, policy.seq_fraction
+    if mode == "none":
+        return none
+    if mode == "full":
+        return d
+    kept_attention = d + out + lse + attn.saved - attn.recomputable  # x, out(s), lse, copies
+    if mode == "sc++":
+        return kept_attention
+    rest = (none - attention - d) * (1 - frac)
+    if batch > 1:  # the kept part's output projection copies its slice of the attention output
+        rest += d * (1 - frac)
+    return (kept_attention if mode == "sc++,sequence" else attention + d) + rest
+
+
+def _acc(e: int) -> int:
+    return 8 if e == 8 else 4
+
+
+def block_bytes(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, policy: TrainPolicy,
+                attn: AttentionHeld) -> int:
+    """Bytes one block keeps for backward on one rank (what `offload: activations` moves)."""
+    e = ELEM[dtype]
+    return int(batch * shard_tokens * block_elems(cfg, attn, policy, _acc(e) / e, batch) * e)
+
+
+@lru_cache(maxsize=8192)
+def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str,
+                          policy: TrainPolicy, attn: AttentionHeld) -> int:
+    """Bytes a forward keeps for backward on one rank's device (what `AllocationMeter` measures over
+    `net.loss`): embedding output, every block (two of them with `offload: activations`, the one in
+    use and the one in flight), the final norm and the head, plus the compute-dtype weight copies
+    that survive the forward (casts of fp32 master weights under replicated states; the root's
+    gathered parameters under fsdp, which FSDP2 keeps until backward)."""
+    e = ELEM[dtype]
+    acc = _acc(e)
+    t = batch * shard_tokens
+    d, v = cfg.hidden, cfg.vocab
+    per_token = d + (2 * d + 1)
+    if policy.fused_head:  # dh and dw, computed in forward; the final norm's output is not kept
+        per_token += d * acc / e - d
+        head = v * d * acc
+    else:
+        per_token += 0 if policy.tiled else v * acc / e  # a tiled loss keeps no logits
+        head = 0
+    on_device = min(cfg.layers, 2) if "activations" in policy.offload else cfg.layers
+    blocks = on_device * block_bytes(cfg, batch, shard_tokens, dtype, policy, attn)
+    extra = 2 * shard_tokens * cfg.head_dim * e + (2 * batch + 1) * shard_tokens * 8  # rope, ids
+    block_weights = block_numel(cfg)
+    casts = 0
+    if policy.states == "fsdp":
+        casts = (2 * v * d + d) * e                        # the root's gathered parameters
+    elif policy.master_dtype and ELEM[policy.master_dtype] != e:
+        casts = ((0 if policy.fused_head else v * d) + d) * e  # the head's (unfused), the norm's
+        if policy.checkpoint in ("none", "sequence", "sc++,sequence"):
+            casts += cfg.layers * block_weights * e        # each block's casts, kept for backward
+    return int(t * per_token * e + head + blocks + extra + casts)
+
+
+def tile_tokens(cfg: ModelConfig, shard_tokens: int) -> int:
+    """Tokens in one tile of the tiled MLP and loss (ALST: ceil(seqlen / hidden) tiles)."""
+    return min(shard_tokens, cfg.hidden)
+
+
+@lru_cache(maxsize=8192)
+def block_working_set(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str,
+                      policy: TrainPolicy, attn: AttentionHeld) -> int:
+    """Bytes one block adds while it runs its backward: what its checkpoint mode recomputes (the
+    whole block under full, all but the attention under sc++, a fraction under sequence modes) and
+    the gradients that flow through it (dx in and out of the block, d wide each). With `tiled` the
+    MLP's four ffn-wide tensors exist for one tile only."""
+    e = ELEM[dtype]
+    lse = _acc(e) / e
+    no_mlp = TrainPolicy(checkpoint="none", tiled=True)
+    kept = TrainPolicy(checkpoint=policy.checkpoint, seq_fraction=policy.seq_fraction, tiled=True)
+    recomputed = block_elems(cfg, attn, no_mlp, lse, batch) - block_elems(cfg, attn, kept, lse, batch)
+    t = batch * shard_tokens
+    if policy.tiled:
+        mlp_tokens = batch * tile_tokens(cfg, shard_tokens)
+    else:
+        frac = {"none": 0.0, "full": 1.0, "sc++": 1.0}.get(policy.checkpoint, policy.seq_fraction)
+        mlp_tokens = t * frac
+    return int((t * (max(0.0, recomputed) + 2 * cfg.hidden) + 4 * cfg.ffn * mlp_tokens) * e)
+
+
+def comm_buffer_bytes(communicators: int) -> int:
+    """Bytes NCCL holds on a rank for `communicators` communicators (one per mesh axis in use)."""
+    return communicators * NCCL_CHANNELS * NCCL_CONNECTIONS * NCCL_CONNECTION_BYTES
