@@ -189,7 +189,7 @@ def skipped_bytes(name: str, shape: AttnShape, world: int, *, layout: str, causa
 
 def options_of(name: str) -> Mapping[str, Any]:
     """The options an algorithm takes, with their defaults."""
-    return rules_api.options_of(get(name))
+    return rules_api.defaults_of(get(name))
 
 
 def option_space(name: str, world: int) -> list[dict[str, Any]]:

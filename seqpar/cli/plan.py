@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from seqpar.cli.display import console, display_table
+from seqpar.rules.layouts import LAYOUTS
 
 Opt = typer.Option
 
@@ -31,6 +32,11 @@ def plan(
     kernel: Annotated[str, Opt(help="The attention kernel: flash2 | flash3 | sdpa-flash | "
                                "sdpa-cudnn | sdpa-efficient.")] = "flash2",
     dtype: Annotated[str, Opt(help="bfloat16 | float32 | ...")] = "bfloat16",
+    mask: Annotated[str | None, Opt("--mask", help="Any attention mask, as a compact form: full, "
+                                    "causal (the default), window:W[:full], "
+                                    "documents:L1,L2,..., block_sparse:BLOCK:DENSITY[:SEED], "
+                                    "dilated:BLOCK:STRIDE, prefix_lm:P, shared_question:Q:A1,..., "
+                                    "slices:... (README: Any mask).")] = None,
     sp: Annotated[int | None, Opt("--sp", help="Only this SP degree (cluster scope).")] = None,
     algorithm: Annotated[str | None, Opt("--algorithm", help="Only this algorithm.")] = None,
     layout: Annotated[str | None, Opt("--layout", help="Only this layout.")] = None,
@@ -67,6 +73,12 @@ def plan(
         _validate(validate, c, as_json)
         return
     check_counts(seq_len=seq_len, world=world, **({"nodes": nodes} if nodes is not None else {}))
+    if mask is not None:
+        from seqpar.rules import masks
+
+        require(not max_seq, "mask", mask, "--max-seq plans plain causal attention (a mask "
+                "is of one length)")
+        masks.parse(mask, seq_len)  # a bad mask: one line, before any search
     nodes = nodes or max(1, -(-world // c.gpus_per_node))
     require(world % nodes == 0, "nodes", nodes, f"must divide world={world}")
     filters = Filters(sp=sp, algorithm=algorithm, layout=layout, states=states,
@@ -76,9 +88,9 @@ def plan(
         require(tokens_per_step is not None, "tokens-per-step", None, "is needed with --scope "
                 "cluster (the step's tokens, all ranks together)")
         _cluster(c, model, seq_len, tokens_per_step, world, nodes, kernel, dtype, filters, top,
-                 as_json)
+                 as_json, mask)
         return
-    from seqpar import algorithms
+    from seqpar.rules import algorithms
 
     space = [(name, opts) for name in algorithms.REGISTRY if (name == "local") == (world == 1)
              and (algorithm is None or name == algorithm)
@@ -90,28 +102,32 @@ def plan(
     from seqpar.experiments.perf import plan as perf_plan
 
     ranked = perf_plan.rank(c, model, seq_len, world, space, nodes=nodes, scope=scope,
-                            dtype=dtype, kernel=kernel, filters=filters, layouts=layouts)
+                            dtype=dtype, kernel=kernel, filters=filters, layouts=layouts,
+                            mask=mask)
     if scope == "model":
+        seen = f", mask {mask}" if mask else ""
         _steps(ranked, f"{model} N={seq_len:,} P={world} on {c.name} ({nodes} node(s)), scope "
-               f"model, kernel {kernel}", c, top, as_json, {"scope": "model", "kernel": kernel})
+               f"model, kernel {kernel}{seen}", c, top, as_json,
+               {"scope": "model", "kernel": kernel, "mask": mask or "causal"})
         return
-    _attention(ranked, c, model, seq_len, world, nodes, top, as_json, kernel)
+    _attention(ranked, c, model, seq_len, world, nodes, top, as_json, kernel, mask)
 
 
 def _cluster(c, model: str, seq_len: int, tokens: int, world: int, nodes: int, kernel: str,
-             dtype: str, filters, top: int, as_json: bool) -> None:
+             dtype: str, filters, top: int, as_json: bool, mask: str | None = None) -> None:
     from seqpar.experiments.perf.search import make_setup, search
 
-    setup = make_setup(c, model, seq_len, tokens, world, nodes, kernel=kernel, dtype=dtype)
+    setup = make_setup(c, model, seq_len, tokens, world, nodes, kernel=kernel, dtype=dtype,
+                       mask=mask)
     result = search(setup, filters, keep=top or None)
     head = {"scope": "cluster", "model": model, "kernel": kernel, "kernel_source":
             setup.kernel_source, "world": world, "nodes": nodes, "seq_len": seq_len,
-            "tokens_per_step": tokens, "splits": [{"dp": d, "sp": s, "micro_batches": m}
-                                                  for d, s, m in result.splits],
+            "tokens_per_step": tokens, "mask": mask or "causal",
+            "splits": [{"dp": d, "sp": s, "micro_batches": m} for d, s, m in result.splits],
             "searched": result.searched, "dominated": result.dominated,
             "too_big": result.too_big, "bounded": result.bounded}
     title = (f"{model} N={seq_len:,}, {tokens:,} tokens a step on {world} GPUs ({nodes} node(s)) "
-             f"of {c.name}, kernel {kernel}")
+             f"of {c.name}, kernel {kernel}" + (f", mask {mask}" if mask else ""))
     _steps(result.ranked, title, c, top, as_json, head, result)
     if not as_json:
         console.print(f"kernel rates: {setup.kernel_source}", soft_wrap=False, overflow="fold")
@@ -183,11 +199,11 @@ def _fold(steps: list) -> list:
 
 
 def _attention(ranked: list, c, model: str, seq_len: int, world: int, nodes: int, top: int,
-               as_json: bool, kernel: str) -> None:
+               as_json: bool, kernel: str, mask: str | None = None) -> None:
     from seqpar.experiments.perf import plan as perf_plan
 
     if as_json:
-        print(json.dumps({"cluster": c.name, "kernel": kernel,
+        print(json.dumps({"cluster": c.name, "kernel": kernel, "mask": mask or "causal",
                           "configs": [p.json() for p in ranked]}, indent=1))
         return
     groups = perf_plan.equivalents(ranked)
@@ -201,7 +217,7 @@ def _attention(ranked: list, c, model: str, seq_len: int, world: int, nodes: int
                      f"{p.bytes_inter / 1e6:.1f}", f"{p.peak_mem_bytes / 1e9:.2f}",
                      p.bottleneck.replace(" communication", "")])
     display_table(f"{model} N={seq_len} P={world} on {c.name} ({nodes} node(s)), scope attention, "
-                  f"kernel {kernel}",
+                  f"kernel {kernel}" + (f", mask {mask}" if mask else ""),
                   ["#", "algorithm", "options", "layout", "attn\nms", "compute\nms",
                    "exposed\nintra ms", "exposed\ninter ms", "MB\nintra", "MB\ninter", "mem\nGB",
                    "bound"], rows, highlight_row=0, compact=True, wrap=("options", "layout"))
@@ -243,9 +259,9 @@ def _max_seq(c, model: str, world: int, space: list, nodes: int, scope: str, dty
 
 
 SHORT = {"head-first": "hf", "context-first": "cf", "collective-intra": "coll",
-         "p2p-intra": "p2p", "contiguous": "contig", "zigzag": "zz", "stripe": "st"}
+         "p2p-intra": "p2p", "contiguous": "contig", "zigzag": "zz", "stripe": "st",
+         "balanced": "bal"}
 KEYS = {"inner_ring": "ring", "team_size": "C", "placement": ""}
-LAYOUTS = ("contiguous", "zigzag", "stripe")
 
 
 def _describe(group: list) -> tuple[str, str]:

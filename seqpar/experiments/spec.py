@@ -38,19 +38,9 @@ from seqpar.experiments.sections import (  # noqa: F401  (re-exported: the spec'
     resolve_text,
     shipped_texts,
 )
+from seqpar.rules.shape import SHAPE_PRESETS
 
 Scalar = bool | int | float | str | None
-
-# Shapes of one attention layer. `tiny` is what 2 CPU cores finish in seconds; the others are the
-# papers' models (LoongTrain and WallFacer use 7B shapes; llama3-8b is the GQA case, H/Hkv = 4).
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": {"heads": 8, "kv_heads": 8, "head_dim": 32},
-    "tiny-gqa": {"heads": 8, "kv_heads": 2, "head_dim": 32},
-    "llama2-7b": {"heads": 32, "kv_heads": 32, "head_dim": 128},
-    "llama3-8b": {"heads": 32, "kv_heads": 8, "head_dim": 128},
-    "llama3-70b": {"heads": 64, "kv_heads": 8, "head_dim": 128},
-}
-
 
 class ModelShape(_Strict):
     """One attention layer's heads; a preset name (`tiny`, `llama2-7b`, ...) stands for all three."""
@@ -67,11 +57,11 @@ class ModelShape(_Strict):
             data = {"preset": data}
         if isinstance(data, dict) and data.get("preset") is not None:
             name = data["preset"]
-            if name not in PRESETS:
+            if name not in SHAPE_PRESETS:
                 raise PydanticCustomError("seqpar_rule", "{rule}", {
                     "field": "model.preset", "value": name,
-                    "rule": f"must be one of {', '.join(PRESETS)}"})
-            data = {**PRESETS[name], **data}
+                    "rule": f"must be one of {', '.join(SHAPE_PRESETS)}"})
+            data = {**SHAPE_PRESETS[name], **data}
         return data
 
     @property

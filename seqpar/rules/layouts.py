@@ -10,10 +10,11 @@
   visible block pair, whatever the block mask.
 - balanced: the sequence is cut into C = P*m equal chunks of c = N // C tokens (m chunks a rank,
   the largest of 8, 4, 2, 1 with c >= 1; the last N mod C tokens go round robin); the chunks go to
-  ranks so that the largest rank's count of visible (query,
-  key) pairs under the call's mask is as small as the solver gets it (`assign`: greedy largest-first
-  with m chunks a rank, then pairwise swaps). `Balance.gap` bounds how far that is from the optimum:
-  the largest load over `load_bound`, a lower bound on every deal's largest load.
+  ranks so that the largest rank's count of visible (query, key) pairs under the call's mask is as
+  small as the solver gets it (`assign`: greedy largest-first with m chunks a rank, then pairwise
+  swaps), or dealt contiguously or mirrored (zigzag in chunks) where that is as balanced
+  (`best_deal`: fewer runs, fewer K,V blocks each rank needs). `Balance.gap` bounds how far that is
+  from the optimum: the largest load over `load_bound`, a lower bound on every deal's largest load.
 
 Every rank's positions come out sorted. `positions` returns them as a tuple (cached); the torch layer
 (`seqpar.algorithms.layouts`) turns them into tensors. Any length N with cu_seqlens: every rank
@@ -185,19 +186,48 @@ def balanced_deal(world: int, n: int, mask: Any = None) -> Balance:
     chunk = n // (world * m)
     body = world * m * chunk  # the last n - body tokens go round robin
     rows = _row_counts(mask, n)
-    loads = rows[:body].reshape(world * m, chunk).sum(axis=1)
-    owner = assign(loads.tolist(), world, m)
+    loads = rows[:body].reshape(world * m, chunk).sum(axis=1).tolist()
+    owner = best_deal(loads, world, m)
     ranks = tuple(tuple(sorted([t for c in (i for i, o in enumerate(owner) if o == r)
                                 for t in range(c * chunk, (c + 1) * chunk)]
                                + list(range(body + r, n, world)))) for r in range(world))
     per_rank = tuple(int(rows[list(p)].sum()) for p in ranks)
-    return Balance(ranks, chunk, per_rank, load_bound(loads.tolist(), world, m))
+    return Balance(ranks, chunk, per_rank, load_bound(loads, world, m))
 
 
 def _row_counts(mask: Any, n: int) -> np.ndarray:
     if mask is None:
         return np.arange(1, n + 1, dtype=np.int64)
     return np.asarray(mask.row_counts(n), dtype=np.int64)
+
+
+# a classic deal within this much of the solver's largest load is taken instead: the same balance,
+# fewer runs (fewer kernel calls, and K,V blocks that fewer ranks need)
+CLASSIC_SLACK = 1.005
+
+
+def best_deal(loads: list[int], world: int, per_rank: int) -> list[int]:
+    """owner[i] of each chunk: the contiguous deal, the mirrored one (zigzag in chunks) or the
+    solver's (`assign`), whichever has the smallest largest load, a classic one where it is within
+    CLASSIC_SLACK of the solver's."""
+    c = len(loads)
+    half = max(per_rank // 2, 1)
+    contiguous = [i // per_rank for i in range(c)]
+    mirrored = ([min(i, c - 1 - i) // half for i in range(c)] if per_rank % 2 == 0
+                else contiguous)
+    solved = assign(loads, world, per_rank)
+
+    def largest(owner: list[int]) -> int:
+        total = [0] * world
+        for x, o in zip(loads, owner, strict=True):
+            total[o] += x
+        return max(total)
+
+    best = largest(solved)
+    for classic in (contiguous, mirrored):
+        if largest(classic) <= best * CLASSIC_SLACK:
+            return classic
+    return solved
 
 
 def assign(loads: list[int], world: int, per_rank: int) -> list[int]:

@@ -11,6 +11,16 @@ from seqpar.rules.layouts import shard_len
 PHASES = ("forward", "backward")
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
+# Shapes of one attention layer, by name. `tiny` is what 2 CPU cores finish in seconds; the others are
+# the papers' models (LoongTrain and WallFacer use 7B shapes; llama3-8b is the GQA case, H/Hkv = 4).
+SHAPE_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"heads": 8, "kv_heads": 8, "head_dim": 32},
+    "tiny-gqa": {"heads": 8, "kv_heads": 2, "head_dim": 32},
+    "llama2-7b": {"heads": 32, "kv_heads": 32, "head_dim": 128},
+    "llama3-8b": {"heads": 32, "kv_heads": 8, "head_dim": 128},
+    "llama3-70b": {"heads": 64, "kv_heads": 8, "head_dim": 128},
+}
+
 
 @dataclass(frozen=True)
 class AttnShape:

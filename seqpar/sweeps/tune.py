@@ -15,8 +15,8 @@ from seqpar import algorithms
 from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.grid import Point, expand
-from seqpar.experiments.spec import PRESETS
 from seqpar.rules.options import divisors
+from seqpar.rules.shape import SHAPE_PRESETS
 from seqpar.sweeps.spec import SweepPlan
 
 __all__ = ["divisors", "option_space", "pruned", "tuning_plan"]
@@ -36,7 +36,7 @@ def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal:
     the reason."""
     require(prune is None or prune >= 1, "prune", prune, "must be at least 1")
     require(world >= 1, "world", world, "must be at least 1")
-    require(model in PRESETS, "model", model, f"must be one of {', '.join(PRESETS)}")
+    require(model in SHAPE_PRESETS, "model", model, f"must be one of {', '.join(SHAPE_PRESETS)}")
     base = {"model": model, "plan": {"world": world, "nodes": nodes},
             "workload": {"seq_len": seq_len, "causal": causal, "warmup": 1, "iters": iters,
                          "dtype": dtype},

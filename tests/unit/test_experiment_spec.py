@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.experiments.spec import PRESETS, ExperimentSpec
+from seqpar.experiments.spec import ExperimentSpec
+from seqpar.rules.shape import SHAPE_PRESETS as PRESETS
 
 
 def spec_data(**over) -> dict:

@@ -6,11 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqpar.algorithms.base import AttnShape
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.predict import Job, attention
 from seqpar.experiments.perf.schedule import schedule
+from seqpar.rules import masks
+from seqpar.rules.shape import AttnShape
 
 
 @dataclass
@@ -46,10 +47,14 @@ class Prediction:
 
 def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes: int = 1,
             options: Mapping[str, Any] | None = None, layout: str = "zigzag", causal: bool = True,
-            dtype: str = "bfloat16", mode: str = "fwd+bwd") -> Prediction:
-    """Attention scope: one layer's forward (+ backward) on `cluster` with P = world ranks."""
+            dtype: str = "bfloat16", mode: str = "fwd+bwd",
+            mask: masks.Mask | None = None) -> Prediction:
+    """Attention scope: one layer's forward (+ backward) on `cluster` with P = world ranks, under
+    a plain causal (or full) relation, or any `mask` of shape.seq_len tokens."""
     options = dict(options or {})
-    job = Job(cluster, shape, world, nodes, layout, causal, dtype)
+    if mask is not None:
+        causal = mask.plain and mask.relation.causal if mask.plain else mask.causal
+    job = Job(cluster, shape, world, nodes, layout, causal, dtype, mask)
     fwd, bwd = attention(job, name, options)
     both = mode == "fwd+bwd"
     seconds = fwd.seconds + (bwd.seconds if both else 0.0)

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from seqpar.algorithms.base import AttnShape
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import kernel
 from seqpar.experiments.perf.net import Cost, Net
+from seqpar.rules import masks
+from seqpar.rules.shape import AttnShape
 
 
 @dataclass
@@ -53,6 +54,13 @@ class Job:
     layout: str
     causal: bool
     dtype: str
+    mask: masks.Mask | None = None  # any mask but plain causal / full (those: `causal`)
+
+    @property
+    def any_mask(self) -> bool:
+        """Whether blocks follow a mask, each (queries, keys) pair of its own (not only whether
+        the keys come before, at or after the queries, as under plain causal attention)."""
+        return self.mask is not None and not self.mask.plain
 
     @cached_property
     def _cluster_key(self) -> str:
@@ -77,7 +85,8 @@ class Job:
     def _blocks(self) -> dict:
         """Block costs, shared by every job on the same cluster, shape, world, layout and dtype
         (a plan's configurations meet the same blocks again and again)."""
-        key = (self._cluster_key, self.shape, self.world, self.layout, self.causal, self.dtype)
+        key = (self._cluster_key, self.shape, self.world, self.layout, self.causal, self.dtype,
+               self.mask)
         got = _SHARED.get(key)
         if got is None:
             if len(_SHARED) >= 32:
@@ -91,7 +100,8 @@ class Job:
         key = (q, k, heads)
         got = self._blocks.get(key)
         if got is None:
-            calls = kernel.block_calls(self.layout, self.world, q, k, self.causal)
+            calls = (kernel.mask_calls(self.layout, self.world, q, k, self.mask) if self.any_mask
+                     else kernel.block_calls(self.layout, self.world, q, k, self.causal))
             shard = self.shape.seq_len / self.world
             got = self._blocks[key] = kernel.block_seconds(
                 self.cluster, self.dtype, self.shape.batch, self.shape.seq_len, heads,

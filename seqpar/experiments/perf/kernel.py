@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-import torch
+import numpy as np
 
-from seqpar.algorithms import layouts
 from seqpar.experiments.clusters import Cluster
+from seqpar.rules import blocks, layouts, masks
+from seqpar.rules.algorithms import call_relation
 from seqpar.rules.flops import BACKWARD_FLOPS, attention_flops
 
 PROXY = 4  # proxy tokens per layout chunk (>= 2 so diagonal runs are seen)
@@ -29,8 +30,7 @@ BACKWARD = BACKWARD_FLOPS  # backward FLOPs / forward FLOPs (rules.flops, the on
 def proxy_positions(layout: str, world: int, members: tuple[int, ...]) -> tuple[int, ...]:
     """Sorted proxy positions of the union of `members`' shards."""
     n = layouts.chunk_count(layout, world) * PROXY
-    pos = torch.cat([layouts.positions(layout, r, world, n) for r in members])
-    return tuple(sorted(pos.tolist()))
+    return tuple(sorted(t for r in members for t in layouts.positions(layout, r, world, n)))
 
 
 @lru_cache(maxsize=65536)
@@ -39,10 +39,42 @@ def block_calls(layout: str, world: int, q_members: tuple[int, ...], k_members: 
     """Kernel calls (query fraction of the sequence, key fraction, mask) for the queries held by
     q_members against the keys held by k_members."""
     n = layouts.chunk_count(layout, world) * PROXY
-    q = torch.tensor(proxy_positions(layout, world, q_members))
-    k = torch.tensor(proxy_positions(layout, world, k_members))
+    q = np.asarray(proxy_positions(layout, world, q_members))
+    k = np.asarray(proxy_positions(layout, world, k_members))
     return tuple(((t.q1 - t.q0) / n, (t.k1 - t.k0) / n, t.mask)
-                 for t in layouts.block_tasks(q, k, causal))
+                 for t in blocks.block_tasks(q, k, causal))
+
+
+# a mask of more slices than this, over the stripe layout, is costed per slice, not per call (every
+# slice meets every rank pair there, and each holds 1/P of its rows and keys)
+STRIPE_SLICES = 64
+
+
+@lru_cache(maxsize=65536)
+def mask_calls(layout: str, world: int, q_members: tuple[int, ...],
+               k_members: tuple[int, ...], mask: masks.Mask) -> tuple[tuple[float, float, str], ...]:
+    """Kernel calls (query fraction, key fraction, mask) of any mask at its own length N, from the
+    dispatch itself: the positions the layout deals under the mask and the calls the block planner
+    makes of them (a band as a full call of its mean width: the same pairs). Over the stripe layout
+    a mask of many slices is costed per slice, each rank pair 1/P^2 of its pairs."""
+    n = mask.n
+    rel = call_relation(layout, world, n, mask=mask)
+    if layout == "stripe" and len(mask.slices) > STRIPE_SLICES:
+        return tuple(((s.q1 - s.q0) / world / n, s.area / (s.q1 - s.q0) / world / n, "full")
+                     for s in mask.slices)
+
+    def held(members: tuple[int, ...]) -> np.ndarray:
+        return np.sort(np.concatenate([np.asarray(blocks.rank_positions(layout, r, world, n, rel))
+                                       for r in members]))
+
+    out = []
+    for t in blocks.block_tasks(held(q_members), held(k_members), rel):
+        rows = t.q1 - t.q0
+        if t.mask in ("full", "causal"):
+            out.append((rows / n, (t.k1 - t.k0) / n, t.mask))
+        else:  # shifted or band: a full call of the same pairs
+            out.append((rows / n, t.pairs / rows / n, "full"))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from seqpar import algorithms
-from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.layouts import LAYOUTS, chunk_count
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import memory
@@ -25,6 +22,9 @@ from seqpar.experiments.perf.api import attention_peak
 from seqpar.experiments.perf.plan import Space, model_shape
 from seqpar.experiments.perf.policy import Filters, Policy
 from seqpar.experiments.perf.policy import space as policy_space
+from seqpar.rules import algorithms
+from seqpar.rules.layouts import LAYOUTS, chunk_count
+from seqpar.rules.shape import AttnShape
 
 LIMIT = 1 << 40  # tokens: no device holds more
 

@@ -23,10 +23,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from seqpar.algorithms import usp
-from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.ulysses import kv_replicas
 from seqpar.experiments.perf.schedule import Ring, Schedule
+from seqpar.rules.algorithms import usp
+from seqpar.rules.algorithms.ulysses import kv_replicas
 from seqpar.rules.memory import (
     ELEM,
     AttentionHeld,
@@ -38,6 +37,7 @@ from seqpar.rules.memory import (
     tile_tokens,
 )
 from seqpar.rules.model import ModelConfig, block_numel
+from seqpar.rules.shape import AttnShape
 
 
 def held(name: str, shape: AttnShape, world: int, options: Mapping[str, Any]) -> float:

@@ -9,9 +9,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from seqpar import algorithms
-from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError, SeqparError, require
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf.api import Prediction, predict
@@ -19,7 +16,10 @@ from seqpar.experiments.perf.policy import Filters
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.search import check_counts, make_setup, search
 from seqpar.experiments.perf.step import predict_trial, shape_of
+from seqpar.rules import algorithms, masks
+from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import load, presets
+from seqpar.rules.shape import DTYPE_BYTES, SHAPE_PRESETS, AttnShape
 
 Space = Iterable[tuple[str, Mapping[str, Any]]]
 
@@ -27,17 +27,16 @@ Space = Iterable[tuple[str, Mapping[str, Any]]]
 def model_shape(model: str, seq_len: int, dtype: str = "bfloat16") -> tuple[AttnShape, Any]:
     """(attention shape, ModelConfig or None) for a model: a ModelConfig preset, a YAML of its
     fields or a Hugging Face config.json (`seqpar.rules.model.load`), else an attention-shape
-    preset of experiments.spec (attention scope only)."""
-    from seqpar.algorithms.base import DTYPES
-    from seqpar.experiments.spec import PRESETS as SHAPES
+    preset (`rules.shape.SHAPE_PRESETS`, attention scope only)."""
 
-    elem = DTYPES[dtype].itemsize
-    if model in SHAPES and model not in presets():
-        s = SHAPES[model]
+    elem = DTYPE_BYTES[dtype]
+    if model in SHAPE_PRESETS and model not in presets():
+        s = SHAPE_PRESETS[model]
         return AttnShape(1, seq_len, s["heads"], s["kv_heads"], s["head_dim"], elem), None
     if model not in presets() and not model.endswith((".yaml", ".yml", ".json")):
-        require(False, "model", model, f"must be one of {', '.join(sorted({*presets(), *SHAPES}))}"
-                ", a YAML file of ModelConfig's fields or a Hugging Face config.json")
+        names = ", ".join(sorted({*presets(), *SHAPE_PRESETS}))
+        require(False, "model", model, f"must be one of {names}, a YAML file of ModelConfig's "
+                "fields or a Hugging Face config.json")
     cfg = load(model)
     return shape_of(cfg, seq_len, elem_bytes=elem), cfg
 
@@ -45,11 +44,12 @@ def model_shape(model: str, seq_len: int, dtype: str = "bfloat16") -> tuple[Attn
 def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *, nodes: int = 1,
          scope: str = "attention", layouts: Sequence[str] = LAYOUTS, causal: bool = True,
          dtype: str = "bfloat16", kernel: str = DEFAULT_KERNEL,
-         filters: Filters | None = None) -> list[Any]:
+         filters: Filters | None = None, mask: str | None = None) -> list[Any]:
     """Attention scope: a Prediction for every valid (algorithm, options, layout), fitting ones
     first by time. Model scope: the whole step (`step.Step`) of every configuration of one SP
     group of `world` ranks (DP = 1, one sequence a step) and policy, fitting ones first by TGS
-    (`search.search`: dominated attention configurations pruned)."""
+    (`search.search`: dominated attention configurations pruned). `mask`: any mask's spec
+    (`masks.parse`) in place of plain causal attention."""
     require(scope in ("attention", "model"), "scope", scope, "must be attention or model")
     check_counts(seq_len=seq_len, world=world, nodes=nodes)
     shape, cfg = model_shape(model, seq_len, dtype)
@@ -57,10 +57,12 @@ def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *
         require(cfg is not None, "model", model, "--scope model needs a decoder (a ModelConfig "
                 "preset, a YAML of its fields or a config.json), not an attention shape")
         setup = make_setup(cluster, cfg, seq_len, seq_len, world, nodes, kernel=kernel,
-                           dtype=dtype, causal=causal)
+                           dtype=dtype, causal=causal, mask=mask)
         f = replace(filters or Filters(), dp=1, sp=world)
         return search(setup, f, attention=list(space), layouts=layouts).ranked
     cluster = with_kernel(cluster, kernel, shape.head_dim, dtype)[0]
+    m = None if mask is None else masks.parse(mask, seq_len)
+    causal = causal if m is None else m.causal
     out: list[Prediction] = []
     for name, options in space:
         for layout in layouts:
@@ -69,7 +71,7 @@ def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *
             except ConfigError:
                 continue
             out.append(predict(cluster, name, shape, world, nodes=nodes, options=options,
-                               layout=layout, causal=causal, dtype=dtype))
+                               layout=layout, causal=causal, dtype=dtype, mask=m))
     return sorted(out, key=lambda p: (not p.fits, p.attention_ms))
 
 

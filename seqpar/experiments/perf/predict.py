@@ -18,17 +18,29 @@ its ranks' own sending and receiving.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from seqpar.experiments.perf.job import Job, Timing
 from seqpar.experiments.perf.net import Cost
 from seqpar.experiments.perf.ring import ring_time
-from seqpar.experiments.perf.schedule import P2P, Collective, Kernel, Stage, schedule
+from seqpar.experiments.perf.schedule import (
+    P2P,
+    Collective,
+    Kernel,
+    Ring,
+    Schedule,
+    Stage,
+    schedule,
+)
+from seqpar.rules import algorithms
 
 
 def attention(job: Job, name: str, options: Mapping[str, Any]) -> tuple[Timing, Timing]:
     """(forward, backward) timings of one attention call."""
     sched = schedule(name, job.shape, job.world, options, job.nodes)
+    if job.any_mask:
+        sched = routed(sched, job, name, options)
     out = []
     call = job.host(job.cluster.call_us * 1e-6 / 2)  # the call's fixed host cost, half per phase
     for phase in ("forward", "backward"):
@@ -39,6 +51,21 @@ def attention(job: Job, name: str, options: Mapping[str, Any]) -> tuple[Timing, 
             _stage(job, st, timing)
         out.append(timing)
     return out[0], out[1]
+
+
+def routed(sched: Schedule, job: Job, name: str, options: Mapping[str, Any]) -> Schedule:
+    """The schedule under the job's mask: its rings carry only what the route carries (the bytes a
+    rank skips, `skipped_bytes_of`, taken off its ring stages' messages alike); collectives and
+    all-to-alls move what they move."""
+    skipped = algorithms.skipped_bytes_of(algorithms.get(name), job.shape, job.world,
+                                          layout=job.layout, mask=job.mask, **options)
+    out = Schedule()
+    for phase, stages in sched.phases.items():
+        ring = sum(st.nbytes for st in stages if isinstance(st, Ring))
+        keep = 1.0 - skipped[phase] / ring if ring else 1.0
+        out.phases[phase] = [replace(st, msg=int(st.msg * keep), grad=int(st.grad * keep))
+                             if isinstance(st, Ring) else st for st in stages]
+    return out
 
 
 def _collective_host(job: Job, groups: list[list[int]], nbytes: int) -> tuple[float, float]:

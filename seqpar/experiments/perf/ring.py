@@ -112,6 +112,24 @@ def _keyed(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...
             t_all.sum(axis=1) * copies)
 
 
+def _each(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+    """Per step (worst seconds, its FLOPs, all ranks' seconds) under any mask: every (position,
+    block) costs its own (what a mask lets a position's queries see of a block is its own)."""
+    n, src = st.size, sources(st.size, st.inner)
+    steps_n = len(src)
+    t_all = np.zeros((steps_n, rings * n))
+    f_all = np.zeros((steps_n, rings * n))
+    for r in range(rings):
+        for pos in range(n):
+            for g in range(steps_n):
+                t_all[g, r * n + pos], f_all[g, r * n + pos] = _cost(job, st, r, pos,
+                                                                   int(src[g, pos]))
+    busiest = t_all.argmax(axis=1)
+    worst = t_all.max(axis=1)
+    return (worst, np.where(worst > 0, f_all[np.arange(steps_n), busiest], 0.0),
+            t_all.sum(axis=1) * copies)
+
+
 def _host(job: Job, worst: np.ndarray, total: np.ndarray) -> np.ndarray:
     """Cluster.host_seconds of every step (a device per rank: the busiest rank's time)."""
     c = job.cluster
@@ -127,7 +145,8 @@ def ring_time(job: Job, st: Ring, timing: Timing) -> None:
     ranks = n * len(st.rings)
     rings = 1 if st.same_blocks else len(st.rings)
     copies = len(st.rings) if st.same_blocks else 1
-    worst, worst_f, total = (_ordered if st.keys is None else _keyed)(job, st, rings, copies)
+    cost = _each if job.any_mask else _ordered if st.keys is None else _keyed
+    worst, worst_f, total = cost(job, st, rings, copies)
     # what every rank does beside its kernels: the fixed step cost; backward, packing the
     # travelling gradient and adding the one that arrives; on a host transport, sending and
     # receiving this step's messages (K,V or the query block, while one more is to come; the

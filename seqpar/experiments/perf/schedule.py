@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from seqpar import algorithms
-from seqpar.algorithms import burst, usp
-from seqpar.algorithms.base import AttnShape
-from seqpar.rules import groups
+from seqpar.rules import algorithms, groups
+from seqpar.rules.algorithms import burst, usp
 from seqpar.rules.groups import NestedRing, WallFacerGrid
+from seqpar.rules.shape import AttnShape
 
 Members = tuple[int, ...]
 

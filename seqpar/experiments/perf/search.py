@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from seqpar import algorithms
-from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import memory
@@ -30,6 +28,8 @@ from seqpar.experiments.perf.api import Prediction, attention_peak
 from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.step import Setup, Step, _attention_link, step
+from seqpar.rules import algorithms, masks
+from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.memory import OFFLOADS
 from seqpar.rules.model import ModelConfig, load
 
@@ -122,9 +122,10 @@ def check_counts(**counts: int) -> None:
 
 def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int, tokens_per_step: int,
                world: int, nodes: int, *, kernel: str = DEFAULT_KERNEL, dtype: str = "bfloat16",
-               batch: int = 1, causal: bool = True) -> Setup:
+               batch: int = 1, causal: bool = True, mask: str | None = None) -> Setup:
     """A search's fixed part, validated: the cluster with the kernel's rates, the model (a name or
-    path for `ModelConfig.load`), the step's tokens over world ranks on nodes nodes."""
+    path for `ModelConfig.load`), the step's tokens over world ranks on nodes nodes, under a plain
+    causal (or full) relation or any `mask` (a `masks.parse` spec of seq_len tokens)."""
     check_counts(seq_len=seq_len, tokens_per_step=tokens_per_step, world=world, nodes=nodes,
                  batch=batch)
     require(world % nodes == 0, "nodes", nodes, f"must divide world={world}")
@@ -132,8 +133,11 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int, tokens_
             f"must be a multiple of seq-len x batch ({seq_len * batch}): whole sequences")
     cfg = model if isinstance(model, ModelConfig) else load(model)
     c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
+    m = None if mask is None else masks.parse(mask, seq_len)
+    if m is not None and m.plain:
+        causal, m = m.relation.causal, None
     return Setup(c, cfg, seq_len, tokens_per_step, world, nodes, dtype, batch, kernel, source,
-                 causal)
+                 m.causal if m is not None else causal, m)
 
 
 def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence[tuple[str, ...]]
@@ -151,7 +155,8 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
     if filters.layout:
         layouts = [filters.layout]
     elif layouts is None:
-        layouts = [lay for lay in LAYOUTS if not (setup.causal and lay == "contiguous")]
+        layouts = [lay for lay in LAYOUTS if not (setup.causal and setup.mask is None
+                                                   and lay == "contiguous")]
     offloadable = setup.cluster.host_link_gb_per_s is not None
     candidates: list[tuple[float, int, int, Prediction, list, list[Policy]]] = []
     for dp, sp, _ in result.splits:

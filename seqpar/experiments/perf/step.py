@@ -32,16 +32,17 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
-from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.experiments.clusters import MEMORY_EFFICIENCY, Cluster
 from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.api import Prediction, predict, predict_spec
 from seqpar.experiments.perf.net import Net
 from seqpar.experiments.perf.policy import Policy
 from seqpar.experiments.perf.rates import gemm_rate
+from seqpar.rules import masks
 from seqpar.rules.flops import head_flops, step_flops
 from seqpar.rules.memory import ELEM, TrainPolicy, block_bytes, predicted_states
 from seqpar.rules.model import ModelConfig, block_numel, block_shapes
+from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 
 PARTS = ("attention", "other_compute", "recompute", "exposed_comm", "optimizer")
 ADAM_PASSES = 7  # AdamW reads parameter, gradient, two moments; writes parameter, two moments
@@ -66,6 +67,7 @@ class Setup:
     kernel: str = "flash2"
     kernel_source: str = ""
     causal: bool = True
+    mask: masks.Mask | None = None  # any mask of seq_len tokens (None: plain causal / full)
     cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @cached_property
@@ -74,7 +76,7 @@ class Setup:
 
     @cached_property
     def shape(self) -> AttnShape:
-        return shape_of(self.cfg, self.seq_len, self.batch, DTYPES[self.dtype].itemsize)
+        return shape_of(self.cfg, self.seq_len, self.batch, DTYPE_BYTES[self.dtype])
 
     @property
     def per_node(self) -> int:
@@ -91,7 +93,7 @@ class Setup:
     def attention(self, sp: int, name: str, options: dict[str, Any], layout: str) -> Prediction:
         """One layer's attention (forward + backward) over an SP group of sp ranks."""
         return predict(self.cluster, name, self.shape, sp, nodes=self.sp_nodes(sp), options=options,
-                       layout=layout, causal=self.causal, dtype=self.dtype)
+                       layout=layout, causal=self.causal, dtype=self.dtype, mask=self.mask)
 
 
 @dataclass

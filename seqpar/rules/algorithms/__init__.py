@@ -25,14 +25,14 @@ from seqpar.rules.layouts import check_layout
 from seqpar.rules.options import Options
 from seqpar.rules.shape import PHASES, AttnShape
 
-RULES: dict[str, type[Rules]] = {c.name: c for c in (
+REGISTRY: dict[str, type[Rules]] = {c.name: c for c in (
     LocalRules, AllGatherRules, UlyssesRules, RingRules, UspRules, DoubleRingRules, WallFacerRules,
     BurstRules)}
 
 
 def get(name: str) -> type[Rules]:
-    require(name in RULES, "algorithm", name, f"must be one of {', '.join(RULES)}")
-    return RULES[name]
+    require(name in REGISTRY, "algorithm", name, f"must be one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]
 
 
 def grid_of(cls: type[Rules], world: int, nodes: Sequence[int] | None = None,
@@ -86,9 +86,14 @@ def skipped_bytes_of(cls: type[Rules], shape: AttnShape, world: int, *, layout: 
     return {p: full[p] - net[p] for p in PHASES}
 
 
-def options_of(cls: type[Rules]) -> Mapping[str, Any]:
+def defaults_of(cls: type[Rules]) -> Mapping[str, Any]:
     """The options an algorithm takes, with their defaults."""
     return cls.Options().as_dict()
+
+
+def options_of(name: str) -> Mapping[str, Any]:
+    """`defaults_of` by name."""
+    return defaults_of(get(name))
 
 
 def option_space_of(cls: type[Rules], world: int) -> list[dict[str, Any]]:
@@ -109,6 +114,18 @@ def grid_for(name: str, world: int, nodes: Sequence[int] | None = None, **option
     return grid_of(get(name), world, nodes, **options)
 
 
-__all__ = ["PHASES", "RULES", "AttnShape", "Geometry", "Grid", "Options", "Rules", "call_relation",
-           "check_of", "expected_bytes", "expected_bytes_of", "get", "grid_for", "grid_of",
-           "option_space_of", "options_of", "skipped_bytes_of"]
+def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
+          causal: bool = True, **options: Any) -> None:
+    """`check_of` by name."""
+    check_of(get(name), shape, world, layout, causal, **options)
+
+
+def option_space(name: str, world: int) -> list[dict[str, Any]]:
+    """`option_space_of` by name."""
+    return option_space_of(get(name), world)
+
+
+__all__ = ["PHASES", "REGISTRY", "AttnShape", "Geometry", "Grid", "Options", "Rules",
+           "call_relation", "check", "check_of", "defaults_of", "expected_bytes",
+           "expected_bytes_of", "get", "grid_for", "grid_of", "option_space", "option_space_of",
+           "options_of", "skipped_bytes_of"]

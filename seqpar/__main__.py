@@ -1,0 +1,5 @@
+"""`python -m seqpar ...`: the `seqpar` command."""
+
+from seqpar.cli.app import main
+
+main()
