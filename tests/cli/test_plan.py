@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from seqpar.cli.app import app
+from seqpar.rules.layouts import LAYOUTS
 
 
 def plan_json(*args: str) -> dict:
@@ -247,7 +248,7 @@ def test_plan_table_merges_identical_configurations_and_fits_120_columns(monkeyp
     assert any("ring=1|2|4" in r for r in rows)  # usp's inner rings that change nothing: one row
     configs = plan_json(*args)["configs"]
     assert f"{len(configs)} configurations in " in " ".join(lines)
-    assert sum(c["algorithm"] == "ulysses" for c in configs) == 3  # --json keeps every one
+    assert sum(c["algorithm"] == "ulysses" for c in configs) == len(LAYOUTS)  # --json: every one
 
 
 def test_plan_rows_are_configurations_with_identical_predictions():

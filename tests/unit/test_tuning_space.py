@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from seqpar import algorithms
+from seqpar.rules.layouts import LAYOUTS
 from seqpar.sweeps.tune import divisors, option_space, tuning_plan
 
 
@@ -11,7 +12,7 @@ def test_tuning_space_covers_every_algorithm_and_layout():
     assert plan.experiment == "tune"
     algos = {p.spec.plan.algorithm for p in plan.trials}
     assert algos == set(algorithms.REGISTRY) - {"local"}
-    assert {p.spec.plan.layout for p in plan.trials} == {"contiguous", "zigzag", "stripe"}
+    assert {p.spec.plan.layout for p in plan.trials} == set(LAYOUTS)
     for p in plan.skipped:
         assert p.error is not None and p.error.rule
 
