@@ -10,6 +10,11 @@ against the same reference, time, memory, and the bytes of the torch.distributed
 it registers every peer into `algorithms.PEERS`: its class where it can run, else the one-line
 reason (the package is not installed, or it needs CUDA), which a sweep reports as a ConfigError
 before any actor starts. CPU peers install with `pip install 'seqpar[peers]'`.
+
+What a peer states without running — its options, rank grid, rules, analytic bytes, layouts and the
+packages it needs — is its rules class in `seqpar.rules.peers` (no torch), which the adapter here
+subclasses and the planner reads (`seqpar.rules.algorithms.get("peer:...")`); whether it can run on
+this machine is the adapter's `unavailable()`.
 """
 
 from __future__ import annotations

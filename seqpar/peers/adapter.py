@@ -1,8 +1,10 @@
-"""What every peer adapter shares: whether the peer can run here, the rules it states, the booking of
-its bytes (booking.py), and the bridge from its own autograd to seqpar's forward/backward pair.
+"""What every peer adapter shares: whether the peer can run here, the booking of its bytes
+(booking.py), and the bridge from its own autograd to seqpar's forward/backward pair.
 
 A peer is an `Algorithm` (so the harness builds, times, meters and checks it like seqpar's own) whose
-forward and backward call the peer's code, imported from its installed package.
+forward and backward call the peer's code, imported from its installed package. What it states
+without running (its options, rules, bytes, layouts, the packages it needs) is its rules class in
+`seqpar.rules.peers`, which each adapter subclasses first: `class TorchCpRing(TorchCpRingRules, Peer)`.
 """
 
 from __future__ import annotations
@@ -10,30 +12,22 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from seqpar.algorithms import kernels
-from seqpar.algorithms.base import Algorithm, AttnShape
+from seqpar.algorithms.base import Algorithm
 from seqpar.algorithms.comm import SubComm
-from seqpar.algorithms.layouts import check_layout
 from seqpar.errors import require
 from seqpar.peers.booking import Hook, booking
-from seqpar.rules.options import Options
-
-INSTALL = {"cpu": "pip install 'seqpar[peers]'", "gpu": "pip install 'seqpar[peers-gpu]'"}
+from seqpar.rules.peers import PeerRules
 
 
-class Peer(Algorithm):
-    """An adapter around another project's attention. Subclasses name the modules the peer needs,
-    whether it runs on CUDA only, the layouts it deals and its communication hooks."""
-
-    modules: ClassVar[tuple[str, ...]] = ()      # import names that must be importable
-    install: ClassVar[str] = INSTALL["cpu"]
-    cuda_only: ClassVar[bool] = False
-    layouts: ClassVar[tuple[str, ...]] = ("contiguous",)  # causal layouts it deals (full: any)
-    kv_heads_divide_world: ClassVar[bool] = False         # it splits K,V heads over the group
+class Peer(PeerRules, Algorithm):
+    """An adapter around another project's attention: its rules (`PeerRules`: the modules it needs,
+    whether it runs on CUDA only, the layouts it deals), whether it can run here, and its
+    communication hooks."""
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -45,23 +39,6 @@ class Peer(Algorithm):
         if missing:
             reasons.append(f"needs {', '.join(missing)}, not installed ({cls.install})")
         return "; ".join(reasons) or None
-
-    @classmethod
-    def check(cls, shape: AttnShape, world: int, layout: str, causal: bool,
-              options: Any, cu_seqlens: tuple[int, ...] | None = None) -> Options:
-        check_layout(layout)
-        require(not causal or layout in cls.layouts, "layout", layout,
-                f"{cls.name} deals a causal sequence {' or '.join(cls.layouts)} only")
-        require(not cu_seqlens, "documents", cu_seqlens, f"{cls.name} takes one document per row")
-        return super().check(shape, world, layout, causal, options, cu_seqlens)
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        if cls.kv_heads_divide_world:
-            require(shape.kv_heads % world == 0, "kv_heads", shape.kv_heads,
-                    f"{cls.name} splits K,V heads over the group: must be divisible by {world}")
-            require(shape.heads % world == 0, "heads", shape.heads,
-                    f"must be divisible by the world size ({world})")
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

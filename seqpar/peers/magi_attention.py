@@ -8,7 +8,8 @@ convert both ways (`to_packed`, `from_packed`): the adapter all-gathers the unsh
 (differentiably), packs the batch rows as documents [0, N, 2N, ...] of one varlen sequence, and
 keeps its own layout shard of the global output. Those two conversions are timed with the peer but
 not booked as its bytes (they go through `torch.distributed.nn`, which the hooks do not wrap).
-No analytic byte count is modelled (the dispatch solver decides what travels).
+No analytic byte count is modelled (the dispatch solver decides what travels); its rules:
+`seqpar.rules.peers.MagiAttentionRules`.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import torch
 import torch.distributed as dist
 
 from seqpar.algorithms import layouts
-from seqpar.algorithms.base import AttnShape
-from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import Hook, gather_sends, nbytes
-from seqpar.rules.options import Options
+from seqpar.rules.peers import MagiAttentionRules
 
 
 def alltoallv_sends(comm: Any, output: torch.Tensor, input: torch.Tensor,
@@ -53,19 +52,7 @@ def row_bounds(batch: int, seq_len: int, device: torch.device) -> torch.Tensor:
     return torch.arange(0, (batch + 1) * seq_len, seq_len, dtype=torch.int32, device=device)
 
 
-class MagiAttention(AutogradPeer):
-    name = "peer:magi-attention"
-    summary = "MagiAttention: dispatch solver, group collectives, flex-flash-attention kernels"
-    modules = ("magi_attention",)
-    install = "pip install magi-attention (CUDA, Hopper)"
-    cuda_only = True
-    layouts = ("contiguous", "zigzag", "stripe")  # any: it re-deals the unsharded sequence
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        require(shape.head_dim % 8 == 0 and shape.head_dim <= 192, "head_dim", shape.head_dim,
-                "MagiAttention takes head dims divisible by 8, at most 192")
-
+class MagiAttention(MagiAttentionRules, AutogradPeer):
     def unsharded(self, t: torch.Tensor) -> torch.Tensor:
         """The whole sequence from every rank's layout shard (differentiable all-gather)."""
         from torch.distributed.nn.functional import all_gather
@@ -99,9 +86,3 @@ class MagiAttention(AutogradPeer):
     def hooks(self):
         return (Hook(dist, "all_to_all_single", "all_to_all", alltoallv_sends),
                 Hook(dist, "all_gather_into_tensor", "all_gather", gather_sends))
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        raise NotImplementedError(f"{cls.name}: no analytic byte count is modelled (its dispatch "
-                                  "solver decides what travels); its bytes are counted from its "
-                                  "calls")

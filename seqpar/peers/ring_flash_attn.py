@@ -8,37 +8,24 @@
   `heads_k_stride` heads, attend, reduce-scatter dK,dV) on the contiguous layout. It takes packed
   (total tokens, heads, dim) varlen input: each batch row is one document of N tokens whose
   cu_seqlens `llama3_flash_attn_prepare_cu_seqlens` turns into this rank's slice (`varlen_args`).
+
+Their rules and bytes: `seqpar.rules.peers` (`RingFlashZigzagRules`, `RingFlashLlama3Rules`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from seqpar.algorithms.base import AttnShape
-from seqpar.errors import require
-from seqpar.peers.adapter import INSTALL, AutogradPeer
+from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import P2P_HOOK, Hook, gather_sends, scatter_sends
-from seqpar.rules.options import Options, is_int
+from seqpar.rules.peers import RingFlashLlama3Rules, RingFlashZigzagRules
 
 
-class RingFlashZigzag(AutogradPeer):
-    name = "peer:ring-flash-zigzag"
-    summary = "ring-flash-attention's zigzag ring (flash-attn kernels, causal only)"
-    modules = ("ring_flash_attn", "flash_attn")
-    install = INSTALL["gpu"]
-    cuda_only = True
-    layouts = ("zigzag",)
-
-    @classmethod
-    def check(cls, shape, world, layout, causal, options, cu_seqlens=None):
-        require(causal, "causal", causal, f"{cls.name} is causal only (its backward asserts it)")
-        return super().check(shape, world, layout, causal, options, cu_seqlens)
-
+class RingFlashZigzag(RingFlashZigzagRules, AutogradPeer):
     def run(self, q, k, v):
         from ring_flash_attn import zigzag_ring_flash_attn_func
 
@@ -47,23 +34,6 @@ class RingFlashZigzag(AutogradPeer):
 
     def hooks(self):
         return (P2P_HOOK,)
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        kv = 2 * shape.kv_heads * shape.unit(world)
-        dkv = 2 * shape.kv_heads * shape.unit(world) // shape.elem_bytes * 4
-        return {"forward": (world - 1) * kv, "backward": (world - 1) * kv + world * dkv}
-
-
-@dataclass(frozen=True)
-class Llama3Options(Options):
-    heads_k_stride: int | None = None  # K,V heads per all-gather (None: all at once)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.heads_k_stride is None or (is_int(self.heads_k_stride)
-                                                and self.heads_k_stride > 0),
-                "heads_k_stride", self.heads_k_stride, "must be a positive integer or null")
 
 
 def varlen_args(seq_len: int, rank: int, world: int, causal: bool, device: torch.device,
@@ -80,21 +50,7 @@ def varlen_args(seq_len: int, rank: int, world: int, causal: bool, device: torch
             "max_seqlen_k": max_k, "local_k_slice": local_k}
 
 
-class RingFlashLlama3(AutogradPeer):
-    name = "peer:ring-flash-llama3"
-    summary = "ring-flash-attention's llama3 context parallelism (all-gather K,V, varlen flash)"
-    Options = Llama3Options
-    modules = ("ring_flash_attn", "flash_attn")
-    install = INSTALL["gpu"]
-    cuda_only = True
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        super().rules(shape, world, options)
-        stride = options.heads_k_stride or shape.kv_heads
-        require(shape.kv_heads % stride == 0, "heads_k_stride", stride,
-                f"must divide kv_heads={shape.kv_heads}")
-
+class RingFlashLlama3(RingFlashLlama3Rules, AutogradPeer):
     def run(self, q, k, v):
         from ring_flash_attn import llama3_flash_attn_varlen_func
 
@@ -109,8 +65,3 @@ class RingFlashLlama3(AutogradPeer):
     def hooks(self):
         return (Hook(dist, "all_gather_into_tensor", "all_gather", gather_sends),
                 Hook(dist, "reduce_scatter_tensor", "reduce_scatter", scatter_sends))
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        kv = 2 * shape.kv_heads * shape.unit(world)
-        return {"forward": (world - 1) * kv, "backward": 2 * (world - 1) * kv}

@@ -15,46 +15,27 @@ them around each forward and backward and restores them:
 - `convert_to_f32` from `grad_dtype`: 'accumulate' merges and accumulates in float32 (torch's
   default) except for float64 inputs, which stay in float64 ('input': never converted).
 
-Rules: causal zigzag or contiguous; GQA as the kernel takes it (CPU flash and CUDA flash: yes; the
-CUDA memory-efficient kernel, float32: no).
-Bytes (NCCL-tests convention, u_kv = the K and V shards): allgather sends (P-1) u_kv forward and
-backward; alltoall sends u_kv to the next rank P-1 times per phase; backward adds P rotations of
-the dK,dV accumulators (accumulation dtype).
+GQA as the kernel takes it (CPU flash and CUDA flash: yes; the CUDA memory-efficient kernel,
+float32: no), checked when called. Its options, rules and bytes: `seqpar.rules.peers.TorchCpRingRules`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed._functional_collectives as ft_c
 
 from seqpar.algorithms import kernels
-from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.comm import Comm
 from seqpar.errors import require
 from seqpar.peers.adapter import Peer
 from seqpar.peers.booking import Hook, nbytes
-from seqpar.rules.options import Options
+from seqpar.rules.peers import TorchCpRingRules
 
-ROTATE = ("allgather", "alltoall")
 aten = torch.ops.aten
-
-
-@dataclass(frozen=True)
-class TorchCpOptions(Options):
-    rotate: str = "allgather"  # torch's rotate method for K,V: allgather (default) | alltoall
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.rotate in ROTATE, "rotate", self.rotate, f"must be one of {', '.join(ROTATE)}")
-
-    @classmethod
-    def space(cls, world: int) -> list[Options]:
-        return [cls(rotate=r) for r in ROTATE]
 
 
 def allgather_sends(comm: Comm, tensor: torch.Tensor, *args: Any,
@@ -91,18 +72,7 @@ def cp_options(load_balance: bool, rotate: str, convert_to_f32: bool) -> Iterato
         o.enable_load_balance, o.rotate_method, o.convert_to_f32 = saved
 
 
-class TorchCpRing(Peer):
-    name = "peer:torch-cp-ring"
-    summary = "torch's context-parallel ring (rotate: allgather | alltoall), head-tail = zigzag"
-    Options = TorchCpOptions
-    layouts = ("zigzag", "contiguous")
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        super().rules(shape, world, options)
-        require(options.backend in ("auto", "torch"), "backend", options.backend,
-                f"{cls.name} runs torch's SDPA kernels (auto, torch)")
-
+class TorchCpRing(TorchCpRingRules, Peer):
     def _options(self, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
         to_f32 = self.options.grad_dtype == "accumulate" and dtype != torch.float64
         return cp_options(self.causal and self.layout == "zigzag", self.options.rotate, to_f32)
@@ -151,13 +121,6 @@ class TorchCpRing(Peer):
                     logsumexp=lse, is_causal=self.causal, dropout_p=0.0, scale=scale)
         return tuple(g.transpose(1, 2) for g in grads[:3])
 
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        kv = 2 * shape.kv_heads * shape.unit(world)
-        acc = 4 if options.grad_dtype == "accumulate" and shape.elem_bytes != 8 else \
-            shape.elem_bytes
-        dkv = world * kv // shape.elem_bytes * acc if world > 1 else 0
-        return {"forward": (world - 1) * kv, "backward": (world - 1) * kv + dkv}
 
 
 def _flash_takes(q: torch.Tensor) -> bool:

@@ -6,33 +6,20 @@ sequence-parallel group as `cp_group` (`cp_global_ranks` its members, `cp_comm_t
 `comm`: p2p, all_gather, a2a). For a causal call TE expects the load-balanced dealing of 2P chunks
 (rank r: chunks r and 2P-1-r), seqpar's zigzag. It returns (B, S, H*D), which the adapter views as
 (B, S, H, D). The bytes are booked from its torch.distributed calls (batched and single p2p, all
-gathers, all-to-alls); no analytic count is modelled for it (`expected_bytes` says so).
+gathers, all-to-alls); no analytic count is modelled for it (`expected_bytes` says so). Its
+options and rules: `seqpar.rules.peers.TransformerEngineCpRules`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from seqpar.algorithms.base import AttnShape
-from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import P2P_HOOK, Hook, equal_alltoall_sends, gather_sends, nbytes
-from seqpar.rules.options import Options
-
-COMM_TYPES = ("p2p", "all_gather", "a2a")
-
-
-@dataclass(frozen=True)
-class TeOptions(Options):
-    comm: str = "p2p"  # TE's cp_comm_type: p2p (ring) | all_gather | a2a (Ulysses)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.comm in COMM_TYPES, "comm", self.comm, f"must be one of {', '.join(COMM_TYPES)}")
+from seqpar.rules.peers import TransformerEngineCpRules
 
 
 def isend_sends(comm: Any, tensor: torch.Tensor, dst: int | None = None, *args: Any,
@@ -52,25 +39,10 @@ def te_arguments(heads: int, kv_heads: int, head_dim: int, causal: bool, scale: 
             "cp_comm_type": comm}
 
 
-class TransformerEngineCp(AutogradPeer):
-    name = "peer:te-cp"
-    summary = "TransformerEngine DotProductAttention context parallelism (comm: p2p | all_gather | a2a)"
-    Options = TeOptions
-    modules = ("transformer_engine",)
-    install = "pip install transformer_engine[pytorch] (CUDA)"
-    cuda_only = True
-    layouts = ("zigzag",)
-
+class TransformerEngineCp(TransformerEngineCpRules, AutogradPeer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._modules: dict[tuple, Any] = {}
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        if options.comm == "a2a":
-            require(shape.heads % world == 0 and shape.kv_heads % world == 0, "comm", "a2a",
-                    f"TE's a2a splits heads ({shape.heads}) and kv_heads ({shape.kv_heads}) over "
-                    f"{world} ranks")
 
     def module(self, q: torch.Tensor, k: torch.Tensor) -> Any:
         key = (q.shape[2], k.shape[2], q.shape[3], q.dtype)
@@ -91,8 +63,3 @@ class TransformerEngineCp(AutogradPeer):
         return (P2P_HOOK, Hook(dist, "isend", "p2p", isend_sends),
                 Hook(dist, "all_gather_into_tensor", "all_gather", gather_sends),
                 Hook(dist, "all_to_all_single", "all_to_all", equal_alltoall_sends))
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        raise NotImplementedError(f"{cls.name}: no analytic byte count is modelled; its bytes "
-                                  "are counted from the torch.distributed calls it makes")

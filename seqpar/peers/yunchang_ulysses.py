@@ -9,10 +9,7 @@ whole world there), so the slot holds torch's SDPA on the gathered sequence, the
 the orchestration on one kernel. Only `yunchang` (pure Python, no dependency besides torch) is
 needed; it imports flash_attn only when present.
 
-Rules: yunchang splits K and V heads as they are (no replication), so heads and kv_heads must be
-divisible by P; the gathered sequence is in rank order, so a causal call needs the contiguous layout.
-Bytes: q, k, v in and out back per phase, (P-1)/P of each (dout and dq, dk, dv in backward),
-gradients in the input dtype.
+Its rules and bytes: `seqpar.rules.peers.YunchangUlyssesRules`.
 """
 
 from __future__ import annotations
@@ -24,11 +21,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from seqpar.algorithms import kernels
-from seqpar.algorithms.base import AttnShape
 from seqpar.errors import require
 from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import Hook, equal_alltoall_sends
-from seqpar.rules.options import Options
+from seqpar.rules.peers import YunchangUlyssesRules
 
 
 def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -51,18 +47,7 @@ def uses_flash(backend: str, device: torch.device, dtype: torch.dtype, head_dim:
     return kernels.resolve_backend(backend, device, dtype, head_dim=head_dim) == "flash"
 
 
-class YunchangUlysses(AutogradPeer):
-    name = "peer:yunchang-ulysses"
-    summary = "yunchang's UlyssesAttention: all-to-all of q, k, v, out around the kernel"
-    modules = ("yunchang",)
-    kv_heads_divide_world = True
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        super().rules(shape, world, options)
-        require(options.backend != "math", "backend", options.backend,
-                f"{cls.name} runs yunchang's flash-attn kernel or torch's SDPA (auto, flash, torch)")
-
+class YunchangUlysses(YunchangUlyssesRules, AutogradPeer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._modules: dict[bool, Any] = {}
@@ -86,8 +71,3 @@ class YunchangUlysses(AutogradPeer):
 
     def hooks(self):
         return (Hook(dist, "all_to_all_single", "all_to_all", equal_alltoall_sends),)
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        per_phase = (world - 1) * 2 * (shape.heads + shape.kv_heads) // world * shape.unit(world)
-        return {"forward": per_phase, "backward": per_phase}

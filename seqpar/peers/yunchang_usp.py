@@ -9,50 +9,21 @@ group is created twice and several sweeps' trials do not clobber one another's.
 
 Layout: the basic ring attends the gathered Ulysses-group sequence in rank order, so a causal call
 takes the contiguous layout (yunchang's zigzag ring wants its own `zigzag_extract_local` dealing,
-which is not seqpar's zigzag: not bound here).
+which is not seqpar's zigzag: not bound here). Its options, grid, rules and bytes:
+`seqpar.rules.peers.YunchangUspRules`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 
-from seqpar.algorithms.base import AttnShape
-from seqpar.algorithms.mesh import Grid
-from seqpar.algorithms.usp import UspOptions, usp_grid
-from seqpar.errors import require
-from seqpar.peers.adapter import INSTALL, AutogradPeer
+from seqpar.peers.adapter import AutogradPeer
 from seqpar.peers.booking import P2P_HOOK, Hook, booking, equal_alltoall_sends
-from seqpar.rules.options import Options, divisors, is_int
-
-PLACEMENTS = {True: "head-first", False: "context-first"}
-
-
-@dataclass(frozen=True)
-class YunchangUspOptions(Options):
-    ulysses_degree: int = 1      # ranks per Ulysses (all-to-all) group; the ring has P / it
-    use_ulysses_low: bool = True  # Ulysses groups of consecutive ranks (seqpar's head-first)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(is_int(self.ulysses_degree) and self.ulysses_degree >= 1, "ulysses_degree",
-                self.ulysses_degree, "must be a positive integer")
-
-    def check(self, world: int) -> None:
-        require(world % self.ulysses_degree == 0, "ulysses_degree", self.ulysses_degree,
-                f"must divide the world size ({world})")
-
-    def usp(self) -> UspOptions:
-        """The same grid as seqpar's usp options."""
-        return UspOptions(dhp=self.ulysses_degree, placement=PLACEMENTS[self.use_ulysses_low])
-
-    @classmethod
-    def space(cls, world: int) -> list[Options]:
-        return [cls(ulysses_degree=d) for d in divisors(world)]
+from seqpar.rules.peers import YunchangUspRules
 
 
 @contextlib.contextmanager
@@ -68,25 +39,7 @@ def yunchang_groups(ulysses: Any, ring: Any) -> Iterator[None]:
         PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = saved
 
 
-class YunchangUsp(AutogradPeer):
-    name = "peer:yunchang-usp"
-    summary = "yunchang's LongContextAttention (USP: Ulysses groups x basic flash ring)"
-    Options = YunchangUspOptions
-    axes = ("hp", "cp", "inner", "outer")
-    modules = ("yunchang", "flash_attn")
-    install = INSTALL["gpu"]
-    cuda_only = True
-
-    @classmethod
-    def grid(cls, world: int, options: Options, nodes: Sequence[int] | None = None) -> Grid:
-        return usp_grid(world, options.usp())
-
-    @classmethod
-    def rules(cls, shape: AttnShape, world: int, options: Options) -> None:
-        d = options.ulysses_degree
-        require(shape.heads % d == 0 and shape.kv_heads % d == 0, "ulysses_degree", d,
-                f"must divide heads ({shape.heads}) and kv_heads ({shape.kv_heads})")
-
+class YunchangUsp(YunchangUspRules, AutogradPeer):
     def groups(self) -> tuple[Any, Any]:
         return self.mesh.comm("hp").group, self.mesh.comm("cp").group
 
@@ -106,13 +59,3 @@ class YunchangUsp(AutogradPeer):
     def backward(self, dout, saved, state):
         with yunchang_groups(*self.groups()):
             return super().backward(dout, saved, state)
-
-    @classmethod
-    def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        d, r = options.ulysses_degree, world // options.ulysses_degree
-        u = shape.unit(world)
-        a2a = (d - 1) * 2 * (shape.heads + shape.kv_heads) // d * u
-        kv = 2 * shape.kv_heads * u  # a ring hop carries d shards of kv_heads / d heads
-        dkv = kv // shape.elem_bytes * 4  # dK,dV accumulators travel in float32
-        ring_bwd = (r - 1) * kv + r * dkv if r > 1 else 0
-        return {"forward": a2a + (r - 1) * kv, "backward": a2a + ring_bwd}

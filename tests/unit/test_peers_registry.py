@@ -1,5 +1,6 @@
 """The peers without a process group: the listing, the refusal of a peer that cannot run here (one
-line, before anything starts), their rules, the booking of their calls, and the adapters of the
+line, before anything starts), their rules (through the adapters and on the torch-free floor the
+planner reads, GPU-only peers included), the booking of their calls, and the adapters of the
 GPU-only peers bound against the peers' own code as far as a CPU allows (argument names, groups,
 layouts)."""
 
@@ -9,6 +10,8 @@ import ast
 import importlib.util
 import inspect
 import json
+import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +30,8 @@ from seqpar.cli import app as cli_app
 from seqpar.cli import options
 from seqpar.errors import ConfigError
 from seqpar.peers.booking import Hook, booking, equal_alltoall_sends
+from seqpar.rules import algorithms as rules
+from seqpar.rules import peers as peer_rules
 
 CPU_PEERS = {"peer:yunchang-ulysses": "yunchang", "peer:torch-cp-ring": None}
 GPU_PEERS = {"peer:ring-flash-zigzag", "peer:ring-flash-llama3", "peer:yunchang-usp", "peer:te-cp",
@@ -113,6 +118,37 @@ def test_a_peer_states_its_rules_as_config_errors(case, field):
     with pytest.raises(ConfigError) as info:
         case.validate()
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(("name", "world", "shape", "call", "field"), [
+    ("peer:ring-flash-zigzag", 4, {}, {"layout": "zigzag", "causal": False}, "causal"),
+    ("peer:ring-flash-zigzag", 4, {}, {"layout": "contiguous"}, "layout"),
+    ("peer:ring-flash-llama3", 4, {}, {"heads_k_stride": 3}, "heads_k_stride"),
+    ("peer:ring-flash-llama3", 4, {}, {"heads_k_stride": 0}, "heads_k_stride"),
+    ("peer:yunchang-ulysses", 4, {"kv_heads": 2}, {}, "kv_heads"),
+    ("peer:yunchang-usp", 8, {}, {"ulysses_degree": 3}, "ulysses_degree"),
+    ("peer:yunchang-usp", 8, {"kv_heads": 2}, {"ulysses_degree": 4}, "ulysses_degree"),
+    ("peer:te-cp", 4, {}, {"layout": "contiguous"}, "layout"),
+    ("peer:te-cp", 4, {}, {"layout": "zigzag", "comm": "ring"}, "comm"),
+    ("peer:te-cp", 4, {"heads": 6, "kv_heads": 2}, {"layout": "zigzag", "comm": "a2a"}, "comm"),
+    ("peer:magi-attention", 4, {"head_dim": 256}, {}, "head_dim"),
+    ("peer:torch-cp-ring", 4, {}, {"layout": "stripe"}, "layout"),
+])
+def test_the_rules_floor_states_every_peers_rules_without_the_peer(name, world, shape, call, field):
+    """The planner's view (seqpar.rules, no torch, the peer need not run here) refuses what the
+    adapter would, field by field (each peer's default call passes: the test below)."""
+    dims = {"batch": 1, "seq_len": 64, "heads": 8, "kv_heads": 4, "head_dim": 64, "elem_bytes": 2}
+    call = {"layout": "zigzag" if name in ("peer:ring-flash-zigzag", "peer:te-cp")
+            else "contiguous", **call}
+    with pytest.raises(ConfigError) as info:
+        rules.check(name, AttnShape(**{**dims, **shape}), world, **call)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("name", sorted(CPU_PEERS | dict.fromkeys(GPU_PEERS)))
+def test_the_rules_floor_takes_each_peers_default_call(name):
+    layout = "zigzag" if name in ("peer:ring-flash-zigzag", "peer:te-cp") else "contiguous"
+    rules.check(name, AttnShape(1, 64, 8, 4, 64, 2), 4, layout)
 
 
 def test_a_peer_refuses_a_window_when_built():
@@ -269,8 +305,66 @@ def test_magi_packing_round_trips_and_bounds_the_rows():
     assert row_bounds(3, 16, torch.device("cpu")).tolist() == [0, 16, 32, 48]
 
 
-def test_peer_bytes_formulas_match_seqpars_where_the_schedule_is_the_same():
-    """yunchang's Ulysses moves what seqpar's moves (K,V heads split, no replication)."""
-    shape = AttnShape(2, 64, 8, 4, 16, 8)
-    assert (algorithms.expected_bytes("peer:yunchang-ulysses", shape, 4)
-            == algorithms.expected_bytes("ulysses", shape, 4))
+# ------------------------------------------------------------- the rules floor the planner reads
+def test_every_adapter_is_its_rules_class_run():
+    """One list of peers: every adapter subclasses the rules class `seqpar.rules.algorithms.get`
+    answers for its name (the planner's), in the same order; seqpar.algorithms.get still answers
+    the adapter where it runs."""
+    assert [c.name for c in peers.PEER_CLASSES] == list(peer_rules.PEERS)
+    for cls in peers.PEER_CLASSES:
+        assert rules.get(cls.name) is peer_rules.PEERS[cls.name]
+        assert issubclass(cls, rules.get(cls.name)) and cls.Options is rules.get(cls.name).Options
+    for name, spec in algorithms.PEERS.items():
+        if not isinstance(spec, str):
+            assert algorithms.get(name) is spec and issubclass(spec, peer_rules.PEERS[name])
+    assert not set(peer_rules.PEERS) & set(rules.REGISTRY)
+
+
+def test_the_rules_floor_names_the_peers_for_an_unknown_peer():
+    with pytest.raises(ConfigError, match="peer:yunchang-usp"):
+        rules.get("peer:tree")
+
+
+def test_the_peers_rules_answer_the_planner_without_importing_torch():
+    code = ("import sys; from seqpar.rules import algorithms as a; "
+            "from seqpar.rules.shape import AttnShape; s = AttnShape(1, 4096, 32, 8, 128, 2); "
+            "a.check('peer:ring-flash-zigzag', s, 8, 'zigzag'); "
+            "b = a.expected_bytes('peer:yunchang-usp', s, 8, layout='contiguous', ulysses_degree=4); "
+            "g = a.grid_for('peer:yunchang-usp', 8, ulysses_degree=4); "
+            "o = a.options_of('peer:torch-cp-ring'); "
+            "print('torch' in sys.modules, b['forward'] > 0, g.groups('hp')[0], o['rotate'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "(0,", "1,", "2,", "3)", "allgather"]
+
+
+@pytest.mark.parametrize("name", ["peer:te-cp", "peer:magi-attention"])
+def test_a_peer_without_a_byte_model_says_so(name):
+    with pytest.raises(NotImplementedError, match="no analytic byte count"):
+        rules.expected_bytes(name, AttnShape(1, 64, 8, 8, 64, 2), 4)
+
+
+@pytest.mark.parametrize(("peer", "options", "twin", "twin_options"), [
+    ("peer:yunchang-ulysses", {}, "ulysses", {}),
+    ("peer:torch-cp-ring", {"rotate": "alltoall"}, "ring", {}),
+    ("peer:torch-cp-ring", {"grad_dtype": "input"}, "ring", {"grad_dtype": "input"}),
+    ("peer:ring-flash-zigzag", {}, "ring", {}),
+    ("peer:yunchang-usp", {"ulysses_degree": 2}, "usp", {"dhp": 2}),
+    ("peer:yunchang-usp", {"ulysses_degree": 4, "use_ulysses_low": False}, "usp",
+     {"dhp": 4, "placement": "context-first"}),
+])
+@pytest.mark.parametrize("world", [4, 8])
+def test_peer_bytes_formulas_match_seqpars_where_the_schedule_is_the_same(
+        peer, options, twin, twin_options, world, seed):
+    """yunchang's Ulysses moves what seqpar's moves (K,V heads split, no replication); torch's and
+    ring-flash-attention's rings a ring's (dK,dV accumulators in float32 for half precision);
+    yunchang's USP seqpar's usp on the same grid."""
+    rng = random.Random(seed)
+    kv = world * rng.choice([1, 2])
+    shape = AttnShape(rng.randint(1, 3), world * rng.randint(1, 64), kv * rng.choice([1, 2, 4]), kv,
+                      rng.choice([16, 64, 128]), 2)
+    got = rules.expected_bytes(peer, shape, world, **options)
+    assert got == rules.expected_bytes(twin, shape, world, **twin_options)
+    if peer == "peer:yunchang-usp":
+        assert (rules.grid_for(peer, world, **options).groups("hp")
+                == rules.grid_for(twin, world, **twin_options).groups("hp"))

@@ -1,8 +1,10 @@
 """Each algorithm's rules without torch (see base.py): the registry the planner reads, and the
 class-level questions one asks of an algorithm by name — its grid, its rules, its bytes per rank
-under a call's layout and mask, its tuning space. `seqpar.algorithms` answers the same questions for
-its own registry (the torch classes, which subclass these, and the peers) with the `*_of` functions
-below."""
+under a call's layout and mask, its tuning space. `get` also answers the peers' names (`peer:...`,
+their rules in `seqpar.rules.peers`), so a sweep of peers can be planned; `REGISTRY` holds seqpar's
+own algorithms only, the ones the planner's search, the tuner and `seqpar check` range over.
+`seqpar.algorithms` answers the same questions for its own registry (the torch classes, which
+subclass these, and the peers) with the `*_of` functions below."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from seqpar.errors import require
 from seqpar.rules import masks
+from seqpar.rules import peers as peer_rules
 from seqpar.rules.algorithms.allgather import AllGatherRules
 from seqpar.rules.algorithms.base import Geometry, Rules, call_relation
 from seqpar.rules.algorithms.burst import BurstRules
@@ -31,6 +34,11 @@ REGISTRY: dict[str, type[Rules]] = {c.name: c for c in (
 
 
 def get(name: str) -> type[Rules]:
+    """The rules of one of seqpar's algorithms or (a `peer:` name) of a peer."""
+    if isinstance(name, str) and name.startswith(peer_rules.PREFIX):
+        require(name in peer_rules.PEERS, "algorithm", name,
+                f"must be one of {', '.join(peer_rules.PEERS)}")
+        return peer_rules.PEERS[name]
     require(name in REGISTRY, "algorithm", name, f"must be one of {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
