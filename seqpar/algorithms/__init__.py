@@ -41,6 +41,7 @@ from seqpar.algorithms.wallfacer import WallFacer
 from seqpar.errors import SeqparError, require
 from seqpar.rules import algorithms as rules_api
 from seqpar.rules.options import Options
+from seqpar.rules.peers import PREFIX as PEER_PREFIX
 
 AlgorithmSpec = type[Algorithm]
 REGISTRY: dict[str, AlgorithmSpec] = {}
@@ -59,7 +60,7 @@ for _cls in (Local, AllGather, Ulysses, Ring, Usp, DoubleRing, WallFacer, Burst)
 # from seqpar's own: the planner, the tuner and `seqpar check` range over REGISTRY only. `get`
 # imports the adapters' package on the first lookup of such a name (it registers them, or why one
 # cannot run here), so this package names it but never needs it.
-PEER_PREFIX, PEER_PACKAGE = "peer:", "seqpar.peers"
+PEER_PACKAGE = "seqpar.peers"
 PEERS: dict[str, AlgorithmSpec | str] = {}  # name -> class, or the one-line reason it cannot run
 
 

@@ -20,10 +20,9 @@ import numpy as np
 from seqpar.experiments.clusters import Cluster
 from seqpar.rules import blocks, layouts, masks
 from seqpar.rules.algorithms import call_relation
-from seqpar.rules.flops import BACKWARD_FLOPS, attention_flops
+from seqpar.rules.flops import attention_flops
 
 PROXY = 4  # proxy tokens per layout chunk (>= 2 so diagonal runs are seen)
-BACKWARD = BACKWARD_FLOPS  # backward FLOPs / forward FLOPs (rules.flops, the one place)
 
 
 @lru_cache(maxsize=8192)

@@ -18,6 +18,7 @@ from typing import Any
 
 from seqpar.rules import algorithms, groups
 from seqpar.rules.algorithms import burst, usp
+from seqpar.rules.flops import BACKWARD_FLOPS as BACKWARD
 from seqpar.rules.groups import NestedRing, WallFacerGrid
 from seqpar.rules.shape import AttnShape
 
@@ -105,8 +106,6 @@ ALL = lambda world: tuple(range(world))  # noqa: E731
 
 
 def _ring(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.experiments.perf.kernel import BACKWARD
-
     b = algorithms.expected_bytes("ring", shape, world, **options)
     msg = _per_msg(b["forward"], world - 1)
     grad = _per_msg(b["backward"] - (world - 1) * msg, world)
@@ -122,8 +121,6 @@ def _ring(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) 
 
 
 def _burst(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.experiments.perf.kernel import BACKWARD
-
     per_node = options.get("ranks_per_node") or max(1, world // nodes)
     inner = groups.node_block_size([r // per_node for r in range(world)])
     b = algorithms.expected_bytes("burst", shape, world, **options)
@@ -139,8 +136,6 @@ def _burst(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int)
 
 
 def _usp(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.experiments.perf.kernel import BACKWARD
-
     dhp, dcp, placement, inner = usp.grid_of(world, options)
     ops = usp.bytes_by_op(shape, world, options)
     hp, cp, union = _usp_groups(dhp, dcp, placement)
@@ -169,8 +164,6 @@ def _usp_groups(dhp: int, dcp: int, placement: str) -> tuple[list, list, list[Me
 
 
 def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.experiments.perf.kernel import BACKWARD
-
     b = algorithms.expected_bytes("ulysses", shape, world, **options)
     group = [list(range(world))]
     s = Schedule()
@@ -182,8 +175,6 @@ def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: in
 
 
 def _allgather(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.experiments.perf.kernel import BACKWARD
-
     b = algorithms.expected_bytes("allgather", shape, world, **options)
     group = [list(range(world))]
     s = Schedule()
@@ -195,8 +186,6 @@ def _allgather(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
 
 
 def _local(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.experiments.perf.kernel import BACKWARD
-
     s = Schedule()
     s.phases["forward"].append(Kernel("attention", (0,), (0,), shape.heads))
     s.phases["backward"].append(Kernel("attention", (0,), (0,), shape.heads, BACKWARD))
@@ -204,8 +193,6 @@ def _local(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int)
 
 
 def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    from seqpar.experiments.perf.kernel import BACKWARD
-
     grid = WallFacerGrid(world, options.get("team_size", 1),
                          options.get("placement", "collective-intra"))
     c, t = grid.team_size, grid.ring_size
@@ -292,10 +279,13 @@ _BUILT: dict[tuple, Schedule] = {}
 def _build(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
            nodes: int) -> Schedule:
     resolved = {**algorithms.options_of(name), **options}  # the algorithm's defaults, then ours
-    if name not in BUILDERS:  # an algorithm that lands later: its bytes, as one collective
+    if name not in BUILDERS:  # a peer, or an algorithm that lands later: its bytes as one
+        # collective, then the whole attention spread evenly over the ranks
         b = algorithms.expected_bytes(name, shape, world, **options)
         s = Schedule()
-        for ph in s.phases:
-            s.phases[ph].append(Collective(name, [list(range(world))], b[ph]))
+        for ph, factor in (("forward", 1.0), ("backward", BACKWARD)):
+            s.phases[ph] += [Collective(name, [list(range(world))], b[ph]),
+                             Kernel("attention", ALL(world), ALL(world), shape.heads,
+                                    factor / world)]
         return s
     return BUILDERS[name](shape, world, resolved, nodes)
