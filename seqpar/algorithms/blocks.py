@@ -258,13 +258,21 @@ def _add_rows(acc: torch.Tensor | None, grad: torch.Tensor, rows: _Rows, batch: 
 
 
 def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One contiguous buffer (B, s, 2*Hkv, D) so that K and V travel in one message."""
+    """One contiguous buffer (B, s, 2*Hkv, D) so that K and V travel in one message (and gather,
+    permute and reduce-scatter along the token dim as one tensor)."""
     return torch.cat([k, v], dim=2).contiguous()
 
 
 def unpack_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of a packed buffer, each a dense tensor of its own.
+
+    Views of the packed buffer would have twice a plain tensor's row stride (K's and V's heads sit
+    side by side per token), and torch's CPU flash kernel reads such K,V 20-30% slower (forward, N
+    = 4096, H = 8, D = 64; `benchmarks/hot_loops.py`); the copy costs ~1% of that forward. One copy
+    per block, made here, serves every task of the block; `tests/unit/test_hot_path.py` holds the
+    ring at P = 1 to `local`'s time and strides."""
     k, v = kv.chunk(2, dim=2)
-    return k, v
+    return kernels.contiguous(k), kernels.contiguous(v)
 
 
 def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Sequence[Task],
