@@ -38,6 +38,19 @@ def _measure(fn, repeats: int) -> tuple[float, int]:
     return statistics.median(times) * 1e3, mem.peak
 
 
+def _softmax_rows(dtype: torch.dtype, g: torch.Generator, n: int, h: int, d: int,
+                  repeats: int) -> list[tuple[str, float, int]]:
+    name = str(dtype).removeprefix("torch.")
+    acc, acc_lse = torch.randn(1, n, h, d, generator=g), torch.randn(1, h, n, generator=g)
+    part, part_lse = torch.randn(1, n, h, d, generator=g).to(dtype), torch.randn(1, h, n)
+    dout = torch.randn(1, n, h, d, generator=g).to(dtype)
+    delta = rowsum_delta(dout, part)
+    return [(f"merge_into, {name} partial",
+             *_measure(lambda: merge_into(acc, acc_lse, part, part_lse), repeats)),
+            (f"rowsum_delta, {name}", *_measure(lambda: rowsum_delta(dout, part), repeats)),
+            (f"out_for_delta, {name}", *_measure(lambda: out_for_delta(dout, delta), repeats))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=65536)
@@ -48,19 +61,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     n, h, d = args.seq_len, 8, 64
     print(f"seqpar from {seqpar.__file__}; N = {n}, H = {h}, D = {d}, one thread")
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        name = str(dtype).removeprefix("torch.")
-        acc, acc_lse = torch.randn(1, n, h, d, generator=g), torch.randn(1, h, n, generator=g)
-        part, part_lse = torch.randn(1, n, h, d, generator=g).to(dtype), torch.randn(1, h, n)
-        rows.append((f"merge_into, {name} partial", *_measure(
-            lambda: merge_into(acc, acc_lse, part, part_lse), args.repeats)))
-        dout, out = torch.randn(1, n, h, d, generator=g).to(dtype), part
-        delta = rowsum_delta(dout, out)
-        rows.append((f"rowsum_delta, {name}", *_measure(lambda: rowsum_delta(dout, out),
-                                                        args.repeats)))
-        rows.append((f"out_for_delta, {name}", *_measure(lambda: out_for_delta(dout, delta),
-                                                         args.repeats)))
+    rows = [row for dtype in (torch.float32, torch.bfloat16)
+            for row in _softmax_rows(dtype, g, n, h, d, args.repeats)]
     m = args.kernel_seq_len
     q, k, v, dout = (torch.randn(1, m, h, d, generator=g) for _ in range(4))
     kv = blocks.pack_kv(k, v)
