@@ -21,6 +21,7 @@ from seqpar.model.init import ROW_BLOCK, draw_rows
 from seqpar.model.memory import AllocationMeter
 
 CFG = ModelConfig(vocab=1000, hidden=32, layers=2, heads=4, kv_heads=2, ffn=48)
+WIDE = ModelConfig(vocab=8192, hidden=32, layers=2, heads=4, kv_heads=2, ffn=48)  # blocks << shards
 
 
 def test_rows_drawn_alone_equal_the_same_rows_of_the_whole_draw(seed):
@@ -37,14 +38,14 @@ def test_rows_drawn_alone_equal_the_same_rows_of_the_whole_draw(seed):
 
 def _build_sharded(env, seed):
     with AllocationMeter() as mem:
-        net = Transformer(CFG, group=env.group(2), states="fsdp", seed=seed)
+        net = Transformer(WIDE, group=env.group(2), states="fsdp", seed=seed)
     full = {name: p.full_tensor() for name, p in net.named_parameters()}
     return mem.peak, full
 
 
 @pytest.mark.multirank
 def test_fsdp_ranks_draw_only_their_rows_and_hold_the_one_process_model(gang, seed):
-    whole = Transformer(CFG, seed=seed)
+    whole = Transformer(WIDE, seed=seed)
     model_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
     embed_bytes = whole.embed.numel() * whole.embed.element_size()
     for peak, full in gang.run(_build_sharded, seed, size=2):
