@@ -21,6 +21,13 @@ the full gradient); with `states="fsdp"` by FSDP2's reduce-scatter over the whol
 `dtype` is the compute dtype; `master_dtype` (default: `dtype`) the parameters' dtype, so bf16
 compute with fp32 master weights, moments and gradient reductions is `dtype=torch.bfloat16,
 master_dtype=torch.float32`. Parameter names are the same in every mode.
+
+A model of any size starts: under fsdp the parameters are created on the meta device, sharded,
+then each rank writes only its own rows (`init.py`); `hf.load(net, path)` reads a Hugging Face
+checkpoint into the shards instead. For the longest sequences: `offload` (a list from optimizer,
+params, activations; CUDA only, `states.py`) and `tiled` (the MLP over token tiles of `mlp_tile`
+tokens, default the hidden size, recomputed per tile: ALST's tiled MLP; the loss is tiled by the
+fused head).
 """
 
 from __future__ import annotations
