@@ -161,12 +161,15 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
                 batch: int) -> float:
     """Elements one block keeps for backward per token of the rank's shard (see `checkpointing`):
     the two RMSNorms (their rsqrt, normalised input and scaled output), the residual sums, SwiGLU's
-    four ffn-wide tensors, the attention output and what the attention saves."""
+    four ffn-wide tensors, the attention output and what the attention saves. A tiled MLP keeps
+    only its tiles' input (a residual sum kept anyway): not the second RMSNorm nor SwiGLU's four."""
     d, f, h = cfg.hidden, cfg.ffn, cfg.heads
     lse = h * lse_per_elem
     out = d * (2 if attn.relayout else 1)
     attention = attn.saved + lse + out
     none = 2 * (2 * d + 1) + 2 * d + 4 * f + attention
+    if policy.tiled:
+        none -= (2 * d + 1) + 4 * f
     mode, frac = policy.checkpoint, policy.seq_fraction
     if mode == "none":
         return none
