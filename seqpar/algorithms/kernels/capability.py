@@ -23,6 +23,7 @@ BACKENDS = ("auto", "flash", "torch", "cudnn", "math")
 def flash_attn():
     """flash-attn's interface module, or None. An installed flash-attn that does not import (a
     wheel built for another torch or CUDA: ImportError, undefined symbol) says why, once."""
+    _import_error.clear()
     try:
         import flash_attn.flash_attn_interface as fa  # type: ignore[import-not-found]
     except ModuleNotFoundError as err:
