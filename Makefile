@@ -48,16 +48,22 @@ test-full: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
 	SEQPAR_TEST_FULL=1 $(BIN)/python -m pytest -q
 
-# On a machine with CUDA GPUs: `seqpar check` in bfloat16 and float32 on all of them, then a one-trial
-# sweep (examples/gpu-check.yaml: ring on every GPU); elsewhere it says it needs CUDA and exits 0.
+# On a machine with CUDA GPUs: flash-attn where a prebuilt wheel fits the installed torch (else it
+# says why and runs without), then benchmarks/gpu_check.py on every GPU (NCCL with 2+): every
+# algorithm checked in bfloat16 and float16, an accuracy sweep (documents, windows, GQA, head dims
+# 128 and 72), a training sweep ({replicated, fsdp} x checkpoint modes x fused head, bf16 with fp32
+# master weights); one summary, exit 1 on a failure. Then the same through the platform (Ray actors,
+# NCCL, MLflow): a one-trial attention sweep (examples/gpu-check.yaml) and a training trial
+# (examples/gpu-train.yaml). Elsewhere it says it needs CUDA and exits 0. The script runs on a bare
+# machine too (torch only): `python benchmarks/gpu_check.py`.
 gpu-check: $(STAMP)
 	@n=$$($(BIN)/python -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"); \
 	if [ "$${n:-0}" -lt 1 ]; then \
 		echo "make gpu-check needs CUDA GPUs; this torch sees none: nothing to check"; exit 0; fi; \
 	echo "make gpu-check: $$n GPU(s)"; \
-	$(BIN)/seqpar check --world $$n --device cuda --dtype bfloat16 && \
-	$(BIN)/seqpar check --world $$n --device cuda --dtype float32 && \
-	$(BIN)/seqpar sweep examples/gpu-check.yaml --set plan.world=$$n
+	$(BIN)/python benchmarks/gpu_check.py --install-flash-attn --world $$n && \
+	$(BIN)/seqpar sweep examples/gpu-check.yaml --set plan.world=$$n && \
+	$(BIN)/seqpar sweep examples/gpu-train.yaml --set plan.world=$$n
 
 lint: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks

@@ -47,9 +47,9 @@ def forward_tasks(
     acc_out: torch.Tensor, acc_lse: torch.Tensor, backend: str, scale: float | None,
 ) -> None:
     """Merge attention of q over (k, v), as planned by `tasks`, into the accumulators."""
-    groups, singles = _calls(q, tasks, backend)
+    groups, singles, packed = _calls(q, tasks, backend)
     for group in groups:
-        out, lse, rows = _group_forward(q, k, v, group, scale)
+        out, lse, rows = _group_forward(q, k, v, group, scale, packed)
         _merge_rows(acc_out, acc_lse, out, lse, rows, q.shape[0])
     for t in singles:
         out, lse = kernels.attend(q[:, t.q0:t.q1], k[:, t.k0:t.k1], v[:, t.k0:t.k1], t.mask,
@@ -64,13 +64,13 @@ def backward_tasks(
     backend: str, scale: float | None,
 ) -> None:
     """Add the gradients of the planned kernel calls into dq, dk, dv (any may be None)."""
-    groups, singles = _calls(q, tasks, backend)
+    groups, singles, packed = _calls(q, tasks, backend)
     b, _, h, d = q.shape
     for group in groups:
         seqs, q_rows, k_rows = _packing(group, b, q.shape[1], k.shape[1], q.device)
         for t in group.tasks:
             kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band, backward=True)
-        gq, gk, gv = kernels.flash_varlen_backward(
+        gq, gk, gv = kernels.VARLEN_BACKWARD[packed](
             _take(dout, q_rows), _take(q, q_rows), _take(k, k_rows), _take(v, k_rows),
             _take(out, q_rows), _take(lse.transpose(1, 2), q_rows).t(), seqs, group.causal,
             group.window, kernels.default_scale(scale, d))
@@ -172,12 +172,15 @@ def plan(tasks: tuple[Task, ...]) -> tuple[tuple[Group, ...], tuple[Task, ...]]:
 
 
 def _calls(q: torch.Tensor, tasks: Sequence[Task], backend: str
-           ) -> tuple[tuple[Group, ...], Sequence[Task]]:
-    """The varlen groups and single calls of a block: grouped on the flash backend where flash-attn
-    takes the packed lse, one call per task elsewhere."""
-    grouped = (kernels.resolve_backend(backend, q.device, q.dtype, head_dim=q.shape[-1]) == "flash"
-               and kernels.flash_varlen_supported())
-    return plan(tuple(tasks)) if grouped else ((), tasks)
+           ) -> tuple[tuple[Group, ...], Sequence[Task], str | None]:
+    """The varlen groups and single calls of a block, and the kernel that runs the groups: grouped
+    where a FlashAttention-2 kernel takes packed sequences (torch's flash kernel; flash-attn where
+    it takes the packed lse), one call per task elsewhere."""
+    kernel = kernels.kernel_of(backend, q.device, q.dtype, head_dim=q.shape[-1])
+    packed = kernels.window_kernel(kernel, q.device, q.dtype, q.shape[-1])
+    if packed == "flash-attn" and not kernels.flash_varlen_supported():
+        packed = None
+    return (*plan(tuple(tasks)), packed) if packed else ((), tasks, None)
 
 
 @lru_cache(maxsize=256)
@@ -214,15 +217,15 @@ def _take(t: torch.Tensor, rows: _Rows) -> torch.Tensor:
 
 
 def _group_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Group,
-                   scale: float | None) -> tuple[torch.Tensor, torch.Tensor, _Rows]:
-    """One varlen call: (out (n, H, D), lse (H, n), where its rows go)."""
+                   scale: float | None, packed: str) -> tuple[torch.Tensor, torch.Tensor, _Rows]:
+    """One varlen call on kernel `packed`: (out (n, H, D), lse (H, n), where its rows go)."""
     b, sq, h, d = q.shape
     seqs, q_rows, k_rows = _packing(group, b, sq, k.shape[1], q.device)
     for t in group.tasks:
         kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band)
-    out, lse = kernels.flash_varlen_forward(_take(q, q_rows), _take(k, k_rows), _take(v, k_rows),
-                                            seqs, group.causal, group.window,
-                                            kernels.default_scale(scale, d))
+    out, lse = kernels.VARLEN_FORWARD[packed](_take(q, q_rows), _take(k, k_rows), _take(v, k_rows),
+                                              seqs, group.causal, group.window,
+                                              kernels.default_scale(scale, d))
     return out, lse, q_rows
 
 
@@ -255,13 +258,21 @@ def _add_rows(acc: torch.Tensor | None, grad: torch.Tensor, rows: _Rows, batch: 
 
 
 def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One contiguous buffer (B, s, 2*Hkv, D) so that K and V travel in one message."""
+    """One contiguous buffer (B, s, 2*Hkv, D) so that K and V travel in one message (and gather,
+    permute and reduce-scatter along the token dim as one tensor)."""
     return torch.cat([k, v], dim=2).contiguous()
 
 
 def unpack_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of a packed buffer, each a dense tensor of its own.
+
+    Views of the packed buffer would have twice a plain tensor's row stride (K's and V's heads sit
+    side by side per token), and torch's CPU flash kernel reads such K,V 20-30% slower (forward, N
+    = 4096, H = 8, D = 64; `benchmarks/hot_loops.py`); the copy costs ~1% of that forward. One copy
+    per block, made here, serves every task of the block; `tests/unit/test_hot_path.py` holds the
+    ring at P = 1 to `local`'s time and strides."""
     k, v = kv.chunk(2, dim=2)
-    return k, v
+    return kernels.contiguous(k), kernels.contiguous(v)
 
 
 def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Sequence[Task],
@@ -273,9 +284,9 @@ def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Seque
         out, lse = kernels.attend(q, k[:, t.k0:t.k1], v[:, t.k0:t.k1], t.mask, backend=backend,
                                   scale=scale, band=t.band)
         return out, lse.to(kernels.acc_dtype(q.dtype))
-    groups, singles = _calls(q, tasks, backend)
+    groups, singles, packed = _calls(q, tasks, backend)
     if len(groups) == 1 and not singles:
-        out, lse, rows = _group_forward(q, k, v, groups[0], scale)
+        out, lse, rows = _group_forward(q, k, v, groups[0], scale, packed)
         b, s, h, _ = q.shape
         if rows.span == (0, s):  # one varlen call made every row
             lse = kernels.contiguous(lse.view(h, b, s).transpose(0, 1))

@@ -82,20 +82,28 @@ def unpack_bytes(buf: torch.Tensor, specs: Sequence[Spec]) -> list[torch.Tensor]
 
 # ------------------------------------------------------------------------------------- D and O'
 def rowsum_delta(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """D = rowsum(dO * O) per token and head, (B, s, H), in the accumulation dtype."""
+    """D = rowsum(dO * O) per token and head, (B, s, H), in the accumulation dtype (a batched dot
+    product: no product tensor the size of O)."""
     work = acc_dtype(out.dtype)
-    return (dout.to(work) * out.to(work)).sum(-1)
+    return torch.einsum("...d,...d->...", dout.to(work), out.to(work))
 
 
 def out_for_delta(dout: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """An O' with rowsum(dO * O') = D, for the kernels that take O and compute D themselves.
 
-    O' = dO * D / |dO|²; a row with dO = 0 has D = 0 and gets O' = 0.
+    O' = dO * D / |dO|²; a row with dO = 0 has D = 0 and gets O' = 0. Built once per visiting
+    query block: |dO|² reduced in the accumulation dtype, then dO scaled by the float32 scale and
+    written in its own dtype (one rounding). On CUDA the kernels cast as they read, so that is two
+    passes over dO and one new tensor in dO's dtype; elsewhere a 16-bit dO is read through one
+    float32 copy, scaled in place.
     """
-    work = delta.dtype
-    norm = dout.to(work).square().sum(-1)
-    scale = torch.where(norm > 0, delta / torch.where(norm > 0, norm, 1), 0)
-    return (dout.to(work) * scale.unsqueeze(-1)).to(dout.dtype)
+    if dout.dtype == delta.dtype or dout.is_cuda:
+        norm = torch.linalg.vector_norm(dout, dim=-1, dtype=delta.dtype).square_()
+        scale = torch.where(norm > 0, delta / norm, 0).unsqueeze(-1)
+        return torch.mul(dout, scale, out=torch.empty_like(dout))
+    work = dout.to(delta.dtype)
+    norm = torch.linalg.vector_norm(work, dim=-1).square_()
+    return work.mul_(torch.where(norm > 0, delta / norm, 0).unsqueeze(-1)).to(dout.dtype)
 
 
 def query_parts(q: torch.Tensor, dout: torch.Tensor, delta: torch.Tensor,

@@ -4,6 +4,11 @@ Two partial attention results over disjoint key sets, (out1, lse1) and (out2, ls
     lse = logaddexp(lse1, lse2);  out = exp(lse1 - lse) * out1 + exp(lse2 - lse) * out2.
 `out` is (batch, seq, heads, head_dim); `lse` is (batch, heads, seq). A side whose keys were all
 masked carries lse = -inf and contributes nothing; two such sides give lse = -inf and out = 0, not NaN.
+
+`merge_into` is the hot one (every ring step, every block of every task): it works in place on the
+accumulators. The only temporaries are (batch, heads, seq) — the new lse and the two weights — so a
+step allocates nothing the size of `out` (the old form built a new float32 out and lse per call and
+copied them back, and cast a 16-bit partial to float32 first).
 """
 
 from __future__ import annotations
@@ -11,30 +16,42 @@ from __future__ import annotations
 import torch
 
 
-def _weights(lse_a: torch.Tensor, lse_b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _weights(lse_a: torch.Tensor, lse_b: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(lse, w_a, w_b): the merged lse and each side's weight exp(lse_side - lse), (B, H, S). Where
+    both sides are -inf the weights are 0 (exp(-inf - 0)), not NaN."""
     lse = torch.logaddexp(lse_a, lse_b)
-    safe = torch.where(torch.isinf(lse) & (lse < 0), torch.zeros_like(lse), lse)
-    w_a = torch.exp(lse_a - safe)
-    w_b = torch.exp(lse_b - safe)
-    # (batch, heads, seq) -> (batch, seq, heads, 1) to scale bshd outputs
-    return lse, w_a.transpose(1, 2).unsqueeze(-1), w_b.transpose(1, 2).unsqueeze(-1)
+    safe = lse.nan_to_num(neginf=0.0)  # -inf only where both sides are -inf
+    w_a = torch.sub(lse_a, safe).exp_()
+    w_b = torch.sub(lse_b, safe).exp_()
+    return lse, w_a, w_b
+
+
+def _bshd(w: torch.Tensor) -> torch.Tensor:
+    """A (batch, heads, seq) weight as a (batch, seq, heads, 1) view that scales a bshd output."""
+    return w.transpose(1, 2).unsqueeze(-1)
 
 
 def merge(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine two partial results; returns (out, lse) in the dtypes of (out_a, lse_a)."""
-    lse, w_a, w_b = _weights(lse_a, lse_b)
-    out = w_a.to(out_a.dtype) * out_a + w_b.to(out_b.dtype) * out_b
+    """Combine two partial results into new tensors; returns (out, lse) in the dtypes of
+    (out_a, lse_a)."""
+    lse, w_a, w_b = _weights(lse_a, lse_b.to(lse_a.dtype))
+    out = out_a * _bshd(w_a).to(out_a.dtype)
+    out.addcmul_(out_b, _bshd(w_b).to(out_a.dtype))
     return out, lse
 
 
 def merge_into(
     acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
 ) -> None:
-    """In-place merge of a partial (out, lse) into accumulators (acc_out, acc_lse)."""
-    new_out, new_lse = merge(acc_out, acc_lse, out.to(acc_out.dtype), lse.to(acc_lse.dtype))
-    acc_out.copy_(new_out)
+    """In-place merge of a partial (out, lse) into the accumulators (acc_out, acc_lse): acc_out is
+    scaled in place and the partial added with one fused multiply-add (a 16-bit `out` is read as
+    it is and promoted inside the op); acc_lse takes the merged lse. Views (row ranges of larger
+    accumulators) are fine."""
+    new_lse, w_acc, w_new = _weights(acc_lse, lse.to(acc_lse.dtype))
+    acc_out.mul_(_bshd(w_acc)).addcmul_(out, _bshd(w_new))
     acc_lse.copy_(new_lse)
 
 

@@ -51,7 +51,7 @@ from seqpar.algorithms.burst import (
 )
 from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.ring import RingComms, plan_of, ring_forward
-from seqpar.algorithms.softmax_merge import merge
+from seqpar.algorithms.softmax_merge import merge_into
 from seqpar.rules import route
 from seqpar.rules.algorithms.wallfacer import (  # noqa: F401 (the rules, also from here)
     WallFacerOptions,
@@ -90,9 +90,10 @@ def combine(team: Comm, acc_out: torch.Tensor, acc_lse: torch.Tensor,
     g = team.size
     outs, lses = outs.view(g, b, -1, h, d), lses.view(g, b, -1, h)
     out, lse = outs[0], lses[0].transpose(1, 2)
-    for i in range(1, g):
-        out, lse = merge(out, lse, outs[i], lses[i].transpose(1, 2))
-    return out, lse.contiguous()
+    for i in range(1, g):  # in place, into member 0's partial: no new out per member
+        merge_into(out, lse, outs[i], lses[i].transpose(1, 2))
+    # its own storage, so the C-times buffer of the all-to-all is not kept alive with it
+    return (out.clone() if g > 1 else out), lse.contiguous()
 
 
 class WallFacer(WallFacerRules, Algorithm):

@@ -1,6 +1,9 @@
 """The model level: a LLaMA-style decoder trained with any registered sequence-parallel attention
-(no Ray, no MLflow). `config.py` holds the shape, `transformer.py` the model, `checkpointing.py`
-the activation checkpointing modes, `head.py` the (fused) LM head with cross-entropy."""
+(no Ray, no MLflow; torch only). `config.py` holds the shape, `transformer.py` the model,
+`checkpointing.py` the activation checkpointing modes, `head.py` the (fused) LM head with
+cross-entropy, `init.py` the parameter values drawn shard by shard, `states.py` replicated or FSDP2
+states and offload, `grads.py` the replicated gradients' reduction, `hf.py` Hugging Face
+checkpoints, `memory.py` measured and predicted memory."""
 
 from seqpar.model.checkpointing import MODES as CHECKPOINT_MODES
 from seqpar.model.config import PRESETS, ModelConfig

@@ -27,6 +27,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from seqpar.model.config import ModelConfig, param_shapes
+from seqpar.model.states import offload_tuple
 
 
 class AllocationMeter:
@@ -94,18 +95,24 @@ class TrainPolicy:
 
     states: str = "replicated"          # replicated | fsdp
     master_dtype: str | None = None     # None: parameters in the compute dtype
-    offload: bool = False               # fsdp only, CUDA only
+    offload: tuple[str, ...] = ()       # to host memory, from states.OFFLOAD (CUDA only; see there)
     checkpoint: str = "none"            # seqpar.model.checkpointing.MODES
     seq_fraction: float = 0.5           # sequence modes: the part of each shard recomputed
-    fused_head: bool = False
+    fused_head: bool = False            # the tiled LM head and loss (BurstEngine §3.3)
+    tiled: bool = False                 # the MLP over token tiles, recomputed per tile (ALST)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offload", offload_tuple(self.offload))
 
     def label(self) -> str:
         ckpt = self.checkpoint + (f"({self.seq_fraction:g})" if "sequence" in self.checkpoint else "")
-        parts = [self.states + ("+offload" if self.offload else ""), f"ckpt={ckpt}"]
+        parts = [self.states + "".join(f"+offload:{o}" for o in self.offload), f"ckpt={ckpt}"]
         if self.master_dtype:
             parts.append(f"master={self.master_dtype}")
         if self.fused_head:
             parts.append("fused-head")
+        if self.tiled:
+            parts.append("tiled-mlp")
         return " ".join(parts)
 
 
@@ -125,14 +132,15 @@ def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: 
                      ) -> dict[str, int]:
     """Bytes of model states one rank holds under AdamW: parameters (master dtype, or the compute
     dtype), their gradients, two moments; sharded over `shards` ranks under fsdp. `device` is what
-    stays on the accelerator (0 with offload: the host holds the rest, `host`)."""
+    stays on the accelerator (0 with offload "params": the host holds the rest, `host`)."""
     stored = ELEM[policy.master_dtype or dtype]
     n = shards if policy.states == "fsdp" else 1
     numel = sum(_local_numel(s, n) for s in param_shapes(cfg).values())
     out = {"params": numel * stored, "grads": numel * stored, "optimizer": 2 * numel * stored}
     total = sum(out.values())
-    out["device"] = 0 if policy.offload else total
-    out["host"] = total if policy.offload else 0
+    hosted = "params" in policy.offload  # FSDP2's CPU offload: parameters, gradients, moments
+    out["device"] = 0 if hosted else total
+    out["host"] = total if hosted else 0
     return out
 
 
@@ -153,12 +161,15 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
                 batch: int) -> float:
     """Elements one block keeps for backward per token of the rank's shard (see `checkpointing`):
     the two RMSNorms (their rsqrt, normalised input and scaled output), the residual sums, SwiGLU's
-    four ffn-wide tensors, the attention output and what the attention saves."""
+    four ffn-wide tensors, the attention output and what the attention saves. A tiled MLP keeps
+    only its tiles' input (a residual sum kept anyway): not the second RMSNorm nor SwiGLU's four."""
     d, f, h = cfg.hidden, cfg.ffn, cfg.heads
     lse = h * lse_per_elem
     out = d * (2 if attn.relayout else 1)
     attention = attn.saved + lse + out
     none = 2 * (2 * d + 1) + 2 * d + 4 * f + attention
+    if policy.tiled:
+        none -= (2 * d + 1) + 4 * f
     mode, frac = policy.checkpoint, policy.seq_fraction
     if mode == "none":
         return none

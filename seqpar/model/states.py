@@ -1,6 +1,6 @@
 """Model states — parameters, gradients, optimizer moments — replicated or sharded with torch FSDP2.
 
-    policy = StatePolicy(states="fsdp", master_dtype=torch.float32, offload=False)
+    policy = StatePolicy(states="fsdp", master_dtype=torch.float32, offload=("params",))
     policy.check(compute_dtype, device)          # one-line ConfigErrors before anything is built
     shard_model(net, blocks, mesh, policy, compute_dtype, dp)
 
@@ -17,7 +17,7 @@ the divide factor is set to DP: sum over the world / DP, whatever FSDP's default
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,19 @@ from torch import nn
 from seqpar.errors import require
 
 STATES = ("replicated", "fsdp")
+OFFLOAD = ("optimizer", "params", "activations")  # what can live in host memory (ALST's offloads)
+
+
+def offload_tuple(offload: bool | Sequence[str] | None) -> tuple[str, ...]:
+    """The offload list in its one form, a sorted tuple: a list as given; the old flag True (FSDP2's
+    CPU offload) is ('optimizer', 'params'), False or None is ()."""
+    if offload is None or offload is False:
+        return ()
+    if offload is True:
+        return ("optimizer", "params")
+    if isinstance(offload, str):
+        return (offload,)
+    return tuple(sorted(offload))
 
 
 @dataclass(frozen=True)
@@ -34,7 +47,10 @@ class StatePolicy:
 
     states: str = "replicated"                 # replicated | fsdp
     master_dtype: torch.dtype | None = None    # None: parameters in the compute dtype
-    offload: bool = False                      # FSDP2's CPU offload of sharded states (CUDA only)
+    offload: tuple[str, ...] = ()              # drawn from OFFLOAD (CUDA only); True: FSDP2's
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offload", offload_tuple(self.offload))
 
     def check(self, dtype: torch.dtype, device: torch.device | None) -> None:
         """Every rule; the device's only where it is known (None: before any rank starts)."""
@@ -43,17 +59,35 @@ class StatePolicy:
                 and torch.finfo(self.master_dtype).bits >= torch.finfo(dtype).bits),
                 "master_dtype", self.master_dtype,
                 f"must be a floating dtype at least as wide as the compute dtype ({dtype})")
-        require(isinstance(self.offload, bool), "offload", self.offload, "must be true or false")
-        if self.offload:
-            require(self.states == "fsdp", "offload", True,
-                    "needs states='fsdp' (FSDP2's CPUOffloadPolicy moves the sharded states)")
-            kind = "cuda" if device is None else device.type
-            require(kind == "cuda", "offload", True, "needs CUDA: FSDP2 offloads device states to "
-                    f"the host, and on a {kind} mesh they are already there")
+        check_offload(self.offload, self.states, None if device is None else device.type)
 
     def param_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype parameters are stored in (what the optimizer updates)."""
         return self.master_dtype or dtype
+
+
+def check_offload(offload: tuple[str, ...], states: str, device_type: str | None) -> None:
+    """The offload rules (`device_type` None: not known yet, before any rank starts).
+
+    'params': FSDP2's CPUOffloadPolicy — the sharded parameters, their gradients and so the
+    optimizer's states (it steps where the parameters live) in host memory; fsdp only.
+    'optimizer': the optimizer's states in host memory; torch places them beside the parameters
+    they update, so only together with 'params'. 'activations': what forward saves for backward
+    goes to pinned host memory (`torch.autograd.graph.save_on_cpu`). All need CUDA: on a CPU device
+    every state is in host memory already."""
+    shown = list(offload)
+    require(len(set(offload)) == len(offload) and set(offload) <= set(OFFLOAD), "offload", shown,
+            f"must be a list drawn from {', '.join(OFFLOAD)} ([] for none)")
+    if not offload:
+        return
+    require("optimizer" not in offload or "params" in offload, "offload", shown,
+            "'optimizer' needs 'params' too: torch keeps an optimizer's states beside the "
+            "parameters they update (FSDP2's CPUOffloadPolicy steps it on the host)")
+    require("params" not in offload or states == "fsdp", "offload", shown,
+            "'params' needs states='fsdp' (FSDP2's CPUOffloadPolicy moves the sharded states)")
+    kind = "cuda" if device_type is None else device_type
+    require(kind == "cuda", "offload", shown, "needs CUDA: it moves device memory to the host, and "
+            f"on a {kind} device everything is in host memory already")
 
 
 def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: StatePolicy,
@@ -63,7 +97,7 @@ def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: State
 
     stored = policy.param_dtype(dtype)
     mp = MixedPrecisionPolicy(param_dtype=None if stored == dtype else dtype, reduce_dtype=stored)
-    offload = CPUOffloadPolicy() if policy.offload else OffloadPolicy()
+    offload = CPUOffloadPolicy() if "params" in policy.offload else OffloadPolicy()
     units = [*blocks, net]
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload)

@@ -15,44 +15,55 @@ still the right one, and RoPE rotates every token by its global position. The lo
 cross-entropy over all batch x N predictions (averaged over the data-parallel replicas too).
 
 Gradients are summed over the sequence-parallel group and averaged over `dp_group`: with
-`states="replicated"` in one all-reduce each at the end of backward (every .grad is then the full
-gradient); with `states="fsdp"` by FSDP2's reduce-scatter over the whole DP x SP world (`states.py`).
+`states="replicated"` parameter by parameter while backward runs (`grads.py`; every .grad is then
+the full gradient); with `states="fsdp"` by FSDP2's reduce-scatter over the whole DP x SP world
+(`states.py`).
 `dtype` is the compute dtype; `master_dtype` (default: `dtype`) the parameters' dtype, so bf16
 compute with fp32 master weights, moments and gradient reductions is `dtype=torch.bfloat16,
 master_dtype=torch.float32`. Parameter names are the same in every mode.
+
+A model of any size starts: under fsdp the parameters are created on the meta device, sharded,
+then each rank writes only its own rows (`init.py`); `hf.load(net, path)` reads a Hugging Face
+checkpoint into the shards instead. For the longest sequences: `offload` (a list from optimizer,
+params, activations; CUDA only, `states.py`) and `tiled` (the MLP over token tiles of `mlp_tile`
+tokens, default the hidden size, recomputed per tile: ALST's tiled MLP; the loss is tiled by the
+fused head).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from seqpar.algorithms import Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len, positions
 from seqpar.errors import require
-from seqpar.model import checkpointing, head
+from seqpar.model import checkpointing, grads, head, init
 from seqpar.model import states as model_states
 from seqpar.model.config import ModelConfig, block_shapes
 from seqpar.model.layers import apply_rope, rms_norm, rope_tables, swiglu
-
-INIT_STD = 0.02
 
 
 class Block(nn.Module):
     """RMSNorm -> Q/K/V (GQA) -> RoPE -> attention -> O -> residual -> RMSNorm -> SwiGLU -> residual.
 
     Parameters are stored in `stored` and used in `compute` (a cast per use when they differ, as
-    autocast does: the gradient flows back to the stored dtype)."""
+    autocast does: the gradient flows back to the stored dtype). With `mlp_tile` the RMSNorm +
+    SwiGLU run over tiles of that many tokens, each recomputed in backward (ALST's tiled MLP: one
+    tile's ffn-wide activations live at a time); the numbers are the same, every op being
+    token-wise."""
 
     def __init__(self, cfg: ModelConfig, stored: torch.dtype, compute: torch.dtype,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, mlp_tile: int | None = None):
         super().__init__()
-        self.cfg, self.compute = cfg, compute
+        self.cfg, self.compute, self.mlp_tile = cfg, compute, mlp_tile
         for name, shape in block_shapes(cfg).items():
             setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=stored, device=device)))
 
@@ -68,11 +79,20 @@ class Block(nn.Module):
         v = F.linear(h, w(self.wv)).view(b, s, c.kv_heads, c.head_dim)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def post(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
         w = self.w
-        x = x + F.linear(a.reshape(x.shape[0], x.shape[1], -1), w(self.wo))
-        return x + swiglu(rms_norm(x, w(self.ffn_norm), self.cfg.norm_eps), w(self.w1), w(self.w3),
-                          w(self.w2))
+        return swiglu(rms_norm(x, w(self.ffn_norm), self.cfg.norm_eps), w(self.w1), w(self.w3),
+                      w(self.w2))
+
+    def post(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        x = x + F.linear(a.reshape(x.shape[0], x.shape[1], -1), self.w(self.wo))
+        tile, s = self.mlp_tile, x.shape[1]
+        if tile is None or s <= tile or not torch.is_grad_enabled():
+            return x + self.mlp(x)
+        # no RNG in the model: no RNG state kept per tile (5 KB each on the CPU)
+        return x + torch.cat([checkpoint(self.mlp, x[:, t0:t0 + tile], use_reentrant=False,
+                                         preserve_rng_state=False)
+                              for t0 in range(0, s, tile)], dim=1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend,
                 mode: str, fraction: float) -> torch.Tensor:
@@ -81,18 +101,17 @@ class Block(nn.Module):
 
 
 class _SyncGrads(torch.autograd.Function):
-    """Identity on the loss; its backward schedules the gradient all-reduce for the end of backward."""
+    """Identity on the loss; its backward (the first node of every backward) starts the replicated
+    gradients' reduction (`grads.GradSync`)."""
 
     @staticmethod
-    def forward(ctx, loss, net):
-        ctx.net = net
+    def forward(ctx, loss, sync):
+        ctx.sync = sync
         return loss.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        net = ctx.net
-        before = [None if p.grad is None else p.grad.clone() for p in net.parameters()]
-        torch.autograd.Variable._execution_engine.queue_callback(lambda: net._reduce_grads(before))
+        ctx.sync.begin()
         return grad, None
 
 
@@ -105,8 +124,8 @@ class Transformer(nn.Module):
                  dp_group: dist.ProcessGroup | None = None, seq_fraction: float = 0.5,
                  head_tiles: tuple[int, int] = (1024, 8192), mesh: Mesh | None = None,
                  master_dtype: torch.dtype | None = None, states: str = "replicated",
-                 offload: bool = False, device: torch.device | str | None = None,
-                 **attention_options: Any):
+                 offload: bool | Sequence[str] = (), device: torch.device | str | None = None,
+                 tiled: bool = False, mlp_tile: int | None = None, **attention_options: Any):
         super().__init__()
         if mesh is not None:  # a prebuilt DP x SP mesh (algorithms.mesh_for(..., dp=)) gives both
             require(mesh.real, "mesh", "views", "must be built collectively (algorithms.mesh_for)")
@@ -115,6 +134,8 @@ class Transformer(nn.Module):
         checkpointing.check_mode(checkpoint, seq_fraction)
         require(len(head_tiles) == 2 and all(isinstance(t, int) and t > 0 for t in head_tiles),
                 "head_tiles", head_tiles, "must be two positive integers (tokens, vocabulary)")
+        require(mlp_tile is None or (isinstance(mlp_tile, int) and mlp_tile > 0), "mlp_tile",
+                mlp_tile, "must be a positive integer (tokens per MLP tile; None: hidden size)")
         device = torch.device("cpu" if device is None else device)
         self.policy = states_policy = model_states.StatePolicy(states, master_dtype, offload)
         states_policy.check(dtype, device)
@@ -131,7 +152,9 @@ class Transformer(nn.Module):
         stored, build_on = states_policy.param_dtype(dtype), torch.device("meta") if sharded else device
         d = cfg.hidden
         self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
-        self.blocks = nn.ModuleList(Block(cfg, stored, dtype, build_on) for _ in range(cfg.layers))
+        tile = (mlp_tile or cfg.hidden) if tiled else None  # ALST: ceil(N / hidden) tiles
+        self.blocks = nn.ModuleList(Block(cfg, stored, dtype, build_on, tile)
+                                    for _ in range(cfg.layers))
         self.norm = nn.Parameter(torch.empty(d, dtype=stored, device=build_on))
         self.head = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
         if sharded:
@@ -139,22 +162,17 @@ class Transformer(nn.Module):
             model_states.shard_model(self, self.blocks, world_mesh, states_policy, dtype, self.dp)
             self.to_empty(device=device)
         self.reset_parameters(seed)
+        reduced = not sharded and (group is not None or dp_group is not None)
+        self.sync = grads.GradSync(self.parameters(), group, dp_group, self.dp) if reduced else None
 
     def w(self, p: torch.Tensor) -> torch.Tensor:
         return p if p.dtype == self.dtype else p.to(self.dtype)
 
-    @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
-        """Norm weights 1, every matrix N(0, 0.02^2) drawn in float64 from one generator in parameter
-        order: the same seed gives the same parameters on every rank, at every world size and in
-        every `states` mode (a sharded parameter takes its shard of the same draw)."""
-        gen = torch.Generator().manual_seed(seed)
-        for p in self.parameters():
-            if p.dim() == 1:
-                value = torch.ones(p.shape, dtype=torch.float64)
-            else:
-                value = torch.randn(p.shape, generator=gen, dtype=torch.float64) * INIT_STD
-            model_states.assign(p, value)
+        """Norm weights 1, every matrix N(0, 0.02^2), each rank drawing only the rows it holds
+        (`init.py`): the same seed gives the same parameters on every rank, at every world size
+        and in every `states` mode, and no rank ever holds a whole parameter it does not own."""
+        init.init_parameters(self, seed)
 
     def shard(self, tokens: torch.Tensor, cu_seqlens=None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -181,10 +199,17 @@ class Transformer(nn.Module):
         return rms_norm(x, self.w(self.norm), self.cfg.norm_eps), labels
 
     def forward(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
-        """This rank's share of the mean loss: its tokens' cross-entropy sum / (batch x N)."""
+        """This rank's share of the mean loss: its tokens' cross-entropy sum / (batch x N). With
+        offload 'activations', what autograd saves goes to pinned host memory."""
+        if "activations" in self.policy.offload:
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                return self._loss_share(tokens, cu_seqlens)
+        return self._loss_share(tokens, cu_seqlens)
+
+    def _loss_share(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
         h, labels = self.hidden(tokens, cu_seqlens)
-        if self.fused_head:
-            local = head.fused_loss_sum(h, self.w(self.head), labels, *self.head_tiles)
+        if self.fused_head:  # the stored weight: its tiles are cast as used, its gradient fp32
+            local = head.fused_loss_sum(h, self.head, labels, *self.head_tiles)
         else:
             local = head.unfused_loss_sum(h, self.w(self.head), labels)
         return local / (tokens.shape[0] * (tokens.shape[1] - 1))
@@ -203,34 +228,13 @@ class Transformer(nn.Module):
             dist.all_reduce(value, group=self.dp_group)
             value /= self.dp
         out = local + (value - local).detach()
-        return out if self.policy.states == "fsdp" else _SyncGrads.apply(out, self)
+        return out if self.sync is None else _SyncGrads.apply(out, self.sync)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
         """{parameter name: the full gradient}, identical on every rank, in every `states` mode (under
         fsdp an all-gather per parameter: every rank must call it)."""
         return {name: model_states.full(p.grad) for name, p in self.named_parameters()
                 if p.grad is not None}
-
-    @torch.no_grad()
-    def _reduce_grads(self, before: list[torch.Tensor | None]) -> None:
-        """Sum this backward's gradients over the SP group, average them over DP (one flat buffer)."""
-        params = [p for p in self.parameters() if p.grad is not None]
-        olds = [b for p, b in zip(self.parameters(), before, strict=True) if p.grad is not None]
-        if not params:
-            return
-        flat = torch.cat([(p.grad if b is None else p.grad - b).reshape(-1)
-                          for p, b in zip(params, olds, strict=True)])
-        if self.group is not None:
-            dist.all_reduce(flat, group=self.group)
-        if self.dp_group is not None:
-            dist.all_reduce(flat, group=self.dp_group)
-            flat /= self.dp
-        offset = 0
-        for p, b in zip(params, olds, strict=True):
-            n = p.numel()
-            delta = flat[offset:offset + n].view_as(p)
-            p.grad = delta.clone() if b is None else b + delta
-            offset += n
 
 
 def shard_mesh(mesh: Mesh | None, group: dist.ProcessGroup | None,

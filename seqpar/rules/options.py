@@ -18,7 +18,7 @@ from typing import Any
 
 from seqpar.errors import require
 
-BACKENDS = ("auto", "flash", "torch", "math")  # the local kernels (algorithms.kernels)
+BACKENDS = ("auto", "flash", "torch", "cudnn", "math")  # the local kernels (algorithms.kernels)
 GRAD_DTYPES = ("accumulate", "input")
 
 

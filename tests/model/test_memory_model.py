@@ -1,7 +1,7 @@
 """The planner's memory description of a training step equals what the runner holds: model states
 (`state_bytes`) and the activations a forward keeps (`AllocationMeter`), one process, every
-checkpoint mode, fused or not, and with master weights wider than the compute dtype (their casts
-are kept for backward where the weights are not recomputed)."""
+checkpoint mode, fused or not, the MLP tiled or not, and with master weights wider than the compute
+dtype (their casts are kept for backward where the weights are not recomputed)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ CFG = ModelConfig(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2, ffn=96)
 N = 64
 
 
-@pytest.mark.parametrize("master", (None, "float64"))
+@pytest.mark.parametrize(("master", "tiled"), ((None, False), ("float64", False), (None, True)))
 @pytest.mark.parametrize("fused", (False, True))
 @pytest.mark.parametrize("mode", CHECKPOINT_MODES)
-def test_predicted_step_memory_is_what_one_process_holds(mode, fused, master):
+def test_predicted_step_memory_is_what_one_process_holds(mode, fused, master, tiled):
     dtypes = {None: None, "float64": torch.float64}
     net = Transformer(CFG, checkpoint=mode, fused_head=fused, head_tiles=(16, 32),
-                      dtype=torch.float32, master_dtype=dtypes[master])
+                      dtype=torch.float32, master_dtype=dtypes[master], tiled=tiled, mlp_tile=16)
     opt = torch.optim.AdamW(net.parameters())
     tokens = torch.randint(0, CFG.vocab, (1, N + 1), generator=torch.Generator().manual_seed(1))
     net.loss(tokens).backward()
@@ -44,7 +44,7 @@ def test_predicted_step_memory_is_what_one_process_holds(mode, fused, master):
             loss = net.loss(tokens)
         del loss
         retained.append(mem.retained)
-    policy = TrainPolicy(checkpoint=mode, fused_head=fused, master_dtype=master)
+    policy = TrainPolicy(checkpoint=mode, fused_head=fused, master_dtype=master, tiled=tiled)
     want = predicted_states(CFG, "float32", policy, 1)
     assert (want["params"], want["grads"]) == (held["params"], held["grads"])
     steps = 4 * len(list(net.parameters()))  # AdamW's step counter per parameter (fp32 scalars)

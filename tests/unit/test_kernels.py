@@ -5,7 +5,8 @@ import torch
 
 from seqpar.algorithms import kernels, ledger
 from seqpar.algorithms.kernels import bands
-from seqpar.algorithms.softmax_merge import merge
+from seqpar.algorithms.softmax_merge import merge, merge_into
+from seqpar.model.memory import AllocationMeter
 
 
 def _reference(q, k, v, dout, mask):
@@ -60,6 +61,27 @@ def test_merge_with_an_empty_side_is_the_other_side_and_two_empty_sides_are_zero
     torch.testing.assert_close(merged, out)
     both, both_lse = merge(empty_out, empty_lse, empty_out, empty_lse)
     assert not torch.isnan(both).any() and (both == 0).all() and torch.isneginf(both_lse).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_merge_into_merges_in_place_and_allocates_nothing_the_size_of_out(dtype):
+    b, s, h, d = 2, 512, 4, 32
+    acc_out, part = torch.randn(b, 2 * s, h, d), torch.randn(b, s, h, d).to(dtype)
+    acc_lse, part_lse = torch.randn(b, h, 2 * s), torch.randn(b, h, s)
+    part_lse[0, 1, :7] = acc_lse[0, 1, s:s + 7] = float("-inf")  # rows no key has reached yet
+    want_out, want_lse = merge(acc_out[:, s:], acc_lse[:, :, s:], part.float(), part_lse)
+    before = acc_out.clone()
+    rows_out, rows_lse = acc_out.narrow(1, s, s), acc_lse.narrow(2, s, s)  # views, as blocks pass
+    with AllocationMeter() as mem:
+        merge_into(rows_out, rows_lse, part, part_lse)
+    torch.testing.assert_close(acc_out[:, s:], want_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(acc_lse[:, :, s:], want_lse)
+    assert torch.equal(acc_out[:, :s], before[:, :s])  # only its rows
+    assert not acc_out.isnan().any() and (acc_out[0, s:s + 7, 1] == 0).all()
+    # temporaries of (B, H, S) only, no new out (a 16-bit partial: the float32 copy of it that
+    # the CPU's mixed-dtype ops make; CUDA's cast inside the kernel)
+    promoted = part.float().nbytes if dtype != torch.float32 else 0
+    assert mem.peak < promoted + acc_out[:, s:].nbytes / 4
 
 
 def test_kernels_book_flops_by_the_papers_convention():

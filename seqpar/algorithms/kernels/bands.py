@@ -1,12 +1,16 @@
-"""Band blocks (a sliding window's block, a document's lower edge) on the torch and math backends:
-under an explicit mask, as row tiles when the band is much narrower than its block."""
+"""Band blocks (a sliding window's block, a document's lower edge): through a window on the
+FlashAttention-2 kernels (flash-attn, torch's flash kernel); elsewhere (aten's CPU flash kernel,
+the math kernel) under an explicit mask, as row tiles when the band is much narrower than its
+block."""
 
 from __future__ import annotations
 
 import torch
 
 from seqpar.algorithms.kernels.aten import aten_backward, aten_forward
-from seqpar.algorithms.kernels.flash import flash_forward, flash_window
+from seqpar.algorithms.kernels.capability import window_kernel
+from seqpar.algorithms.kernels.engines import WINDOW_FORWARD
+from seqpar.algorithms.kernels.flash import flash_window
 from seqpar.algorithms.kernels.math_kernel import math_backward, math_forward
 from seqpar.algorithms.kernels.tensors import acc_dtype, seq_rows
 
@@ -41,13 +45,16 @@ def band_tiles(sq: int, sk: int, band: tuple[int, int]
     return tiles
 
 
-def band_forward(q, k, v, band, backend, scale):
+def band_forward(q, k, v, band, kernel, scale):
+    """A band block: through a window on a FlashAttention-2 kernel, else under an explicit mask
+    (row tiles where the band is narrow)."""
     sq, sk = q.shape[1], k.shape[1]
-    if backend == "flash":
-        return flash_forward(q, k, v, False, scale, window=flash_window(sq, sk, band))
+    windowed = window_kernel(kernel, q.device, q.dtype, q.shape[-1])
+    if windowed is not None:
+        return WINDOW_FORWARD[windowed](q, k, v, False, scale, window=flash_window(sq, sk, band))
     tiles = band_tiles(sq, sk, band)
     if len(tiles) == 1:
-        return band_dense_forward(q, k, v, band, backend, scale)
+        return band_dense_forward(q, k, v, band, kernel, scale)
     outs, lses = [], []
     for r0, r1, c0, c1, tile_band in tiles:
         rows = seq_rows(q, r0, r1)
@@ -57,28 +64,28 @@ def band_forward(q, k, v, band, backend, scale):
                                    dtype=acc_dtype(q.dtype), device=q.device))
             continue
         o, lse = band_dense_forward(rows, seq_rows(k, c0, c1), seq_rows(v, c0, c1), tile_band,
-                                     backend, scale)
+                                     kernel, scale)
         outs.append(o)
         lses.append(lse.to(acc_dtype(q.dtype)))
     return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 
-def band_dense_forward(q, k, v, band, backend, scale):
+def band_dense_forward(q, k, v, band, kernel, scale):
     sq, sk = q.shape[1], k.shape[1]
     keep = band_keep(sq, sk, band, q.device)
-    if backend == "torch" and q.device.type == "cpu":
+    if kernel == "torch-cpu-flash":
         return aten_forward(q, k, v, False, scale, keep)
     return math_forward(q, k, v, False, scale, keep)
 
 
-def band_dense_backward(dout, q, k, v, out, lse, band, backend, scale):
+def band_dense_backward(dout, q, k, v, out, lse, band, kernel, scale):
     keep = band_keep(q.shape[1], k.shape[1], band, q.device)
-    if backend == "torch" and q.device.type == "cpu":
+    if kernel == "torch-cpu-flash":
         return aten_backward(dout, q, k, v, out, lse, False, scale, keep)
     return math_backward(dout, q, k, v, out, lse, False, scale, keep)
 
 
-def band_tiled_backward(dout, q, k, v, out, lse, tiles, backend, scale):
+def band_tiled_backward(dout, q, k, v, out, lse, tiles, kernel, scale):
     """Gradients of a band run as `band_tiles`: dq tile by tile, dk and dv summed over the tiles
     whose keys overlap, in the accumulation dtype."""
     work = acc_dtype(q.dtype)
@@ -91,7 +98,7 @@ def band_tiled_backward(dout, q, k, v, out, lse, tiles, backend, scale):
             continue
         gq, gk, gv = band_dense_backward(
             seq_rows(dout, r0, r1), seq_rows(q, r0, r1), seq_rows(k, c0, c1), seq_rows(v, c0, c1),
-            seq_rows(out, r0, r1), lse.narrow(2, r0, r1 - r0), tile_band, backend, scale)
+            seq_rows(out, r0, r1), lse.narrow(2, r0, r1 - r0), tile_band, kernel, scale)
         dqs.append(gq)
         seq_rows(dk, c0, c1).add_(gk)
         seq_rows(dv, c0, c1).add_(gv)
