@@ -24,8 +24,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from seqpar.errors import ConfigError, require
 
 MODEL_FILES = Path(__file__).resolve().parents[1] / "experiments" / "models"
@@ -148,11 +146,48 @@ def from_hf(config: dict[str, Any], where: str = "config.json") -> ModelConfig:
     return _fields(data, where)
 
 
+def _flat_yaml(text: str) -> dict[str, Any]:
+    """A flat mapping of `key: value` lines (what a model file holds); ValueError on anything
+    else."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"not a 'key: value' line: {line!r}")
+        value = value.strip().strip("'\"")
+        for kind in (int, float):
+            try:
+                value = kind(value)
+                break
+            except ValueError:
+                pass
+        out[key.strip()] = value
+    return out
+
+
+def _yaml(text: str) -> Any:
+    """A model file's mapping: flat `key: value` lines without PyYAML (the presets: a bare machine
+    with torch alone reads them), anything else with it."""
+    try:
+        return _flat_yaml(text)
+    except ValueError:
+        pass
+    import yaml  # optional: only for model files that are not flat
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(str(err)) from None
+
+
 def _read(path: Path) -> ModelConfig:
     try:
         text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError) as err:
+        data = json.loads(text) if path.suffix == ".json" else _yaml(text)
+    except (OSError, ValueError) as err:
         raise ConfigError("model", str(path), f"cannot be read: {err}") from None
     if path.suffix == ".json" or (isinstance(data, dict) and "hidden_size" in data):
         return from_hf(data, path.name)
