@@ -10,7 +10,6 @@ survives a busy machine but not a strided or copied K,V per task again).
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import pytest
@@ -61,15 +60,18 @@ def test_the_ring_family_hands_its_kernel_k_and_v_as_local_does(name):
 
 
 def _forward_ms(attn, q, k, v) -> float:
-    t0 = time.perf_counter()
+    """The call's CPU time on this thread (one torch thread): what other processes on a busy host
+    do not add to, unlike the wall clock."""
+    t0 = time.thread_time()
     with torch.no_grad():
         attn(q, k, v)
-    return (time.perf_counter() - t0) * 1e3
+    return (time.thread_time() - t0) * 1e3
 
 
 def test_ring_at_one_rank_runs_at_locals_speed():
     """Forward, full attention over N = 2048 (one kernel call each), one thread, 7 interleaved
-    rounds: the median ratio stays under 1.15 (it was ~1.25 with strided K,V)."""
+    rounds of thread CPU time: the best ring over the best local stays under 1.15 (it was ~1.25
+    with strided K,V)."""
     q, k, v = _inputs(2048, h=8, hkv=8, d=64, seed=1)
     local = algorithms.build_attention("local", causal=False, layout="contiguous")
     ring = algorithms.build_attention("ring", causal=False, layout="contiguous")
@@ -77,7 +79,8 @@ def test_ring_at_one_rank_runs_at_locals_speed():
     torch.set_num_threads(1)
     try:
         _forward_ms(local, q, k, v), _forward_ms(ring, q, k, v)  # warm
-        ratios = [_forward_ms(ring, q, k, v) / _forward_ms(local, q, k, v) for _ in range(7)]
+        pairs = [(_forward_ms(ring, q, k, v), _forward_ms(local, q, k, v)) for _ in range(7)]
     finally:
         torch.set_num_threads(threads)
-    assert statistics.median(ratios) < 1.15, ratios
+    best = min(r for r, _ in pairs) / min(loc for _, loc in pairs)
+    assert best < 1.15, pairs
