@@ -26,7 +26,7 @@ def status(
              "'ray://host:10001'; default: `seqpar --address`, else 'auto'.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
-    """Nodes with their CPUs/GPUs and the seqpar gangs (rank actors by experiment)."""
+    """Nodes with their CPUs/GPUs and the seqpar gangs (rank actors by gang id)."""
     import json
 
     from seqpar.platform import cluster, connection
@@ -47,5 +47,5 @@ def status(
     if not info["gangs"]:
         console.print("no seqpar gangs running")
         return
-    display_table("seqpar gangs", ["experiment", "ranks", "actors (rank@node:state)"],
-                  [[g["experiment"], g["ranks"], " ".join(g["actors"])] for g in info["gangs"]])
+    display_table("seqpar gangs", ["gang", "ranks", "actors (rank@node:state)"],
+                  [[g["gang"], g["ranks"], " ".join(g["actors"])] for g in info["gangs"]])

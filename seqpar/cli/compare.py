@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from seqpar.cli.display import display_table
+from seqpar.cli.display import display_comparison
+from seqpar.cli.sweep import print_compare_link
 
 
 def compare(
@@ -31,10 +32,13 @@ def compare(
 
     if study is not None and sweep is not None:
         raise ConfigError("--study", study, "give --study or --sweep, not both")
+    if baseline is not None and metric is not None:
+        raise ConfigError("--metric", metric, "--baseline compares step time; drop --metric")
+    tracker = options.tracker()
     if baseline is not None:
-        if metric is not None:
-            raise ConfigError("--metric", metric, "--baseline compares step time; drop --metric")
-        cmp = report.baseline_comparison(options.tracker(), baseline, study=study, sweep=sweep)
+        cmp = report.baseline_comparison(tracker, baseline, study=study, sweep=sweep)
     else:
-        cmp = report.comparison(options.tracker(), study=study, sweep=sweep, metric=metric)
-    display_table(cmp.title, cmp.columns, cmp.rows, as_json=as_json, highlight_row=cmp.best)
+        cmp = report.comparison(tracker, study=study, sweep=sweep, metric=metric)
+    display_comparison(cmp, as_json=as_json)
+    if not as_json:
+        print_compare_link(tracker, cmp.trials)

@@ -8,10 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from seqpar.cli.display import console, display_table, err_console
+from seqpar.cli.display import console, display_comparison, display_table, err_console
 from seqpar.errors import ConfigError, require
+from seqpar.platform.tracking import check_uri, compare_url
 
 if TYPE_CHECKING:
+    from seqpar.platform.tracking import Tracker
+    from seqpar.sweeps.report.view import TrialView
     from seqpar.sweeps.spec import SweepPlan
 
 Resume = Annotated[str | None, typer.Option(
@@ -75,6 +78,17 @@ def _print_dashboard() -> None:
         console.print(escape(line), highlight=False, soft_wrap=True)
 
 
+def print_compare_link(tracker: Tracker, runs: list[TrialView]) -> None:
+    """MLflow's compare-runs view of these trial runs (and how to serve the UI of a local store)."""
+    if not runs:
+        return
+    url = compare_url(tracker.ui, [t.run_id for t in runs], [t.experiment_id for t in runs])
+    console.print(f"compare in MLflow: {url}", highlight=False, soft_wrap=True)
+    if tracker.ui_command is not None:
+        console.print(f"  (serve it first: {tracker.ui_command})", highlight=False,
+                      soft_wrap=True)
+
+
 def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
             again: str, rerun_unstable: int = 0) -> str | None:
     """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id."""
@@ -93,7 +107,6 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
                       rows)
         return None
     from seqpar.cli import options
-    from seqpar.platform.tracking import check_uri
     from seqpar.sweeps import report
     from seqpar.sweeps.runner import run_sweep
 
@@ -114,8 +127,9 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
             console.print("[yellow]interrupted[/yellow]; continue with "
                           f"`{again} --resume <sweep id>` (see `seqpar compare`)")
             raise typer.Exit(130) from None
-    cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric=plan.headline)
-    display_table(cmp.title, cmp.columns, cmp.rows, highlight_row=cmp.best)
+    cmp = report.table(outcome.sweep.title, outcome.views(), plan.headline)
+    display_comparison(cmp)
+    print_compare_link(tracker, cmp.trials)
     skipped = f", {outcome.resumed} already done" if outcome.resumed else ""
     console.print(f"sweep id {outcome.sweep_id} (experiment {plan.experiment!r}): "
                   f"{len(outcome.trials)} run{skipped}, {len(outcome.failed)} failed; "
