@@ -49,13 +49,21 @@ def display_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[An
 
 
 def display_comparison(cmp: Comparison, *, as_json: bool = False) -> None:
-    """A comparison: every column as JSON, or the terse table (no cell wraps in 120 columns; in
-    fewer only the algorithm names fold), the flags' legend and one line per note."""
+    """A comparison: every column as JSON, or the terse table (a space between columns, a rule
+    under the header; only the algorithm names may fold, no other cell is narrowed or wrapped:
+    the quickstart's fits 80 columns), the flags' legend and one line per note."""
     if as_json:
         display_table(cmp.title, cmp.columns, cmp.rows, as_json=True)
         return
     terse = cmp.terse()
-    display_table(terse.title, terse.columns, terse.rows, highlight_row=terse.best, compact=True,
-                  wrap=("algorithm",))
+    console.print(escape(terse.title), highlight=False)  # wrapped at the terminal, not the table
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=0, show_edge=False)
+    for i, col in enumerate(terse.columns):
+        fixed = col != "algorithm"
+        widest = max([len(col), *(len(str(row[i])) for row in terse.rows)])
+        table.add_column(col, overflow="fold", no_wrap=fixed, min_width=widest if fixed else None)
+    for i, row in enumerate(terse.rows):
+        table.add_row(*(str(c) for c in row), style="bold green" if i == terse.best else None)
+    console.print(table)
     for line in ([terse.legend] if terse.legend else []) + terse.notes:
         console.print(escape(line), highlight=False, overflow="ellipsis", no_wrap=True)

@@ -158,3 +158,21 @@ def test_eta_scales_the_cost_model_by_the_trials_done_and_falls_back_to_the_mean
     assert blind.remaining_s() is None
     blind.done(4.0)
     assert blind.remaining_s() == 8.0
+
+
+# ------------------------------------------------------------------ one number format
+def test_the_headline_prints_a_metric_as_the_table_does():
+    from seqpar.sweeps.report.page import render
+    from seqpar.sweeps.report.table import cell, metric_text, table
+    from seqpar.sweeps.report.view import SweepView
+
+    runs = [TrialView.of(run("local", 1, 2048, 21062.4)), TrialView.of(run("ring", 2, 2048, 9876.5))]
+    cmp = table("sweep s", runs, "tokens_per_s")
+    page = render(SweepView("id", "s", "s", 0, {}, "sqlite:///x"), runs, cmp=cmp, figs={})
+    headline = page[page.index('<table id="headline">'):page.index('<table id="comparison">')]
+    assert "21,062" in headline and "e+04" not in headline
+    assert "21,062" in {r[cmp.columns.index("tok/s")] for r in cmp.rows}
+    assert metric_text("peak_mem_bytes", 3 * 2**20) == "3.00 MiB" == cell("peak_mem_bytes",
+                                                                        3 * 2**20) + " MiB"
+    assert [cell("step_ms", v) for v in (1459.6, 138.14, 12.34, 5.432)] == [
+        "1460", "138", "12.3", "5.43"]

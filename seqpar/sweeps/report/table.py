@@ -22,11 +22,12 @@ from seqpar.platform.tracking import Tracker
 from seqpar.sweeps.report.view import SweepView, TrialView, trials
 from seqpar.workers.stability import short_reason
 
-# metric -> (column, divisor, format): how every table and headline prints it
+# metric -> (column, divisor, format): how every table and headline prints it ("3": three
+# significant digits, never an exponent: 1460 / 138 / 12.3 / 5.43)
 FORMATS: dict[str, tuple[str, float, str]] = {
-    "step_ms": ("step ms", 1.0, ".1f"),
+    "step_ms": ("step ms", 1.0, "3"),
     "tokens_per_s": ("tok/s", 1.0, ",.0f"),
-    "peak_mem_bytes": ("peak MiB", 2.0**20, ".1f"),
+    "peak_mem_bytes": ("peak MiB", 2.0**20, "3"),
     "bytes_total": ("MB sent", 1e6, ".2f"),
     "bytes_inter": ("MB inter", 1e6, ".2f"),
     "load_imbalance": ("imbal.", 1.0, ".2f"),
@@ -35,10 +36,7 @@ UNITS = {"peak_mem_bytes": " MiB", "bytes_total": " MB", "bytes_inter": " MB"}
 STEP = "step ms (95% CI)"
 # the columns that describe a trial (the rest are its results): the ones a terse table may fold
 DESCRIBING = ("algorithm", "P", "nodes", "layout", "N", "H/Hkv", "dtype", "mask", "cores")
-FLAGS = {"O": "oversubscribed (more ranks than cores: times measure contention)",
-         "U": "unstable (measure again: seqpar sweep FILE --rerun-unstable N, more "
-              "workload.iters, a quieter host)",
-         "F": "failed"}
+FLAGS = {"O": "oversubscribed (ranks > cores)", "U": "unstable (--rerun-unstable N)", "F": "failed"}
 
 
 def number(value: float | None) -> str:
@@ -57,8 +55,14 @@ def cell(metric: str, value: float | None) -> str:
         return "-"
     if metric in FORMATS:
         _, divisor, spec = FORMATS[metric]
-        return format(value / divisor, spec)
+        return three(value / divisor) if spec == "3" else format(value / divisor, spec)
     return number(value)
+
+
+def three(value: float) -> str:
+    """Three significant digits, no exponent (whole numbers from 100 up): 1460, 138, 12.3, 5.43."""
+    size = abs(value)
+    return f"{value:.0f}" if size >= 99.95 else f"{value:.1f}" if size >= 9.995 else f"{value:.2f}"
 
 
 def metric_text(metric: str, value: float | None) -> str:
@@ -80,11 +84,12 @@ class Comparison:
 
     def terse(self) -> Comparison:
         """The table as a terminal shows it: describing columns that are the same in every row go
-        to the title, the reasons and causes (already in `notes`) leave the rows."""
+        to the title; the reasons and causes (already in `notes`) and the cores (the O flag)
+        leave the rows."""
         keep, constant = [], []
         for i, col in enumerate(self.columns):
             values = {str(r[i]) for r in self.rows}
-            if col in ("unstable", "status"):
+            if col in ("unstable", "status", "cores"):  # in notes; in the O flag
                 continue
             if col in DESCRIBING and len(values) == 1 and len(self.rows) > 1:
                 constant.append(f"{col} {values.pop()}")
@@ -125,11 +130,11 @@ def comparison(tracker: Tracker, study: str | None = None, sweep: str | None = N
 
 
 def interval(t: TrialView) -> str:
-    """The step time's 95% interval as '11.9-12.8' (whole ms from 1000 up); '-' when not logged."""
+    """The step time's 95% interval as '11.9-12.8' (as the step prints); '-' when not logged."""
     ci = t.interval
     if ci is None:
         return "-"
-    return "-".join(f"{v:.1f}" if v < 1000 else f"{v:.0f}" for v in ci)
+    return "-".join(cell("step_ms", v) for v in ci)
 
 
 def step_cell(t: TrialView) -> str:
