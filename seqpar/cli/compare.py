@@ -34,7 +34,7 @@ def compare(
         raise ConfigError("--study", study, "give --study or --sweep, not both")
     if baseline is not None and metric is not None:
         raise ConfigError("--metric", metric, "--baseline compares step time; drop --metric")
-    tracker = options.tracker()
+    tracker = options.tracker(existing=True)
     if baseline is not None:
         cmp = report.baseline_comparison(tracker, baseline, study=study, sweep=sweep)
     else:

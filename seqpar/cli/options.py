@@ -19,11 +19,12 @@ class Globals:
 GLOBALS = Globals()
 
 
-def tracker() -> Tracker:
-    """The MLflow tracker for this invocation (created only when a command needs it)."""
+def tracker(existing: bool = False) -> Tracker:
+    """The MLflow tracker for this invocation (created only when a command needs it; a command
+    that reads opens only an `existing` store: none is made where there is none)."""
     from seqpar.platform.tracking import Tracker
 
-    return Tracker(GLOBALS.tracking_uri)
+    return Tracker(GLOBALS.tracking_uri, existing=existing)
 
 
 def trial_runner(device: str | None = None) -> TrialRunner:

@@ -23,7 +23,7 @@ def report(
     from seqpar.errors import ConfigError
     from seqpar.sweeps.report import build_page
 
-    tracker = options.tracker()
+    tracker = options.tracker(existing=True)
     if sweep_id is None:
         latest = tracker.latest_sweep()
         if latest is None:

@@ -154,9 +154,13 @@ def check_uri(uri: str | None = None) -> str:
 
 
 class Tracker:
-    """A thin, typed layer over MlflowClient for sweeps and trials."""
+    """A thin, typed layer over MlflowClient for sweeps and trials.
 
-    def __init__(self, uri: str | None = None):
+    `existing`: open only a store that is there, for the commands that read (`seqpar compare`,
+    `seqpar report`): a SQLite file that does not exist is a ConfigError instead of a new store,
+    and no lock file is made (the lock guards only a new store's schema)."""
+
+    def __init__(self, uri: str | None = None, *, existing: bool = False):
         from mlflow import MlflowClient
 
         # schema migrations of a new store are not news (mlflow configures its loggers on import)
@@ -164,10 +168,17 @@ class Tracker:
             logging.getLogger(name).setLevel(logging.WARNING)
 
         self.uri = resolve_uri(uri)
+        db = Path(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else None
+        if existing and db is not None and not db.is_file():
+            raise ConfigError("tracking-uri", self.uri,
+                              "holds no MLflow store (no such file): run `seqpar sweep` first")
         try:
+            if existing:
+                self.client = MlflowClient(tracking_uri=self.uri)
+                return
             with _store_lock(self.uri):  # a new SQLite store's schema is created once, here
                 self.client = MlflowClient(tracking_uri=self.uri)
-                if self.uri.startswith("sqlite:"):
+                if db is not None:
                     self.client.search_experiments(max_results=1)
         except Exception as err:  # an unknown scheme, an unreadable file: bad input, one line
             rule = _first_line(err)

@@ -58,6 +58,22 @@ def test_mlflow_chart_view_shows_trials_and_the_headline(chromium, ui_sweep, mlf
     assert "Model metrics (0)" not in page
 
 
+def test_the_sweeps_compare_link_opens_mlflows_comparison_with_the_headline(
+        chromium, ui_sweep, mlflow_ui, quickstart):
+    """The link a finished sweep prints, on this store's server: MLflow's compare-runs view of
+    every trial, parameters and metrics side by side, the headline metric among them."""
+    found = re.search(r"compare in MLflow: \S+?(/#/compare-runs\?runs=\S+)", quickstart.stdout)
+    assert found, quickstart.stdout[-3000:]
+    t0 = time.monotonic()
+    page = shown(chromium, mlflow_ui + found.group(1), ["tokens_per_s", ui_sweep.trial_names[0]],
+                 window=(1400, 3000))
+    ui_sweep.timings["mlflow_compare_page_s"] = time.monotonic() - t0
+    assert "Error while parsing URL" not in page
+    assert "tokens_per_s" in page and "plan.algorithm" in page  # metrics and parameters
+    missing = [name for name in ui_sweep.trial_names if name not in page]
+    assert not missing, f"trials not compared: {missing}"
+
+
 CHECK_IMAGES = """<script>
 window.addEventListener('load', () => {
   const imgs = [...document.images];
