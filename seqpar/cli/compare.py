@@ -7,11 +7,14 @@ from typing import Annotated
 
 import typer
 
+from seqpar.cli import options
 from seqpar.cli.display import display_comparison
 from seqpar.cli.sweep import print_compare_link
+from seqpar.errors import ConfigError
 
 
 def compare(
+    ctx: typer.Context,
     study: Annotated[str | None, typer.Option("--study", help="Every trial of a study "
                                                                "(an MLflow experiment).")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="The trials of one sweep "
@@ -26,15 +29,13 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
 ) -> None:
     """Compare runs (default: the latest sweep) from the MLflow store."""
-    from seqpar.cli import options
-    from seqpar.errors import ConfigError
-    from seqpar.sweeps import report
+    from seqpar.sweeps import report  # torch: not for --help
 
     if study is not None and sweep is not None:
         raise ConfigError("--study", study, "give --study or --sweep, not both")
     if baseline is not None and metric is not None:
         raise ConfigError("--metric", metric, "--baseline compares step time; drop --metric")
-    tracker = options.tracker(existing=True)
+    tracker = options.tracker(options.Settings.of(ctx), existing=True)
     if baseline is not None:
         cmp = report.baseline_comparison(tracker, baseline, study=study, sweep=sweep)
     else:

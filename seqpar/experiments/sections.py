@@ -14,6 +14,8 @@ from pydantic_core import PydanticCustomError
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
 from seqpar.errors import ConfigError
+from seqpar.experiments import clusters
+from seqpar.experiments.documents import boundaries, draw_lengths
 
 
 class _Strict(BaseModel):
@@ -50,8 +52,6 @@ class Documents(_Strict):
         """The document lengths of a sequence of seq_len tokens."""
         if self.lengths is not None:
             return tuple(self.lengths)
-        from seqpar.experiments.documents import draw_lengths
-
         assert self.count is not None
         return draw_lengths(seq_len, self.count, self.spread, self.seed)
 
@@ -131,8 +131,6 @@ class Workload(_Strict):
         """Global document boundaries [0, ..., N], or None for one document."""
         if self.documents is None:
             return None
-        from seqpar.experiments.documents import boundaries
-
         return boundaries(self.documents.sizes(self.seq_len))
 
 
@@ -151,8 +149,6 @@ class ClusterTwin(_Strict):
 
     @model_validator(mode="after")
     def _known(self) -> ClusterTwin:
-        from seqpar.experiments import clusters
-
         for name in ("cluster", "local"):
             try:
                 clusters.load(getattr(self, name))
@@ -177,8 +173,6 @@ class Environment(_Strict):
         if not self.link_emulation:
             return None
         if isinstance(self.link_emulation, ClusterTwin):
-            from seqpar.experiments import clusters
-
             tw = clusters.twin(clusters.load(self.link_emulation.cluster),
                                clusters.load(self.link_emulation.local), dtype)
             return {k: LinkSpec(latency_us=getattr(tw, k).latency_us,

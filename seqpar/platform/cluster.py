@@ -10,8 +10,9 @@ rank (STRICT_PACK) and the plan's nodes are virtual. Actors are named
 `seqpar:<gang id>:rank-<r>` in namespace `seqpar`, so the dashboard and `seqpar cluster status`
 show who is who.
 
-Environment: every actor gets the communication variables of connection.COMM_ENV_VARS the driver
-has set, in its runtime_env (on a cluster seqpar joined the job's runtime_env also carries seqpar's
+Environment: every actor gets the variables it is started with in its runtime_env (the caller's
+`Connection.rank_env_vars`: the communication variables of connection.COMM_ENV_VARS the driver has
+set, and a sweep's own; on a cluster seqpar joined the job's runtime_env also carries seqpar's
 code), before any rank imports torch. A rank that cannot start (a module missing
 on its node, an import error) fails the gang's start with its rank, node and error
 (GangStartupError), never the caller.
@@ -26,7 +27,7 @@ from typing import Any
 
 from seqpar.errors import SeqparError, require
 from seqpar.platform import topology
-from seqpar.platform.connection import NAMESPACE, alive_nodes, env_float, rank_env_vars
+from seqpar.platform.connection import NAMESPACE, alive_nodes, env_float
 
 ACTOR_PREFIX = "seqpar:"
 # every tunable: an env var and its default
@@ -111,9 +112,9 @@ class Gang:
 
 
 class GangPool:
-    """Idle gangs kept for re-use. One pool per process: runners sharing a Ray instance (a test
-    session, a sweep and its auto-tuner) must not starve each other of CPU shares or GPUs, so at most
-    one gang is idle, and taking a gang of another shape first kills the idle one."""
+    """Idle gangs kept for re-use, by the TrialRunner that made the pool: at most one gang is idle
+    (gangs must not starve each other of CPU shares or GPUs), and taking a gang of another shape
+    first kills the idle one."""
 
     def __init__(self) -> None:
         self._idle: Gang | None = None
@@ -136,8 +137,6 @@ class GangPool:
         if gang is not None:
             gang.kill()
 
-
-POOL = GangPool()
 
 
 def _name_taken(name: str) -> bool:
@@ -183,8 +182,8 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
     and on several Ray nodes check that the ranks are where the plan puts them.
 
     `actor_cls(rank=, world=, gang_id=, threads=, **init_kwargs)` must have an `info()`
-    method returning its `node_id`. `env_vars`: besides the driver's COMM_ENV_VARS
-    (connection.rank_env_vars).
+    method returning its `node_id`. `env_vars`: what every rank's runtime_env sets
+    (`Connection.rank_env_vars`).
     Raises GangStartupError (after cleaning up) when the cluster cannot host the gang, a rank
     cannot start, or the real map is not the plan.
     """
@@ -214,8 +213,7 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
         bundles, place = [dict(rank_res)] * world, list(range(world))
     pg = placement_group(bundles, strategy="STRICT_SPREAD" if spread else "STRICT_PACK",
                          name=f"{ACTOR_PREFIX}{key.gang_id}:gang")
-    env = rank_env_vars(env_vars)
-    runtime_env = {"env_vars": env} if env else None  # merged with the job's (the code, joined)
+    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None  # merged with the job's
     remote_cls = ray.remote(actor_cls)
     gang = Gang(key, [], [pg])
     try:

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from seqpar.case import Case, TrainCase, Trial
 from seqpar.platform.connection import comm_env
 from seqpar.platform.devices import cuda_index, process_group_kwargs
@@ -77,8 +80,6 @@ class RankWorker:
     """One rank of a gang. Created by platform.cluster.start_gang."""
 
     def __init__(self, rank: int, world: int, gang_id: str, threads: int = 1):
-        import torch
-
         self.rank, self.world, self.gang_id = rank, world, gang_id
         torch.set_num_threads(threads)  # a CPU share of one core must not spawn a thread per core
         self._phase, self._since = "idle", time.monotonic()
@@ -89,7 +90,6 @@ class RankWorker:
     # -- answered from the second thread, also while a trial runs ---------------------------------
     def info(self) -> dict[str, Any]:
         import ray
-        import torch
 
         cuda = torch.cuda.is_available() and bool(ray.get_gpu_ids())
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
@@ -121,8 +121,6 @@ class RankWorker:
             self._phase, self._since = phase, time.monotonic()
 
     def run_trial(self, trial: Trial, meet: Rendezvous) -> RankMeasurement:
-        import torch.distributed as dist
-
         cuda = meet.device == "cuda"
         if dist.is_initialized():  # a trial that died half-way must not poison this one
             dist.destroy_process_group()
@@ -130,8 +128,6 @@ class RankWorker:
         t0 = time.perf_counter()
         index = self._cuda_index() if cuda else None
         if index is not None:
-            import torch
-
             torch.cuda.set_device(index)  # per thread: the trial's thread, before any CUDA work
         dist.init_process_group(
             init_method=f"tcp://{meet.master_addr}:{meet.master_port}",

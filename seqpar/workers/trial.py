@@ -89,8 +89,9 @@ class TrialRunner:
     """Runs trials on a Ray cluster; see the module docstring."""
 
     def __init__(self, address: str | None = None, device: str | None = None):
-        self._embedded = connection.connect(address)
+        self.connection = connection.connect(address)
         self.device = connection.detect_device(device)
+        self.pool = cluster.GangPool()  # the gangs this runner keeps (one idle at most)
 
     # -- gangs ------------------------------------------------------------------------------------
     def _acquire(self, trial: Trial) -> tuple[cluster.Gang, bool]:
@@ -99,12 +100,13 @@ class TrialRunner:
         assert rpn is not None  # resolved when the trial was made
         key = cluster.GangKey(trial.gang_id, trial.world, self.device,
                               rpn if multi_node else None, trial.env_vars)
-        gang = cluster.POOL.take(key)  # kills an idle gang of another shape: frees its resources
+        gang = self.pool.take(key)  # kills an idle gang of another shape: frees its resources
         if gang is not None and self._healthy(gang):
             return gang, True
         if gang is not None:
             gang.kill()
-        return cluster.start_gang(RankWorker, key, rpn, env_vars=trial.env), False
+        env = self.connection.rank_env_vars(trial.env)
+        return cluster.start_gang(RankWorker, key, rpn, env_vars=env), False
 
     @staticmethod
     def _healthy(gang: cluster.Gang) -> bool:
@@ -148,7 +150,7 @@ class TrialRunner:
             raise
         if result.ok:
             gang.trials += 1
-            cluster.POOL.put(gang)
+            self.pool.put(gang)
         else:
             gang.kill()
         return result
@@ -234,9 +236,8 @@ class TrialRunner:
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Kill the idle gang, remove its placement groups; leave an embedded Ray when last."""
-        cluster.POOL.evict()
-        connection.disconnect(self._embedded)
-        self._embedded = False
+        self.pool.evict()
+        self.connection.close()
 
     def __enter__(self) -> TrialRunner:
         return self

@@ -178,7 +178,7 @@ DRIVER = textwrap.dedent("""
         r = runner.run(case(2))
         out["next"] = outcome(r)
         out["seen"] = [m.extra["comm_env"].get("NCCL_SOCKET_IFNAME") for m in r.per_rank]
-        cluster.POOL.evict()  # a fresh gang, placed rank by rank across the two nodes
+        runner.pool.evict()  # a fresh gang, placed rank by rank across the two nodes
         bundle_of, cluster.bundle_of = cluster.bundle_of, lambda rank, rpn: rank % 2
         out["interleaved"] = outcome(runner.run(case(3)))
         cluster.bundle_of = bundle_of

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from seqpar.algorithms import layouts
 from seqpar.sweeps import style
 from seqpar.sweeps.report.plots.common import line_styles, placed_label
 from seqpar.sweeps.report.view import TrialView
@@ -36,8 +37,6 @@ def visible_fraction(seq_len: int, w: int) -> float:
     """Visible (query, key) pairs of a causal window W over causal attention, one document
     (`layouts.Relation.pairs`: the relation's own count)."""
     import torch  # only when a window figure is drawn: `seqpar compare` stays light
-
-    from seqpar.algorithms import layouts
 
     t = torch.arange(seq_len)
     return layouts.Relation(True, None, w).pairs(t, t) / layouts.Relation(True).pairs(t, t)
