@@ -1,22 +1,26 @@
 """What one trial is, as plain data: what a rank needs to run it, and every rule it must keep.
 
 `Case` is one attention experiment on one process group (modes fwd, fwd+bwd, accuracy); `TrainCase`
-is training steps of the decoder (mode train). The pydantic ExperimentSpec (experiments/spec.py)
-validates user input and becomes one of them; the check, the benchmark and the Ray rank workers
-(workers/) run them. Each has one `validate()` holding all its rules (the algorithm's own rules come
-from `seqpar.algorithms.check`); the trial runner adds only the rules of the run (nodes, links,
-timeout). It lives at the top of the package, beside the errors, so that both layers use it without
-either importing the other.
+is training steps of the decoder (mode train). Each has one `validate()` holding all its rules (the
+algorithm's own rules come from `seqpar.algorithms.check`). `Trial` is a case with its placement
+(nodes, ranks per node, emulated links, timeout, the ranks' environment variables) in an explicit
+gang: made once (`ExperimentSpec.to_trial()`, or by hand), validated once, when it is made, and
+carried unchanged from the sweep runner through the gang to every rank. The check, the benchmark
+and the Ray rank workers (workers/) run them. It lives at the top of the package, beside the
+errors, so that both layers use it without either importing the other.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from seqpar import algorithms
 from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES, AttnShape
+from seqpar.algorithms.comm import LinkModel
 from seqpar.algorithms.layouts import call_cu
 from seqpar.errors import require
 from seqpar.model import checkpointing
@@ -209,3 +213,96 @@ class TrainCase:
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "
                 f"N={self.seq_len} ckpt={ckpt}{head} {self.dtype}")
+
+
+def ranks_per_node_of(world: int, nodes: int, ranks_per_node: int | None) -> int:
+    """The ranks per node of `world` ranks over `nodes` nodes (default world / nodes): the one rule
+    "nodes x ranks per node = world". Raises ConfigError."""
+    require(isinstance(nodes, int) and nodes >= 1, "nodes", nodes, "must be a positive integer")
+    if ranks_per_node is None:
+        require(world % nodes == 0, "nodes", nodes, f"must divide the world size ({world})")
+        return world // nodes
+    require(isinstance(ranks_per_node, int) and ranks_per_node >= 1, "ranks_per_node",
+            ranks_per_node, "must be a positive integer")
+    require(nodes * ranks_per_node == world, "ranks_per_node", ranks_per_node,
+            f"nodes ({nodes}) x ranks_per_node must equal the world size ({world})")
+    return ranks_per_node
+
+
+GANG_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")     # it names Ray actors: seqpar:<gang>:rank-<r>
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial: the case, where it runs and in which gang. Validated when it is made (a
+    ConfigError before any actor starts); afterwards nothing checks it again.
+
+        trial = Trial(Case("ring", world=4), gang_id="mine", nodes=2,
+                      links={"inter": LinkModel(1e-3, 1e9)})
+
+    `links` and `env_vars` may be given as mappings; they are kept as sorted pairs (frozen, one
+    form). `ranks_per_node` defaults to world / nodes. Trials with equal `gang_id` (and world,
+    device and variables) share a gang of rank actors: start-up is the expensive part."""
+
+    case: Case | TrainCase
+    gang_id: str
+    nodes: int = 1
+    ranks_per_node: int | None = None
+    links: tuple[tuple[str, LinkModel], ...] = ()   # link class -> its emulated model
+    timeout_s: float = 300.0                         # rendezvous to the last rank's result
+    env_vars: tuple[tuple[str, str], ...] = ()       # every rank starts with these
+
+    def __post_init__(self) -> None:
+        for name in ("links", "env_vars"):
+            value = getattr(self, name)
+            pairs = value.items() if isinstance(value, Mapping) else (value or ())
+            object.__setattr__(self, name, tuple(sorted(pairs)))
+        require(isinstance(self.case, Case | TrainCase), "case", type(self.case).__name__,
+                "must be a seqpar Case or TrainCase")
+        self.case.validate()
+        object.__setattr__(self, "ranks_per_node",
+                           ranks_per_node_of(self.case.world, self.nodes, self.ranks_per_node))
+        require(isinstance(self.gang_id, str) and GANG_ID.fullmatch(self.gang_id) is not None,
+                "gang_id", self.gang_id, "must be letters, digits, '_', '.' or '-'")
+        for link, model in self.links:
+            require(link in ("intra", "inter"), "link_emulation", link,
+                    "keys are 'intra' and 'inter'")
+            require(isinstance(model, LinkModel), f"link_emulation[{link}]", model,
+                    "must be a LinkModel(latency_s, bandwidth_bytes_per_s)")
+            require(model.latency_s >= 0, f"link_emulation[{link}].latency_s", model.latency_s,
+                    "must be >= 0")
+            require(model.bandwidth_bytes_per_s > 0,
+                    f"link_emulation[{link}].bandwidth_bytes_per_s", model.bandwidth_bytes_per_s,
+                    "must be > 0")
+        require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
+        for key, value in self.env_vars:
+            require(ENV_NAME.fullmatch(key) is not None and isinstance(value, str), "env_vars", key,
+                    "must name an environment variable (letters, digits, '_') with a string value")
+
+    @property
+    def world(self) -> int:
+        return self.case.world
+
+    @property
+    def link_models(self) -> dict[str, LinkModel] | None:
+        """The emulated link classes (None: none), as the ranks' Comms take them."""
+        return dict(self.links) or None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.env_vars)
+
+    def in_gang(self, gang_id: str) -> Trial:
+        """The same (already validated) trial in another gang."""
+        require(isinstance(gang_id, str) and GANG_ID.fullmatch(gang_id) is not None, "gang_id",
+                gang_id, "must be letters, digits, '_', '.' or '-'")
+        new = object.__new__(Trial)  # not dataclasses.replace: it would validate again
+        for f in dataclasses.fields(self):
+            object.__setattr__(new, f.name, getattr(self, f.name))
+        object.__setattr__(new, "gang_id", gang_id)
+        return new
+
+    def label(self) -> str:
+        where = f" nodes={self.nodes}" if self.nodes > 1 else ""
+        return self.case.label() + where

@@ -150,7 +150,7 @@ def seed() -> int:
 
 
 @pytest.fixture
-def arm_fault(monkeypatch):
+def arm_fault(monkeypatch, ray_runner):
     """arm_fault(kind, rank=1, gangs=1): the next `gangs` gangs this process starts get a fault on
     `rank` in their first trial, after the process group is up: 'raise' (the trial raises a
     ValueError, as a bug would), 'die' (the rank's process exits, as on an OOM kill) or 'hang' (the
@@ -184,7 +184,7 @@ def arm_fault(monkeypatch):
 
     def arm(kind: str, rank: int = 1, gangs: int = 1) -> None:
         assert kind in ("raise", "die", "hang")
-        cluster.POOL.evict()  # the next trial starts a gang, whatever is idle
+        ray_runner.pool.evict()  # the next trial starts a gang, whatever is idle
         armed.extend([(kind, rank)] * gangs)
 
     monkeypatch.setattr(cluster, "start_gang", started)

@@ -1,4 +1,6 @@
-"""The `seqpar` command. Heavy imports (torch, ray, mlflow) live inside commands: --help is instant."""
+"""The `seqpar` command. The command modules are light (typer, rich, the CLI's own helpers); what a
+command runs (torch, Ray, MLflow behind seqpar's floors) is imported inside it, so `--help` is
+instant and `seqpar plan` never loads torch."""
 
 from __future__ import annotations
 
@@ -6,8 +8,17 @@ import sys
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
+from seqpar.cli import calibrate, check, cluster, compare, plan, report, studies, sweep, tune
+from seqpar.cli.display import err_console
+from seqpar.cli.options import Settings
 from seqpar.errors import SeqparError
+
+try:  # typer >= 0.22 vendors click
+    from typer._click import exceptions as click_errors
+except ImportError:
+    from click import exceptions as click_errors
 
 app = typer.Typer(
     name="seqpar", no_args_is_help=True, add_completion=False,
@@ -17,6 +28,7 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     address: Annotated[str | None, typer.Option(
         "--address",
         help="Ray cluster to join ('auto', 'ray://host:10001', 'host:6379'); default: an embedded "
@@ -27,46 +39,27 @@ def _root(
              "in ./mlartifacts.")] = None,
 ) -> None:
     """Measure sequence-parallel attention algorithms across many ranks."""
-    from seqpar.cli.options import GLOBALS
-
-    GLOBALS.address, GLOBALS.tracking_uri = address, tracking_uri
+    ctx.obj = Settings(address, tracking_uri)  # every command finds them in its context
 
 
-def _register() -> None:
-    from seqpar.cli import check
-
-    app.command("check", rich_help_panel="Verify")(check.check)
-    app.add_typer(__import__("seqpar.cli.cluster").cli.cluster.app, rich_help_panel="Ray")
-    from seqpar.cli import compare, report, studies, sweep, tune
-
-    app.command("studies", rich_help_panel="Experiments")(studies.studies)
-    app.command("run", rich_help_panel="Experiments")(sweep.run)
-    app.command("sweep", rich_help_panel="Experiments")(sweep.sweep)
-    app.command("tune", rich_help_panel="Experiments")(tune.tune)
-    app.command("compare", rich_help_panel="Results")(compare.compare)
-    app.command("plan", rich_help_panel="Experiments")(__import__("seqpar.cli.plan").cli.plan.plan)
-    app.command("calibrate", rich_help_panel="Experiments")(
-        __import__("seqpar.cli.calibrate").cli.calibrate.calibrate)
-    app.command("report", rich_help_panel="Results")(report.report)
-
-
-_register()
+app.command("check", rich_help_panel="Verify")(check.check)
+app.add_typer(cluster.app, rich_help_panel="Ray")
+app.command("studies", rich_help_panel="Experiments")(studies.studies)
+app.command("run", rich_help_panel="Experiments")(sweep.run)
+app.command("sweep", rich_help_panel="Experiments")(sweep.sweep)
+app.command("tune", rich_help_panel="Experiments")(tune.tune)
+app.command("compare", rich_help_panel="Results")(compare.compare)
+app.command("plan", rich_help_panel="Experiments")(plan.plan)
+app.command("calibrate", rich_help_panel="Experiments")(calibrate.calibrate)
+app.command("report", rich_help_panel="Results")(report.report)
 
 
 def main() -> None:
     """Entry point: a user error (ours or a usage error: unknown option, -1 where a count goes, a
     missing argument) prints one line and exits 2; otherwise the command's exit code."""
-    try:  # typer >= 0.22 vendors click
-        from typer._click import exceptions as click_errors
-    except ImportError:
-        from click import exceptions as click_errors
-
-    from seqpar.cli.display import err_console
-
     def fail(message: str) -> None:
-        from rich.markup import escape  # a value like [1, 2] is data, not a style tag
-
         line = " ".join(message.split())
+        # escape: a value like [1, 2] is data, not a style tag
         err_console.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
         sys.exit(2)
 

@@ -7,10 +7,14 @@ from typing import Annotated
 
 import typer
 
-from seqpar.cli.display import display_table
+from seqpar.cli import options
+from seqpar.cli.display import display_comparison
+from seqpar.cli.sweep import print_compare_link
+from seqpar.errors import ConfigError
 
 
 def compare(
+    ctx: typer.Context,
     study: Annotated[str | None, typer.Option("--study", help="Every trial of a study "
                                                                "(an MLflow experiment).")] = None,
     sweep: Annotated[str | None, typer.Option("--sweep", help="The trials of one sweep "
@@ -25,16 +29,17 @@ def compare(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
 ) -> None:
     """Compare runs (default: the latest sweep) from the MLflow store."""
-    from seqpar.cli import options
-    from seqpar.errors import ConfigError
-    from seqpar.sweeps import report
+    from seqpar.sweeps import report  # torch: not for --help
 
     if study is not None and sweep is not None:
         raise ConfigError("--study", study, "give --study or --sweep, not both")
+    if baseline is not None and metric is not None:
+        raise ConfigError("--metric", metric, "--baseline compares step time; drop --metric")
+    tracker = options.tracker(options.Settings.of(ctx), existing=True)
     if baseline is not None:
-        if metric is not None:
-            raise ConfigError("--metric", metric, "--baseline compares step time; drop --metric")
-        cmp = report.baseline_comparison(options.tracker(), baseline, study=study, sweep=sweep)
+        cmp = report.baseline_comparison(tracker, baseline, study=study, sweep=sweep)
     else:
-        cmp = report.comparison(options.tracker(), study=study, sweep=sweep, metric=metric)
-    display_table(cmp.title, cmp.columns, cmp.rows, as_json=as_json, highlight_row=cmp.best)
+        cmp = report.comparison(tracker, study=study, sweep=sweep, metric=metric)
+    display_comparison(cmp, as_json=as_json)
+    if not as_json:
+        print_compare_link(tracker, cmp.trials)

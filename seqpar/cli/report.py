@@ -7,10 +7,13 @@ from typing import Annotated
 
 import typer
 
+from seqpar.cli import options
 from seqpar.cli.display import console
+from seqpar.errors import ConfigError
 
 
 def report(
+    ctx: typer.Context,
     sweep_id: Annotated[str | None, typer.Argument(
         help="The sweep id (its parent run id); default: the latest sweep.")] = None,
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the page.")] =
@@ -19,11 +22,9 @@ def report(
                                                               "report.html artifact.")] = True,
 ) -> None:
     """Write a sweep's tables, plots and environment as one HTML page (no external files)."""
-    from seqpar.cli import options
-    from seqpar.errors import ConfigError
-    from seqpar.sweeps.report import build_page
+    from seqpar.sweeps.report import build_page  # torch: not for --help
 
-    tracker = options.tracker()
+    tracker = options.tracker(options.Settings.of(ctx), existing=True)
     if sweep_id is None:
         latest = tracker.latest_sweep()
         if latest is None:

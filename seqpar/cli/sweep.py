@@ -8,10 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from seqpar.cli.display import console, display_table, err_console
+from seqpar.cli import options
+from seqpar.cli.display import console, display_comparison, display_table, err_console
 from seqpar.errors import ConfigError, require
+from seqpar.platform import dashboard
+from seqpar.platform.tracking import check_uri, compare_url
 
 if TYPE_CHECKING:
+    from seqpar.platform.tracking import Tracker
+    from seqpar.sweeps.report.view import TrialView
     from seqpar.sweeps.spec import SweepPlan
 
 Resume = Annotated[str | None, typer.Option(
@@ -33,6 +38,7 @@ Sets = Annotated[list[str] | None, typer.Option(
 
 
 def sweep(
+    ctx: typer.Context,
     file: Annotated[str, typer.Argument(help="A sweep file (YAML): base + grid (+ study).")],
     resume: Resume = None, dry_run: DryRun = False, retries: Retries = 0, strict: Strict = False,
     sets: Sets = None, rerun_unstable: RerunUnstable = 0,
@@ -42,10 +48,12 @@ def sweep(
 
     plan = spec.load(file, spec.parse_sets(sets or []))
     execute(plan, resume=resume, dry_run=dry_run, retries=retries, strict=strict,
-            again=f"seqpar sweep {file}", rerun_unstable=rerun_unstable)
+            again=f"seqpar sweep {file}", rerun_unstable=rerun_unstable,
+            settings=options.Settings.of(ctx))
 
 
 def run(
+    ctx: typer.Context,
     study: Annotated[str, typer.Argument(help="A study name (see `seqpar studies`).")],
     preset: Annotated[str, typer.Option("--preset", help="cpu | gpu-cluster.")] = "cpu",
     sets: Sets = None, resume: Resume = None, dry_run: DryRun = False, retries: Retries = 0,
@@ -56,7 +64,8 @@ def run(
 
     plan = spec.from_study(study, preset, spec.parse_sets(sets or []))
     execute(plan, resume=resume, dry_run=dry_run, retries=retries, strict=strict,
-            again=f"seqpar run {study} --preset {preset}", rerun_unstable=rerun_unstable)
+            again=f"seqpar run {study} --preset {preset}", rerun_unstable=rerun_unstable,
+            settings=options.Settings.of(ctx))
 
 
 def _device(plan: SweepPlan) -> str | None:
@@ -69,15 +78,27 @@ def _device(plan: SweepPlan) -> str | None:
 
 def _print_dashboard() -> None:
     """Where to watch the ranks while the sweep runs (gang id: sweep-<first 8 of the sweep id>)."""
-    from seqpar.platform import dashboard
-
     for line in dashboard.how_to_look("seqpar:sweep-<sweep id[:8]>:rank-"):
         console.print(escape(line), highlight=False, soft_wrap=True)
 
 
+def print_compare_link(tracker: Tracker, runs: list[TrialView]) -> None:
+    """MLflow's compare-runs view of these trial runs (and how to serve the UI of a local store)."""
+    if not runs:
+        return
+    url = compare_url(tracker.ui, [t.run_id for t in runs], [t.experiment_id for t in runs])
+    console.print(f"compare in MLflow: {url}", highlight=False, soft_wrap=True)
+    if tracker.ui_command is not None:
+        console.print(f"  (serve it first: {tracker.ui_command})", highlight=False,
+                      soft_wrap=True)
+
+
 def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int, strict: bool,
-            again: str, rerun_unstable: int = 0) -> str | None:
-    """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id."""
+            again: str, rerun_unstable: int = 0,
+            settings: options.Settings | None = None) -> str | None:
+    """Validate, list or run a SweepPlan, then print its comparison; returns the sweep id.
+    `settings`: the command's (`--address`, `--tracking-uri`; default: the running command's)."""
+    settings = settings or options.Settings.of()
     require(retries >= 0, "--retries", retries, "must be >= 0")
     require(rerun_unstable >= 0, "--rerun-unstable", rerun_unstable, "must be >= 0")
     plan.check(strict)
@@ -92,30 +113,28 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
                       f"{plan.experiment!r} (dry run)", ["#", "spec hash", "trial", "nodes", "device"],
                       rows)
         return None
-    from seqpar.cli import options
-    from seqpar.platform.tracking import check_uri
-    from seqpar.sweeps import report
-    from seqpar.sweeps.runner import run_sweep
+    from seqpar.sweeps import report, runner  # torch: not for --help
 
-    check_uri(options.GLOBALS.tracking_uri)  # a bad store address is bad input: before Ray starts
+    check_uri(settings.tracking_uri)  # a bad store address is bad input: before Ray starts
     tracker = None
     if resume is not None:  # an unknown id is bad input: say so before Ray starts
-        tracker = options.tracker()
+        tracker = options.tracker(settings)
         tracker.sweep(resume)
-    with options.trial_runner(device) as runner:
-        tracker = tracker or options.tracker()  # once the cluster answers: a failed start
+    with options.trial_runner(settings, device=device) as trials:
+        tracker = tracker or options.tracker(settings)  # once the cluster answers: a failed start
         console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
         _print_dashboard()
         try:
-            outcome = run_sweep(plan, tracker=tracker, runner=runner, retries=retries,
+            outcome = runner.run_sweep(plan, tracker=tracker, runner=trials, retries=retries,
                                 resume=resume, rerun_unstable=rerun_unstable,
                                 console=err_console)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/yellow]; continue with "
                           f"`{again} --resume <sweep id>` (see `seqpar compare`)")
             raise typer.Exit(130) from None
-    cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric=plan.headline)
-    display_table(cmp.title, cmp.columns, cmp.rows, highlight_row=cmp.best)
+    cmp = report.table(outcome.sweep.title, outcome.views(), plan.headline)
+    display_comparison(cmp)
+    print_compare_link(tracker, cmp.trials)
     skipped = f", {outcome.resumed} already done" if outcome.resumed else ""
     console.print(f"sweep id {outcome.sweep_id} (experiment {plan.experiment!r}): "
                   f"{len(outcome.trials)} run{skipped}, {len(outcome.failed)} failed; "

@@ -17,12 +17,10 @@ import copy
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqpar.errors import ConfigError, require
-
-if TYPE_CHECKING:
-    from seqpar.experiments.spec import ExperimentSpec
+from seqpar.experiments.spec import ExperimentSpec
 
 SECTIONS = ("model", "plan", "workload", "env", "train")
 
@@ -95,8 +93,6 @@ def expand(base: Mapping[str, Any], grid: Mapping[str, Any],
     `sets` (dotted key -> value, from `--set`) win over base and grid alike; points that end up
     as the same experiment (same spec hash) are kept once.
     """
-    from seqpar.experiments.spec import ExperimentSpec
-
     out, seen = [], set()
     for overrides in points(grid):
         data = apply(apply(base, overrides), sets or {})

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from seqpar.errors import require
+from seqpar.errors import ConfigError, require
+from seqpar.experiments import clusters, perf
 from seqpar.experiments.grid import Point, expand
 from seqpar.experiments.sweep_bases import (  # noqa: F401  (the names studies are built from)
     CPU_BASE,
@@ -70,9 +71,6 @@ MEMORY_CLUSTER = {"cpu": "local", "gpu-cluster": "loongtrain-a100"}
 def fitting(points: list[Point], cluster: str) -> list[Point]:
     """Points whose predicted peak memory per rank exceeds the cluster's device memory become
     skipped, with the arithmetic as the reason."""
-    from seqpar.errors import ConfigError
-    from seqpar.experiments import clusters, perf
-
     c = clusters.load(cluster)
     out = []
     for p in points:

@@ -3,14 +3,15 @@
     spec = ExperimentSpec.parse({"model": "tiny", "plan": {"algorithm": "ring", "world": 4},
                                  "workload": {"seq_len": 2048}})
     spec.hash        # stable content hash: the same experiment always gets the same 12 hex digits
-    spec.to_case()   # the plain Case the rank workers run
+    spec.to_trial("sweep-1a2b3c4d")   # the case.Trial the runner, the gang and every rank carry
 
-Every rule of the algorithm itself is checked by `seqpar.algorithms.check` (one place for the rules);
-this module only adds the rules of the plan (nodes x ranks_per_node) and of the workload's mask
-(`documents`: packed documents, explicit or a seeded long-tailed draw, summing to seq_len; `window`:
-a causal sliding window), and turns pydantic's errors into the one-line
-`ConfigError(field, value, rule)` the CLI prints. Any seq_len runs, in every layout: a length
-that does not split over the ranks runs as one document [0, N], on uneven shards (`case.Case`).
+Validating a spec makes its `case.Trial` (the case and its placement), once: every rule of a trial
+lives there (`Case.validate`, the algorithm's own rules in `seqpar.algorithms.check`, the placement
+in `case.Trial`), and this module only adds the rules of the workload's mask (`documents`: packed
+documents, explicit or a seeded long-tailed draw, summing to seq_len; `window`: a causal sliding
+window), maps each rule's field to where it lives in the spec and turns pydantic's errors into the
+one-line `ConfigError(field, value, rule)` the CLI prints. Any seq_len runs, in every layout: a
+length that does not split over the ranks runs as one document [0, N], on uneven shards.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from seqpar.algorithms.base import DTYPES, AttnShape
-from seqpar.case import Case, TrainCase
+from seqpar.case import Case, TrainCase, Trial
 from seqpar.errors import ConfigError
 from seqpar.experiments.sections import (  # noqa: F401  (re-exported: the spec's sections)
     ClusterTwin,
@@ -84,7 +85,11 @@ _FIELD_HOME = {"batch": "workload.batch", "seq_len": "workload.seq_len", "heads"
                "kv_heads": "model.kv_heads", "head_dim": "model.head_dim",
                "algorithm": "plan.algorithm", "layout": "plan.layout", "world": "plan.world",
                "option": "plan.options", "backend": "env.backend",
-               "cu_seqlens": "workload.documents"}
+               "cu_seqlens": "workload.documents", "nodes": "plan.nodes",
+               "ranks_per_node": "plan.ranks_per_node", "timeout_s": "env.timeout_s",
+               "env_vars": "env.vars", "link_emulation": "env.link_emulation"}
+# the gang a spec's trial names until a runner puts it in its own (`to_trial(gang_id)`)
+UNASSIGNED_GANG = "unassigned"
 
 
 class ExperimentSpec(_Strict):
@@ -94,12 +99,13 @@ class ExperimentSpec(_Strict):
     env: Environment = Field(default_factory=Environment)
     train: TrainSpec | None = None
 
+    _trial: Trial = PrivateAttr()  # made (and validated) once, by _rules
+
     @model_validator(mode="after")
     def _rules(self) -> ExperimentSpec:
         if self.train is None and self.workload.data is not None:
             raise _rule("workload.data", self.workload.data.text,
                         "text data trains a model: it needs a train section")
-        p = self.plan
         if self.train is not None:
             w = self.workload
             docs = w.documents.model_dump(exclude_none=True) if w.documents else None
@@ -109,23 +115,30 @@ class ExperimentSpec(_Strict):
                 if not ok:
                     raise _rule(f"workload.{name}", value, "a training trial (train) takes one "
                                 "document, no window and mode fwd+bwd")
-            _train_rules(self)
+            self._trial = _train_trial(self)
             return self
         try:
-            rpn = p.ranks_per_node
-            if rpn is None and p.world % p.nodes:
-                raise ConfigError("plan.nodes", p.nodes, f"must divide world={p.world}")
-            if rpn is not None and rpn * p.nodes != p.world:
-                raise ConfigError("plan.ranks_per_node", rpn,
-                                  f"nodes x ranks_per_node must equal world={p.world}")
-            self.to_case().validate()
+            self._trial = self._placed(self._case())
         except ConfigError as err:
-            home = _FIELD_HOME.get(err.field)
+            home = _FIELD_HOME.get(err.field.split("[")[0])
             if home is None and "." not in err.field:
                 home = f"plan.options.{err.field}"  # an algorithm's own option, e.g. dhp
             rule = err.rule.replace("with cu_seqlens", "with workload.documents")
             raise _rule(home or err.field, err.value, rule) from None
         return self
+
+    def _case(self) -> Case:
+        w, m = self.workload, self.model
+        return Case(self.plan.algorithm, self.plan.world, self.plan.layout, w.causal, w.batch,
+                    w.seq_len, m.heads, m.hkv, m.head_dim, w.dtype, w.seed,
+                    tuple(sorted(self.options.items())), w.mode, w.warmup, w.iters,
+                    w.cu_seqlens or (), w.window)
+
+    def _placed(self, case: Case | TrainCase) -> Trial:
+        """The trial of `case` with this spec's placement (validated here, once)."""
+        return Trial(case, UNASSIGNED_GANG, self.plan.nodes, self.plan.ranks_per_node,
+                     self.env.link_models(self.workload.dtype) or {}, self.env.timeout_s,
+                     dict(self.env.vars))
 
     # ------------------------------------------------------------------ derived
     @property
@@ -150,14 +163,13 @@ class ExperimentSpec(_Strict):
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    def to_trial(self, gang_id: str) -> Trial:
+        """The trial this spec describes, in the gang `gang_id` (validated when the spec was)."""
+        return self._trial.in_gang(gang_id)
+
     def to_case(self) -> Case | TrainCase:
-        if self.train is not None:
-            return _train_case(self)
-        w, m = self.workload, self.model
-        return Case(self.plan.algorithm, self.plan.world, self.plan.layout, w.causal, w.batch,
-                    w.seq_len, m.heads, m.hkv, m.head_dim, w.dtype, w.seed,
-                    tuple(sorted(self.options.items())), w.mode, w.warmup, w.iters,
-                    w.cu_seqlens or (), w.window)
+        """The trial's case (what the planner and the labels read)."""
+        return self._trial.case
 
     def label(self) -> str:
         return self.to_case().label()
@@ -206,9 +218,10 @@ _TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkp
                "offload": "train.offload", "vocab": "train.vocab"}
 
 
-def _train_rules(spec: ExperimentSpec) -> None:
+def _train_trial(spec: ExperimentSpec) -> Trial:
     """A training trial: dp divides world, the model section is the decoder's attention shape,
-    and every rule of the case (checkpoint mode, the algorithm on SP = world / dp ranks)."""
+    and every rule of the trial (checkpoint mode, the algorithm on SP = world / dp ranks, the
+    placement)."""
     t, p = spec.train, spec.plan
     assert t is not None
     try:
@@ -221,9 +234,10 @@ def _train_rules(spec: ExperimentSpec) -> None:
             raise ConfigError("model.shape", spec.model.preset or "custom",
                               f"a training trial's model section must be {t.model}'s attention "
                               f"shape (heads, kv_heads, head_dim) = {shape}")
-        case.validate()
+        return spec._placed(case)
     except ConfigError as err:
-        home = _TRAIN_HOME.get(err.field) or _FIELD_HOME.get(err.field, err.field)
+        field = err.field.split("[")[0]
+        home = _TRAIN_HOME.get(field) or _FIELD_HOME.get(field, err.field)
         raise PydanticCustomError("seqpar_rule", "{rule}", {
             "field": home, "value": err.value, "rule": err.rule}) from None
 

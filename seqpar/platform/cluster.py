@@ -7,11 +7,12 @@ so rank r runs on the machine of planned node r // ranks_per_node; once the acto
 real Ray nodes are checked against the plan (topology.check_placement) and a gang placed otherwise
 is refused, never run under another map. On one Ray node (the embedded Ray) it has one bundle per
 rank (STRICT_PACK) and the plan's nodes are virtual. Actors are named
-`seqpar:<experiment-id>:rank-<r>` in namespace `seqpar`, so the dashboard and `seqpar cluster
-status` show who is who.
+`seqpar:<gang id>:rank-<r>` in namespace `seqpar`, so the dashboard and `seqpar cluster status`
+show who is who.
 
-Environment: every actor gets the communication variables of connection.COMM_ENV_VARS the driver
-has set, in its runtime_env (on a cluster seqpar joined the job's runtime_env also carries seqpar's
+Environment: every actor gets the variables it is started with in its runtime_env (the caller's
+`Connection.rank_env_vars`: the communication variables of connection.COMM_ENV_VARS the driver has
+set, and a sweep's own; on a cluster seqpar joined the job's runtime_env also carries seqpar's
 code), before any rank imports torch. A rank that cannot start (a module missing
 on its node, an import error) fails the gang's start with its rank, node and error
 (GangStartupError), never the caller.
@@ -26,7 +27,7 @@ from typing import Any
 
 from seqpar.errors import SeqparError, require
 from seqpar.platform import topology
-from seqpar.platform.connection import NAMESPACE, alive_nodes, env_float, rank_env_vars
+from seqpar.platform.connection import NAMESPACE, alive_nodes, env_float
 
 ACTOR_PREFIX = "seqpar:"
 # every tunable: an env var and its default
@@ -39,8 +40,8 @@ class GangStartupError(RuntimeError):
     not where the plan puts them."""
 
 
-def actor_name(experiment_id: str, rank: int) -> str:
-    return f"{ACTOR_PREFIX}{experiment_id}:rank-{rank}"
+def actor_name(gang_id: str, rank: int) -> str:
+    return f"{ACTOR_PREFIX}{gang_id}:rank-{rank}"
 
 
 def cpu_share(world: int, ranks_per_node: int, spread: bool = False) -> float:
@@ -62,7 +63,7 @@ def cpu_share(world: int, ranks_per_node: int, spread: bool = False) -> float:
 class GangKey:
     """Gangs with equal keys are interchangeable; a trial reuses one whose key matches."""
 
-    experiment_id: str
+    gang_id: str
     world: int
     device: str
     ranks_per_node: int | None  # only part of the key on a multi-node cluster (placement matters)
@@ -86,7 +87,7 @@ class Gang:
 
     def kill(self, wait_s: float | None = None) -> None:
         """Kill every actor, remove the placement groups and wait (bounded) until the names are
-        free, so a fresh gang of the same experiment can take them."""
+        free, so a fresh gang of the same id can take them."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -103,7 +104,7 @@ class Gang:
                 pass
         deadline = time.monotonic() + (wait_s if wait_s is not None
                                        else env_float(KILL_WAIT_ENV_VAR, DEFAULT_KILL_WAIT_S))
-        names = [actor_name(self.key.experiment_id, r) for r in range(self.key.world)]
+        names = [actor_name(self.key.gang_id, r) for r in range(self.key.world)]
         while names and time.monotonic() < deadline:
             names = [n for n in names if _name_taken(n)]
             if names:
@@ -111,9 +112,9 @@ class Gang:
 
 
 class GangPool:
-    """Idle gangs kept for re-use. One pool per process: runners sharing a Ray instance (a test
-    session, a sweep and its auto-tuner) must not starve each other of CPU shares or GPUs, so at most
-    one gang is idle, and taking a gang of another shape first kills the idle one."""
+    """Idle gangs kept for re-use, by the TrialRunner that made the pool: at most one gang is idle
+    (gangs must not starve each other of CPU shares or GPUs), and taking a gang of another shape
+    first kills the idle one."""
 
     def __init__(self) -> None:
         self._idle: Gang | None = None
@@ -136,8 +137,6 @@ class GangPool:
         if gang is not None:
             gang.kill()
 
-
-POOL = GangPool()
 
 
 def _name_taken(name: str) -> bool:
@@ -182,9 +181,9 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
     """Reserve the placement group, start one actor per rank, wait until each answers `info()`,
     and on several Ray nodes check that the ranks are where the plan puts them.
 
-    `actor_cls(rank=, world=, experiment_id=, threads=, **init_kwargs)` must have an `info()`
-    method returning its `node_id`. `env_vars`: besides the driver's COMM_ENV_VARS
-    (connection.rank_env_vars).
+    `actor_cls(rank=, world=, gang_id=, threads=, **init_kwargs)` must have an `info()`
+    method returning its `node_id`. `env_vars`: what every rank's runtime_env sets
+    (`Connection.rank_env_vars`).
     Raises GangStartupError (after cleaning up) when the cluster cannot host the gang, a rank
     cannot start, or the real map is not the plan.
     """
@@ -213,9 +212,8 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
     else:
         bundles, place = [dict(rank_res)] * world, list(range(world))
     pg = placement_group(bundles, strategy="STRICT_SPREAD" if spread else "STRICT_PACK",
-                         name=f"{ACTOR_PREFIX}{key.experiment_id}:gang")
-    env = rank_env_vars(env_vars)
-    runtime_env = {"env_vars": env} if env else None  # merged with the job's (the code, joined)
+                         name=f"{ACTOR_PREFIX}{key.gang_id}:gang")
+    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None  # merged with the job's
     remote_cls = ray.remote(actor_cls)
     gang = Gang(key, [], [pg])
     try:
@@ -229,11 +227,11 @@ def start_gang(actor_cls: type, key: GangKey, ranks_per_node: int, *,
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=place[r])
             options: dict[str, Any] = {"runtime_env": runtime_env} if runtime_env else {}
             gang.actors.append(remote_cls.options(
-                name=actor_name(key.experiment_id, r), namespace=NAMESPACE,
+                name=actor_name(key.gang_id, r), namespace=NAMESPACE,
                 # the trial runs in one thread while another answers heartbeats
                 max_concurrency=2, max_restarts=0, scheduling_strategy=strategy, **actor_res,
                 **options,
-            ).remote(rank=r, world=world, experiment_id=key.experiment_id, threads=threads,
+            ).remote(rank=r, world=world, gang_id=key.gang_id, threads=threads,
                      **(init_kwargs or {})))
         refs = [a.info.remote() for a in gang.actors]
         ready, _ = ray.wait(refs, num_returns=world, timeout=timeout)
@@ -291,7 +289,7 @@ def seqpar_placement_groups() -> list[Any]:
 
 
 def status() -> dict[str, Any]:
-    """Nodes (CPUs, GPUs, memory) and the running seqpar gangs, grouped by experiment."""
+    """Nodes (CPUs, GPUs, memory) and the running seqpar gangs, by gang id."""
     nodes = [{
         "node_id": n["NodeID"], "ip": n["NodeManagerAddress"],
         "cpus": n["Resources"].get("CPU", 0), "gpus": n["Resources"].get("GPU", 0),
@@ -304,8 +302,8 @@ def status() -> dict[str, Any]:
         raise SeqparError(f"address: the Ray state API did not answer ({err}); "
                           "is the dashboard running?") from err
     for a in actors:
-        experiment, _, rank = a.name[len(ACTOR_PREFIX):].rpartition(":")
-        gangs.setdefault(experiment, []).append(f"{rank}@{(a.node_id or '')[:8]}:{a.state}")
+        gang, _, rank = a.name[len(ACTOR_PREFIX):].rpartition(":")
+        gangs.setdefault(gang, []).append(f"{rank}@{(a.node_id or '')[:8]}:{a.state}")
     return {"nodes": nodes,
-            "gangs": [{"experiment": e, "ranks": len(r), "actors": sorted(r)}
-                      for e, r in sorted(gangs.items())]}
+            "gangs": [{"gang": g, "ranks": len(r), "actors": sorted(r)}
+                      for g, r in sorted(gangs.items())]}

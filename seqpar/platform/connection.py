@@ -1,9 +1,15 @@
 """The Ray connection: join a cluster (with seqpar's code for every node) or start an embedded one.
 
+    conn = connect(address)      # a Connection: what this process's link to Ray is
+    conn.rank_env_vars(extra)    # what a gang's ranks must be started with
+    conn.close()                 # an embedded Ray (and its watchdog) goes with the one who started it
+
 The same code runs on this 2-core machine (an embedded local Ray, CPU shares, gloo) and on a
 multi-node GPU cluster (an existing Ray cluster, one GPU per rank, NCCL). A driver that joins a
 cluster ships this seqpar package to every node with the job's runtime_env (py_modules), so the
 other nodes need its dependencies (torch, and flash-attn for the CUDA kernels), not seqpar itself.
+The connection is state passed to whoever needs it (the TrialRunner holds it), not module state:
+a process keeps one (share the TrialRunner, as the test session and the CLI's tests do).
 """
 
 from __future__ import annotations
@@ -12,9 +18,12 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+import seqpar
 from seqpar.errors import ConfigError, require
+from seqpar.platform import reaper
 
 NAMESPACE = "seqpar"
 CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S = "SEQPAR_CONNECT_TIMEOUT_S", 5.0
@@ -33,9 +42,39 @@ COMM_ENV_VARS = (
     "SEQPAR_STRICT_COMM",
 )
 
-_embedded_users = 0  # TrialRunners sharing the embedded Ray this process started
-_guard: Any = None   # the embedded Ray's watchdog (platform.reaper): its processes die with ours
-_inherited: dict[str, str] = {}  # the COMM_ENV_VARS the embedded Ray's processes were started with
+
+@dataclass
+class Connection:
+    """This process's connection to Ray. `embedded`: it started a local Ray, which `close` stops
+    (with the watchdog that stops it should this process die first: platform.reaper); a joined
+    cluster, or a Ray someone else in this process started, stays up. `inherited`: the
+    COMM_ENV_VARS the embedded Ray's processes started with."""
+
+    embedded: bool = False
+    inherited: dict[str, str] = field(default_factory=dict)
+    guard: Any = None
+
+    def rank_env_vars(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """What a rank actor's runtime_env must set for it to see comm_env(extra): all of it on a
+        joined cluster; on the embedded Ray, whose processes inherited the driver's environment
+        when it started, only what changed since (so a gang starts on Ray's prestarted workers)."""
+        env = comm_env(extra)
+        if self.embedded:
+            env = {k: v for k, v in env.items() if self.inherited.get(k) != v}
+        return env
+
+    def close(self) -> None:
+        """Stop the embedded Ray this connection started; leave anything else up."""
+        import ray
+
+        if not self.embedded:
+            return
+        self.embedded = False
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.guard is not None:
+            self.guard.close()  # the watchdog stops what the shutdown left behind, then exits
+            self.guard = None
 
 
 
@@ -108,27 +147,22 @@ def _token_auth_if_available() -> None:
     auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def connect(address: str | None = None, ship_code: bool = True) -> bool:
+def connect(address: str | None = None, ship_code: bool = True) -> Connection:
     """Join Ray (address 'auto', 'ray://...', 'host:port') or start an embedded local one (None,
     unless RAY_ADDRESS is set, as it is for the driver of a Ray job: then that cluster is joined).
 
-    Returns True when this call started (or shares) the embedded instance, which `disconnect`
-    shuts down when its last user leaves; a watchdog (platform.reaper) stops every process of it
-    should this process die without doing so (a SIGKILL). A process already connected keeps its
-    connection.
-    An address where nothing answers within SEQPAR_CONNECT_TIMEOUT_S (5 s) is a ConfigError.
-    `ship_code`: a joined cluster's job carries this seqpar package (code_runtime_env); a caller
-    that starts no actor (`seqpar cluster status`) spares the upload.
+    The Connection says whether this call started the embedded instance, which its `close` shuts
+    down; a watchdog (platform.reaper) stops every process of it should this process die without
+    doing so (a SIGKILL). A process already connected keeps its connection (and this one does not
+    own it). An address where nothing answers within SEQPAR_CONNECT_TIMEOUT_S (5 s) is a
+    ConfigError. `ship_code`: a joined cluster's job carries this seqpar package
+    (code_runtime_env); a caller that starts no actor (`seqpar cluster status`) spares the upload.
     """
-    global _embedded_users, _guard
     import psutil
     import ray
 
     if ray.is_initialized():
-        if _embedded_users:
-            _embedded_users += 1
-            return True
-        return False
+        return Connection()
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
         dashboard = os.environ.get(DASHBOARD_ENV_VAR, "1") != "0"
@@ -137,13 +171,8 @@ def connect(address: str | None = None, ship_code: bool = True) -> bool:
         # "local": always a fresh instance, never a cluster someone else started with `ray start`
         ray.init(address="local", namespace=NAMESPACE, include_dashboard=dashboard,
                  log_to_driver=False)
-        _embedded_users = 1
-        _inherited.clear()
-        _inherited.update(comm_env())
-        from seqpar.platform import reaper
-
-        _guard = reaper.watch([p.pid for p in me.children() if p.pid not in before])
-        return True
+        started = [p.pid for p in me.children() if p.pid not in before]
+        return Connection(embedded=True, inherited=comm_env(), guard=reaper.watch(started))
     timeout_s = env_float(CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S)
     host, port = _probe(address, timeout_s)
     if address.startswith("ray://") or _gcs_wants_token(f"{host}:{port}", timeout_s):
@@ -153,7 +182,7 @@ def connect(address: str | None = None, ship_code: bool = True) -> bool:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                      logging_level=logging.WARNING,
                      runtime_env=code_runtime_env() if ship_code else None)
-            return False
+            return Connection()
         except (ConnectionError, ValueError) as err:
             # a Ray client server starts a server per connection; on a busy head that start can
             # miss its deadline ("Initialization failure from server"): worth another try
@@ -162,22 +191,7 @@ def connect(address: str | None = None, ship_code: bool = True) -> bool:
                 raise ConfigError("address", address,
                                   f"no Ray cluster answered there ({_first_line(err)})") from None
             time.sleep(2.0 * (attempt + 1))
-    return False
-
-
-def disconnect(embedded: bool) -> None:
-    """Leave the embedded Ray; the last user shuts it down. Joined clusters stay up."""
-    global _embedded_users, _guard
-    import ray
-
-    if not embedded or _embedded_users == 0:
-        return
-    _embedded_users -= 1
-    if _embedded_users == 0 and ray.is_initialized():
-        ray.shutdown()
-    if _embedded_users == 0 and _guard is not None:
-        _guard.close()  # the watchdog stops what the shutdown left behind, then exits
-        _guard = None
+    raise AssertionError("unreachable: the last attempt raises")
 
 
 def detect_device(override: str | None = None) -> str:
@@ -201,8 +215,6 @@ def alive_nodes() -> list[dict[str, Any]]:
 def code_runtime_env() -> dict[str, Any]:
     """The job-level runtime_env of a driver that joins a cluster: this seqpar package, shipped
     to every node (Ray uploads a local directory only at the job level: `ray.init`)."""
-    import seqpar
-
     return {"py_modules": [os.path.dirname(os.path.abspath(seqpar.__file__))],
             "excludes": ["__pycache__", "*.pyc"]}
 
@@ -211,13 +223,3 @@ def comm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The COMM_ENV_VARS set on the driver, then `extra` (a sweep's `env.vars`) over them."""
     env = {k: os.environ[k] for k in COMM_ENV_VARS if k in os.environ}
     return {**env, **(extra or {})}
-
-
-def rank_env_vars(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What a rank actor's runtime_env must set for it to see comm_env(extra): all of it on a
-    joined cluster; on the embedded Ray, whose processes inherited the driver's environment when
-    it started, only what changed since (so a gang starts on Ray's prestarted workers)."""
-    env = comm_env(extra)
-    if _embedded_users:
-        env = {k: v for k, v in env.items() if _inherited.get(k) != v}
-    return env

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from seqpar.algorithms.mesh import build_mesh
 from seqpar.errors import SeqparError
 from seqpar.platform.devices import process_group_kwargs
 
@@ -83,8 +84,6 @@ def _mesh(env: RankEnv, size: int, key: MeshKey):
     if (size, key) in env.meshes:
         env.meshes[size, key] = env.meshes.pop((size, key))  # now the most recently used
         return env.meshes[size, key]
-    from seqpar.algorithms.mesh import build_mesh
-
     if len(env.meshes) >= MESHES_KEPT:
         # a peer may still be reading what this rank last sent on a group: destroy none of them
         # (closing its connections) before every rank is done with the previous task

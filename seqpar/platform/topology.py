@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from seqpar.errors import require
-
 
 class PlacementError(RuntimeError):
     """The ranks' real Ray nodes do not form the planned map."""
@@ -38,19 +36,6 @@ class Topology:
     def link(self, rank_a: int, rank_b: int) -> str:
         """'intra' when both ranks share a node, else 'inter' (the ledger's link classes)."""
         return "intra" if self.node_of_rank[rank_a] == self.node_of_rank[rank_b] else "inter"
-
-
-def plan_shape(world: int, nodes: int, ranks_per_node: int | None) -> tuple[int, int]:
-    """(nodes, ranks_per_node) for a gang of `world` ranks; raises ConfigError when they disagree."""
-    require(isinstance(nodes, int) and nodes >= 1, "nodes", nodes, "must be a positive integer")
-    if ranks_per_node is None:
-        require(world % nodes == 0, "nodes", nodes, f"must divide the world size ({world})")
-        ranks_per_node = world // nodes
-    require(isinstance(ranks_per_node, int) and ranks_per_node >= 1, "ranks_per_node",
-            ranks_per_node, "must be a positive integer")
-    require(nodes * ranks_per_node == world, "ranks_per_node", ranks_per_node,
-            f"nodes ({nodes}) x ranks_per_node must equal the world size ({world})")
-    return nodes, ranks_per_node
 
 
 def virtual(world: int, ranks_per_node: int) -> Topology:

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
@@ -103,6 +105,8 @@ def environment_tags() -> dict[str, str]:
 
 @dataclass
 class RunRecord:
+    """One MLflow run as seqpar reads it (or as it logged it: `Tracker.log_trial`)."""
+
     run_id: str
     name: str
     status: str
@@ -110,11 +114,28 @@ class RunRecord:
     params: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    experiment_id: str = ""  # MLflow's experiment id (the run's experiment)
 
 
 def _record(run: Any) -> RunRecord:
     return RunRecord(run.info.run_id, run.info.run_name, run.info.status, run.info.start_time,
-                     dict(run.data.params), dict(run.data.metrics), dict(run.data.tags))
+                     dict(run.data.params), dict(run.data.metrics), dict(run.data.tags),
+                     run.info.experiment_id)
+
+
+UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store by default
+
+
+def compare_url(ui: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
+    """MLflow's compare-runs view of these runs at the UI `ui`: parameters and every metric side
+    by side, parallel coordinates and scatter plots (the runs table shows no metric column until
+    one is chosen). The route is the UI's own (`#/compare-runs?runs=[..]&experiments=[..]`, JSON
+    lists, percent-encoded: the page decodes them)."""
+    def listed(ids: Sequence[str]) -> str:
+        return urllib.parse.quote(json.dumps(list(ids), separators=(",", ":")), safe="")
+
+    experiments = sorted(set(experiment_ids))
+    return f"{ui.rstrip('/')}/#/compare-runs?runs={listed(run_ids)}&experiments={listed(experiments)}"
 
 
 SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
@@ -133,9 +154,13 @@ def check_uri(uri: str | None = None) -> str:
 
 
 class Tracker:
-    """A thin, typed layer over MlflowClient for sweeps and trials."""
+    """A thin, typed layer over MlflowClient for sweeps and trials.
 
-    def __init__(self, uri: str | None = None):
+    `existing`: open only a store that is there, for the commands that read (`seqpar compare`,
+    `seqpar report`): a SQLite file that does not exist is a ConfigError instead of a new store,
+    and no lock file is made (the lock guards only a new store's schema)."""
+
+    def __init__(self, uri: str | None = None, *, existing: bool = False):
         from mlflow import MlflowClient
 
         # schema migrations of a new store are not news (mlflow configures its loggers on import)
@@ -143,16 +168,35 @@ class Tracker:
             logging.getLogger(name).setLevel(logging.WARNING)
 
         self.uri = resolve_uri(uri)
+        db = Path(self.uri.removeprefix("sqlite:///")) if self.uri.startswith("sqlite:///") else None
+        if existing and db is not None and not db.is_file():
+            raise ConfigError("tracking-uri", self.uri,
+                              "holds no MLflow store (no such file): run `seqpar sweep` first")
         try:
+            if existing:
+                self.client = MlflowClient(tracking_uri=self.uri)
+                return
             with _store_lock(self.uri):  # a new SQLite store's schema is created once, here
                 self.client = MlflowClient(tracking_uri=self.uri)
-                if self.uri.startswith("sqlite:"):
+                if db is not None:
                     self.client.search_experiments(max_results=1)
         except Exception as err:  # an unknown scheme, an unreadable file: bad input, one line
             rule = _first_line(err)
             if "unsupported URI" in rule:
                 rule = SCHEME_RULE
             raise ConfigError("tracking-uri", self.uri, rule) from None
+
+    @property
+    def ui(self) -> str:
+        """The MLflow UI of this store: the server itself, else where `mlflow ui` serves it."""
+        return self.uri.rstrip("/") if self.uri.startswith(("http://", "https://")) else UI_ADDRESS
+
+    @property
+    def ui_command(self) -> str | None:
+        """How to serve this store's UI (None: a server already does)."""
+        if self.uri.startswith(("http://", "https://")):
+            return None
+        return f"mlflow ui --backend-store-uri {self.uri} --workers 1"
 
     @property
     def local_artifact_root(self) -> Path | None:
@@ -192,15 +236,17 @@ class Tracker:
         self._log(run.info.run_id, params=params)
         return run.info.run_id
 
-    def sweep(self, sweep_id: str) -> RunRecord:
+    def sweep(self, sweep_id: str, field: str = "resume") -> RunRecord:
+        """The sweep's parent run; a ConfigError naming `field` (the option that gave the id) when
+        the store holds no such sweep."""
         from mlflow.exceptions import MlflowException
 
         try:
             run = self.client.get_run(sweep_id)
         except MlflowException:
-            raise ConfigError("resume", sweep_id, f"no sweep with this id in {self.uri}") from None
+            raise ConfigError(field, sweep_id, f"no sweep with this id in {self.uri}") from None
         if run.data.tags.get(KIND_TAG) != "sweep":
-            raise ConfigError("resume", sweep_id, "is a trial run, not a sweep (use the parent id)")
+            raise ConfigError(field, sweep_id, "is a trial run, not a sweep (use the parent id)")
         return _record(run)
 
     def reopen_sweep(self, sweep_id: str) -> None:
@@ -213,11 +259,12 @@ class Tracker:
 
     # ---------------------------------------------------------------------------- trials
     def log_trial(self, sweep_id: str, *, name: str, spec_hash: str, params: dict[str, Any],
-                  metrics: dict[str, float], tags: dict[str, str], status: str,
+                  metrics: Mapping[str, float], tags: dict[str, str], status: str,
                   cause: str | None, detail: dict[str, Any],
-                  series: dict[str, list[float]] | None = None,
-                  start_time_ms: int | None = None) -> str:
-        """One finished (or failed) trial as a run linked to its sweep, logged in one go.
+                  series: Mapping[str, Sequence[float]] | None = None,
+                  start_time_ms: int | None = None) -> RunRecord:
+        """One finished (or failed) trial as a run linked to its sweep, logged in one go; returns
+        what was logged (the report reads it from memory, not back from the store).
 
         `series` are per-iteration values (e.g. the step time of each timed iteration), logged with
         steps 1..n so MLflow draws them as curves; `start_time_ms` (epoch ms) makes the run's
@@ -233,7 +280,11 @@ class Tracker:
         self._log(run_id, params=params, metrics=metrics, series=series)
         self.client.log_dict(run_id, detail, "per_rank.json")
         self.client.set_terminated(run_id, status=status)
-        return run_id
+        latest = {k: float(v) for k, v in metrics.items() if v is not None}
+        latest.update({k: float(v[-1]) for k, v in (series or {}).items() if len(v)})  # as read
+        return RunRecord(run_id, name, status, run.info.start_time,
+                         {k: str(v) for k, v in params.items()}, latest, run_tags,
+                         parent.info.experiment_id)
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run (a trial superseded by its rerun on resume)."""
@@ -316,8 +367,8 @@ class Tracker:
         return [_record(r) for r in runs]
 
     def _log(self, run_id: str, params: dict[str, Any] | None = None,
-             metrics: dict[str, float] | None = None,
-             series: dict[str, list[float]] | None = None) -> None:
+             metrics: Mapping[str, float] | None = None,
+             series: Mapping[str, Sequence[float]] | None = None) -> None:
         from mlflow.entities import Metric, Param
 
         now = int(time.time() * 1000)

@@ -23,6 +23,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
+from seqpar.experiments import clusters, perf
+from seqpar.platform import cluster
+
 GANG_START_S = 3.0  # a trial's fixed cost beside its iterations (gang reuse, rendezvous, logging)
 
 
@@ -30,11 +33,9 @@ def predicted_s(spec: Any) -> float | None:
     """The cost model's wall time for one trial (warm-up, memory and timed iterations), or None
     when it cannot predict this spec. The one place this module calls the cost model."""
     try:
-        from seqpar.experiments import clusters, perf
-
-        cluster = clusters.load("local" if spec.env.device in ("cpu", "auto") else
-                                "loongtrain-a100")
-        step_s = perf.predict_spec(spec, cluster).attention_ms / 1e3
+        where = clusters.load("local" if spec.env.device in ("cpu", "auto") else
+                              "loongtrain-a100")
+        step_s = perf.predict_spec(spec, where).attention_ms / 1e3
         w = spec.workload
         return GANG_START_S + step_s * (w.warmup + 1 + w.iters)
     except Exception:  # a spec the model cannot predict: an ETA is never worth a failed sweep
@@ -149,8 +150,6 @@ class SweepProgress:
         """Rank 0's heartbeat once a second while the trial runs."""
         try:
             import ray
-
-            from seqpar.platform import cluster
         except ImportError:
             return
         actor = None

@@ -2,6 +2,13 @@
 
     outcome = run_sweep(plan, tracker=Tracker(), runner=TrialRunner(), retries=1)
     outcome.sweep_id      # the parent run; `seqpar sweep FILE --resume <id>` continues it
+    outcome.views()       # every trial as it was logged: the table, without reading MLflow back
+
+Each spec becomes its trial once (`spec.to_trial(gang_id)`: a `case.Trial`, validated when the
+spec was), which goes unchanged to the TrialRunner, the gang and every rank; what comes back is a
+TrialResult whose metrics were computed once (`workers.metrics.TrialMetrics`). The runner logs
+them as they are, and the sweep's summary (headline, table, figures, page) is made from what it
+logged; only the trials a resumed sweep had finished before are read back from the store.
 
 Trials are run grouped by world size (stable within a group), so one gang of rank actors serves
 every trial of its size instead of being restarted when the grid alternates between sizes.
@@ -24,39 +31,65 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.markup import escape
 
 from seqpar.errors import ConfigError
 from seqpar.experiments.grid import Point
+from seqpar.platform.tracking import HASH_TAG, RunRecord, Tracker, environment_tags
+from seqpar.sweeps import report
 from seqpar.sweeps.progress import SweepProgress
+from seqpar.sweeps.report.view import SweepView, TrialView
 from seqpar.sweeps.spec import SweepPlan
-
-if TYPE_CHECKING:
-    from seqpar.platform.tracking import Tracker
-    from seqpar.workers.trial import TrialResult, TrialRunner
+from seqpar.workers.trial import TrialResult, TrialRunner
 
 
 @dataclass
 class TrialOutcome:
     point: Point
     result: TrialResult
-    run_id: str
+    run: RunRecord     # the run as it was logged
     attempts: int
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
 
 
 @dataclass
 class SweepOutcome:
-    sweep_id: str
-    experiment: str
+    sweep: SweepView
     trials: list[TrialOutcome] = field(default_factory=list)
-    resumed: int = 0                   # trials skipped because they already FINISHED
+    resumed: int = 0                                      # trials skipped: already FINISHED
+    earlier: list[RunRecord] = field(default_factory=list)  # their runs, read back once
+
+    @property
+    def sweep_id(self) -> str:
+        return self.sweep.sweep_id
+
+    @property
+    def experiment(self) -> str:
+        return self.sweep.experiment
 
     @property
     def failed(self) -> list[TrialOutcome]:
         return [t for t in self.trials if t.result.status != "FINISHED"]
+
+    @property
+    def runs(self) -> list[RunRecord]:
+        """Every trial run of the sweep: this session's as logged, and a resume's earlier ones."""
+        return [t.run for t in self.trials] + self.earlier
+
+    def views(self) -> list[TrialView]:
+        return report.trials(self.runs)
+
+    def details(self) -> dict[str, dict[str, Any]]:
+        """run id -> per_rank.json of this session's trials (in memory)."""
+        return {t.run_id: t.result.to_dict() for t in self.trials}
 
 
 def _sweep_params(plan: SweepPlan) -> dict[str, Any]:
@@ -72,46 +105,32 @@ def _plan_record(plan: SweepPlan) -> dict[str, Any]:
             "skipped": [{"point": p.label, "reason": str(p.error)} for p in plan.skipped]}
 
 
-def _start(plan: SweepPlan, tracker: Tracker, resume: str | None) -> tuple[str, set[str]]:
+def _start(plan: SweepPlan, tracker: Tracker, resume: str | None
+           ) -> tuple[SweepView, list[RunRecord]]:
+    """The sweep's parent run (new, or the resumed one) and, on resume, its trial runs."""
     if resume is None:
-        sweep_id = tracker.start_sweep(plan.experiment, plan.name, _sweep_params(plan), {
-            "seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
-            "seqpar.headline": plan.headline})
+        tags = {"seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
+                "seqpar.headline": plan.headline}
+        started = int(time.time() * 1e3)
+        sweep_id = tracker.start_sweep(plan.experiment, plan.name, _sweep_params(plan), tags)
         tracker.log_dict(sweep_id, _plan_record(plan), "plan.json")
         _log_sweep_file(tracker, sweep_id, plan)
-        return sweep_id, set()
-    record = tracker.sweep(resume)
-    experiment = tracker.experiment_name(record)
-    if experiment != plan.experiment:
-        raise ConfigError("resume", resume, f"belongs to experiment {experiment!r}, "
+        return SweepView(sweep_id, plan.name, plan.experiment, started,
+                         {**environment_tags(), **tags}, tracker.uri), []
+    sweep = SweepView.read(tracker, resume, "resume")
+    if sweep.experiment != plan.experiment:
+        raise ConfigError("resume", resume, f"belongs to experiment {sweep.experiment!r}, "
                                             f"this sweep logs to {plan.experiment!r}")
-    done = tracker.finished_hashes(resume)
+    earlier = tracker.trials(resume)
     tracker.reopen_sweep(resume)
-    return resume, done
-
-
-def _unfinished(tracker: Tracker, sweep_id: str | None) -> dict[str, list[str]]:
-    """Run ids of the sweep's FAILED / KILLED trials, by spec hash (what a resume re-runs)."""
-    from seqpar.platform.tracking import HASH_TAG
-
-    if sweep_id is None:
-        return {}
-    out: dict[str, list[str]] = {}
-    for run in tracker.trials(sweep_id):
-        if run.status != "FINISHED" and HASH_TAG in run.tags:
-            out.setdefault(run.tags[HASH_TAG], []).append(run.run_id)
-    return out
+    return sweep, earlier
 
 
 def _log_sweep_file(tracker: Tracker, sweep_id: str, plan: SweepPlan) -> None:
     """The sweep file itself on the parent run (a study: its name, preset and --set values)."""
-    from pathlib import Path
-
     if plan.source and Path(plan.source).is_file():
         tracker.log_artifact(sweep_id, plan.source, "sweep")
     else:
-        import yaml
-
         tracker.log_text(sweep_id, yaml.safe_dump({"study": plan.study, "preset": plan.preset,
                                                    "set": plan.sets}), "sweep/sweep.yaml")
 
@@ -120,15 +139,12 @@ def run_one(point: Point, runner: TrialRunner, retries: int,
             gang_id: str) -> tuple[TrialResult, int]:
     """A trial, retried while it FAILS retryably (see FailureKind); returns the last result and
     the attempts it took."""
-    spec = point.spec
-    assert spec is not None
+    assert point.spec is not None
+    trial = point.spec.to_trial(gang_id)
     attempt = 0
     while True:
         attempt += 1
-        result = runner.run(spec.to_case(), nodes=spec.plan.nodes,
-                            ranks_per_node=spec.plan.ranks_per_node,
-                            link_emulation=spec.env.link_models(), timeout_s=spec.env.timeout_s,
-                            experiment_id=gang_id, env_vars=dict(spec.env.vars))
+        result = runner.run(trial)
         if result.ok or attempt > retries or not (result.failure and result.failure.retryable):
             return result, attempt
 
@@ -137,74 +153,56 @@ def run_until_stable(point: Point, runner: TrialRunner, retries: int, gang_id: s
                      rerun_unstable: int) -> tuple[TrialResult, int, int]:
     """`run_one`, again while the result is unstable, at most `rerun_unstable` more rounds: the
     first stable round, else the narrowest interval; returns it, its attempts and the rounds run."""
-    from seqpar.workers.stability import half_width
-
     best: tuple[TrialResult, int] | None = None
     for rounds in range(1, rerun_unstable + 2):
         result, attempts = run_one(point, runner, retries, gang_id)
         if not result.ok or result.unstable is None:
             return result, attempts, rounds
-        width = half_width(result.metrics()) or 0.0
-        if best is None or width < (half_width(best[0].metrics()) or 0.0):
+        width = result.metrics.half_width or 0.0
+        if best is None or width < (best[0].metrics.half_width or 0.0):
             best = (result, attempts)
     assert best is not None
     return best[0], best[1], rounds
 
 
 def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, result: TrialResult,
-            attempts: int, rounds: int = 1) -> str:
+            attempts: int, rounds: int = 1) -> RunRecord:
+    """The trial as one MLflow run: the flattened spec, the metrics as computed, the per-iteration
+    series, and tags (the kernel and GEMM dtype the ranks ran, why it failed or is unstable)."""
     spec = point.spec
     assert spec is not None
+    m = result.metrics
     tags = {"seqpar.device": result.device, "seqpar.attempts": str(attempts),
             "seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
-            "seqpar.topology": getattr(result, "topology", ""), "seqpar.label": spec.label(),
+            "seqpar.topology": result.topology, "seqpar.label": spec.label(),
             "seqpar.algorithm": spec.plan.algorithm}
+    params: dict[str, Any] = spec.flat()
+    if m.kernel:
+        tags["seqpar.kernel"] = params["trial.kernel"] = m.kernel
+        tags["seqpar.gemm_dtype"] = params["trial.gemm_dtype"] = m.gemm_dtype
     if result.failure is not None:
         tags["seqpar.failure"] = result.failure.value
-    if result.ok and (reason := result.unstable) is not None:
-        tags["seqpar.unstable"] = reason
+    if result.ok and m.unstable is not None:
+        tags["seqpar.unstable"] = m.unstable
     if rounds > 1:
         tags["seqpar.rounds"] = str(rounds)
-    # each timed iteration's step time on the slowest rank, drawn by MLflow as a curve
-    metrics = result.metrics()
-    analytic = _analytic_bytes(spec)
-    if metrics and analytic is not None:
-        metrics["bytes_analytic_per_rank"] = analytic
-    series = ({"iter_step_ms": [max(v) for v in zip(*(m.step_ms for m in result.per_rank),
-                                                     strict=True)]}
-              if result.ok and result.per_rank else None)
-    if series is not None and result.per_rank[0].extra.get("losses"):
-        series["loss"] = list(result.per_rank[0].extra["losses"])  # a training trial's curve
-    return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=spec.flat(),
-                             metrics=metrics, tags=tags, status=result.status,
-                             cause=result.cause, detail=result.to_dict(), series=series,
+    return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=params,
+                             metrics=m, tags=tags, status=result.status,
+                             cause=result.cause, detail=result.to_dict(),
+                             series=m.series if result.ok else None,
                              start_time_ms=int((time.time() - result.setup_s - result.run_s) * 1e3))
-
-
-def _analytic_bytes(spec: Any) -> float | None:
-    """The algorithm's analytic bytes one rank sends per step (report: measured vs analytic)."""
-    try:
-        from seqpar import algorithms
-
-        w = spec.workload  # the call's mask: with documents or a window the rings skip
-        by_phase = algorithms.expected_bytes(spec.plan.algorithm, spec.shape, spec.plan.world,
-                                             layout=spec.plan.layout, causal=w.causal,
-                                             cu_seqlens=w.cu_seqlens, window=w.window,
-                                             **spec.options)
-        backward = spec.workload.mode != "fwd"  # fwd+bwd and accuracy run backward
-        return float(by_phase["forward"] + (by_phase["backward"] if backward else 0))
-    except NotImplementedError:  # an algorithm without a formula: no bar
-        return None
 
 
 def _line(result: TrialResult, label: str, attempts: int) -> str:
     if result.status != "FINISHED":
         return (f"[red]✗[/red] {escape(label)}  FAILED after {attempts} attempt(s): "
                 f"{escape(str(result.cause))}")
-    m = result.metrics()
-    line = (f"[green]✓[/green] {escape(label)}  step {m['step_ms']:.1f} ms "
-            f"[{m['step_ms_ci_low']:.1f}, {m['step_ms_ci_high']:.1f}]  "
-            f"{m['tokens_per_s']:,.0f} tok/s  peak {m['peak_mem_bytes'] / 2**20:.1f} MiB")
+    m = result.metrics
+    line = (f"[green]✓[/green] {escape(label)}  step {report.cell('step_ms', m['step_ms'])} ms "
+            f"({report.cell('step_ms', m['step_ms_ci_low'])}-"
+            f"{report.cell('step_ms', m['step_ms_ci_high'])})  "
+            f"{report.cell('tokens_per_s', m['tokens_per_s'])} tok/s  "
+            f"peak {report.metric_text('peak_mem_bytes', m['peak_mem_bytes'])}")
     reason = result.unstable
     return line + (f"  [yellow]unstable[/yellow]: {escape(reason)}" if reason else "")
 
@@ -217,13 +215,17 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
     and a line per trial go to `console` (the CLI's; default a console on stderr)."""
     if console is None:  # a pipe or a CI log: one line per trial, not rich's 80-column wrap
         console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-    sweep_id, done = _start(plan, tracker, resume)
-    stale = _unfinished(tracker, resume)
-    outcome = SweepOutcome(sweep_id, plan.experiment)
+    sweep, earlier = _start(plan, tracker, resume)
+    done = {r.tags[HASH_TAG] for r in earlier if r.status == "FINISHED" and HASH_TAG in r.tags}
+    stale: dict[str, list[str]] = {}  # run ids of FAILED / KILLED trials by hash: a resume reruns
+    for r in earlier:
+        if r.status != "FINISHED" and HASH_TAG in r.tags:
+            stale.setdefault(r.tags[HASH_TAG], []).append(r.run_id)
+    outcome = SweepOutcome(sweep, earlier=[r for r in earlier if r.tags.get(HASH_TAG) in done])
     todo = [p for p in plan.trials if p.spec is not None and p.spec.hash not in done]
     outcome.resumed = len(plan.trials) - len(todo)
     todo.sort(key=lambda p: p.spec.plan.world if p.spec else 0)  # stable: one gang per size
-    gang_id = f"sweep-{sweep_id[:8]}"
+    gang_id = f"sweep-{sweep.sweep_id[:8]}"
     live = SweepProgress(console, [p.spec for p in todo], gang_id, enabled=progress)
     try:
         with live:
@@ -233,27 +235,28 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                 t0 = time.monotonic()
                 result, attempts, rounds = run_until_stable(point, runner, retries, gang_id,
                                                             rerun_unstable)
-                run_id = log_one(tracker, sweep_id, plan, point, result, attempts, rounds)
+                run = log_one(tracker, sweep.sweep_id, plan, point, result, attempts, rounds)
                 live.end_trial(time.monotonic() - t0, unstable=bool(result.ok and result.unstable))
                 for old in stale.pop(point.spec.hash if point.spec else "", []):
-                    tracker.delete_run(old)  # this trial's run is now `run_id`
-                trial = TrialOutcome(point, result, run_id, attempts)
+                    tracker.delete_run(old)  # this trial's run is now `run`
+                trial = TrialOutcome(point, result, run, attempts)
                 outcome.trials.append(trial)
                 console.print(_line(result, label, attempts), highlight=False)
                 if on_trial_end is not None:
                     on_trial_end(trial)
     except BaseException:
-        tracker.end_sweep(sweep_id, "KILLED", interrupted="true")
+        tracker.end_sweep(sweep.sweep_id, "KILLED", interrupted="true")
         raise
-    _finish(tracker, sweep_id, outcome, console)
+    _finish(tracker, outcome, console)
     return outcome
 
 
-def _finish(tracker: Tracker, sweep_id: str, outcome: SweepOutcome, console: Console) -> None:
-    from seqpar.sweeps import report
-
+def _finish(tracker: Tracker, outcome: SweepOutcome, console: Console) -> None:
+    details = outcome.details()
     try:
-        report.log_summary(tracker, sweep_id)
+        if outcome.earlier:  # a resumed sweep's earlier trials: their details from the store
+            details.update(report.per_rank_details(tracker, report.trials(outcome.earlier)))
+        report.log_summary(tracker, outcome.sweep, outcome.views(), details)
     except Exception as err:  # a plot must never cost the sweep its results
         console.print(f"[yellow]plots skipped:[/yellow] {type(err).__name__}: {escape(str(err))}")
-    tracker.end_sweep(sweep_id, "FINISHED", failed=str(len(outcome.failed)))
+    tracker.end_sweep(outcome.sweep_id, "FINISHED", failed=str(len(outcome.failed)))

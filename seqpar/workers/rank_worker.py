@@ -1,10 +1,10 @@
 """The Ray actor that is one rank: a process group per trial, the trial itself, dashboard metrics. A
-gang (platform.cluster) holds P of these. For each trial every rank joins a fresh process group at
-rank 0's address (nccl on CUDA, gloo on CPU, with the trial's timeout), sets the link emulation,
-runs the case's mode (`measure.measure`, the table `mode -> measure`; it builds the trial's mesh,
-with the trial's node map, on every rank), publishes its numbers as `ray.util.metrics`, and
-destroys its groups and resets the process-wide settings whatever happened, so the next trial
-starts clean.
+gang (platform.cluster) holds P of these. Every rank receives the trial unchanged (`case.Trial`)
+and where to meet (`Rendezvous`: rank 0's address, the node map, the device); it joins a fresh
+process group there (nccl on CUDA, gloo on CPU, with the trial's timeout), runs the case's mode
+(`measure.measure`, the table `mode -> measure`; it builds the trial's mesh, with the node map and
+the trial's emulated links, on every rank), publishes its numbers as `ray.util.metrics`, and
+destroys its groups whatever happened, so the next trial starts clean.
 
 The actor runs with two threads: the trial occupies one, the other still answers `heartbeat()`, so a
 hung collective can be reported (which phase, since when) before the gang is killed.
@@ -20,25 +20,23 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from seqpar.algorithms.comm import LinkModel
-from seqpar.case import Case, TrainCase
+import torch
+import torch.distributed as dist
+
+from seqpar.case import Case, TrainCase, Trial
 from seqpar.platform.connection import comm_env
 from seqpar.platform.devices import cuda_index, process_group_kwargs
 from seqpar.workers.measure import RankMeasurement, measure
 
 
 @dataclass(frozen=True)
-class RankTrial:
-    """What every rank of the gang needs for one trial."""
+class Rendezvous:
+    """Where the gang's ranks meet for one trial (the run's, not the trial's)."""
 
-    case: Case | TrainCase
-    experiment_id: str
     master_addr: str
     master_port: int
-    node_of_rank: tuple[int, ...]
-    link_emulation: dict[str, LinkModel] | None
-    device: str  # "cpu" | "cuda"
-    timeout_s: float
+    node_of_rank: tuple[int, ...]  # the topology: virtual nodes on one machine, or real ones
+    device: str                    # "cpu" | "cuda"
 
 
 def _free_port() -> int:
@@ -48,10 +46,10 @@ def _free_port() -> int:
 
 
 class _Metrics:
-    """The dashboard's view of a rank (Prometheus via Ray's metrics agent), tagged by
-    experiment, algorithm and rank."""
+    """The dashboard's view of a rank (Prometheus via Ray's metrics agent), tagged by gang,
+    algorithm and rank."""
 
-    TAGS = ("experiment", "algorithm", "rank")
+    TAGS = ("gang", "algorithm", "rank")
 
     def __init__(self) -> None:
         from ray.util import metrics
@@ -66,8 +64,8 @@ class _Metrics:
                                           "iterations", tag_keys=self.TAGS)
         self.trials = metrics.Counter("seqpar_trials", "trials this rank ran", tag_keys=self.TAGS)
 
-    def report(self, experiment_id: str, case: Case, rank: int, m: RankMeasurement) -> None:
-        tags = {"experiment": experiment_id, "algorithm": case.algorithm, "rank": str(rank)}
+    def report(self, gang_id: str, case: Case | TrainCase, rank: int, m: RankMeasurement) -> None:
+        tags = {"gang": gang_id, "algorithm": case.algorithm, "rank": str(rank)}
         step_ms = m.median_step_ms()
         self.step_ms.set(step_ms, tags=tags)
         self.tokens_per_s.set(case.batch * case.seq_len / (step_ms / 1e3), tags=tags)
@@ -81,10 +79,8 @@ class _Metrics:
 class RankWorker:
     """One rank of a gang. Created by platform.cluster.start_gang."""
 
-    def __init__(self, rank: int, world: int, experiment_id: str, threads: int = 1):
-        import torch
-
-        self.rank, self.world, self.experiment_id = rank, world, experiment_id
+    def __init__(self, rank: int, world: int, gang_id: str, threads: int = 1):
+        self.rank, self.world, self.gang_id = rank, world, gang_id
         torch.set_num_threads(threads)  # a CPU share of one core must not spawn a thread per core
         self._phase, self._since = "idle", time.monotonic()
         self._metrics: _Metrics | None = None
@@ -94,7 +90,6 @@ class RankWorker:
     # -- answered from the second thread, also while a trial runs ---------------------------------
     def info(self) -> dict[str, Any]:
         import ray
-        import torch
 
         cuda = torch.cuda.is_available() and bool(ray.get_gpu_ids())
         return {"rank": self.rank, "node_id": ray.get_runtime_context().get_node_id(),
@@ -125,34 +120,30 @@ class RankWorker:
         with self._lock:
             self._phase, self._since = phase, time.monotonic()
 
-    def run_trial(self, trial: RankTrial) -> RankMeasurement:
-        import torch.distributed as dist
-
-        cuda = trial.device == "cuda"
+    def run_trial(self, trial: Trial, meet: Rendezvous) -> RankMeasurement:
+        cuda = meet.device == "cuda"
         if dist.is_initialized():  # a trial that died half-way must not poison this one
             dist.destroy_process_group()
         self._set_phase("rendezvous")
         t0 = time.perf_counter()
         index = self._cuda_index() if cuda else None
         if index is not None:
-            import torch
-
             torch.cuda.set_device(index)  # per thread: the trial's thread, before any CUDA work
         dist.init_process_group(
-            init_method=f"tcp://{trial.master_addr}:{trial.master_port}",
+            init_method=f"tcp://{meet.master_addr}:{meet.master_port}",
             rank=self.rank, world_size=self.world,
             # a safety net for a rank whose driver is gone; with the driver alive its deadline
             # (timeout_s) fires first, so a hang reads "timeout", not a gloo/NCCL error
             timeout=timedelta(seconds=2 * trial.timeout_s + 10),
-            **process_group_kwargs(trial.device, index))
+            **process_group_kwargs(meet.device, index))
         try:
             dist.barrier()  # every rank joined (and on NCCL the communicator is up) before timing
             self._maybe_fault()
             self._set_phase("measure")
             t1 = time.perf_counter()
             m = measure(trial.case, self.rank, dist.group.WORLD,
-                        f"cuda:{index}" if index is not None else "cpu", nodes=trial.node_of_rank,
-                        links=trial.link_emulation)
+                        f"cuda:{index}" if index is not None else "cpu", nodes=meet.node_of_rank,
+                        links=trial.link_models)
             m.extra.update(self.info())
             m.extra.update(init_pg_s=t1 - t0, measure_s=time.perf_counter() - t1)
             self._set_phase("report")
@@ -162,12 +153,12 @@ class RankWorker:
             dist.destroy_process_group()
             self._set_phase("idle")
 
-    def _report(self, trial: RankTrial, m: RankMeasurement) -> None:
+    def _report(self, trial: Trial, m: RankMeasurement) -> None:
         """Publish to the dashboard; a metrics hiccup is noted, never a failed measurement."""
         try:
             if self._metrics is None:
                 self._metrics = _Metrics()
-            self._metrics.report(trial.experiment_id, trial.case, self.rank, m)
+            self._metrics.report(trial.gang_id, trial.case, self.rank, m)
         except Exception as err:  # the agent can be down or reject a value; the trial stands
             m.extra["metrics_error"] = f"{type(err).__name__}: {err}"
 

@@ -1,7 +1,7 @@
 """How sure a trial's step time is: the median's 95% confidence interval, the host's noise while the
 timed loop ran, and the rule that marks a trial *unstable* (with its reason). Every number here is
-computed once, on the driver, from what the ranks sent; the report and `compare` read the metrics
-and the `seqpar.unstable` tag back from MLflow.
+computed once, on the driver, from what the ranks sent (`workers.metrics.TrialMetrics`); the
+runner logs them (the reason as the tag `seqpar.unstable`) and hands them to the report.
 
 - Interval: a seeded percentile bootstrap of the median over the timed iterations
   (`scipy.stats.bootstrap`), so the same samples always give the same interval. Percentile, not BCa:
@@ -18,8 +18,10 @@ and the `seqpar.unstable` tag back from MLflow.
   trials ran 1.1-1.4x faster than with others at 18-25%, whose intervals were still narrow; a
   wide-interval rule alone misses a host that is steadily busy.) Ranks that outnumber cores are
   the trial's own, repeatable contention: recorded (`noise_ranks_per_core`) and flagged
-  OVERSUBSCRIBED by the table, not unstable. The load average lags (a 1-minute mean that still
-  holds the previous trial's ranks) and counts what waits on I/O: shown, not ruled.
+  oversubscribed by the table, not unstable. Ranks that ran different attention kernels (one node
+  without flash-attn) measured different things: unstable, with the kernels by rank. The load
+  average lags (a 1-minute mean that still holds the previous trial's ranks) and counts what waits
+  on I/O: shown, not ruled.
 - Two trials differ measurably when their intervals do not overlap: asv's check when samples are
   too few for its Mann-Whitney test, pessimistic (overlapping intervals may still differ, hence
   "no measurable difference", not "equal"). The ratio's interval [lo_a / hi_b, hi_a / lo_b] holds 1
@@ -31,7 +33,7 @@ from __future__ import annotations
 import statistics
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 CONFIDENCE = 0.95
@@ -96,7 +98,7 @@ def step_stats(steps: Sequence[float]) -> dict[str, float]:
             "step_ms_samples": float(len(steps))}
 
 
-def half_width(metrics: dict[str, float]) -> float | None:
+def half_width(metrics: Mapping[str, float]) -> float | None:
     """The interval's half-width as a fraction of the median; None without an interval."""
     try:
         return (metrics["step_ms_ci_high"] - metrics["step_ms_ci_low"]) / 2 / metrics["step_ms"]
@@ -104,11 +106,28 @@ def half_width(metrics: dict[str, float]) -> float | None:
         return None
 
 
-def unstable_reason(metrics: dict[str, float]) -> str | None:
+def mixed_kernels(kernels: Sequence[str]) -> str | None:
+    """'rank 0-1: flash-attn 2.7.4, rank 2-3: torch-efficient' when the ranks ran different
+    kernels (consecutive ranks of one kernel as a range); None when they agree."""
+    if len(set(kernels)) < 2:
+        return None
+    runs: list[list[Any]] = []  # [first rank, last rank, kernel]
+    for rank, name in enumerate(kernels):
+        if runs and runs[-1][2] == name:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank, name])
+    return ", ".join(f"rank {a}{f'-{b}' if b > a else ''}: {name}" for a, b, name in runs)
+
+
+def unstable_reason(metrics: Mapping[str, float], kernels: Sequence[str] = ()) -> str | None:
     """Why a trial's step time cannot be trusted (see the module docstring), or None. Each reason
     is a short head, then its detail in parentheses (`short_reason` keeps the heads); reasons are
-    joined by '; ', which no detail contains."""
+    joined by '; ', which no detail contains. `kernels`: the attention kernel of each rank."""
     reasons = []
+    mixed = mixed_kernels(kernels)
+    if mixed is not None:
+        reasons.append(f"mixed kernels ({mixed})")
     width = half_width(metrics)
     if width is not None and width > MAX_HALF_WIDTH:
         reasons.append(f"interval ±{width:.0%} (of the median, > {MAX_HALF_WIDTH:.0%}, "
@@ -130,7 +149,7 @@ def short_reason(reason: str) -> str:
     return "; ".join(part.split(" (")[0] for part in reason.split("; ") if part)
 
 
-def ratio(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, float] | None:
+def ratio(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[float, float, float] | None:
     """Step time of `a` over `b` with the interval [lo_a / hi_b, hi_a / lo_b]; None without both
     intervals."""
     keys = ("step_ms", "step_ms_ci_low", "step_ms_ci_high")

@@ -1,61 +1,34 @@
-"""Run Cases on Ray: one trial = one Case on one gang of rank actors.
+"""Run trials on Ray: one `case.Trial` on one gang of rank actors.
 
     with TrialRunner() as runner:                      # embedded local Ray, cpu + gloo here
-        result = runner.run(Case("ring", world=4), nodes=2,
-                            link_emulation={"inter": LinkModel(1e-3, 1e9)})
-        print(result.status, result.metrics()["step_ms"])
+        trial = Trial(Case("ring", world=4), gang_id="mine", nodes=2,
+                      links={"inter": LinkModel(1e-3, 1e9)})
+        result = runner.run(trial)
+        print(result.status, result.metrics["step_ms"])
 
-Bad input raises a SeqparError before any actor starts; anything that goes wrong after that ends
-the trial FAILED with its cause and its kind (`result.failure`: a rank raised, a rank died, a
-timeout, or start-up), kills the gang and leaves nothing behind; the next trial gets a fresh gang.
-A healthy gang is kept for the next trial of the same experiment, world size and device kind
-(start-up is the expensive part).
+Bad input is a ConfigError when the Trial is made, before any actor starts; anything that goes
+wrong after that ends the trial FAILED with its cause and its kind (`result.failure`: a rank raised,
+a rank died, a timeout, or start-up), kills the gang and leaves nothing behind; the next trial gets
+a fresh gang. A healthy gang is kept for the next trial of the same gang id, world size, device kind
+and variables (start-up is the expensive part). Every rank gets the trial as it is; the ranks'
+records come back and the metrics are computed once, here (`TrialResult.finish`).
 Ctrl-C tears the gang down before the KeyboardInterrupt propagates.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
-from seqpar.algorithms.comm import LinkModel
-from seqpar.case import Case, TrainCase
+from seqpar.case import Trial
 from seqpar.errors import require
 from seqpar.platform import cluster, connection, topology
-from seqpar.workers.rank_worker import RankTrial, RankWorker
+from seqpar.workers.rank_worker import RankWorker, Rendezvous
 from seqpar.workers.result import FailureKind, TrialResult
 
-__all__ = ["FailureKind", "TrialResult", "TrialRunner", "validate"]
+__all__ = ["FailureKind", "TrialResult", "TrialRunner"]
 
 FAILURE_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
-
-
-def validate(case: Case | TrainCase, nodes: int, ranks_per_node: int | None,
-             link_emulation: dict[str, LinkModel] | None, timeout_s: float) -> int:
-    """Every rule a trial's input must keep: the case's own (`validate()`) and the run's (plan,
-    link emulation, timeout); returns ranks_per_node. Raises ConfigError."""
-    require(isinstance(case, Case | TrainCase), "case", type(case).__name__,
-            "must be a seqpar Case or TrainCase")
-    case.validate()
-    _, rpn = topology.plan_shape(case.world, nodes, ranks_per_node)
-    for link, model in (link_emulation or {}).items():
-        require(link in ("intra", "inter"), "link_emulation", link, "keys are 'intra' and 'inter'")
-        require(isinstance(model, LinkModel), f"link_emulation[{link}]", model,
-                "must be a LinkModel(latency_s, bandwidth_bytes_per_s)")
-        require(model.latency_s >= 0, f"link_emulation[{link}].latency_s", model.latency_s,
-                "must be >= 0")
-        require(model.bandwidth_bytes_per_s > 0, f"link_emulation[{link}].bandwidth_bytes_per_s",
-                model.bandwidth_bytes_per_s, "must be > 0")
-    require(timeout_s > 0, "timeout_s", timeout_s, "must be > 0")
-    return rpn
-
-
-def _emulation_record(links: dict[str, LinkModel] | None) -> dict | None:
-    if not links:
-        return None
-    return {k: {"latency_s": m.latency_s, "bandwidth_bytes_per_s": m.bandwidth_bytes_per_s}
-            for k, m in sorted(links.items())}
 
 
 def _error_text(err: BaseException) -> str:
@@ -116,18 +89,24 @@ class TrialRunner:
     """Runs trials on a Ray cluster; see the module docstring."""
 
     def __init__(self, address: str | None = None, device: str | None = None):
-        self._embedded = connection.connect(address)
+        self.connection = connection.connect(address)
         self.device = connection.detect_device(device)
-        self.default_experiment_id = f"adhoc-{secrets.token_hex(3)}"
+        self.pool = cluster.GangPool()  # the gangs this runner keeps (one idle at most)
 
     # -- gangs ------------------------------------------------------------------------------------
-    def _acquire(self, key: cluster.GangKey, rpn: int) -> tuple[cluster.Gang, bool]:
-        gang = cluster.POOL.take(key)  # kills an idle gang of another shape: frees its resources
+    def _acquire(self, trial: Trial) -> tuple[cluster.Gang, bool]:
+        multi_node = len(connection.alive_nodes()) > 1  # asked each time: clusters grow and shrink
+        rpn = trial.ranks_per_node
+        assert rpn is not None  # resolved when the trial was made
+        key = cluster.GangKey(trial.gang_id, trial.world, self.device,
+                              rpn if multi_node else None, trial.env_vars)
+        gang = self.pool.take(key)  # kills an idle gang of another shape: frees its resources
         if gang is not None and self._healthy(gang):
             return gang, True
         if gang is not None:
             gang.kill()
-        return cluster.start_gang(RankWorker, key, rpn, env_vars=dict(key.env)), False
+        env = self.connection.rank_env_vars(trial.env)
+        return cluster.start_gang(RankWorker, key, rpn, env_vars=env), False
 
     @staticmethod
     def _healthy(gang: cluster.Gang) -> bool:
@@ -140,58 +119,51 @@ class TrialRunner:
         return True
 
     # -- trials -----------------------------------------------------------------------------------
-    def run(self, case: Case | TrainCase, *, nodes: int = 1, ranks_per_node: int | None = None,
-            link_emulation: dict[str, LinkModel] | None = None, timeout_s: float = 300.0,
-            experiment_id: str | None = None,
-            env_vars: dict[str, str] | None = None) -> TrialResult:
+    def run(self, trial: Trial) -> TrialResult:
         """One trial; never raises for a failing trial (status FAILED, cause set).
 
-        `env_vars` (a sweep's `env.vars`) reach every rank before its process group forms, beside
-        the driver's communication variables (platform.connection.COMM_ENV_VARS).
-
-        `timeout_s` bounds the trial from rendezvous to the last rank's result; starting a gang
-        has its own bound (SEQPAR_GANG_READY_TIMEOUT_S, 180 s: placement groups wait for resources).
+        The trial's `env_vars` (a sweep's `env.vars`) reach every rank before its process group
+        forms, beside the driver's communication variables (platform.connection.COMM_ENV_VARS).
+        Its `timeout_s` bounds it from rendezvous to the last rank's result; starting a gang has
+        its own bound (SEQPAR_GANG_READY_TIMEOUT_S, 180 s: placement groups wait for resources).
         """
-        rpn = validate(case, nodes, ranks_per_node, link_emulation, timeout_s)
+        require(isinstance(trial, Trial), "trial", type(trial).__name__,
+                "must be a seqpar.case.Trial (its rules are checked when it is made)")
         if self.device == "cuda":
             import ray
 
             gpus = ray.cluster_resources().get("GPU", 0)
-            require(case.world <= gpus, "world", case.world,
+            require(trial.world <= gpus, "world", trial.world,
                     f"needs one GPU per rank; the cluster has {gpus:g}")
-        exp = experiment_id or self.default_experiment_id
-        multi_node = len(connection.alive_nodes()) > 1  # asked each time: clusters grow and shrink
-        key = cluster.GangKey(exp, case.world, self.device, rpn if multi_node else None,
-                              tuple(sorted((env_vars or {}).items())))
-        result = TrialResult(case, "FAILED", None, [], [], _emulation_record(link_emulation),
-                             0.0, 0.0, self.device, experiment_id=exp)
+        result = TrialResult(trial, "FAILED", None, [], [], 0.0, 0.0, self.device)
         start = time.perf_counter()
         try:
-            gang, result.gang_reused = self._acquire(key, rpn)
+            gang, result.gang_reused = self._acquire(trial)
         except cluster.GangStartupError as err:
             result.cause, result.failure = f"gang start-up failed: {err}", FailureKind.STARTUP
             result.setup_s = time.perf_counter() - start
             return result
         try:
-            self._run_on(gang, result, rpn, link_emulation, timeout_s, start)
+            self._run_on(gang, result, start)
         except BaseException:  # Ctrl-C or a driver-side error: no gang outlives the trial
             gang.kill()
             raise
         if result.ok:
             gang.trials += 1
-            cluster.POOL.put(gang)
+            self.pool.put(gang)
         else:
             gang.kill()
         return result
 
-    def _run_on(self, gang: cluster.Gang, result: TrialResult, rpn: int,
-                links: dict[str, LinkModel] | None, timeout_s: float, start: float) -> None:
+    def _run_on(self, gang: cluster.Gang, result: TrialResult, start: float) -> None:
         import ray
 
-        topo = topology.resolve(gang.node_ids, rpn)
+        trial = result.trial
+        assert trial.ranks_per_node is not None
+        topo = topology.resolve(gang.node_ids, trial.ranks_per_node)
         result.node_of_rank, result.topology = list(topo.node_of_rank), topo.kind
-        deadline = time.monotonic() + timeout_s
-        wait_s = min(timeout_s, 60.0)
+        deadline = time.monotonic() + trial.timeout_s
+        wait_s = min(trial.timeout_s, 60.0)
         try:
             addr, port = ray.get(gang.actors[0].rendezvous_address.remote(), timeout=wait_s)
         except ray.exceptions.GetTimeoutError:
@@ -204,14 +176,14 @@ class TrialRunner:
                               else FailureKind.STARTUP)
             return
         result.setup_s = time.perf_counter() - start
-        trial = RankTrial(result.case, result.experiment_id or "", addr, port, topo.node_of_rank,
-                          links, self.device, timeout_s)
+        meet = Rendezvous(addr, port, topo.node_of_rank, self.device)
         t0 = time.perf_counter()
-        refs = {a.run_trial.remote(trial): r for r, a in enumerate(gang.actors)}
-        per_rank, result.cause, result.failure = self._collect(gang, refs, deadline, timeout_s)
+        refs = {a.run_trial.remote(trial, meet): r for r, a in enumerate(gang.actors)}
+        per_rank, result.cause, result.failure = self._collect(gang, refs, deadline,
+                                                               trial.timeout_s)
         result.run_s = time.perf_counter() - t0
         if result.cause is None:
-            result.per_rank, result.status = per_rank, "FINISHED"
+            result.finish(per_rank)
 
     def _collect(self, gang: cluster.Gang, refs: dict[Any, int], deadline: float,
                  timeout_s: float) -> tuple[list[Any], str | None, FailureKind | None]:
@@ -264,9 +236,8 @@ class TrialRunner:
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
         """Kill the idle gang, remove its placement groups; leave an embedded Ray when last."""
-        cluster.POOL.evict()
-        connection.disconnect(self._embedded)
-        self._embedded = False
+        self.pool.evict()
+        self.connection.close()
 
     def __enter__(self) -> TrialRunner:
         return self

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from seqpar.cli import app as cli_app
-from seqpar.cli import check as check_cli
+from seqpar.workers import checking
 
 pytestmark = pytest.mark.multirank
 
@@ -58,7 +58,7 @@ def test_check_runs_each_two_level_algorithm_in_a_real_two_level_form(name, worl
     them on a grid of two dims or more (not the defaults' plain ring), and the form is valid."""
     from seqpar import algorithms
 
-    cases, skipped = check_cli.plan_cases([name], ["zigzag"], world, 64, 1, 4, 2, 4, "float64", 0)
+    cases, skipped = checking.plan_cases([name], ["zigzag"], world, 64, 1, 4, 2, 4, "float64", 0)
     assert cases and not skipped
     for case in cases:
         cls = algorithms.get(name)
@@ -67,7 +67,7 @@ def test_check_runs_each_two_level_algorithm_in_a_real_two_level_form(name, worl
 
 
 def test_check_runs_the_defaults_where_no_two_level_form_fits():
-    cases, skipped = check_cli.plan_cases(["usp", "wallfacer"], ["zigzag"], 2, 16, 1, 4, 2, 4,
+    cases, skipped = checking.plan_cases(["usp", "wallfacer"], ["zigzag"], 2, 16, 1, 4, 2, 4,
                                           "float64", 0)
     assert not skipped and {c.options for c in cases} == {()}  # P=2: the defaults, not skipped
 
@@ -105,13 +105,13 @@ def test_bad_input_exits_2_on_one_line(monkeypatch, capsys, args, needle):
 def test_bench_times_every_algorithm_against_local(session_gang, monkeypatch, capsys):
     import dataclasses
 
-    median_ms = check_cli._median_ms
+    median_ms = checking.median_ms
 
     def tiny(gang, case, *args):  # the benchmark's shapes, shrunk: this tests the command
         return median_ms(gang, dataclasses.replace(case, seq_len=64, heads=2, kv_heads=2,
                                                    head_dim=8, warmup=0, iters=1), *args)
 
-    monkeypatch.setattr(check_cli, "_median_ms", tiny)
+    monkeypatch.setattr(checking, "median_ms", tiny)
     code, out, err = seqpar(monkeypatch, capsys, "check", "--bench", "--algorithms", "ring,ulysses")
     assert code == 0, out + err
     assert "each algorithm at P=1 against local" in out and "ring at P=2 against local" in out

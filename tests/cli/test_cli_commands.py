@@ -40,7 +40,7 @@ def test_studies_lists_every_study_with_its_headline():
 def test_sweep_dry_run_lists_the_quickstart_trials(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = invoke("sweep", str(ROOT / "examples" / "quickstart.yaml"), "--dry-run")
-    assert "8 trial(s)" in out and "ring P=4 zigzag causal N=4096" in out
+    assert "8 trial(s)" in out and "ring P=2 zigzag causal N=4096" in out
     assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
 
 

@@ -51,7 +51,7 @@ class Cli:
 def cli(ray_runner, monkeypatch, capsys, tmp_path, fresh_store) -> Cli:
     # the commands run on the shared Ray instead of starting (and stopping) their own
     monkeypatch.setattr(options, "trial_runner",
-                        lambda device=None: contextlib.nullcontext(ray_runner))
+                        lambda settings=None, device=None: contextlib.nullcontext(ray_runner))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "two.yaml").write_text(TWO_TRIALS)
     return Cli(monkeypatch, capsys, fresh_store)
@@ -136,7 +136,7 @@ def test_compare_baseline_prints_each_trials_time_ratio_with_its_interval(cli):
 
     code, out, err = cli("sweep", "two.yaml", "--set", "workload.iters=4")
     assert code == 0, out + err
-    assert re.search(r"step [\d.]+ ms \[[\d.]+, [\d.]+\]", out + err), err  # the intervals
+    assert re.search(r"step [\d.]+ ms \([\d.]+-[\d.]+\)", out + err), err  # the intervals
     code, out, err = cli("compare", "--baseline", "ring", "--json")
     assert code == 0, out + err
     rows = {r["algorithm"]: r for r in json.loads(out)}

@@ -30,6 +30,8 @@ def test_quickstart_sweep_lands_in_mlflow_and_compares(quickstart, tmp_path):
     out, uri = quickstart, quickstart.uri
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "best by tokens_per_s" in out.stdout
+    assert "compare in MLflow: http://127.0.0.1:5000/#/compare-runs?runs=%5B%22" in out.stdout
+    assert "OVERSUBSCRIBED" not in out.stdout and "flags: O" not in out.stdout  # a rank a core
 
     tracker = Tracker(uri)
     sweep = tracker.latest_sweep()

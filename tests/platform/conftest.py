@@ -1,4 +1,4 @@
-"""Ray platform tests share the session's `ray_runner` and, through one experiment id, its gang;
+"""Ray platform tests share the session's `ray_runner` and, through one gang id, its gang;
 the two-node tests share one two-node Ray cluster."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import pytest
 
 from tests import resources
 
-EXPERIMENT = "platform-tests"  # one id: consecutive tests reuse one gang of 4
+GANG = "platform-tests"  # one gang id: consecutive tests reuse one gang of 4
 
 
 @pytest.fixture
-def experiment() -> str:
-    return EXPERIMENT
+def gang_id() -> str:
+    return GANG
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from seqpar.case import Case
+from seqpar.case import Case, Trial
 from seqpar.workers.measure import accuracy, gang_measure, measure
 from seqpar.workers.measure.reference import reference
-from seqpar.workers.result import TrialResult
+from seqpar.workers.metrics import TrialMetrics
 
 DOCS = (0, 5, 30, 31, 64)  # four documents of unequal lengths, one of a single token
 
@@ -38,8 +38,7 @@ def test_one_process_errors_are_rounding_of_the_dtype_and_catch_a_wrong_result(s
 def test_trial_metrics_take_the_worst_rank():
     m = measure(case(), 0, None)
     worse = dataclasses.replace(m, rank=1, extra={"errors": {**m.extra["errors"], "dv": 0.5}})
-    result = TrialResult(case(world=2), "FINISHED", None, [m, worse], [0, 0], None, 0.0, 0.0, "cpu")
-    metrics = result.metrics()
+    metrics = TrialMetrics.of(Trial(case(algorithm="ring", world=2), "g"), [m, worse])
     assert metrics["err_dv"] == 0.5 and metrics["err_max"] == 0.5
     assert metrics["err_out"] == m.extra["errors"]["out"]
 

@@ -21,9 +21,10 @@ def test_only_the_listed_communication_variables_are_forwarded_and_a_sweeps_win(
 def test_a_joined_cluster_gets_every_variable_the_embedded_ray_only_the_changed(monkeypatch):
     monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
-    monkeypatch.setattr(connection, "_embedded_users", 0)  # joined: nothing inherited
-    assert {"NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "INFO"}.items() <= \
-        connection.rank_env_vars().items()
-    monkeypatch.setattr(connection, "_embedded_users", 1)  # embedded, started with NCCL_IB_HCA
-    monkeypatch.setattr(connection, "_inherited", {**connection.comm_env(), "NCCL_DEBUG": "WARN"})
-    assert connection.rank_env_vars() == {"NCCL_DEBUG": "INFO"}
+    joined = connection.Connection()  # nothing inherited: every variable travels
+    assert {"NCCL_IB_HCA": "mlx5_0", "NCCL_DEBUG": "INFO"}.items() <= joined.rank_env_vars().items()
+    embedded = connection.Connection(embedded=True,  # started with NCCL_IB_HCA, NCCL_DEBUG=WARN
+                                     inherited={**connection.comm_env(), "NCCL_DEBUG": "WARN"})
+    assert embedded.rank_env_vars() == {"NCCL_DEBUG": "INFO"}
+    assert embedded.rank_env_vars({"NCCL_IB_HCA": "mlx5_1"}) == {"NCCL_DEBUG": "INFO",
+                                                                 "NCCL_IB_HCA": "mlx5_1"}

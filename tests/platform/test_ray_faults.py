@@ -11,7 +11,7 @@ import time
 import pytest
 
 from seqpar.algorithms.comm import LinkModel
-from seqpar.case import Case
+from seqpar.case import Case, Trial
 from seqpar.platform import cluster
 from seqpar.workers.result import FailureKind
 
@@ -26,20 +26,20 @@ def ring_case(seed: int, iters: int = 2) -> Case:
                 dtype="float32", seed=seed, warmup=0, iters=iters)
 
 
-def rank_actor(experiment: str, rank: int):
+def rank_actor(gang_id: str, rank: int):
     import ray
 
-    return ray.get_actor(cluster.actor_name(experiment, rank), namespace=cluster.NAMESPACE)
+    return ray.get_actor(cluster.actor_name(gang_id, rank), namespace=cluster.NAMESPACE)
 
 
-def when_measuring(experiment: str, rank: int, action, phase: str = "measure",
+def when_measuring(gang_id: str, rank: int, action, phase: str = "measure",
                    settle_s: float = 0.3) -> threading.Thread:
     """Run action() from a thread as soon as `rank` reports `phase` (by default: inside its timed
     iterations, then `settle_s` later)."""
     import ray
 
     def watch() -> None:
-        actor = rank_actor(experiment, rank)
+        actor = rank_actor(gang_id, rank)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if ray.get(actor.heartbeat.remote(), timeout=10)["phase"] == phase:
@@ -54,26 +54,26 @@ def when_measuring(experiment: str, rank: int, action, phase: str = "measure",
 
 
 def test_injected_hang_is_caught_by_the_timeout_and_the_gang_is_killed(
-        ray_runner, experiment, seed, assert_no_leaks):
+        ray_runner, gang_id, seed, assert_no_leaks):
     import ray
 
-    assert ray_runner.run(ring_case(seed), experiment_id=experiment).ok  # the gang exists
-    ray.get(rank_actor(experiment, 1)._arm_fault.remote("hang"))
+    assert ray_runner.run(Trial(ring_case(seed), gang_id)).ok  # the gang exists
+    ray.get(rank_actor(gang_id, 1)._arm_fault.remote("hang"))
     start = time.monotonic()
-    result = ray_runner.run(ring_case(seed), timeout_s=3.0, experiment_id=experiment)
+    result = ray_runner.run(Trial(ring_case(seed), gang_id, timeout_s=3.0))
     assert result.status == "FAILED"
     assert result.cause.startswith("timeout"), result.cause
     assert result.failure is FailureKind.TIMEOUT and result.failure.retryable
     assert "1 in 'hang (injected)'" in result.cause
     assert time.monotonic() - start < 3.0 + 20.0
     assert_no_leaks()
-    again = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    again = ray_runner.run(Trial(ring_case(seed), gang_id))
     assert again.status == "FINISHED" and not again.gang_reused, again.cause
 
 
 def test_rank_killed_mid_trial_fails_with_its_cause_and_leaks_nothing(
-        ray_runner, experiment, seed, assert_no_leaks):
-    warm = ray_runner.run(ring_case(seed), experiment_id=experiment)
+        ray_runner, gang_id, seed, assert_no_leaks):
+    warm = ray_runner.run(Trial(ring_case(seed), gang_id))
     assert warm.ok, warm.cause
     killed_at: list[float] = []
 
@@ -81,9 +81,8 @@ def test_rank_killed_mid_trial_fails_with_its_cause_and_leaks_nothing(
         os.kill(warm.per_rank[1].extra["pid"], signal.SIGKILL)
         killed_at.append(time.monotonic())
 
-    watcher = when_measuring(experiment, 1, kill_rank_1)
-    result = ray_runner.run(ring_case(seed, iters=60), link_emulation=SLOW_LINKS,
-                            experiment_id=experiment)
+    watcher = when_measuring(gang_id, 1, kill_rank_1)
+    result = ray_runner.run(Trial(ring_case(seed, iters=60), gang_id, links=SLOW_LINKS))
     watcher.join(timeout=5)
     assert killed_at, "the trial ended before rank 1 could be killed"
     assert result.status == "FAILED"
@@ -91,41 +90,41 @@ def test_rank_killed_mid_trial_fails_with_its_cause_and_leaks_nothing(
     assert result.failure is FailureKind.RANK_DIED
     assert time.monotonic() - killed_at[0] < 30.0
     assert_no_leaks()
-    again = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    again = ray_runner.run(Trial(ring_case(seed), gang_id))
     assert again.status == "FINISHED" and not again.gang_reused, again.cause
 
 
-def test_ctrl_c_during_a_trial_tears_the_gang_down(ray_runner, experiment, seed, assert_no_leaks):
+def test_ctrl_c_during_a_trial_tears_the_gang_down(ray_runner, gang_id, seed, assert_no_leaks):
     """Ctrl-C while a trial runs: the trial cannot end by itself (rank 1 hangs, injected, with a
     long timeout), so the only way out is the KeyboardInterrupt, whatever the host's load."""
     import ray
 
-    assert ray_runner.run(ring_case(seed), experiment_id=experiment).ok
-    ray.get(rank_actor(experiment, 1)._arm_fault.remote("hang"))
-    watcher = when_measuring(experiment, 1, lambda: os.kill(os.getpid(), signal.SIGINT),
+    assert ray_runner.run(Trial(ring_case(seed), gang_id)).ok
+    ray.get(rank_actor(gang_id, 1)._arm_fault.remote("hang"))
+    watcher = when_measuring(gang_id, 1, lambda: os.kill(os.getpid(), signal.SIGINT),
                              phase="hang (injected)", settle_s=0.0)
     with pytest.raises(KeyboardInterrupt):
-        ray_runner.run(ring_case(seed), timeout_s=120.0, experiment_id=experiment)
+        ray_runner.run(Trial(ring_case(seed), gang_id, timeout_s=120.0))
     watcher.join(timeout=5)
     assert_no_leaks()
 
 
 def test_a_rank_that_raises_fails_the_trial_as_rank_raised_and_leaks_nothing(
-        ray_runner, experiment, seed, arm_fault, assert_no_leaks):
+        ray_runner, gang_id, seed, arm_fault, assert_no_leaks):
     arm_fault("raise", rank=1)
-    result = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    result = ray_runner.run(Trial(ring_case(seed), gang_id))
     assert result.status == "FAILED" and result.failure is FailureKind.RANK_RAISED
     assert not result.failure.retryable
     assert result.cause.startswith("rank 1 raised ValueError: injected"), result.cause
     assert result.to_dict()["failure"] == "rank_raised"
     assert_no_leaks()
-    again = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    again = ray_runner.run(Trial(ring_case(seed), gang_id))
     assert again.ok and again.failure is None and not again.gang_reused, again.cause
 
 
-def test_a_rank_that_dies_is_rank_died(ray_runner, experiment, seed, arm_fault, assert_no_leaks):
+def test_a_rank_that_dies_is_rank_died(ray_runner, gang_id, seed, arm_fault, assert_no_leaks):
     arm_fault("die", rank=0)
-    result = ray_runner.run(ring_case(seed), experiment_id=experiment)
+    result = ray_runner.run(Trial(ring_case(seed), gang_id))
     assert result.status == "FAILED" and result.failure is FailureKind.RANK_DIED, result.cause
     assert result.cause.startswith("rank 0 died") and result.failure.retryable
     assert_no_leaks()
@@ -134,7 +133,7 @@ def test_a_rank_that_dies_is_rank_died(ray_runner, experiment, seed, arm_fault, 
 def test_a_gang_that_cannot_start_in_time_is_startup(ray_runner, seed, monkeypatch,
                                                      assert_no_leaks):
     monkeypatch.setenv(cluster.READY_TIMEOUT_ENV_VAR, "0.001")
-    result = ray_runner.run(ring_case(seed), experiment_id="platform-startup")
+    result = ray_runner.run(Trial(ring_case(seed), "platform-startup"))
     assert result.status == "FAILED" and result.failure is FailureKind.STARTUP, result.cause
     assert result.cause.startswith("gang start-up failed") and result.failure.retryable
     assert_no_leaks()

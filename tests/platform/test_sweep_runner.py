@@ -20,6 +20,13 @@ MINI = {"name": "mini",
         "grid": {"plan.algorithm": ["ring", "ulysses", "allgather"], "workload.seq_len": [64, 128]}}
 
 
+def _counted(method, name: str, calls: list[str]):
+    def wrapper(*args, **kwargs):
+        calls.append(name)
+        return method(*args, **kwargs)
+    return wrapper
+
+
 @pytest.fixture
 def tracker(fresh_store) -> Tracker:
     return Tracker(fresh_store)
@@ -34,6 +41,9 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
 
     trial_sweep: list[str] = []
     original = tracker.start_sweep
+    reads: list[str] = []  # what the runner reads back from the store: nothing (it logged it)
+    for name in ("trials", "download", "sweep", "latest_sweep"):
+        setattr(tracker, name, _counted(getattr(tracker, name), name, reads))
 
     def start_sweep(*args, **kwargs):
         trial_sweep.append(original(*args, **kwargs))
@@ -43,6 +53,7 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
     outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False,
                         on_trial_end=count_logged)
     assert seen == [1, 2, 3, 4, 5, 6]
+    assert reads == ["trials"] * 6, reads  # count_logged's own, one per trial
     runs = tracker.trials(outcome.sweep_id)
     assert len(runs) == 6 and {r.status for r in runs} == {"FINISHED"}
     for run in runs:
@@ -53,6 +64,10 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
                     "seqpar.ray_version", "seqpar.host", "seqpar.device"):
             assert run.tags[tag], tag
         assert tracker.artifacts(run.run_id) == ["per_rank.json"]
+        assert run.tags["seqpar.kernel"] == run.params["trial.kernel"] == "torch-cpu-flash"
+        assert run.tags["seqpar.gemm_dtype"] == "float32"
+        logged = next(t.run for t in outcome.trials if t.run_id == run.run_id)
+        assert logged.metrics == run.metrics and logged.params == run.params  # as it was logged
     path = tracker.client.download_artifacts(runs[0].run_id, "per_rank.json", str(tmp_path))
     detail = json.loads(open(path).read())
     assert len(detail["per_rank"]) == 2 and detail["status"] == "FINISHED"
@@ -131,4 +146,4 @@ def test_tuning_profiles_every_valid_configuration_and_logs_it_as_a_sweep(ray_ru
     assert {"ring", "ulysses", "allgather"} <= ok
     cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric="tokens_per_s")
     best = max((r for r in runs if r.status == "FINISHED"), key=lambda r: r.metrics["tokens_per_s"])
-    assert cmp.rows[cmp.best][0] == report.Trial.of(best).config
+    assert cmp.rows[cmp.best][0] == report.TrialView.of(best).config

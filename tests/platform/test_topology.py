@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from seqpar.errors import ConfigError
 from seqpar.platform import topology
 
 
@@ -46,20 +45,6 @@ def test_a_real_map_other_than_the_plan_is_refused_naming_both(node_ids):
 def test_the_planned_map_on_real_nodes_is_accepted():
     topo = topology.check_placement(["b", "b", "b", "a", "a", "a"], 3)
     assert (topo.node_of_rank, topo.kind) == ((0, 0, 0, 1, 1, 1), "real")
-
-
-@pytest.mark.parametrize(("world", "nodes", "rpn", "field"), [
-    (4, 3, None, "nodes"), (4, 2, 3, "ranks_per_node"), (4, 0, None, "nodes"),
-])
-def test_plan_shape_rejects_plans_that_do_not_cover_the_world(world, nodes, rpn, field):
-    with pytest.raises(ConfigError) as info:
-        topology.plan_shape(world, nodes, rpn)
-    assert info.value.field == field
-
-
-def test_plan_shape_derives_ranks_per_node():
-    assert topology.plan_shape(8, 2, None) == (2, 4)
-    assert topology.plan_shape(8, 2, 4) == (2, 4)
 
 
 def test_a_plan_with_more_nodes_than_the_ray_cluster_fails_at_once(monkeypatch):

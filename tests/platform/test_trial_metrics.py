@@ -1,4 +1,4 @@
-"""TrialResult.metrics on hand-made rank measurements: the aggregation rules, one function."""
+"""TrialMetrics on hand-made rank measurements: the aggregation rules, computed once."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from seqpar.case import Case
+from seqpar.case import Case, Trial
 from seqpar.workers.measure import RankMeasurement
+from seqpar.workers.metrics import TrialMetrics
 from seqpar.workers.result import TrialResult
 
 
@@ -25,8 +26,10 @@ def test_step_time_is_the_median_over_iterations_of_the_slowest_rank():
     case = Case("ring", world=2, batch=2, seq_len=48, iters=3)
     ranks = [rank(0, [10.0, 30.0, 12.0], 3e9, [("forward", "intra", 100)]),
              rank(1, [20.0, 11.0, 40.0], 1e9, [("forward", "inter", 300)])]
-    result = TrialResult(case, "FINISHED", None, ranks, [0, 1], None, 1.0, 2.0, "cpu")
-    m = result.metrics()
+    result = TrialResult(Trial(case, "g"), "FAILED", None, [], [0, 1], 1.0, 2.0, "cpu")
+    result.finish(ranks)
+    m = result.metrics
+    assert result.ok and m is result.metrics  # computed once, kept
     assert m["step_ms"] == 30.0  # per-step maxima 20, 30, 40
     assert m["tokens_per_s"] == pytest.approx(96 / 0.030)
     assert m["tokens_per_s_per_rank"] == pytest.approx(96 / 0.030 / 2)
@@ -36,9 +39,13 @@ def test_step_time_is_the_median_over_iterations_of_the_slowest_rank():
     assert (m["bytes_intra"], m["bytes_inter"], m["bytes_total"]) == (100, 300, 400)
     assert m["bytes_forward_p2p_inter"] == 300 and m["bytes_forward_p2p_intra"] == 100
     assert "mfu" not in m  # no known peak for a CPU
+    assert m["bytes_analytic_per_rank"] > 0 and m.series["iter_step_ms"] == (20.0, 30.0, 40.0)
+    assert (m["setup_s"], m["run_s"]) == (1.0, 2.0)
     json.dumps(result.to_dict(), allow_nan=False)
 
 
 def test_failed_trial_has_no_metrics():
-    result = TrialResult(Case("ring", world=2), "FAILED", "timeout", [], [], None, 0.0, 0.0, "cpu")
-    assert result.metrics() == {}
+    result = TrialResult(Trial(Case("ring", world=2), "g"), "FAILED", "timeout", [], [], 0.0, 0.0,
+                         "cpu")
+    assert dict(result.metrics) == {} and result.metrics.unstable is None
+    assert len(TrialMetrics.of(result.trial, [])) == 0

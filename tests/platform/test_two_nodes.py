@@ -148,7 +148,7 @@ def test_each_planned_node_is_a_ray_node_and_bytes_split_by_the_real_map(job, tm
 DRIVER = textwrap.dedent("""
     import json, os, sys
     import ray
-    from seqpar.case import Case
+    from seqpar.case import Case, Trial
     from seqpar.platform import cluster
     from seqpar.workers import trial
 
@@ -161,8 +161,8 @@ DRIVER = textwrap.dedent("""
             super().__init__(**kwargs)
 
     def case(seed):
-        return Case("ring", world=4, batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=8,
-                    dtype="float32", warmup=0, iters=1, seed=seed)
+        return Trial(Case("ring", world=4, batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=8,
+                          dtype="float32", warmup=0, iters=1, seed=seed), "two-nodes", nodes=2)
 
     def outcome(r):
         return {"status": r.status, "cause": r.cause, "node_of_rank": r.node_of_rank,
@@ -173,14 +173,14 @@ DRIVER = textwrap.dedent("""
         out["head"] = next(n["NodeID"] for n in ray.nodes()
                            if "node:__internal_head__" in n["Resources"])
         worker, trial.RankWorker = trial.RankWorker, NeedsAModule
-        out["missing"] = outcome(runner.run(case(1), nodes=2, experiment_id="two-nodes"))
+        out["missing"] = outcome(runner.run(case(1)))
         trial.RankWorker = worker
-        r = runner.run(case(2), nodes=2, experiment_id="two-nodes")
+        r = runner.run(case(2))
         out["next"] = outcome(r)
         out["seen"] = [m.extra["comm_env"].get("NCCL_SOCKET_IFNAME") for m in r.per_rank]
-        cluster.POOL.evict()  # a fresh gang, placed rank by rank across the two nodes
+        runner.pool.evict()  # a fresh gang, placed rank by rank across the two nodes
         bundle_of, cluster.bundle_of = cluster.bundle_of, lambda rank, rpn: rank % 2
-        out["interleaved"] = outcome(runner.run(case(3), nodes=2, experiment_id="two-nodes"))
+        out["interleaved"] = outcome(runner.run(case(3)))
         cluster.bundle_of = bundle_of
     print(json.dumps(out))
 """)

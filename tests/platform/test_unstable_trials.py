@@ -13,7 +13,7 @@ import pytest
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps import report, runner, spec
 from seqpar.sweeps.report.baseline import against
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 from seqpar.workers import stability
 
 pytestmark = pytest.mark.ray
@@ -46,6 +46,7 @@ def steal(monkeypatch):
             if len(ran) <= rounds:
                 for m in result.per_rank:
                     m.noise["host_steal_s"] = 100 * m.noise["wall_s"] * m.noise["host_cores"]
+                result.finish(result.per_rank)  # as if the ranks had reported it
             return result, attempts
 
         monkeypatch.setattr(runner, "run_one", run_one)
@@ -79,7 +80,8 @@ def test_a_busy_host_marks_the_trial_unstable_with_its_reason_in_mlflow(ray_runn
     (row,) = cmp.rows
     assert row[cmp.columns.index("unstable")] == stability.short_reason(
         run.tags["seqpar.unstable"])
-    assert "--rerun-unstable" in cmp.title
+    assert "--rerun-unstable" in cmp.legend and cmp.legend.startswith("flags: U unstable")
+    assert row[cmp.columns.index("flags")] == "U"
     page = report.build_page(tracker, outcome.sweep_id)
     assert "0 of 1 trials stable" in page and 'class="unstable"' in page
 
@@ -102,11 +104,12 @@ def test_rerun_unstable_stops_at_its_round_limit_and_keeps_the_reason(ray_runner
     assert run.tags["seqpar.unstable"].startswith("steal")
 
 
-def trial(algorithm: str, world: int, lo: float, hi: float, unstable: str | None = None) -> Trial:
-    return Trial(f"{algorithm}-{world}", algorithm, "FINISHED", algorithm, (), world, "1", "zigzag",
-                 1024, 8, 8, "float32", True, None, None, None, 2, "cpu", "virtual", "", None,
-                 {"step_ms": (lo + hi) / 2, "step_ms_ci_low": lo, "step_ms_ci_high": hi},
-                 unstable)
+def trial(algorithm: str, world: int, lo: float, hi: float,
+          unstable: str | None = None) -> TrialView:
+    return TrialView(f"{algorithm}-{world}", algorithm, "FINISHED", algorithm, (), world, "1",
+                     "zigzag", 1024, 8, 8, "float32", True, None, None, None, 2, "cpu", "virtual",
+                     "", None, {"step_ms": (lo + hi) / 2, "step_ms_ci_low": lo,
+                                "step_ms_ci_high": hi}, unstable)
 
 
 def test_compare_baseline_prints_ratios_and_no_measurable_difference_where_intervals_overlap():

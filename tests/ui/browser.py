@@ -132,6 +132,14 @@ class Page:
         """What the page shows (document.body.innerText)."""
         return self.evaluate("document.body ? document.body.innerText : ''") or ""
 
+    def scroll_boxes(self) -> None:
+        """Scroll every scrolled box of the page down by its height, as a reader would: long
+        lists (MLflow's metrics) draw only the rows in view."""
+        self.evaluate("""(() => { for (const e of document.querySelectorAll('*')) {
+            if (e.scrollHeight > e.clientHeight + 4
+                && /auto|scroll/.test(getComputedStyle(e).overflowY)) e.scrollTop += e.clientHeight;
+        } })()""")
+
     def html(self) -> str:
         return self.evaluate("document.documentElement.outerHTML") or ""
 

@@ -58,6 +58,32 @@ def test_mlflow_chart_view_shows_trials_and_the_headline(chromium, ui_sweep, mlf
     assert "Model metrics (0)" not in page
 
 
+def test_the_sweeps_compare_link_opens_mlflows_comparison_with_the_headline(
+        chromium, ui_sweep, mlflow_ui, quickstart):
+    """The link a finished sweep prints, on this store's server: MLflow's compare-runs view of
+    every trial, parameters and metrics side by side, the headline metric among them (its metric
+    list draws only the rows in view: the test scrolls it, as a reader does)."""
+    found = re.search(r"compare in MLflow: \S+?(/#/compare-runs\?runs=\S+)", quickstart.stdout)
+    assert found, quickstart.stdout[-3000:]
+    t0 = time.monotonic()
+    with Page(chromium, mlflow_ui + found.group(1), window=(1400, 3000)) as page:
+        text = page.wait_for(lambda t: "Metrics" in t and ui_sweep.trial_names[0] in t,
+                             PAGE_TIMEOUT_S)
+        seen = [text]  # what the page showed while it was scrolled
+        deadline = time.monotonic() + PAGE_TIMEOUT_S
+        while "tokens_per_s" not in seen[-1] and time.monotonic() < deadline:
+            page.scroll_boxes()
+            time.sleep(0.5)
+            seen.append(page.text())
+    ui_sweep.timings["mlflow_compare_page_s"] = time.monotonic() - t0
+    page_text = re.sub(r"\s+", " ", " ".join(seen))
+    assert "Error while parsing URL" not in page_text
+    assert "tokens_per_s" in page_text and "plan.algorithm" in page_text  # metrics, parameters
+    assert f"Comparing {len(ui_sweep.trial_names)} Runs" in page_text
+    missing = [name for name in ui_sweep.trial_names if name not in page_text]
+    assert not missing, f"trials not compared: {missing}"
+
+
 CHECK_IMAGES = """<script>
 window.addEventListener('load', () => {
   const imgs = [...document.images];

@@ -4,7 +4,7 @@ call's backward after another call's forward, each see their own."""
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -45,18 +45,15 @@ def test_calls_with_other_documents_interleave_exactly():
     grads = torch.autograd.grad(out.square().sum(), with_docs)
     assert all(torch.equal(a, b) for a, b in zip(grads, want["docs"][1:], strict=True))
 
-    wrong: list[str] = []
-
-    def worker(name: str, inputs, docs) -> None:
+    def worker(name: str, inputs, docs) -> list[str]:
+        wrong = []
         for _ in range(30):
             got = _run(attn, inputs, docs)
             if not all(torch.equal(a, b) for a, b in zip(got, want[name], strict=True)):
                 wrong.append(name)
+        return wrong
 
-    threads = [threading.Thread(target=worker, args=("docs", with_docs, DOCS)),
-               threading.Thread(target=worker, args=("plain", plain, None))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert wrong == []
+    with ThreadPoolExecutor(max_workers=2) as pool:  # result() raises what a thread raised
+        calls = [pool.submit(worker, "docs", with_docs, DOCS),
+                 pool.submit(worker, "plain", plain, None)]
+        assert [call.result(timeout=120) for call in calls] == [[], []]

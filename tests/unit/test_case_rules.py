@@ -1,14 +1,14 @@
-"""Every rule of a trial lives in its case's `validate()` (Case and TrainCase); the trial runner adds
-only the run's (plan, link emulation, timeout). Each broken rule is a ConfigError naming its field."""
+"""Every rule of a trial lives in its case's `validate()` (Case and TrainCase) and in `case.Trial`
+(the placement: nodes, links, timeout, variables, gang id), checked once, when the trial is made.
+Each broken rule is a ConfigError naming its field."""
 
 from __future__ import annotations
 
 import pytest
 
 from seqpar.algorithms.comm import LinkModel
-from seqpar.case import Case, TrainCase
+from seqpar.case import Case, TrainCase, Trial
 from seqpar.errors import ConfigError
-from seqpar.workers.trial import validate
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -47,23 +47,35 @@ def test_train_case_validate_names_the_broken_rule(change, field):
 
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"nodes": 3}, "nodes"),
-    ({"link_emulation": {"wan": LinkModel(0.0, 1e9)}}, "link_emulation"),
-    ({"link_emulation": {"inter": LinkModel(-1.0, 1e9)}}, "link_emulation[inter].latency_s"),
+    ({"nodes": 2, "ranks_per_node": 3}, "ranks_per_node"),
+    ({"links": {"wan": LinkModel(0.0, 1e9)}}, "link_emulation"),
+    ({"links": {"inter": LinkModel(-1.0, 1e9)}}, "link_emulation[inter].latency_s"),
     ({"timeout_s": 0}, "timeout_s"),
+    ({"gang_id": "a:b"}, "gang_id"),
+    ({"env_vars": {"NCCL SOCKET": "eth0"}}, "env_vars"),
 ])
-def test_trial_adds_the_rules_of_the_run(kwargs, field):
-    run = {"nodes": 1, "ranks_per_node": None, "link_emulation": None, "timeout_s": 60.0}
-    case = Case("ring", 4)
-    assert validate(case, **run) == 4
+def test_a_trial_is_validated_when_it_is_made(kwargs, field):
+    good = Trial(Case("ring", 4), "g", nodes=2, links={"inter": LinkModel(1e-3, 1e9)})
+    assert good.ranks_per_node == 2 and good.link_models == {"inter": LinkModel(1e-3, 1e9)}
     with pytest.raises(ConfigError) as err:
-        validate(case, **{**run, **kwargs})
+        Trial(**{"case": Case("ring", 4), "gang_id": "g", **kwargs})
     assert err.value.field == field
 
 
-def test_trial_refuses_what_is_not_a_case_and_applies_the_case_rules():
-    run = {"nodes": 1, "ranks_per_node": None, "link_emulation": None, "timeout_s": 60.0}
+def test_a_trial_refuses_what_is_not_a_case_and_applies_the_case_rules():
     with pytest.raises(ConfigError, match="case"):
-        validate({"algorithm": "ring"}, **run)
+        Trial({"algorithm": "ring"}, "g")
     with pytest.raises(ConfigError) as err:
-        validate(TrainCase(sp=2, dtype="float8"), **run)
+        Trial(TrainCase(sp=2, dtype="float8"), "g")
     assert err.value.field == "dtype"
+
+
+def test_a_trial_moves_to_another_gang_unchanged_and_unchecked(monkeypatch):
+    trial = Trial(Case("ring", 4), "g", env_vars={"B": "2", "A": "1"}, timeout_s=9.0)
+    assert trial.env_vars == (("A", "1"), ("B", "2"))  # one form: sorted pairs
+    monkeypatch.setattr(Case, "validate", lambda self: pytest.fail("validated again"))
+    moved = trial.in_gang("sweep-1")
+    assert moved.gang_id == "sweep-1" and moved.case is trial.case
+    assert (moved.env, moved.timeout_s, moved.ranks_per_node) == ({"A": "1", "B": "2"}, 9.0, 4)
+    with pytest.raises(ConfigError, match="gang_id"):
+        trial.in_gang("")

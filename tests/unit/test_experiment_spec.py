@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from seqpar.case import Case
 from seqpar.errors import ConfigError
 from seqpar.experiments.spec import ExperimentSpec
 from seqpar.rules.shape import SHAPE_PRESETS as PRESETS
@@ -17,6 +18,22 @@ def spec_data(**over) -> dict:
         data[section] = {**data[section], field: value} if isinstance(data[section], dict) else \
             {**PRESETS[data[section]], field: value}
     return data
+
+
+def test_a_spec_is_validated_once_into_the_trial_every_runner_carries(monkeypatch):
+    data = spec_data(plan__nodes=2)
+    data["env"] = {"timeout_s": 30.0, "link_emulation": {
+        "inter": {"latency_us": 20.0, "bandwidth_gb_per_s": 1.0}}}
+    calls: list[int] = []
+    real = Case.validate
+    monkeypatch.setattr(Case, "validate", lambda self: calls.append(1) or real(self))
+    spec = ExperimentSpec.parse(data)
+    assert calls == [1]
+    trial = spec.to_trial("sweep-1")
+    assert calls == [1]  # placing it in a gang checks nothing again
+    assert (trial.gang_id, trial.nodes, trial.ranks_per_node, trial.timeout_s) == (
+        "sweep-1", 2, 2, 30.0)
+    assert trial.link_models == spec.env.link_models() and trial.case is spec.to_case()
 
 
 def test_preset_expands_and_becomes_the_case_the_workers_run():
@@ -61,8 +78,9 @@ def test_flat_params_name_every_field_with_dotted_keys():
     (spec_data(plan__world="4"), "plan.world", "valid integer"),
     (spec_data(plan__colour="red"), "plan.colour", "unknown key"),
     (spec_data(plan__options={"dhp": 2}), "plan.options", "ring takes"),
-    (spec_data(plan__nodes=3), "plan.nodes", "must divide world=4"),
-    (spec_data(plan__ranks_per_node=3), "plan.ranks_per_node", "must equal world=4"),
+    (spec_data(plan__nodes=3), "plan.nodes", "must divide the world size (4)"),
+    (spec_data(plan__ranks_per_node=3), "plan.ranks_per_node",
+     "must equal the world size (4)"),
     (spec_data(workload__dtype="int8"), "workload.dtype", "must be one of"),
     (spec_data(workload__mode="bwd"), "workload.mode", "'fwd', 'fwd+bwd' or 'accuracy'"),
     ({"model": "gpt5", "plan": {"algorithm": "ring", "world": 4}, "workload": {"seq_len": 64}},
@@ -83,6 +101,7 @@ def test_env_vars_are_names_and_values_that_key_the_trial():
     data["env"] = {"vars": {"NCCL_SOCKET_IFNAME": "eth0"}}
     spec = ExperimentSpec.parse(data)
     assert spec.env.vars == {"NCCL_SOCKET_IFNAME": "eth0"}
+    assert spec.to_trial("g").env == {"NCCL_SOCKET_IFNAME": "eth0"}
     assert spec.hash != ExperimentSpec.parse(spec_data()).hash
     data["env"] = {"vars": {"NCCL SOCKET": "eth0"}}
     with pytest.raises(ConfigError, match="env.vars"):

@@ -3,10 +3,13 @@ skipped with that reason; emulated twins scale a cluster's links to this machine
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from seqpar.experiments import clusters, perf
-from seqpar.experiments.registry import MEMORY_CLUSTER, STUDIES
+from seqpar.experiments.grid import expand
+from seqpar.experiments.registry import MEMORY_CLUSTER, STUDIES, fitting
 
 
 def test_gpu_throughput_preset_skips_local_at_1m_tokens_by_arithmetic():
@@ -16,13 +19,26 @@ def test_gpu_throughput_preset_skips_local_at_1m_tokens_by_arithmetic():
     assert all("exceeds the 80 GB" in p.error.rule for p in skipped)
 
 
-@pytest.mark.parametrize("preset", ["gpu-cluster"])
-@pytest.mark.parametrize("study", sorted(STUDIES))
-def test_every_preset_point_fits(study, preset):
-    c = clusters.load(MEMORY_CLUSTER[preset])
-    for p in STUDIES[study].points(preset):
-        if p.spec is not None:
-            assert perf.predict_spec(p.spec, c).peak_mem_bytes <= c.memory_gb * 1e9
+@pytest.mark.parametrize("study", ["memory", "throughput"])
+def test_a_smaller_device_keeps_only_the_points_that_fit_it_and_says_why(study, tmp_path):
+    """The memory filter against a device chosen so that about half a preset's points fit: it
+    keeps exactly those, fewer than on the real device, and every point it drops names a
+    predicted peak above that device's memory (a filter that kept everything, dropped the wrong
+    side or misreported the arithmetic fails here)."""
+    a100 = clusters.load(MEMORY_CLUSTER["gpu-cluster"])
+    raw = expand(*STUDIES[study].sweep("gpu-cluster"))
+    peaks = {p.spec.hash: perf.predict_trial(p.spec, a100).peak_mem_bytes for p in raw if p.spec}
+    gb = sorted(peaks.values())[len(peaks) // 2] / 1e9
+    half = tmp_path / "half.yaml"
+    half.write_text(a100.model_copy(update={"name": "half", "memory_gb": gb}).to_yaml())
+    small = fitting(raw, str(half))
+    kept = {p.spec.hash for p in small if p.spec is not None}
+    assert kept == {h for h, peak in peaks.items() if peak <= gb * 1e9}
+    assert 0 < len(kept) < len({p.spec.hash for p in fitting(raw, "loongtrain-a100") if p.spec})
+    for p in small:
+        if p.spec is None and p.error.field == "memory":
+            predicted = float(re.search(r"predicted peak ([\d.]+) GB", p.error.rule).group(1))
+            assert predicted > gb and f"{gb:g} GB" in p.error.rule
 
 
 def test_twin_keeps_the_clusters_compute_to_link_balance():

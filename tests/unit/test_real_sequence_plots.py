@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from seqpar.platform.tracking import RunRecord
-from seqpar.sweeps.report import Trial, figures
+from seqpar.sweeps.report import TrialView, figures
 from seqpar.sweeps.report.plots import accuracy_series, visible_fraction, window_savings
 
 
-def run(algorithm: str, world: int, **over) -> Trial:
+def run(algorithm: str, world: int, **over) -> TrialView:
     params = {"plan.algorithm": algorithm, "plan.world": str(world), "plan.layout": "zigzag",
               "workload.seq_len": "4096", "model.heads": "8", "model.kv_heads": "8",
               "workload.dtype": "float32", "workload.causal": "True", "workload.window": "None",
@@ -18,11 +18,11 @@ def run(algorithm: str, world: int, **over) -> Trial:
                "load_imbalance": 1.0}
     for k, v in over.items():
         (params if "." in k else metrics)[k] = v
-    return Trial.of(RunRecord(f"id-{algorithm}-{world}-{len(over)}", algorithm, "FINISHED", 0,
+    return TrialView.of(RunRecord(f"id-{algorithm}-{world}-{len(over)}", algorithm, "FINISHED", 0,
                               params=params, metrics=metrics))
 
 
-def err(algorithm: str, world: int, dtype: str, e: float) -> Trial:
+def err(algorithm: str, world: int, dtype: str, e: float) -> TrialView:
     return run(algorithm, world, **{"workload.dtype": dtype, "err_out": e, "err_dq": e,
                                     "err_dk": 2 * e, "err_dv": e, "err_max": 2 * e})
 

@@ -7,17 +7,17 @@ import os
 import pytest
 
 from seqpar.platform.tracking import RunRecord
-from seqpar.sweeps.report import Trial
+from seqpar.sweeps.report import TrialView
 from seqpar.sweeps.report.plots import figures as figures_of
 from seqpar.sweeps.report.plots import scaling_series as scaling_of
 
 
 def figures(runs: list[RunRecord]) -> dict:
-    return figures_of([Trial.of(r) for r in runs])
+    return figures_of([TrialView.of(r) for r in runs])
 
 
 def scaling_series(runs: list[RunRecord]) -> dict:
-    return scaling_of([Trial.of(r) for r in runs])
+    return scaling_of([TrialView.of(r) for r in runs])
 
 
 def run(algorithm: str, world: int, seq_len: int, tps: float) -> RunRecord:
@@ -83,7 +83,7 @@ def tagged(r: RunRecord, cores: int, world: int | None = None) -> RunRecord:
 
 def test_more_ranks_than_cores_is_oversubscribed():
     def oversubscribed(r: RunRecord) -> bool:
-        return Trial.of(r).oversubscribed
+        return TrialView.of(r).oversubscribed
 
     assert oversubscribed(tagged(run("ring", 4, 4096, 1.0), cores=2))
     assert not oversubscribed(tagged(run("ring", 2, 4096, 1.0), cores=2))
@@ -141,8 +141,8 @@ def test_per_rank_breakdown_splits_each_step_into_compute_waiting_communication(
 def test_headline_metrics_take_the_best_overall_and_per_algorithm():
     from seqpar.sweeps.report import headline_metrics
 
-    runs = [Trial.of(run("ring", 2, 4096, 150.0)), Trial.of(run("ring", 4, 4096, 250.0)),
-            Trial.of(run("ulysses", 2, 4096, 200.0))]
+    runs = [TrialView.of(run("ring", 2, 4096, 150.0)), TrialView.of(run("ring", 4, 4096, 250.0)),
+            TrialView.of(run("ulysses", 2, 4096, 200.0))]
     assert headline_metrics(runs, "tokens_per_s") == {
         "best.tokens_per_s": 250.0, "ring.tokens_per_s": 250.0, "ulysses.tokens_per_s": 200.0}
 
@@ -158,3 +158,21 @@ def test_eta_scales_the_cost_model_by_the_trials_done_and_falls_back_to_the_mean
     assert blind.remaining_s() is None
     blind.done(4.0)
     assert blind.remaining_s() == 8.0
+
+
+# ------------------------------------------------------------------ one number format
+def test_the_headline_prints_a_metric_as_the_table_does():
+    from seqpar.sweeps.report.page import render
+    from seqpar.sweeps.report.table import cell, metric_text, table
+    from seqpar.sweeps.report.view import SweepView
+
+    runs = [TrialView.of(run("local", 1, 2048, 21062.4)), TrialView.of(run("ring", 2, 2048, 9876.5))]
+    cmp = table("sweep s", runs, "tokens_per_s")
+    page = render(SweepView("id", "s", "s", 0, {}, "sqlite:///x"), runs, cmp=cmp, figs={})
+    headline = page[page.index('<table id="headline">'):page.index('<table id="comparison">')]
+    assert "21,062" in headline and "e+04" not in headline
+    assert "21,062" in {r[cmp.columns.index("tok/s")] for r in cmp.rows}
+    assert metric_text("peak_mem_bytes", 3 * 2**20) == "3.00 MiB" == cell("peak_mem_bytes",
+                                                                        3 * 2**20) + " MiB"
+    assert [cell("step_ms", v) for v in (1459.6, 138.14, 12.34, 5.432)] == [
+        "1460", "138", "12.3", "5.43"]

@@ -3,6 +3,7 @@ unstable rule and the ratio of two trials (workers.stability, workers.measure.no
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import random
@@ -11,11 +12,11 @@ import time
 
 import pytest
 
-from seqpar.case import Case
+from seqpar.case import Case, Trial
 from seqpar.workers import stability
 from seqpar.workers.measure import RankMeasurement
 from seqpar.workers.measure.noise import NoiseMeter
-from seqpar.workers.result import TrialResult
+from seqpar.workers.metrics import TrialMetrics
 
 
 def draw(seed: int, n: int, median: float, spread: float) -> list[float]:
@@ -110,12 +111,29 @@ def test_trial_result_reports_its_interval_noise_and_reason(seed):
                              {"forward": 1.0}, {"entries": [], "flops": {}}, {"forward": 0},
                              1000, "rss-hwm-delta", noise=quiet_host(r, others=3.0))
              for r in range(2)]
-    result = TrialResult(Case("ring", world=2, iters=6), "FINISHED", None, ranks, [0, 0], None,
-                         1.0, 2.0, "cpu")
-    m = result.metrics()
+    m = TrialMetrics.of(Trial(Case("ring", world=2, iters=6), "g"), ranks)
     assert m["step_ms_ci_low"] <= m["step_ms"] <= m["step_ms_ci_high"]
     assert m["step_ms_samples"] == 6 and m["noise_others_cpu_frac"] == pytest.approx(0.75)
-    assert "host busy" in (result.unstable or "")
+    assert "host busy" in (m.unstable or "")
+
+
+def test_a_trial_whose_ranks_ran_different_kernels_is_unstable_with_them(seed):
+    steps = draw(seed, 6, 30.0, 0.001)  # a tight interval, a quiet host: only the kernels differ
+    names = ["flash-attn 2.7.4", "flash-attn 2.7.4", "torch-efficient", "torch-efficient"]
+    ranks = [RankMeasurement(r, steps, [s / 2 for s in steps], [s / 2 for s in steps],
+                             {"forward": 1.0}, {"entries": [], "flops": {}}, {"forward": 0},
+                             1000, "cuda-allocator-peak", noise=quiet_host(r), kernel=names[r],
+                             gemm_dtype="bfloat16")
+             for r in range(4)]
+    mixed = TrialMetrics.of(Trial(Case("ring", world=4, iters=6), "g"), ranks)
+    assert mixed.unstable == ("mixed kernels (rank 0-1: flash-attn 2.7.4, rank 2-3: "
+                              "torch-efficient)")
+    assert stability.short_reason(mixed.unstable) == "mixed kernels"
+    assert mixed.kernel == "mixed: flash-attn 2.7.4, torch-efficient"
+    assert mixed.gemm_dtype == "bfloat16"
+    same = [dataclasses.replace(m, kernel=names[0]) for m in ranks]
+    agreed = TrialMetrics.of(Trial(Case("ring", world=4, iters=6), "g"), same)
+    assert agreed.unstable is None and agreed.kernel == "flash-attn 2.7.4"
 
 
 def test_noise_meter_sees_this_process_and_the_host():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seqpar import algorithms
+from seqpar import algorithms, peers
 from seqpar.errors import ConfigError
 from seqpar.experiments.grid import apply, points
 from seqpar.experiments.registry import PRESET_NAMES, STUDIES
@@ -67,6 +67,16 @@ def test_unknown_preset_is_rejected():
         STUDIES["throughput"].sweep("laptop")
 
 
-def test_registry_algorithms_are_the_ones_studies_use():
-    used = {p.spec.plan.algorithm for s in STUDIES.values() for p in s.points("cpu") if p.spec}
-    assert used <= set(algorithms.REGISTRY) | set(algorithms.PEERS)
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_every_algorithm_a_study_names_is_registered(preset):
+    """Read from each study's own grid, before any validation: an algorithm that is misspelt or not
+    registered would only become a point skipped at run time (and a study that never runs it),
+    which this test refuses."""
+    known = set(algorithms.REGISTRY) | {p.name for p in peers.catalogue()}
+    for study in STUDIES.values():
+        base, grid = study.sweep(preset)
+        named = {apply(base, overrides)["plan"].get("algorithm") for overrides in points(grid)}
+        assert named <= known, (study.name, sorted(named - known))
+        unknown = [p for p in study.points(preset) if p.error and p.error.field == "plan.algorithm"
+                   and "cannot run here" not in p.error.rule]  # a peer missing here is no typo
+        assert unknown == [], (study.name, [str(p.error) for p in unknown])

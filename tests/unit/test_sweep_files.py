@@ -18,11 +18,11 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_quickstart_is_four_algorithms_at_two_lengths():
+def test_quickstart_is_four_algorithms_at_two_lengths_a_rank_per_core_of_two():
     plan = spec.load(EXAMPLES / "quickstart.yaml")
     assert plan.name == plan.experiment == "quickstart" and not plan.skipped
     combos = {(p.spec.plan.algorithm, p.spec.plan.world, p.spec.workload.seq_len) for p in plan.trials}
-    assert combos == {(a, 1 if a == "local" else 4, n) for a in ("local", "allgather", "ulysses", "ring")
+    assert combos == {(a, 1 if a == "local" else 2, n) for a in ("local", "allgather", "ulysses", "ring")
                       for n in (2048, 4096)}
     assert all(p.spec.workload.causal for p in plan.trials)
 

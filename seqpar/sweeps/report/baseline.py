@@ -12,19 +12,19 @@ from __future__ import annotations
 from seqpar.errors import ConfigError
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps.report.table import Comparison, interval, select, sort_key, status
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 from seqpar.workers import stability
 
 
-def _shape(t: Trial) -> tuple:
+def _shape(t: TrialView) -> tuple:
     return (t.seq_len, t.heads, t.kv_heads, t.mask, t.dtype)
 
 
-def _is(t: Trial, name: str) -> bool:
+def _is(t: TrialView, name: str) -> bool:
     return t.finished and name in (t.algorithm, t.config)
 
 
-def baseline_of(t: Trial, bases: list[Trial]) -> Trial | None:
+def baseline_of(t: TrialView, bases: list[TrialView]) -> TrialView | None:
     """The baseline trial for `t`: same shape, same world if any, else the only one at the shape."""
     same = [b for b in bases if _shape(b) == _shape(t)]
     by_world = [b for b in same if b.world == t.world]
@@ -33,7 +33,7 @@ def baseline_of(t: Trial, bases: list[Trial]) -> Trial | None:
     return same[0] if len(same) == 1 else None
 
 
-def against(title: str, runs: list[Trial], name: str) -> Comparison:
+def against(title: str, runs: list[TrialView], name: str) -> Comparison:
     """The rows: each trial's step time, the baseline's, the ratio with its interval, the verdict."""
     bases = [t for t in runs if _is(t, name)]
     if not bases:
@@ -43,7 +43,8 @@ def against(title: str, runs: list[Trial], name: str) -> Comparison:
     columns = ["algorithm", "P", "layout", "N", "H/Hkv", "step ms", "95% CI", "baseline ms",
                "baseline CI", "time ratio", "ratio 95% CI", "verdict", "unstable", "status"]
     rows = []
-    for t in sorted(runs, key=sort_key):
+    runs = sorted(runs, key=sort_key)
+    for t in runs:
         base = baseline_of(t, bases) if t.finished else None
         r = stability.ratio(t.metrics, base.metrics) if base is not None and base is not t else None
         if base is t:
@@ -64,11 +65,11 @@ def against(title: str, runs: list[Trial], name: str) -> Comparison:
                      verdict, "; ".join(shaky), status(t)])
     return Comparison(f"{title}: step time over {name}'s at the same shape (ratio < 1: faster); "
                       f"'{stability.NO_DIFFERENCE}' where the 95% intervals overlap",
-                      columns, rows, None, "step_ms")
+                      columns, rows, None, "step_ms", trials=runs)
 
 
 def baseline_comparison(tracker: Tracker, name: str, study: str | None = None,
                         sweep: str | None = None) -> Comparison:
     """`against` for a sweep, a study, or (neither given) the latest sweep in the store."""
-    title, runs = select(tracker, study, sweep)
+    title, runs, _ = select(tracker, study, sweep)
     return against(title, runs, name)

@@ -4,14 +4,14 @@ metric's direction (`experiments.registry.higher_is_better`)."""
 from __future__ import annotations
 
 from seqpar.experiments.registry import higher_is_better
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 
-def _ranked(runs: list[Trial], metric: str) -> list[Trial]:
+def _ranked(runs: list[TrialView], metric: str) -> list[TrialView]:
     return [t for t in runs if t.finished and metric in t.metrics]
 
 
-def headline_metrics(runs: list[Trial], metric: str) -> dict[str, float]:
+def headline_metrics(runs: list[TrialView], metric: str) -> dict[str, float]:
     """The best finished trial's metric (`best.<metric>`) and each algorithm's best
     (`<algorithm>.<metric>`), for the sweep's parent run."""
     ok = _ranked(runs, metric)
@@ -24,7 +24,7 @@ def headline_metrics(runs: list[Trial], metric: str) -> dict[str, float]:
     return out
 
 
-def best_run(runs: list[Trial], metric: str) -> Trial | None:
+def best_run(runs: list[TrialView], metric: str) -> TrialView | None:
     ok = _ranked(runs, metric)
     if not ok:
         return None

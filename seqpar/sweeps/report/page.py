@@ -2,8 +2,10 @@
 PNG data URI, and the environment the numbers were measured in (versions, host, cores, device,
 commit).
 
-    page = build(tracker, sweep_id)        # reads the sweep back from MLflow
+    page = build(tracker, sweep_id)        # an old sweep, read back from MLflow
     Path("report.html").write_text(page)   # no external files: attach it to a PR or an appendix
+
+A finished sweep's page is rendered from memory (`render`, by `summary.log_summary`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from seqpar.platform.tracking import Tracker
 from seqpar.sweeps import style
 from seqpar.sweeps.report.headline import best_run, headline_metrics
 from seqpar.sweeps.report.plots import figures
-from seqpar.sweeps.report.table import Comparison, comparison
-from seqpar.sweeps.report.view import Trial, per_rank_details, trials
+from seqpar.sweeps.report.table import Comparison, metric_text, table
+from seqpar.sweeps.report.view import SweepView, TrialView, per_rank_details, trials
 
 ENVIRONMENT_TAGS = (("seqpar commit", "seqpar.git_commit"), ("torch", "seqpar.torch_version"),
                     ("ray", "seqpar.ray_version"), ("mlflow", "seqpar.mlflow_version"),
@@ -75,19 +77,24 @@ def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
            table_id: str = "") -> str:
     head = "".join(f"<th>{escape(str(c))}</th>" for c in columns)
     body = []
-    shaky = columns.index("unstable") if "unstable" in columns else -1
+    marked = {columns.index(c): c for c in ("unstable", "flags") if c in columns}
+
+    def td(j: int, v: Any) -> str:
+        css = ""
+        if marked.get(j) == "flags" and "O" in str(v):
+            css = ' class="over"'
+        elif j in marked and v:
+            css = ' class="unstable"'
+        return f"<td{css}>{escape(str(v))}</td>"
+
     for i, row in enumerate(rows):
         cls = ' class="best"' if i == best else ""
-        cells = "".join(
-            f'<td class="over">{escape(str(v))}</td>' if "OVERSUBSCRIBED" in str(v)
-            else f'<td class="unstable">{escape(str(v))}</td>' if j == shaky and v
-            else f"<td>{escape(str(v))}</td>" for j, v in enumerate(row))
-        body.append(f"<tr{cls}>{cells}</tr>")
+        body.append(f"<tr{cls}>{''.join(td(j, v) for j, v in enumerate(row))}</tr>")
     ident = f' id="{table_id}"' if table_id else ""
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _stability(runs: list[Trial]) -> list[str]:
+def _stability(runs: list[TrialView]) -> list[str]:
     """How many step times can be trusted, and what to do about the rest."""
     timed = [t for t in runs if t.finished and t.interval is not None]
     if not timed:
@@ -103,32 +110,34 @@ def _stability(runs: list[Trial]) -> list[str]:
     return [f'<p class="meta" id="stability">{text}</p>']
 
 
-def render(tracker: Tracker, sweep_id: str, runs: list[Trial], *, cmp: Comparison,
+def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
            figs: dict[str, Any]) -> str:
     """The page for a sweep whose trials, comparison and figures are already built."""
-    record = tracker.sweep(sweep_id)
     metric = cmp.metric
     headline = headline_metrics(runs, metric)
     best = best_run(runs, metric)
     devices = sorted({t.device or "?" for t in runs})
-    env_rows = [[name, record.tags.get(tag, "?")] for name, tag in ENVIRONMENT_TAGS]
-    env_rows += [["device", ", ".join(devices)], ["MLflow store", tracker.uri],
-                 ["experiment", tracker.experiment_name(record)], ["sweep id", sweep_id]]
-    started = dt.datetime.fromtimestamp(record.start_time / 1e3, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    env_rows = [[name, sweep.tags.get(tag, "?")] for name, tag in ENVIRONMENT_TAGS]
+    env_rows += [["device", ", ".join(devices)], ["MLflow store", sweep.store],
+                 ["experiment", sweep.experiment], ["sweep id", sweep.sweep_id]]
+    started = dt.datetime.fromtimestamp(sweep.start_time / 1e3, dt.UTC).strftime(
+        "%Y-%m-%d %H:%M UTC")
+    best_value = headline.get(f"best.{metric}")
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
-        f"<title>seqpar report: {escape(record.name)}</title><style>{CSS}</style></head><body>",
-        f"<h1>seqpar sweep <code>{escape(record.name)}</code></h1>",
+        f"<title>seqpar report: {escape(sweep.name)}</title><style>{CSS}</style></head><body>",
+        f"<h1>seqpar sweep <code>{escape(sweep.name)}</code></h1>",
         f'<p class="meta">{len(runs)} trial(s), started {started}; headline metric '
         f"<b>{escape(metric)}</b> ({'higher' if higher_is_better(metric) else 'lower'} "
         "is better)</p>",
         "<h2>Headline</h2>",
         _table(["", metric], [["best trial: " + (best.name if best else "-"),
-                               f"{headline.get(f'best.{metric}', float('nan')):,.4g}"]]
-               + [[k.split(".")[0], f"{v:,.4g}"] for k, v in headline.items()
+                               metric_text(metric, best_value)]]
+               + [[k.split(".")[0], metric_text(metric, v)] for k, v in headline.items()
                   if not k.startswith("best.")], table_id="headline"),
         "<h2>Comparison</h2>", f'<p class="meta">{escape(cmp.title)}</p>',
         _table(cmp.columns, cmp.rows, cmp.best, table_id="comparison"),
+        *([f'<p class="meta">{escape(cmp.legend)}</p>'] if cmp.legend else []),
         *_stability(runs),
         "<h2>Plots</h2>",
     ]
@@ -143,12 +152,12 @@ def render(tracker: Tracker, sweep_id: str, runs: list[Trial], *, cmp: Compariso
 
 
 def build(tracker: Tracker, sweep_id: str) -> str:
-    """The page for a sweep read back from the store (figures drawn afresh)."""
-    record = tracker.sweep(sweep_id)
+    """The page of an old sweep, read back from the store (figures drawn afresh)."""
+    sweep = SweepView.read(tracker, sweep_id, "sweep_id")
     runs = trials(tracker.trials(sweep_id))
-    cmp = comparison(tracker, sweep=sweep_id, metric=record.tags.get("seqpar.headline"))
+    cmp = table(sweep.title, runs, sweep.headline)
     figs = figures(runs, per_rank_details(tracker, runs))
     try:
-        return render(tracker, sweep_id, runs, cmp=cmp, figs=figs)
+        return render(sweep, runs, cmp=cmp, figs=figs)
     finally:
         style.close(figs.values())

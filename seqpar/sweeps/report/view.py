@@ -1,5 +1,7 @@
-"""A typed view over one trial run: its parameters parsed once from MLflow's strings, so the table,
-the figures and the summary read fields (`t.seq_len`, `t.window`), never `params["..."]` keys."""
+"""Typed views over a sweep (`SweepView`) and its trial runs (`TrialView`): parameters parsed once
+from MLflow's strings, so the table, the figures and the summary read fields (`t.seq_len`,
+`t.window`), never `params["..."]` keys. A view is made from a run as the sweep runner logged it
+(in memory: a finished sweep's report) or as the store returns it (an old sweep)."""
 
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ class Training:
 
 
 @dataclass(frozen=True)
-class Trial:
+class TrialView:
     """One trial run as the report reads it."""
     run_id: str
     name: str
@@ -96,9 +98,10 @@ class Trial:
     headline: str | None       # the metric its sweep ranks by
     metrics: dict[str, float] = field(default_factory=dict)
     unstable: str | None = None  # why its step time cannot be trusted (tag seqpar.unstable)
+    experiment_id: str = ""      # its MLflow experiment
 
     @classmethod
-    def of(cls, run: RunRecord) -> Trial:
+    def of(cls, run: RunRecord) -> TrialView:
         p, tags = run.params, run.tags
         docs = None
         if _text(p, "workload.documents.count") is not None:
@@ -126,7 +129,7 @@ class Trial:
             _opt_int(p, "workload.window"), docs, training, cores,
             tags.get("seqpar.device"), tags.get("seqpar.topology", "virtual"),
             tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics),
-            tags.get("seqpar.unstable"))
+            tags.get("seqpar.unstable"), run.experiment_id)
 
     @property
     def finished(self) -> bool:
@@ -173,11 +176,39 @@ class Trial:
         return per_machine > self.cores
 
 
-def trials(runs: Iterable[RunRecord]) -> list[Trial]:
-    return [Trial.of(r) for r in runs]
+@dataclass(frozen=True)
+class SweepView:
+    """A sweep's parent run as the report needs it."""
+
+    sweep_id: str
+    name: str
+    experiment: str            # the MLflow experiment's name
+    start_time: int            # epoch ms
+    tags: dict[str, str]       # the sweep's tags (environment, headline)
+    store: str                 # the tracking URI
+
+    @property
+    def title(self) -> str:
+        return f"sweep {self.name} ({self.sweep_id})"
+
+    @property
+    def headline(self) -> str:
+        """The metric the sweep ranks by."""
+        return self.tags.get("seqpar.headline") or "tokens_per_s"
+
+    @classmethod
+    def read(cls, tracker: Tracker, sweep_id: str, field: str = "sweep") -> SweepView:
+        """An old sweep, read back from the store (`field`: the option that named it)."""
+        record = tracker.sweep(sweep_id, field)
+        return cls(sweep_id, record.name, tracker.experiment_name(record), record.start_time,
+                   dict(record.tags), tracker.uri)
 
 
-def per_rank_details(tracker: Tracker, runs: list[Trial]) -> dict[str, dict[str, Any]]:
+def trials(runs: Iterable[RunRecord]) -> list[TrialView]:
+    return [TrialView.of(r) for r in runs]
+
+
+def per_rank_details(tracker: Tracker, runs: list[TrialView]) -> dict[str, dict[str, Any]]:
     """run id -> per_rank.json of each finished multi-rank trial (downloaded from the store)."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,8 +6,9 @@
     train        train.py      training steps of the decoder with the attention inside
     (check)      check.py      one exact pass against the reference (`seqpar check`, the tests)
 
-Shared by them: `timing` (the one loop and memory rule), `meters`, `reference` (the float64
-reference and its tolerance) and `record` (a rank's RankMeasurement, built one way).
+Shared by them: `timing` (the one loop and memory rule, training included), `meters`, `reference`
+(the float64 reference and its tolerance) and `record` (a rank's RankMeasurement, built one way,
+with the kernel it ran). What the driver computes from the records is `workers.metrics`.
 
     m = measure(case, rank, group, device, nodes=node_map)   # on every rank of the group
 """
@@ -30,22 +31,12 @@ from seqpar.workers.measure.train import measure_training
 Measure = Callable[..., RankMeasurement]
 
 
-def _training(case: TrainCase, rank: int, group: dist.ProcessGroup | None,
-              device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
-              links: Links | None = None, mesh: Mesh | None = None) -> RankMeasurement:
-    """Training builds its own DP x SP mesh on the initialised world; it needs the device's name
-    (its peak FLOP/s gives the MFU)."""
-    device = torch.device(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return measure_training(case, rank, name, device, nodes, links)
-
-
 # mode -> what a rank runs; each takes (case, rank, group, device, *, nodes, links, mesh)
 MEASURES: dict[str, Measure] = {
     "fwd": measure_attention,
     "fwd+bwd": measure_attention,
     "accuracy": measure_accuracy,
-    "train": _training,
+    "train": measure_training,
 }
 
 

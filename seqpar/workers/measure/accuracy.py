@@ -66,5 +66,4 @@ def measure_accuracy(case: Case, rank: int, group: dist.ProcessGroup | None,
 
     loop = iterate(one_pass, case.warmup, case.iters, device)
     errors = shard_errors(case, rank, loop.last, reference(case, full, device))
-    return rank_record(rank, loop.fwd_s, loop.bwd_s, loop.ledger, loop.peak_mem_bytes,
-                       loop.mem_method, extra={"errors": errors}, noise=loop.noise)
+    return rank_record(case, rank, device, loop, extra={"errors": errors})

@@ -1,5 +1,5 @@
 """Modes fwd and fwd+bwd: the attention benchmark on one rank. Random shards in the case's layout,
-then the loop (`timing.iterate`): warm-up, one memory-metered pass, timed passes, the ledger of one.
+then the loop (`timing.iterate`): warm-up, timed passes under the memory meter, the ledger of one.
 """
 
 from __future__ import annotations
@@ -59,7 +59,4 @@ def measure_attention(case: Case, rank: int, group: dist.ProcessGroup | None,
                                      group, device)
         return fwd_s, bwd_s, None
 
-    loop = iterate(one_pass, case.warmup, case.iters, device)
-    return rank_record(rank, loop.fwd_s, loop.bwd_s, loop.ledger, loop.peak_mem_bytes,
-                       loop.mem_method,
-                       noise=loop.noise)
+    return rank_record(case, rank, device, iterate(one_pass, case.warmup, case.iters, device))

@@ -1,10 +1,13 @@
-"""The one measurement loop of every attention mode: `timed_pass` (barrier, device sync, forward,
-sync, backward, sync) and `iterate` (warm-up, one memory-metered pass, timed passes, the host's
-noise over them: `noise.NoiseMeter`).
+"""The one measurement loop of every mode, training included: `iterate` (warm-up, then the timed
+passes with the memory meter and the host's noise over them: `noise.NoiseMeter`) around a mode's
+pass; `timed_pass` is the attention modes' pass (barrier, device sync, forward, sync, backward,
+sync), training has its step (`train.py`).
 
-The memory rule: memory is measured over one untimed pass, the last warm-up one, or an extra one
-after a single warm-up (a process's first pass also allocates one-time state); over many passes the
-resident high-water mark would add up heap fragmentation. The first timed pass books the ledger.
+The memory rule, one for every mode: the peak over the timed passes only, after at least one warm
+pass (a process's first pass allocates one-time state: AdamW's moments, FSDP's lazy init, cuBLAS and
+NCCL workspaces), with the peak reset when the timed passes begin (`meters.MemoryMeter`: on CUDA
+also the allocator's reserved peak and the device's own view). The first timed pass books the
+ledger.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch.distributed as dist
 
 from seqpar import algorithms
 from seqpar.algorithms.ledger import Ledger
-from seqpar.workers.measure.meters import MemoryMeter
+from seqpar.workers.measure.meters import Memory, MemoryMeter
 from seqpar.workers.measure.noise import NoiseMeter
 
 T = TypeVar("T")
@@ -53,36 +56,35 @@ def timed_pass(attn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]
 
 @dataclass
 class Loop(Generic[T]):
-    """What `iterate` measured: per timed pass its seconds, the memory peak, one pass's ledger,
-    the last timed pass's output and the host's noise over the timed passes."""
+    """What `iterate` measured: per timed pass its seconds, the memory over the timed passes, one
+    pass's ledger, the last timed pass's output and the host's noise over the timed passes."""
 
     fwd_s: list[float]
     bwd_s: list[float]
-    peak_mem_bytes: int
-    mem_method: str
+    memory: Memory
     ledger: Ledger
     last: T
     noise: dict[str, Any] = field(default_factory=dict)
 
 
 def iterate(one_pass: Callable[[], tuple[float, float, T]], warmup: int, iters: int,
-            device: torch.device) -> Loop[T]:
-    """Warm-up passes, one memory-metered untimed pass, then `iters` timed passes, the first under
-    the ledger (see the module docstring). `one_pass` returns (forward s, backward s, output)."""
-    meter = MemoryMeter(device)
-    for _ in range(warmup - 1 if warmup >= 2 else warmup):
+            device: torch.device, nodes: Sequence[int] | None = None) -> Loop[T]:
+    """max(1, warmup) warm passes, then `iters` timed passes under the memory meter and the noise
+    meter, the first under the ledger (`nodes`: the node map it classes links by; default each
+    mesh's). `one_pass` returns (forward s, backward s, output). See the module docstring."""
+    for _ in range(max(1, warmup)):
         one_pass()
-    meter.start()
-    one_pass()
-    peak = meter.stop()
+    meter = MemoryMeter(device)
     fwd, bwd = [], []
+    meter.start()
     with NoiseMeter() as noise:
-        with algorithms.recording() as ledger:
-            f, b, last = one_pass()
-        fwd.append(f)
-        bwd.append(b)
-        for _ in range(iters - 1):
-            f, b, last = one_pass()
+        for i in range(iters):
+            if i == 0:
+                with algorithms.recording(nodes) as ledger:
+                    f, b, last = one_pass()
+            else:
+                f, b, last = one_pass()
+            meter.sample()
             fwd.append(f)
             bwd.append(b)
-    return Loop(fwd, bwd, peak, meter.method, ledger, last, noise.sample)
+    return Loop(fwd, bwd, meter.stop(), ledger, last, noise.sample)

@@ -1,26 +1,25 @@
-"""Training steps of the model on one rank: AdamW on seeded synthetic token batches (or packed
-documents of a text file), warm-up, timed steps, and the metrics the papers report, per step and rank.
+"""Mode `train`: training steps of the decoder on one rank, a measure like the others.
 
-    case = TrainCase(algorithm="ring", sp=4, seq_len=1024, states="fsdp", dtype="bfloat16",
-                     master_dtype="float32")
-    out = train_steps(case, rank, sp_group, dp_group=None, device=torch.device("cuda", 0))
-    out.steps[i]["step_s"], out.summary["tgs"], out.summary["mfu_halved"], ...
+    m = measure_training(case, rank, None, device, nodes=node_map, links=links)  # MEASURES["train"]
+    out = train_steps(case, rank, sp_group)    # the same loop without Ray: losses, ledger, summary
 
-The model, its states and every batch live on the rank's device; every timestamp follows a device
-sync, so the clock sees the kernels and not their enqueue. Metrics: step time, tokens/s (whole DP x
-SP job), TGS (tokens per device per second), model FLOP/s per device and MFU under both FLOP
-conventions (`model.flops`; MFU only where the device's peak is known), peak memory over one
-untimed step (`meters.MemoryMeter`: the CUDA allocator's peak on a GPU), the bytes of model states
-this rank holds (`model.memory.state_bytes`), activation bytes kept for backward (`model.memory.
-AllocationMeter` over one forward, on the device), FLOPs the checkpointing mode recomputes, the loss
-of every step, and attention bytes by (op, link, phase) from the ledger, links by the trial's node
-map. `gang_train` runs it on a LocalGang rank (tests, `python -m seqpar.workers.measure.train`).
+The step (`train_steps.step`): the batch of this step and replica (seeded random tokens, or packed
+documents of a text file), a barrier, forward to the loss, backward, AdamW, every timestamp after a
+device sync so the clock sees the kernels, not their enqueue. It runs in the loop every mode runs
+(`timing.iterate`: warm-up, the timed steps under the memory meter and the noise meter, the first
+under the ledger, links classed by the trial's node map) and is recorded as every mode's is
+(`record.rank_record`). Besides, each rank records the memory levers: the bytes of model states it
+holds (`model.memory.state_bytes`, after the first step), the activation bytes kept for backward
+(`model.memory.AllocationMeter` over one more forward, outside the timed steps), the FLOPs its
+checkpointing mode recomputes, and the loss of every step. The trial's throughput (tokens/s of the
+whole DP x SP job, TGS, model FLOP/s and MFU) is the driver's (`workers.metrics`).
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,27 +31,48 @@ import torch.distributed as dist
 from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import Links
+from seqpar.algorithms.mesh import Mesh
 from seqpar.case import TrainCase
 from seqpar.model import Transformer
 from seqpar.model import flops as model_flops
 from seqpar.model.memory import AllocationMeter, state_bytes
 from seqpar.model.text import TextData
 from seqpar.platform.devices import peak_flops
-from seqpar.workers.measure.meters import MemoryMeter
-from seqpar.workers.measure.noise import NoiseMeter
-from seqpar.workers.measure.record import RankMeasurement
-from seqpar.workers.measure.timing import sync
+from seqpar.workers.measure.record import RankMeasurement, rank_record
+from seqpar.workers.measure.timing import Loop, iterate, sync
+from seqpar.workers.metrics import step_metrics
 
 
 @dataclass
 class TrainResult:
+    """One rank's training steps: the loop's measurement, every step's loss (warm-up included, in
+    order) and the memory levers."""
+
     rank: int
-    steps: list[dict[str, float]]
-    summary: dict[str, Any]
-    losses: list[float]          # every step's loss, warm-up included, in order
-    ledger: algorithms.Ledger = field(default_factory=algorithms.Ledger)
-    mem_method: str = "rss-hwm-delta"
-    noise: dict[str, Any] = field(default_factory=dict)  # the host over the timed steps
+    case: TrainCase
+    loop: Loop[float]
+    losses: list[float]
+    levers: dict[str, float] = field(default_factory=dict)
+    device_name: str = "cpu"
+
+    @property
+    def ledger(self) -> algorithms.Ledger:
+        return self.loop.ledger
+
+    @property
+    def steps(self) -> list[dict[str, float]]:
+        """Each timed step's seconds: forward, backward with the optimizer, and both."""
+        return [{"fwd_s": f, "bwd_s": b, "step_s": f + b}
+                for f, b in zip(self.loop.fwd_s, self.loop.bwd_s, strict=True)]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Median step times, this rank's throughput (`workers.metrics.step_metrics`), the peak
+        memory over the timed steps and the memory levers: a one-rank view for scripts and tests
+        (a trial's numbers are the driver's, over every rank)."""
+        med = {k: statistics.median(r[k] for r in self.steps) for k in ("fwd_s", "bwd_s", "step_s")}
+        rates = step_metrics(self.case, med["step_s"], peak_flops(self.device_name, self.case.dtype))
+        return {**rates, **med, "peak_mem_bytes": self.loop.memory.peak_bytes, **self.levers}
 
 
 @functools.lru_cache(maxsize=4)
@@ -71,7 +91,7 @@ def batch_tokens(case: TrainCase, step: int, replica: int
 
 
 def build(case: TrainCase, sp_group: dist.ProcessGroup | None,
-          dp_group: dist.ProcessGroup | None = None, mesh: algorithms.Mesh | None = None,
+          dp_group: dist.ProcessGroup | None = None, mesh: Mesh | None = None,
           device: torch.device | str = "cpu") -> Transformer:
     policy = case.state_policy()
     return Transformer(case.config(), attention=case.algorithm, layout=case.layout, group=sp_group,
@@ -84,24 +104,23 @@ def build(case: TrainCase, sp_group: dist.ProcessGroup | None,
 
 def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
                 dp_group: dist.ProcessGroup | None = None, replica: int = 0,
-                device_name: str = "cpu", mesh: algorithms.Mesh | None = None,
+                device_name: str = "cpu", mesh: Mesh | None = None,
                 device: torch.device | str = "cpu", node_of_rank: Sequence[int] | None = None
                 ) -> TrainResult:
-    """Warm-up, then `iters` timed AdamW steps on this rank; metrics per step and a summary.
-    With `mesh` (DP x SP), the groups come from it; `node_of_rank` classes the ledger's links."""
+    """Warm-up, then `iters` timed AdamW steps on this rank (`timing.iterate`). With `mesh` (DP x
+    SP) the groups come from it; `node_of_rank` classes the ledger's links."""
     device = torch.device(device)
-    cfg = case.config()
     net = build(case, sp_group, dp_group, mesh, device)
-    sp_group = net.group
     opt = torch.optim.AdamW(net.parameters(), lr=case.lr)
     losses: list[float] = []
     held: list[int] = []
 
-    def step(i: int) -> tuple[float, float]:
-        tokens, cu = batch_tokens(case, i, replica)
+    def step() -> tuple[float, float, float]:
+        """One training step: (forward s, backward and optimizer s, loss)."""
+        tokens, cu = batch_tokens(case, len(losses), replica)
         tokens = tokens.to(device, non_blocking=True)
-        if sp_group is not None:
-            dist.barrier(group=sp_group)
+        if net.group is not None:
+            dist.barrier(group=net.group)
         sync(device)
         t0 = time.perf_counter()
         loss = net.loss(tokens, cu)
@@ -115,122 +134,48 @@ def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
         sync(device)
         t2 = time.perf_counter()
         losses.append(loss.item())
-        return t1 - t0, t2 - t1
+        return t1 - t0, t2 - t1, losses[-1]
 
-    meter = MemoryMeter(device)
-    for i in range(max(case.warmup - 1, 0)):
-        step(i)
-    meter.start()
-    step(max(case.warmup - 1, 0))
-    peak = meter.stop()
-    peak_device = peak_flops(device_name, case.dtype)
-    steps = []
-    recorded = None
-    noise = NoiseMeter()
-    noise.start()
-    for i in range(case.iters):
-        if i == 0:
-            with algorithms.recording(node_of_rank) as recorded:
-                fwd, bwd = step(case.warmup + i)
-        else:
-            fwd, bwd = step(case.warmup + i)
-        steps.append(step_metrics(case, fwd + bwd, peak_device) | {"fwd_s": fwd, "bwd_s": bwd})
-    noise.stop()
-    # activation bytes: one more forward, outside the timed steps (the profiler slows it)
-    gc.collect()
+    loop = iterate(step, case.warmup, case.iters, device, nodes=node_of_rank)
+    gc.collect()  # activation bytes: one more forward, outside the timed steps (the meter is slow)
     tokens, cu = batch_tokens(case, 0, replica)
     with AllocationMeter(device) as mem:
         loss = net.loss(tokens.to(device), cu)
     del loss
     net.zero_grad(set_to_none=True)
-    summary: dict[str, Any] = {k: sorted(r[k] for r in steps)[len(steps) // 2] for k in steps[0]}
-    summary.update(peak_mem_bytes=peak, activation_bytes=mem.retained, state_bytes=held[0],
-                   recomputed_flops=model_flops.recomputed_flops(
-                       cfg, case.batch, case.seq_len, case.sp, case.checkpoint, case.seq_fraction),
-                   params=cfg.params(), loss_last=losses[-1])
-    assert recorded is not None
-    return TrainResult(rank, steps, summary, losses, recorded, meter.method, noise.sample)
-
-
-def step_metrics(case: TrainCase, step_s: float, peak_device: float | None) -> dict[str, float]:
-    """Throughput of one step of the whole DP x SP job: tokens/s, TGS, model FLOP/s per device and
-    MFU in both conventions (MFU only with a known device peak)."""
-    cfg, world = case.config(), case.world
-    tokens = case.batch * case.seq_len * case.dp
-    row = {"step_s": step_s, "tokens_per_s": tokens / step_s, "tgs": tokens / step_s / world}
-    for conv in model_flops.CONVENTIONS:
-        per_device = model_flops.step_flops(cfg, case.batch * case.dp, case.seq_len, conv) / world
-        row[f"model_flops_per_s_{conv}"] = per_device / step_s
-        if peak_device is not None:
-            row[f"mfu_{conv}"] = per_device / step_s / peak_device
-    return row
+    cfg = case.config()
+    levers = {"activation_bytes": mem.retained, "state_bytes": held[0],
+              "recomputed_flops": model_flops.recomputed_flops(
+                  cfg, case.batch, case.seq_len, case.sp, case.checkpoint, case.seq_fraction),
+              "params": cfg.params(), "loss_last": losses[-1]}
+    return TrainResult(rank, case, loop, losses, levers, device_name)
 
 
 def dp_sp_mesh(case: TrainCase, nodes: Sequence[int] | None = None,
-               links: Links | None = None) -> algorithms.Mesh:
+               links: Links | None = None) -> Mesh:
     """The trial's DP x SP mesh: the attention's rank grid per replica, replica d on ranks
     [d*sp, (d+1)*sp), built on every rank of the world (algorithms.mesh_for)."""
     return algorithms.mesh_for(case.algorithm, case.sp, dp=case.dp, nodes=nodes, links=links,
                                **dict(case.options))
 
 
-def measure_training(case: TrainCase, rank: int, device_name: str = "cpu",
-                     device: torch.device | str = "cpu", nodes: Sequence[int] | None = None,
-                     links: Links | None = None) -> RankMeasurement:
-    """`train_steps` on a rank of an initialised world of sp x dp ranks, as a RankMeasurement (the
-    Ray rank worker's currency); the training metrics ride in `extra`. `nodes`: each rank's node
-    (the trial's node map: link classes, burst's and usp's node-aware rings); `links`: the link
-    classes to emulate."""
+def measure_training(case: TrainCase, rank: int, group: dist.ProcessGroup | None = None,
+                     device: torch.device | str = "cpu", *, nodes: Sequence[int] | None = None,
+                     links: Links | None = None, mesh: Mesh | None = None) -> RankMeasurement:
+    """`train_steps` on a rank of an initialised world of sp x dp ranks: the mode `train` of
+    `measure.MEASURES`. Training builds its own DP x SP mesh on the whole world (`group` and
+    `mesh` are the attention modes'); `nodes`: each rank's node (link classes, burst's and usp's
+    node-aware rings); `links`: the link classes to emulate."""
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     mesh = dp_sp_mesh(case, nodes, links)
     replica = mesh.coord("dp") if "dp" in mesh.comms else 0
-    out = train_steps(case, rank, None, None, replica, device_name, mesh=mesh, device=device,
+    out = train_steps(case, rank, None, None, replica, name, mesh=mesh, device=device,
                       node_of_rank=nodes)
-    ledger = out.ledger
-    return RankMeasurement(
-        rank=rank, step_ms=[1e3 * r["step_s"] for r in out.steps],
-        fwd_ms=[1e3 * r["fwd_s"] for r in out.steps], bwd_ms=[1e3 * r["bwd_s"] for r in out.steps],
-        flops=dict(ledger.flops), ledger=ledger.to_dict(),
-        bytes_sent={p: ledger.total(phase=p) for p in ("forward", "backward")},
-        peak_mem_bytes=out.summary["peak_mem_bytes"], mem_method=out.mem_method, noise=out.noise,
-        extra={"train": {k: v for k, v in out.summary.items() if k != "peak_mem_bytes"},
-               "losses": out.losses})
+    return rank_record(case, rank, device, out.loop,
+                       extra={"train": out.levers, "losses": out.losses})
 
 
-def train_metrics(case: TrainCase, per_rank: list[RankMeasurement], step_ms: float,
-                  device_name: str) -> dict[str, float]:
-    """The training headline numbers of a trial (step time: the slowest rank's median)."""
-    out = step_metrics(case, step_ms / 1e3, peak_flops(device_name, case.dtype))
-    out.pop("step_s")
-    summaries = [m.extra.get("train", {}) for m in per_rank]
-    for key in ("activation_bytes", "state_bytes", "recomputed_flops", "loss_last"):
-        values = [s[key] for s in summaries if key in s]
-        if values:
-            out[key] = float(max(values))
-    out["params"] = float(case.config().params())
-    return out
-
-
-def gang_train(env, case: TrainCase) -> TrainResult:
+def gang_train(env: Any, case: TrainCase) -> TrainResult:
     """`train_steps` on a LocalGang rank: SP group of the first `sp` ranks (DP = 1)."""
     return train_steps(case, env.rank, env.group(case.sp))
-
-
-def main() -> None:
-    """Every algorithm inside the tiny model at P = 4 on a LocalGang: TGS and model FLOP/s."""
-    from seqpar.platform.localgang import LocalGang
-
-    algos = [("ring", ()), ("ulysses", ()), ("allgather", ()), ("usp", (("dhp", 2),)),
-             ("double_ring", (("inner_ring", 2),)), ("wallfacer", (("team_size", 2),)), ("burst", ())]
-    with LocalGang(4, sizes=(4,), device="cpu") as gang:
-        for n in (256, 1024):
-            for name, opts in algos:
-                case = TrainCase(algorithm=name, sp=4, seq_len=n, options=opts, iters=3)
-                s = gang.run(gang_train, case)[0].summary
-                print(f"N={n:5} {name:>12}: step {s['step_s'] * 1e3:7.1f} ms  TGS {s['tgs']:8.1f}  "
-                      f"model GFLOP/s/device {s['model_flops_per_s_halved'] / 1e9:6.2f} (halved) "
-                      f"{s['model_flops_per_s_full'] / 1e9:6.2f} (full)  peak {s['peak_mem_bytes']}  "
-                      f"act {s['activation_bytes']}")
-
-
-if __name__ == "__main__":
-    main()

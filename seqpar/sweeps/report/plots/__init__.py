@@ -15,7 +15,7 @@ from seqpar.sweeps.report.plots.scaling import scaling_figure, scaling_points, s
 from seqpar.sweeps.report.plots.training import train_figure
 from seqpar.sweeps.report.plots.windows import visible_fraction, window_figure, window_savings
 from seqpar.sweeps.report.table import sort_key
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 __all__ = ["accuracy_series", "figures", "rank_breakdown", "scaling_series", "visible_fraction",
            "window_savings"]
@@ -23,7 +23,7 @@ __all__ = ["accuracy_series", "figures", "rank_breakdown", "scaling_series", "vi
 MAX_RANK_PANELS = 12
 
 
-def figures(runs: list[Trial], details: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The plots these trials support: name -> matplotlib Figure. `details` (run id -> the trial's
     per_rank.json) adds the per-rank breakdown."""
     figs: dict[str, Any] = {}

@@ -6,17 +6,17 @@ from collections import defaultdict
 from typing import Any
 
 from seqpar.sweeps import style
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 TENSORS = ("out", "dq", "dk", "dv")
 DTYPE_ORDER = ("float64", "float32", "float16", "bfloat16")
 
 
-def accuracy_series(runs: list[Trial]) -> dict[tuple[str, str], list[tuple[int, Trial]]]:
+def accuracy_series(runs: list[TrialView]) -> dict[tuple[str, str], list[tuple[int, TrialView]]]:
     """(dtype, algorithm) -> (world, trial) sorted by world; the one-process kernel (`local`, world
     1) starts every algorithm's series of its dtype: world 1 is where every algorithm begins."""
     local = {t.dtype or "": t for t in runs if t.algorithm == "local"}
-    out: dict[tuple[str, str], dict[int, Trial]] = defaultdict(dict)
+    out: dict[tuple[str, str], dict[int, TrialView]] = defaultdict(dict)
     for t in runs:
         if t.algorithm == "local":
             continue
@@ -29,7 +29,7 @@ def accuracy_series(runs: list[Trial]) -> dict[tuple[str, str], list[tuple[int, 
     return {k: sorted(v.items(), key=lambda pt: pt[0]) for k, v in out.items()}
 
 
-def accuracy_figure(runs: list[Trial]) -> Any:
+def accuracy_figure(runs: list[TrialView]) -> Any:
     """Relative error against float64 vs world size, one line per algorithm: a row per dtype, a
     column per tensor (out, dq, dk, dv)."""
     dtypes = sorted({t.dtype or "" for t in runs},

@@ -7,10 +7,10 @@ from collections import defaultdict
 from typing import Any
 
 from seqpar.sweeps import style
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 
-def band(t: Trial, metric: str) -> tuple[float, float] | None:
+def band(t: TrialView, metric: str) -> tuple[float, float] | None:
     """The 95% confidence interval of a metric's median over the timed iterations, from the step
     time's interval (runs logged before intervals: the p10-p90 spread)."""
     m = t.metrics
@@ -29,7 +29,7 @@ def band(t: Trial, metric: str) -> tuple[float, float] | None:
 UNSTABLE_LABEL = "unstable (hollow: wide interval or busy host)"
 
 
-def mark_unstable(ax: Any, points: list[tuple[float, float, Trial]], colour: str,
+def mark_unstable(ax: Any, points: list[tuple[float, float, TrialView]], colour: str,
                   label: bool) -> bool:
     """Hollow markers over the points of unstable trials (the line's filled ones stay for the
     stable); returns whether any was drawn."""
@@ -52,13 +52,13 @@ def line_styles(labels: list[str]) -> dict[str, str]:
     return out
 
 
-def trial_label(t: Trial) -> str:
+def trial_label(t: TrialView) -> str:
     """One trial in a bar chart's row: 'ring  P=4 zigzag N=4K Hkv=2 [oversub]'."""
     return (f"{t.config}  P={t.world} {t.layout or ''} N={style.tokens(t.seq_len)}"
             + (f" Hkv={t.kv_heads}" if t.gqa else "")
             + ("  [oversub]" if t.oversubscribed else ""))
 
 
-def placed_label(t: Trial) -> str:
+def placed_label(t: TrialView) -> str:
     """A configuration at its world and layout: 'ring P=4 zigzag'."""
     return f"{t.config} P={t.world} {t.layout or ''}"

@@ -7,12 +7,12 @@ from typing import Any
 
 from seqpar.experiments.documents import draw_lengths
 from seqpar.sweeps import style
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 LAYOUT_HATCH = {"contiguous": "", "zigzag": "///", "stripe": "..."}
 
 
-def documents_title(t: Trial) -> str:
+def documents_title(t: TrialView) -> str:
     """The documents of a trial, in words: count, and the drawn lengths' range."""
     docs = t.documents
     assert docs is not None
@@ -23,11 +23,11 @@ def documents_title(t: Trial) -> str:
             f"longest {max(lengths) / statistics.median(lengths):.1f}x the median")
 
 
-def _layout_order(t: Trial) -> int:
+def _layout_order(t: TrialView) -> int:
     return list(LAYOUT_HATCH).index(t.layout) if t.layout in LAYOUT_HATCH else 9
 
 
-def varlen_figure(runs: list[Trial]) -> Any:
+def varlen_figure(runs: list[TrialView]) -> Any:
     """Per trial (algorithm x layout): tokens/s with what equal work would give, and the load
     imbalance (max/mean FLOPs over ranks) beside the ideal 1.0."""
     ts = sorted(runs, key=lambda t: (t.world > 1, t.algorithm, _layout_order(t)))

@@ -8,21 +8,21 @@ from typing import Any
 
 from seqpar.sweeps import style
 from seqpar.sweeps.report.plots.common import band, line_styles, mark_unstable
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 
-def _series_label(t: Trial) -> str:
+def _series_label(t: TrialView) -> str:
     label = f"{t.config} P={t.world}"
     if t.gqa:
         label += f" Hkv={t.kv_heads}"
     return label
 
 
-def vs_seq_len(ok: list[Trial], metric: str, title: str, ylabel: str,
+def vs_seq_len(ok: list[TrialView], metric: str, title: str, ylabel: str,
                scale: float = 1.0, mark: bool = True) -> Any:
     fig, axes = style.new_figure()
     ax = axes[0][0]
-    groups: dict[str, list[Trial]] = defaultdict(list)
+    groups: dict[str, list[TrialView]] = defaultdict(list)
     for t in ok:
         if metric in t.metrics:
             groups[_series_label(t)].append(t)

@@ -7,10 +7,10 @@ from typing import Any
 
 from seqpar.sweeps import style
 from seqpar.sweeps.report.plots.common import trial_label
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 
-def bytes_by_link(ok: list[Trial]) -> Any:
+def bytes_by_link(ok: list[TrialView]) -> Any:
     """Horizontal bars (readable labels): MB each trial's gang sends per step, by link."""
     ts = [t for t in ok if t.world > 1] or ok
     fig, axes = style.new_figure(8, max(2.5, 0.32 * len(ts) + 1.2))
@@ -32,7 +32,7 @@ def bytes_by_link(ok: list[Trial]) -> Any:
     return fig
 
 
-def bytes_vs_analytic(ts: list[Trial]) -> Any:
+def bytes_vs_analytic(ts: list[TrialView]) -> Any:
     """Per rank and step: the ledger's measured bytes (mean over ranks) beside the algorithm's
     analytic count; a ratio other than 1.00 is a booking or formula error worth a look."""
     fig, axes = style.new_figure(8, max(2.5, 0.45 * len(ts) + 1.2))

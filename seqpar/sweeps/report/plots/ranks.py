@@ -7,7 +7,7 @@ from typing import Any
 
 from seqpar.sweeps import style
 from seqpar.sweeps.report.plots.common import trial_label
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 PHASES = ("compute", "waiting", "communication")
 
@@ -38,14 +38,14 @@ def rank_breakdown(detail: dict[str, Any], rate: float | None) -> list[dict[str,
     return out
 
 
-def one_rank_rate(ok: list[Trial]) -> float | None:
+def one_rank_rate(ok: list[TrialView]) -> float | None:
     """FLOP/s of the sweep's one-rank runs (median), the rate compute is measured against."""
     rates = [t.metrics["attn_tflops"] * 1e12 for t in ok
              if t.world == 1 and t.metrics.get("attn_tflops")]
     return statistics.median(rates) if rates else None
 
 
-def per_rank_figure(items: list[tuple[Trial, list[dict[str, float]]]], one_rank: bool) -> Any:
+def per_rank_figure(items: list[tuple[TrialView, list[dict[str, float]]]], one_rank: bool) -> Any:
     n = len(items)
     cols = min(3, n)
     rows = (n + cols - 1) // cols

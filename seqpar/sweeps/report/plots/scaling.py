@@ -7,12 +7,12 @@ from typing import Any
 
 from seqpar.sweeps import style
 from seqpar.sweeps.report.plots.common import band, line_styles, mark_unstable
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
-Point = tuple[int, float, Trial, float]  # world, speed-up, trial, baseline tokens/s
+Point = tuple[int, float, TrialView, float]  # world, speed-up, trial, baseline tokens/s
 
 
-def scaling_points(ok: list[Trial]) -> dict[str, list[Point]]:
+def scaling_points(ok: list[TrialView]) -> dict[str, list[Point]]:
     """label -> (world, speed-up, trial, baseline tokens/s) per configuration and length."""
     base: dict[int, float] = {}
     for t in ok:
@@ -30,7 +30,7 @@ def scaling_points(ok: list[Trial]) -> dict[str, list[Point]]:
             if len({pt[0] for pt in v}) >= 2}
 
 
-def scaling_series(ok: list[Trial]) -> dict[str, list[tuple[int, float]]]:
+def scaling_series(ok: list[TrialView]) -> dict[str, list[tuple[int, float]]]:
     """Speed-up over a one-rank run (local preferred) per configuration: against the run at the
     same N (strong scaling) or at N/P (weak scaling); only series with two world sizes or more."""
     return {k: [(p, s) for p, s, _, _ in v] for k, v in scaling_points(ok).items()}

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from seqpar.sweeps import style
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 
-def train_figure(runs: list[Trial]) -> Any:
+def train_figure(runs: list[TrialView]) -> Any:
     """Activation and peak bytes, and step time, per training configuration (horizontal bars)."""
     labels = [f"{t.config} N={t.seq_len}" for t in runs]
     fig, axes = style.new_figure(12, max(3.0, 0.35 * len(runs) + 1.5), ncols=2, sharey=True)

@@ -5,19 +5,20 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from seqpar.algorithms import layouts
 from seqpar.sweeps import style
 from seqpar.sweeps.report.plots.common import line_styles, placed_label
-from seqpar.sweeps.report.view import Trial
+from seqpar.sweeps.report.view import TrialView
 
 WINDOW_METRICS = (("step_ms", "step time"), ("attn_flops", "attention FLOPs"),
                   ("bytes_total", "bytes sent"))
-Saving = tuple[int, dict[str, float], Trial]  # W, {metric: windowed / full causal}, trial
+Saving = tuple[int, dict[str, float], TrialView]  # W, {metric: windowed / full causal}, trial
 
 
-def window_savings(runs: list[Trial]) -> dict[str, list[Saving]]:
+def window_savings(runs: list[TrialView]) -> dict[str, list[Saving]]:
     """label -> (W, {metric: windowed / full causal}, trial) per configuration that has both a
     full-causal run (no window) and windowed ones, sorted by W."""
-    def key(t: Trial) -> tuple:
+    def key(t: TrialView) -> tuple:
         return (t.config, t.world, t.layout, t.seq_len, t.dtype, t.kv_heads, t.documents)
 
     full = {key(t): t for t in runs if t.window is None}
@@ -36,8 +37,6 @@ def visible_fraction(seq_len: int, w: int) -> float:
     """Visible (query, key) pairs of a causal window W over causal attention, one document
     (`layouts.Relation.pairs`: the relation's own count)."""
     import torch  # only when a window figure is drawn: `seqpar compare` stays light
-
-    from seqpar.algorithms import layouts
 
     t = torch.arange(seq_len)
     return layouts.Relation(True, None, w).pairs(t, t) / layouts.Relation(True).pairs(t, t)
