@@ -7,7 +7,22 @@ from typing import Annotated, Any
 
 import typer
 
+from seqpar.cli import options
 from seqpar.cli.display import console, display_table
+from seqpar.errors import require
+from seqpar.experiments import clusters
+from seqpar.experiments.perf import plan as perf_plan
+from seqpar.experiments.perf.maxseq import max_seq
+from seqpar.experiments.perf.policy import Filters
+from seqpar.experiments.perf.search import (
+    check_counts,
+    make_setup,
+    offload_names,
+    search,
+    why_slower,
+    with_alternatives,
+)
+from seqpar.rules import algorithms, masks
 from seqpar.rules.layouts import LAYOUTS
 
 Opt = typer.Option
@@ -60,10 +75,6 @@ def plan(
 ) -> None:
     """Rank every valid configuration by predicted time or tokens per GPU per second; the
     longest sequence each fits (--max-seq); or --validate a finished sweep."""
-    from seqpar.errors import require
-    from seqpar.experiments import clusters
-    from seqpar.experiments.perf.policy import Filters
-    from seqpar.experiments.perf.search import check_counts, offload_names
 
     require(scope in ("attention", "model", "cluster"), "scope", scope,
             "must be attention, model or cluster")
@@ -74,7 +85,6 @@ def plan(
         return
     check_counts(seq_len=seq_len, world=world, **({"nodes": nodes} if nodes is not None else {}))
     if mask is not None:
-        from seqpar.rules import masks
 
         require(not max_seq, "mask", mask, "--max-seq plans plain causal attention (a mask "
                 "is of one length)")
@@ -90,7 +100,6 @@ def plan(
         _cluster(c, model, seq_len, tokens_per_step, world, nodes, kernel, dtype, filters, top,
                  as_json, mask)
         return
-    from seqpar.rules import algorithms
 
     space = [(name, opts) for name in algorithms.REGISTRY if (name == "local") == (world == 1)
              and (algorithm is None or name == algorithm)
@@ -99,7 +108,6 @@ def plan(
     if max_seq:
         _max_seq(c, model, world, space, nodes, scope, dtype, top, as_json, filters, layouts)
         return
-    from seqpar.experiments.perf import plan as perf_plan
 
     ranked = perf_plan.rank(c, model, seq_len, world, space, nodes=nodes, scope=scope,
                             dtype=dtype, kernel=kernel, filters=filters, layouts=layouts,
@@ -115,7 +123,6 @@ def plan(
 
 def _cluster(c, model: str, seq_len: int, tokens: int, world: int, nodes: int, kernel: str,
              dtype: str, filters, top: int, as_json: bool, mask: str | None = None) -> None:
-    from seqpar.experiments.perf.search import make_setup, search
 
     setup = make_setup(c, model, seq_len, tokens, world, nodes, kernel=kernel, dtype=dtype,
                        mask=mask)
@@ -140,7 +147,6 @@ def _cluster(c, model: str, seq_len: int, tokens: int, world: int, nodes: int, k
 def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, Any],
            result: Any = None) -> None:
     """Whole-step predictions: a table (where the time goes, why each lower row loses) or JSON."""
-    from seqpar.experiments.perf.search import why_slower, with_alternatives
 
     fitting = [s for s in steps if s.fits]
     if as_json:
@@ -200,7 +206,6 @@ def _fold(steps: list) -> list:
 
 def _attention(ranked: list, c, model: str, seq_len: int, world: int, nodes: int, top: int,
                as_json: bool, kernel: str, mask: str | None = None) -> None:
-    from seqpar.experiments.perf import plan as perf_plan
 
     if as_json:
         print(json.dumps({"cluster": c.name, "kernel": kernel, "mask": mask or "causal",
@@ -229,7 +234,6 @@ def _attention(ranked: list, c, model: str, seq_len: int, world: int, nodes: int
 
 def _max_seq(c, model: str, world: int, space: list, nodes: int, scope: str, dtype: str,
              top: int, as_json: bool, filters, layouts) -> None:
-    from seqpar.experiments.perf.maxseq import max_seq
 
     found = max_seq(c, model, world, space, nodes=nodes, scope=scope, dtype=dtype,
                     filters=filters, layouts=layouts)
@@ -301,7 +305,6 @@ def _memory_cell(pair: tuple[float, float] | None) -> str:
 
 
 def _validate(sweep_id: str, cluster, as_json: bool) -> None:
-    from seqpar.experiments.perf import plan as perf_plan
 
     tracker = _reader(sweep_id)
     checks = perf_plan.validate(((t.params, t.metrics) for t in tracker.trials(sweep_id)), cluster)
@@ -327,22 +330,9 @@ def _validate(sweep_id: str, cluster, as_json: bool) -> None:
 
 
 def _reader(sweep_id: str) -> Any:
-    """The tracker holding `sweep_id`, or one line (exit 2) when it cannot: a SQLite store that
-    does not exist is not created (nor its lock), an id it does not hold is refused."""
-    from pathlib import Path
-
-    from seqpar.cli import options
-    from seqpar.errors import ConfigError
-    from seqpar.platform.tracking import check_uri
-
-    uri = check_uri(options.GLOBALS.tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise ConfigError("validate", sweep_id, f"no sweep with this id: there is no store at {uri}")
-    tracker = options.tracker()
-    from mlflow.exceptions import MlflowException
-
-    try:
-        tracker.client.get_run(sweep_id)
-    except MlflowException:
-        raise ConfigError("validate", sweep_id, f"no sweep with this id in {uri}") from None
+    """The tracker holding `sweep_id`, or one line (exit 2) when it cannot: a store that does not
+    exist is not created (nor its lock, `options.tracker(existing=True)`), an id it does not hold
+    is refused."""
+    tracker = options.tracker(existing=True)
+    tracker.sweep(sweep_id, field="validate")
     return tracker

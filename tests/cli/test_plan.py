@@ -178,7 +178,7 @@ def test_plan_validate_of_an_unknown_sweep_is_one_line_and_writes_nothing(tmp_pa
                           f"sqlite:///{store / 'mlflow.db'}", "plan", "--validate", "0123abcd"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
-    assert run.stderr.strip().count("\n") == 0 and "no sweep with this id" in run.stderr
+    assert run.stderr.strip().count("\n") == 0 and "holds no MLflow store" in run.stderr
     assert list(store.iterdir()) == []  # no store, no lock
 
 
