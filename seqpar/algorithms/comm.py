@@ -19,7 +19,6 @@ mesh builders take `strict=` and default to the environment (SEQPAR_STRICT_COMM=
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,12 @@ import torch
 import torch.distributed as dist
 
 from seqpar.algorithms import ledger as _ledger
+from seqpar.algorithms.ordering import (  # noqa: F401 (also from here)
+    STRICT_ENV_VAR,
+    STRICT_TAG,
+    StrictOrder,
+    strict_mode,
+)
 
 
 @dataclass(frozen=True)
@@ -43,41 +48,6 @@ class LinkModel:
 
 
 Links = Mapping[str, LinkModel]  # link class ('intra', 'inter') -> its emulated model
-
-STRICT_ENV_VAR = "SEQPAR_STRICT_COMM"  # "1": NCCL's semantics on any backend (module docstring)
-STRICT_TAG = 0
-
-
-def strict_mode() -> bool:
-    """The default for meshes built without `strict=`: SEQPAR_STRICT_COMM=1."""
-    return os.environ.get(STRICT_ENV_VAR, "0") == "1"
-
-
-class StrictOrder:
-    """NCCL's order for the Comms that share it: per process group, the Handle of its operation in
-    flight (at most one, as on one NCCL stream), waited for before the group's next is posted."""
-
-    def __init__(self) -> None:
-        self._in_flight: dict[Any, Handle] = {}
-
-    @classmethod
-    def of(cls, strict: bool | None) -> StrictOrder | None:
-        """An order for strict=True, none for False; None: as the environment says."""
-        return cls() if (strict_mode() if strict is None else strict) else None
-
-    def before(self, group: Any) -> None:
-        """Before posting on `group`: wait for the group's operation in flight."""
-        handle = self._in_flight.pop(group, None)
-        if handle is not None:
-            handle.complete()
-
-    def posted(self, group: Any, handle: Handle) -> None:
-        self._in_flight[group] = handle
-
-    def done(self, group: Any, handle: Handle) -> None:
-        if self._in_flight.get(group) is handle:
-            del self._in_flight[group]
-
 
 def _device_done(tensors: Sequence[torch.Tensor]) -> None:
     """Block until the device work on `tensors` is done (CUDA only; a CPU op is done on return)."""
