@@ -302,7 +302,3 @@ class Trial:
             object.__setattr__(new, f.name, getattr(self, f.name))
         object.__setattr__(new, "gang_id", gang_id)
         return new
-
-    def label(self) -> str:
-        where = f" nodes={self.nodes}" if self.nodes > 1 else ""
-        return self.case.label() + where
