@@ -17,12 +17,15 @@ import os
 import statistics
 import time
 
+from seqpar.case import Case, Trial
+from seqpar.workers.trial import TrialRunner
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def one_trial(runner, case, experiment_id: str) -> dict[str, float]:
     start = time.perf_counter()
-    result = runner.run(case, nodes=2, experiment_id=experiment_id)
+    result = runner.run(Trial(case, experiment_id, nodes=2))
     wall = time.perf_counter() - start
     if not result.ok:
         raise SystemExit(f"trial failed: {result.cause}")
@@ -46,9 +49,6 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-
-    from seqpar.case import Case
-    from seqpar.workers.trial import TrialRunner
 
     case = Case("ring", world=args.world, batch=1, seq_len=16 * args.world, heads=2, kv_heads=2,
                 head_dim=8, dtype="float32", warmup=1, iters=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from seqpar.case import TrainCase
+from seqpar.case import TrainCase, Trial
 from seqpar.errors import ConfigError
 from seqpar.experiments.registry import STUDIES
 from seqpar.experiments.spec import ExperimentSpec
@@ -64,9 +64,9 @@ def test_training_studies_have_only_valid_points(name, preset):
 def test_dp2_training_trial_runs_on_ray(ray_runner):
     case = TrainCase(algorithm="ring", sp=1, dp=2, layout="zigzag", seq_len=64, checkpoint="sc++",
                      fused_head=True, iters=2)
-    result = ray_runner.run(case, timeout_s=300)
+    result = ray_runner.run(Trial(case, "train-platform", timeout_s=300))
     assert result.status == "FINISHED", result.cause
-    m = result.metrics()
+    m = result.metrics
     for key in ("tgs", "tokens_per_s", "model_flops_per_s_halved", "model_flops_per_s_full",
                 "activation_bytes", "recomputed_flops", "peak_mem_bytes"):
         assert m[key] > 0, key
