@@ -131,7 +131,7 @@ class TrainCase:
     sp: int = 1                      # sequence-parallel ranks
     dp: int = 1                      # data-parallel replicas (each its own batch)
     layout: str = "zigzag"
-    model: str = "tiny"              # a model.PRESETS name
+    model: str = "tiny"              # a model preset (seqpar.model.MODELS), YAML or config.json
     model_overrides: tuple[tuple[str, int], ...] = ()   # e.g. (("vocab", 4096),)
     seq_len: int = 256
     batch: int = 1                   # per DP replica

@@ -7,10 +7,7 @@ mesh (`strict=`, default SEQPAR_STRICT_COMM=1, read there) and its Comms share i
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from seqpar.algorithms.comm import Handle
+from typing import Any
 
 STRICT_ENV_VAR = "SEQPAR_STRICT_COMM"  # "1": NCCL's semantics on any backend (module docstring)
 STRICT_TAG = 0
@@ -26,7 +23,7 @@ class StrictOrder:
     flight (at most one, as on one NCCL stream), waited for before the group's next is posted."""
 
     def __init__(self) -> None:
-        self._in_flight: dict[Any, Handle] = {}
+        self._in_flight: dict[Any, Any] = {}
 
     @classmethod
     def of(cls, strict: bool | None) -> StrictOrder | None:
@@ -39,9 +36,9 @@ class StrictOrder:
         if handle is not None:
             handle.complete()
 
-    def posted(self, group: Any, handle: Handle) -> None:
+    def posted(self, group: Any, handle: Any) -> None:
         self._in_flight[group] = handle
 
-    def done(self, group: Any, handle: Handle) -> None:
+    def done(self, group: Any, handle: Any) -> None:
         if self._in_flight.get(group) is handle:
             del self._in_flight[group]

@@ -252,7 +252,7 @@ def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: fl
 # efficiency: 51); two Xeon 8480C with 8 DDR5-4800 channels each, 2 x 307 GB/s per node; 2 TB.
 H100 = dict(peak_bf16=989.4, hbm=3350.0, gpu="h100", host_link=51.2, host_memory=614.4,
             host_gb=2048.0)
-PRESETS: dict[str, Cluster] = {
+CLUSTERS: dict[str, Cluster] = {
     "loongtrain-a100": _nvidia(
         "loongtrain-a100", "LoongTrain §5 testbed: 8 nodes x 8 Ampere 80 GB, NVLink, "
         "4 x HDR 200 Gb/s NICs per node, no SHARP", 8, 8, 80, 300, 4, 200),
@@ -286,13 +286,13 @@ PRESETS: dict[str, Cluster] = {
 
 
 def names() -> list[str]:
-    return [*PRESETS, *sorted(p.stem for p in FILES.glob("*.yaml") if p.stem not in PRESETS)]
+    return [*CLUSTERS, *sorted(p.stem for p in FILES.glob("*.yaml") if p.stem not in CLUSTERS)]
 
 
 def load(name_or_path: str) -> Cluster:
     """A preset name, a file in cluster_files/ (`local`), or a YAML path."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
+    if name_or_path in CLUSTERS:
+        return CLUSTERS[name_or_path]
     path = Path(name_or_path)
     if not path.suffix:
         path = FILES / f"{name_or_path}.yaml"

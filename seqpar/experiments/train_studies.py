@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from seqpar.experiments.sweep_bases import CPU_PLANS, Sweep, _base, gpu_plans
-from seqpar.model.config import PRESETS as MODELS
+from seqpar.model.config import MODELS
 
 
 def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
-    """A training trial's base: the decoder preset (`seqpar.model.PRESETS`) and its attention shape."""
+    """A training trial's base: the decoder preset (`seqpar.model.MODELS`) and its attention shape."""
     name = model or ("tiny" if preset == "cpu" else "llama2-7b")
     cfg = MODELS[name]
     base = _base(preset, model={"heads": cfg.heads, "kv_heads": cfg.kv_heads,

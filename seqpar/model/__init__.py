@@ -6,7 +6,7 @@ states and offload, `grads.py` the replicated gradients' reduction, `hf.py` Hugg
 checkpoints, `memory.py` measured and predicted memory."""
 
 from seqpar.model.checkpointing import MODES as CHECKPOINT_MODES
-from seqpar.model.config import PRESETS, ModelConfig
+from seqpar.model.config import MODELS, ModelConfig
 from seqpar.model.transformer import Transformer
 
-__all__ = ["CHECKPOINT_MODES", "PRESETS", "ModelConfig", "Transformer"]
+__all__ = ["CHECKPOINT_MODES", "MODELS", "ModelConfig", "Transformer"]

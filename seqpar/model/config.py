@@ -17,7 +17,7 @@ from seqpar.rules.model import (
     presets,
 )
 
-PRESETS: dict[str, ModelConfig] = presets()
+MODELS: dict[str, ModelConfig] = presets()  # the model presets, by name
 
-__all__ = ["PRESETS", "ModelConfig", "block_shapes", "from_hf", "load", "param_shapes",
+__all__ = ["MODELS", "ModelConfig", "block_shapes", "from_hf", "load", "param_shapes",
            "preset_names", "presets"]

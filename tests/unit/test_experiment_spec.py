@@ -7,7 +7,7 @@ import pytest
 from seqpar.case import Case
 from seqpar.errors import ConfigError
 from seqpar.experiments.spec import ExperimentSpec
-from seqpar.rules.shape import SHAPE_PRESETS as PRESETS
+from seqpar.rules.shape import SHAPE_PRESETS
 
 
 def spec_data(**over) -> dict:
@@ -16,7 +16,7 @@ def spec_data(**over) -> dict:
     for key, value in over.items():
         section, field = key.split("__")
         data[section] = {**data[section], field: value} if isinstance(data[section], dict) else \
-            {**PRESETS[data[section]], field: value}
+            {**SHAPE_PRESETS[data[section]], field: value}
     return data
 
 

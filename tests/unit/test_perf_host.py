@@ -159,7 +159,7 @@ def test_rings_marked_same_blocks_do_meet_the_same_blocks(name, options):
         s = real(*args, **kw)
         for phase, stages in s.phases.items():
             s.phases[phase] = [dataclasses.replace(st, same_blocks=False)
-                               if isinstance(st, schedule_module.Ring) else st for st in stages]
+                               if isinstance(st, schedule_module.RingStage) else st for st in stages]
         return s
 
     with pytest.MonkeyPatch.context() as mp:

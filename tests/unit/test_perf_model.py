@@ -9,7 +9,7 @@ from seqpar import algorithms
 from seqpar.algorithms.base import AttnShape
 from seqpar.experiments import clusters, perf
 from seqpar.experiments.perf import memory
-from seqpar.experiments.perf.schedule import P2P, Collective, Ring, phase_bytes, schedule
+from seqpar.experiments.perf.schedule import P2P, Collective, RingStage, phase_bytes, schedule
 
 GIB = 2 ** 30
 A100 = clusters.load("loongtrain-a100")
@@ -46,7 +46,7 @@ def test_query_ring_gradient_follows_grad_dtype(name, options):
 
     def dq(**extra):
         (ring,) = [st for st in schedule(name, shape, 4, {**options, **extra}).phases["backward"]
-                   if isinstance(st, Ring)]
+                   if isinstance(st, RingStage)]
         return ring.grad
 
     assert dq(grad_dtype="input") * 2 == dq() == dq(grad_dtype="accumulate")
@@ -72,7 +72,7 @@ def test_wallfacer_worked_volumes():
     ring = algorithms.expected_bytes("ring", bf16, world)["forward"] * world / (world - 1)
     assert ring / GIB == pytest.approx(1.625, abs=5e-4)  # the paper counts P steps, we send P - 1
     wf = schedule("wallfacer", bf16, world, {"team_size": c})
-    p2p = sum(st.nbytes for st in _stage(wf, "forward", Ring) + _stage(wf, "forward", P2P))
+    p2p = sum(st.nbytes for st in _stage(wf, "forward", RingStage) + _stage(wf, "forward", P2P))
     assert p2p / GIB == pytest.approx(0.406, abs=5e-4)
     # Eq. 6 counts q, k, v and out in the input dtype; we combine out (and lse) in fp32, so compare
     # elements with fp32 inputs: 4BNH(C-1)/P elements (+ the lse, 1/512 of it)
@@ -98,8 +98,8 @@ def test_burst_backward_message_3nd_2n_vs_4nd():
     world, d = 4, 64
     shape = AttnShape(1, 4096, 1, 1, d, 4)
     n = shape.seq_len // world
-    (ring,) = _stage(schedule("ring", shape, world, {}), "backward", Ring)
-    (burst,) = _stage(schedule("burst", shape, world, {}), "backward", Ring)
+    (ring,) = _stage(schedule("ring", shape, world, {}), "backward", RingStage)
+    (burst,) = _stage(schedule("burst", shape, world, {}), "backward", RingStage)
     assert (ring.msg + ring.grad) // 4 == 4 * n * d
     assert (burst.msg + burst.grad) // 4 == 3 * n * d + 2 * n
 
@@ -113,7 +113,7 @@ def test_loongtrain_4_5_volumes(kv_heads, dhp):
     s, hidden, heads, world = 131072, 4096, 32, 64
     shape = AttnShape(1, s, heads, kv_heads, hidden // heads, 2)
     sched = schedule("usp", shape, world, {"dhp": dhp})
-    (ring,) = _stage(sched, "forward", Ring)
+    (ring,) = _stage(sched, "forward", RingStage)
     size_q = 2 * s * hidden // world
     size_kv = max(kv_heads, dhp) * 4 * s * hidden // (heads * world)
     assert ring.msg == (size_kv if dhp < world else 0)

@@ -13,11 +13,11 @@ from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
 from seqpar.experiments.perf.predict import Job
 from seqpar.experiments.perf.ring import sources
-from seqpar.experiments.perf.schedule import Ring, schedule
+from seqpar.experiments.perf.schedule import RingStage, schedule
 from seqpar.rules.groups import NestedRing
 
 
-def _kind(st: Ring, r: int, pos: int, src: int) -> tuple:
+def _kind(st: RingStage, r: int, pos: int, src: int) -> tuple:
     if st.keys is None:
         return (int(np.sign(src - pos)),)
     here, there = st.keys[0][r][pos], st.keys[1][r][src]
@@ -38,7 +38,7 @@ def test_every_block_of_a_kind_costs_the_same(world, layout):
                 continue
             job = Job(a100, shape, world, 2, layout, True, "bfloat16")
             for stages in schedule(name, shape, world, options, 2).phases.values():
-                for st in (s for s in stages if isinstance(s, Ring)):
+                for st in (s for s in stages if isinstance(s, RingStage)):
                     seen: dict[tuple, tuple] = {}
                     for r in range(len(st.rings)):
                         for pos in range(st.size):

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from seqpar.experiments.perf.schedule import Ring, Schedule
+from seqpar.experiments.perf.schedule import RingStage, Schedule
 from seqpar.rules.algorithms import usp
 from seqpar.rules.algorithms.ulysses import kv_replicas
 from seqpar.rules.memory import (
@@ -99,7 +99,7 @@ def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str
     kept = max(0.0, held(name, shape, world, options) - (1 + 2 * kv)) * a
     acc = a * 4 // shape.elem_bytes                 # dq accumulated in fp32
     msgs = max((2 * (st.msg + st.grad) for ph in sched.phases.values() for st in ph
-                if isinstance(st, Ring)), default=0)
+                if isinstance(st, RingStage)), default=0)
     return int(inputs + kept + acc + msgs)
 
 

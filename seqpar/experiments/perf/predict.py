@@ -28,7 +28,7 @@ from seqpar.experiments.perf.schedule import (
     P2P,
     Collective,
     Kernel,
-    Ring,
+    RingStage,
     Schedule,
     Stage,
     schedule,
@@ -61,10 +61,10 @@ def routed(sched: Schedule, job: Job, name: str, options: Mapping[str, Any]) -> 
                                           layout=job.layout, mask=job.mask, **options)
     out = Schedule()
     for phase, stages in sched.phases.items():
-        ring = sum(st.nbytes for st in stages if isinstance(st, Ring))
+        ring = sum(st.nbytes for st in stages if isinstance(st, RingStage))
         keep = 1.0 - skipped[phase] / ring if ring else 1.0
         out.phases[phase] = [replace(st, msg=int(st.msg * keep), grad=int(st.grad * keep))
-                             if isinstance(st, Ring) else st for st in stages]
+                             if isinstance(st, RingStage) else st for st in stages]
     return out
 
 

@@ -3,7 +3,7 @@
 A ring of n positions in inner rings of w runs n steps (outer step o, inner step i); at each, every
 position computes the block it holds while the next one travels. A step lasts as long as its
 slowest rank (on a host, at least all ranks' work over the cores). What a block costs depends only
-on how its two sides compare (`Ring.keys`: by default whether the block that started at src is
+on how its two sides compare (`RingStage.keys`: by default whether the block that started at src is
 before, at or after pos), so a ring has at most a few kinds of block, each costed once, and a step
 is known by how many blocks of each kind it holds. For the plain and double ring those counts have
 a closed form (`_ordered`); other rings count them over a (steps x positions) array (`_keyed`).
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from seqpar.experiments.perf.net import Cost
-from seqpar.experiments.perf.schedule import Ring
+from seqpar.experiments.perf.schedule import RingStage
 
 if TYPE_CHECKING:
     from seqpar.experiments.perf.job import Job, Timing
@@ -32,13 +32,13 @@ def steps(n: int, w: int) -> tuple[np.ndarray, np.ndarray]:
 @lru_cache(maxsize=8)
 def sources(n: int, w: int) -> np.ndarray:
     """(steps x positions): the position whose block each position holds at each step
-    (algorithms.groups.DoubleRing.source, for all at once)."""
+    (rules.groups.NestedRing.source, for all at once)."""
     outer, (o, i) = n // w, steps(n, w)
     big_i, t = np.divmod(np.arange(n), w)
     return ((big_i[None, :] - o[:, None]) % outer) * w + (t[None, :] - i[:, None]) % w
 
 
-def _cost(job: Job, st: Ring, r: int, pos: int, src: int) -> tuple[float, float]:
+def _cost(job: Job, st: RingStage, r: int, pos: int, src: int) -> tuple[float, float]:
     return job.ring_work(*st.blocks(r, pos, src), st.heads, st.factor)
 
 
@@ -51,7 +51,7 @@ def _first_max(cands: list[tuple[float, float]]) -> tuple[float, float]:
     return worst, flops
 
 
-def _ordered(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+def _ordered(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
     """Per step (worst seconds, its FLOPs, all ranks' seconds) when a block depends only on
     whether src is before, at or after pos. At step (0, 0) every position holds its own block;
     at (0, i > 0) the outer*(w - i) positions with inner index >= i hold an earlier block and the
@@ -77,7 +77,7 @@ def _ordered(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, .
     return worst, flops, total
 
 
-def _kinds(st: Ring, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+def _kinds(st: RingStage, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """(steps x rings*positions) kind of each rank's block, ranks in ring order; and per kind one
     (ring, position, source) that meets it. Memoised on the stage: a plan asks for each layout."""
     held = _KINDS.get(id(st))
@@ -97,10 +97,10 @@ def _kinds(st: Ring, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]
     return _KINDS[id(st)][1], meets
 
 
-_KINDS: dict[int, tuple[Ring, np.ndarray, list[tuple[int, int, int]]]] = {}
+_KINDS: dict[int, tuple[RingStage, np.ndarray, list[tuple[int, int, int]]]] = {}
 
 
-def _keyed(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+def _keyed(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
     """Per step (worst seconds, its FLOPs, all ranks' seconds) from the rings' keys: a block is
     costed once per way its keys compare, whichever ring meets it."""
     index, meets = _kinds(st, rings)
@@ -112,7 +112,7 @@ def _keyed(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...
             t_all.sum(axis=1) * copies)
 
 
-def _each(job: Job, st: Ring, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+def _each(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
     """Per step (worst seconds, its FLOPs, all ranks' seconds) under any mask: every (position,
     block) costs its own (what a mask lets a position's queries see of a block is its own)."""
     n, src = st.size, sources(st.size, st.inner)
@@ -139,7 +139,7 @@ def _host(job: Job, worst: np.ndarray, total: np.ndarray) -> np.ndarray:
                      for a, b in zip(worst.tolist(), total.tolist(), strict=True)])
 
 
-def ring_time(job: Job, st: Ring, timing: Timing) -> None:
+def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     c, net, n, w = job.cluster, job.net, st.size, st.inner
     outer, (o, i) = n // w, steps(n, w)
     ranks = n * len(st.rings)

@@ -49,7 +49,7 @@ class Kernel:
 
 
 @dataclass(frozen=True)
-class Ring:
+class RingStage:
     """Rings of equal structure running at once; blocks(ring, pos, src) -> (q_members, k_members):
     whose queries meet whose keys when ring position `pos` holds the block that started at `src`."""
 
@@ -81,7 +81,7 @@ class Ring:
         return NestedRing(self.size, self.inner, pos).source(outer_step, inner_step)
 
 
-Stage = Collective | P2P | Kernel | Ring
+Stage = Collective | P2P | Kernel | RingStage
 
 
 @dataclass
@@ -102,7 +102,9 @@ def _parsed(name: str, options: Mapping[str, Any]) -> Any:
     return algorithms.get(name).parse(dict(options))
 
 
-ALL = lambda world: tuple(range(world))  # noqa: E731
+
+def all_ranks(world: int) -> tuple[int, ...]:
+    return tuple(range(world))
 
 
 def _ring(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
@@ -115,8 +117,8 @@ def _ring(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) 
         return (pos,), (src,)
 
     s = Schedule()
-    s.phases["forward"].append(Ring("ring", ring, world, msg, 0, shape.heads, blocks))
-    s.phases["backward"].append(Ring("ring", ring, world, msg, grad, shape.heads, blocks, BACKWARD))
+    s.phases["forward"].append(RingStage("ring", ring, world, msg, 0, shape.heads, blocks))
+    s.phases["backward"].append(RingStage("ring", ring, world, msg, grad, shape.heads, blocks, BACKWARD))
     return s
 
 
@@ -128,9 +130,9 @@ def _burst(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int)
     q_block, dq = burst.query_block_bytes(shape, world, options=_parsed("burst", options))
     ring = [list(range(world))]
     s = Schedule()
-    s.phases["forward"].append(Ring("burst ring", ring, inner, msg, 0, shape.heads,
+    s.phases["forward"].append(RingStage("burst ring", ring, inner, msg, 0, shape.heads,
                                     lambda _r, pos, src: ((pos,), (src,))))
-    s.phases["backward"].append(Ring("query ring", ring, inner, q_block, dq, shape.heads,
+    s.phases["backward"].append(RingStage("query ring", ring, inner, q_block, dq, shape.heads,
                                      lambda _r, pos, src: ((src,), (pos,)), BACKWARD))
     return s
 
@@ -150,7 +152,7 @@ def _usp(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -
     for phase, factor, g in (("forward", 1.0, 0), ("backward", BACKWARD, grad)):
         a2a = ops[phase]["all_to_all"]
         s.phases[phase] += [Collective("seq all-to-all", hp, a2a // 2),
-                            Ring("cp ring", cp, inner, msg, g, heads, blocks, factor),
+                            RingStage("cp ring", cp, inner, msg, g, heads, blocks, factor),
                             Collective("seq all-to-all", hp, a2a - a2a // 2)]
     return s
 
@@ -169,7 +171,8 @@ def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: in
     s = Schedule()
     for phase, factor in (("forward", 1.0), ("backward", BACKWARD)):
         s.phases[phase] += [Collective("all-to-all", group, b[phase] // 2),
-                            Kernel("attention", ALL(world), ALL(world), shape.heads // world, factor),
+                            Kernel("attention", all_ranks(world), all_ranks(world),
+                                   shape.heads // world, factor),
                             Collective("all-to-all", group, b[phase] - b[phase] // 2)]
     return s
 
@@ -179,8 +182,8 @@ def _allgather(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
     group = [list(range(world))]
     s = Schedule()
     s.phases["forward"] += [Collective("all-gather K,V", group, b["forward"]),
-                            Kernel("attention", (world - 1,), ALL(world), shape.heads)]
-    s.phases["backward"] += [Kernel("attention", (world - 1,), ALL(world), shape.heads, BACKWARD),
+                            Kernel("attention", (world - 1,), all_ranks(world), shape.heads)]
+    s.phases["backward"] += [Kernel("attention", (world - 1,), all_ranks(world), shape.heads, BACKWARD),
                              Collective("reduce-scatter dK,dV", group, b["backward"])]
     return s
 
@@ -239,9 +242,9 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
     s = Schedule()
     s.phases["forward"] += [Collective("team all-gather q,k,v + combine", team_groups, fwd_coll),
                             P2P("initial placement", pairs, placed),
-                            Ring("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks,
+                            RingStage("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks,
                                  same_blocks=False, keys=keys)]
-    s.phases["backward"] += [Ring("query sub-ring", rings, t, q_block, dq, shape.heads, bwd_blocks,
+    s.phases["backward"] += [RingStage("query sub-ring", rings, t, q_block, dq, shape.heads, bwd_blocks,
                                   BACKWARD, same_blocks=False,
                                   keys=keys and keys[::-1]),
                              P2P("placement back", pairs, placed),
@@ -285,7 +288,7 @@ def _build(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
         s = Schedule()
         for ph, factor in (("forward", 1.0), ("backward", BACKWARD)):
             s.phases[ph] += [Collective(name, [list(range(world))], b[ph]),
-                             Kernel("attention", ALL(world), ALL(world), shape.heads,
+                             Kernel("attention", all_ranks(world), all_ranks(world), shape.heads,
                                     factor / world)]
         return s
     return BUILDERS[name](shape, world, resolved, nodes)
