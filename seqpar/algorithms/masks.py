@@ -27,6 +27,7 @@ from seqpar.rules.masks import (
     block_sparse,
     causal,
     check_slices,
+    default_spec,
     dilated,
     documents,
     from_config,
@@ -40,10 +41,10 @@ from seqpar.rules.masks import (
     sliding_window,
 )
 
-__all__ = ["DENSE_MAX", "KINDS", "SPECS", "Mask", "Slice", "as_spec", "block_sparse", "causal",
-           "check_slices", "dilated", "documents", "from_config", "from_dense", "from_mask_mod",
-           "from_slices", "full", "parse", "prefix_lm", "random_block_sparse", "shared_question",
-           "sliding_window"]
+__all__ = ["DENSE_MAX", "KINDS", "SPECS", "as_spec", "block_sparse", "causal", "check_slices",
+           "default_spec", "dilated", "documents", "from_config", "from_dense", "from_mask_mod",
+           "from_slices", "full", "Mask", "parse", "prefix_lm", "random_block_sparse",
+           "shared_question", "Slice", "sliding_window"]
 
 
 def from_mask_mod(mask_mod: Callable[..., torch.Tensor], n: int) -> Mask:

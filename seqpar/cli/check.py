@@ -11,6 +11,7 @@ import typer
 
 from seqpar.cli.display import console, display_table, err_console
 from seqpar.errors import require
+from seqpar.rules import masks
 
 if TYPE_CHECKING:
     from seqpar.workers.checking import Bench
@@ -28,7 +29,12 @@ def check(
     world: Annotated[int, typer.Option("--world", "-P", help="Ranks in the group.")] = 4,
     algorithms_: Annotated[str, typer.Option("--algorithms", help="Comma-separated; default all.")] = "",
     layouts_: Annotated[str, typer.Option("--layouts", help="Comma-separated layouts.")] =
-        "contiguous,zigzag,stripe",
+        "contiguous,zigzag,stripe,balanced",
+    mask: Annotated[str, typer.Option("--mask", help="Comma-separated masks instead of causal "
+                                      "and full: a kind (window, documents, block_sparse, "
+                                      "dilated, prefix_lm, shared_question: sizes from "
+                                      "--seq-len) or a compact form (window:8, "
+                                      "block_sparse:16:0.3).")] = "",
     seq_len: Annotated[int, typer.Option(help="Tokens in the whole sequence.")] = 64,
     batch: Annotated[int, typer.Option(help="Batch size.")] = 2,
     heads: Annotated[int, typer.Option(help="Query heads.")] = 8,
@@ -54,14 +60,19 @@ def check(
     if bench:
         _print_bench(checking.bench(names, device, say=console.print))
         return
+    chosen_masks = [masks.default_spec(m.strip(), seq_len) for m in mask.split(";" if "/" in mask
+                                                                                    else ",")
+                     if m.strip()]
+    for spec in chosen_masks:
+        masks.parse(spec, seq_len)  # a bad mask: one line, before any rank starts
     cases, skipped = checking.plan_cases(
         names, chosen_layouts, world, seq_len, batch, heads, kv_heads, head_dim, dtype,
-        seed if seed is not None else secrets.randbelow(2**31))
+        seed if seed is not None else secrets.randbelow(2**31), chosen_masks)
     require(bool(cases), "algorithms", algorithms_ or "all",
             "no case fits these shapes: " + "; ".join(dict.fromkeys(r for _, r in skipped)))
     results = checking.check_cases(cases, world, device, say=err_console.print)
     rows = [_row(res) for res in results]
-    rows += [[c.algorithm, c.layout, "causal" if c.causal else "full", f"{c.heads}/{c.kv_heads}",
+    rows += [[c.algorithm, c.layout, _mask(c), f"{c.heads}/{c.kv_heads}",
               c.world, "-", "-", "-", "-", f"skipped: {why}"] for c, why in skipped]
     display_table(f"seqpar check: P={world}, N={seq_len}, {dtype}",
                   ["algorithm", "layout", "mask", "H/Hkv", "P", "max rel err", "fwd bytes",
@@ -72,10 +83,14 @@ def check(
         raise typer.Exit(1)
 
 
+def _mask(case) -> str:
+    return case.mask[:28] if case.mask else "causal" if case.causal else "full"
+
+
 def _row(res: CheckResult) -> list:
     case, b, e = res.case, res.bytes_measured, res.bytes_expected
     return [case.algorithm + "".join(f" {k}={v}" for k, v in case.options), case.layout,
-            "causal" if case.causal else "full", f"{case.heads}/{case.kv_heads}", case.world,
+            _mask(case), f"{case.heads}/{case.kv_heads}", case.world,
             f"{max(res.errors.values()):.1e}",
             f"{b['forward']}" + (" ✓" if b["forward"] == e["forward"] else f" ≠ {e['forward']}"),
             f"{b['backward']}" + (" ✓" if b["backward"] == e["backward"] else f" ≠ {e['backward']}"),

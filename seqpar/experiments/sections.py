@@ -16,6 +16,7 @@ from seqpar.algorithms.comm import LinkModel
 from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
 from seqpar.experiments.documents import boundaries, draw_lengths
+from seqpar.rules import masks
 
 
 class _Strict(BaseModel):
@@ -104,6 +105,10 @@ class Workload(_Strict):
                                                        "t-W+1..t (None: no window)")
     data: TextSource | None = Field(None, description="train on text: {text: PATH} (training "
                                                       "trials; None: seeded random tokens)")
+    mask: str | dict[str, Any] | None = Field(
+        None, description="any attention mask: a compact form (window:W, block_sparse:B:D, "
+                          "prefix_lm:P, ...) or {kind: ..., ...} (README: Any mask); it takes the "
+                          "place of causal, documents and window")
 
     @field_validator("dtype")
     @classmethod
@@ -114,6 +119,17 @@ class Workload(_Strict):
 
     @model_validator(mode="after")
     def _mask_rules(self) -> Workload:
+        if self.mask is not None:
+            if self.documents is not None or self.window is not None or not self.causal:
+                raise _rule("workload.mask", self.mask_spec if isinstance(self.mask, str)
+                            else self.mask, "takes the place of causal, documents and window "
+                            "(give those as mask kinds: documents:L1,L2,..., window:W, full)")
+            try:
+                masks.parse(self.mask, self.seq_len)
+            except ConfigError as err:
+                part = err.field.removeprefix("mask").lstrip(".")
+                raise _rule("workload.mask" + (f".{part}" if part else ""), err.value,
+                            err.rule) from None
         if self.window is not None and not self.causal:
             raise _rule("workload.window", self.window,
                         "a sliding window needs causal=true (query t sees keys t-W+1..t)")
@@ -125,6 +141,13 @@ class Workload(_Strict):
             raise _rule("workload.documents.lengths", d.lengths,
                         f"must sum to seq_len={self.seq_len} (they sum to {sum(d.lengths)})")
         return self
+
+    @property
+    def mask_spec(self) -> str:
+        """The mask as its compact form ('': none, the causal/full relation)."""
+        if self.mask is None:
+            return ""
+        return masks.as_spec(masks.parse(self.mask, self.seq_len))
 
     @property
     def cu_seqlens(self) -> tuple[int, ...] | None:

@@ -132,7 +132,7 @@ class ExperimentSpec(_Strict):
         return Case(self.plan.algorithm, self.plan.world, self.plan.layout, w.causal, w.batch,
                     w.seq_len, m.heads, m.hkv, m.head_dim, w.dtype, w.seed,
                     tuple(sorted(self.options.items())), w.mode, w.warmup, w.iters,
-                    w.cu_seqlens or (), w.window)
+                    w.cu_seqlens or (), w.window, w.mask_spec)
 
     def _placed(self, case: Case | TrainCase) -> Trial:
         """The trial of `case` with this spec's placement (validated here, once)."""
@@ -158,7 +158,9 @@ class ExperimentSpec(_Strict):
     def hash(self) -> str:
         """12 hex digits of the canonical JSON of everything that changes the measurement."""
         env_out = {"timeout_s"} | (set() if self.env.vars else {"vars"})  # old hashes stay valid
-        data = self.model_dump(mode="json", exclude={"env": env_out, "model": {"preset"}})
+        workload_out = set() if self.workload.mask is not None else {"mask"}
+        data = self.model_dump(mode="json", exclude={"env": env_out, "model": {"preset"},
+                                                     "workload": workload_out})
         data["model"]["kv_heads"] = self.model.hkv
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -37,21 +37,24 @@ BENCH_ONE_N, BENCH_TWO_N = 4096, 8192
 
 
 def plan_cases(names: Sequence[str], layouts: Sequence[str], world: int, seq_len: int, batch: int,
-               heads: int, kv_heads: int, head_dim: int, dtype: str, seed: int
-               ) -> tuple[list[Case], list[tuple[Case, str]]]:
-    """Every algorithm x layout x {causal, full} x {MHA, GQA} case (local on one rank), in its
-    real form where the world allows (else its defaults); the ones no form fits, with the reason."""
+               heads: int, kv_heads: int, head_dim: int, dtype: str, seed: int,
+               masks: Sequence[str] = ()) -> tuple[list[Case], list[tuple[Case, str]]]:
+    """Every algorithm x layout x {causal, full} (or x each of `masks`, compact forms) x {MHA,
+    GQA} case (local on one rank), in its real form where the world allows (else its defaults);
+    the ones no form fits, with the reason."""
     cases, skipped = [], []
+    relations = [(True, m) for m in masks] or [(True, ""), (False, "")]
     for name in names:
         p = 1 if name == "local" else world
         for layout in layouts:
-            for causal in (True, False):
+            for causal, mask in relations:
                 for hkv in dict.fromkeys((heads, kv_heads)):
                     form = CHECK_FORMS[name](p) if name in CHECK_FORMS else {}
                     case, why = None, ""
                     for options in ([form, {}] if form else [{}]):  # the real form, else defaults
                         case = Case(name, p, layout, causal, batch, seq_len, heads, hkv, head_dim,
-                                    dtype, seed, options=tuple(sorted(options.items())))
+                                    dtype, seed, options=tuple(sorted(options.items())),
+                                    mask=mask)
                         try:
                             case.validate()  # the Case's rules: any length runs
                         except ConfigError as err:

@@ -75,7 +75,8 @@ def analytic_bytes(case: Case) -> float | None:
         by_phase = algorithms.expected_bytes(case.algorithm, case.shape, case.world,
                                              layout=case.layout, causal=case.causal,
                                              cu_seqlens=case.cu_seqlens or None,
-                                             window=case.window, **case.option_dict)
+                                             window=case.window, mask=case.attention_mask,
+                                             **case.option_dict)
     except NotImplementedError:
         return None
     return float(by_phase["forward"] + (by_phase["backward"] if case.mode != "fwd" else 0))
@@ -124,6 +125,9 @@ def _values(case: Case | TrainCase, ranks: Sequence[RankMeasurement], setup_s: f
         "tokens_per_s": tokens_per_s, "tokens_per_s_per_rank": tokens_per_s / case.world,
         "attn_flops": sum(rank_flops),  # one step, all ranks: the pairs the kernels computed
         "attn_tflops": sum(rank_flops) / (step_ms / 1e3) / 1e12,
+        # per device, MagiAttention's definition: the mask's visible pairs (the kernels' FLOPs,
+        # backward 2.5x forward) over the slowest rank's time
+        "tflops_per_s": sum(rank_flops) / (step_ms / 1e3) / 1e12 / case.world,
         "peak_mem_bytes": float(max(m.peak_mem_bytes for m in ranks)),
         "load_imbalance": (max(rank_flops) / statistics.mean(rank_flops)
                            if sum(rank_flops) > 0 else 1.0),

@@ -51,9 +51,9 @@ from seqpar.rules.masks.kinds import (
     shared_question,
     sliding_window,
 )
-from seqpar.rules.masks.specs import SPECS, as_spec, from_config, parse
+from seqpar.rules.masks.specs import SPECS, as_spec, default_spec, from_config, parse
 
-__all__ = ["DENSE_MAX", "KINDS", "SPECS", "Mask", "Slice", "as_spec", "block_sparse", "causal",
-           "check_slices", "dilated", "documents", "from_config", "from_dense", "from_slices",
-           "full", "parse", "prefix_lm", "random_block_sparse", "shared_question",
+__all__ = ["DENSE_MAX", "KINDS", "SPECS", "as_spec", "block_sparse", "causal", "check_slices",
+           "default_spec", "dilated", "documents", "from_config", "from_dense", "from_slices", "full",
+           "Mask", "parse", "prefix_lm", "random_block_sparse", "shared_question", "Slice",
            "sliding_window"]

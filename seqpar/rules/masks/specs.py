@@ -38,6 +38,33 @@ SPECS = {
 }
 
 
+def default_spec(kind: str, n: int) -> str:
+    """A compact form of mask `kind` for n tokens, with sizes drawn from n (what `seqpar check
+    --mask KIND` and the studies use when given a kind alone); a compact form is kept as it is."""
+    if ":" in kind or kind in ("full", "causal"):
+        return kind
+    block = next((b for b in (n // 8, n // 4, n // 2) if b > 0 and n % b == 0), n)
+    third = max(n // 3, 1)
+    forms = {
+        "window": f"window:{max(n // 8, 1)}",
+        "documents": f"documents:{third},{n - 2 * third},{third}" if n >= 3 else f"documents:{n}",
+        "block_sparse": f"block_sparse:{block}:0.3:0",
+        "dilated": f"dilated:{block}:2",
+        "prefix_lm": f"prefix_lm:{max(n // 4, 1)}",
+        "shared_question": (f"shared_question:{max(n // 4, 1)}:"
+                            + ",".join(str(a) for a in _split(n - max(n // 4, 1), 3))),
+    }
+    require(kind in forms, "mask", kind, f"must be one of {', '.join(['full', 'causal', *forms])} "
+            "or a compact form (README: Any mask)")
+    return forms[kind]
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """total in up to `parts` positive lengths."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
 def parse(spec: str | Mapping[str, Any] | Mask, n: int) -> Mask:
     """A mask of n tokens from its compact form (`SPECS`), a mapping {kind: ..., ...} or itself."""
     if isinstance(spec, Mask):

@@ -38,7 +38,7 @@ def shard_errors(case: Case, rank: int, shards: dict[str, torch.Tensor],
                  ref: dict[str, torch.Tensor]) -> dict[str, float]:
     """This rank's max |x - ref| over its rows, over the whole tensor's error scale, per tensor."""
     pos = layouts.positions(case.layout, rank, case.world, case.seq_len,
-                            case.cu_seqlens or None)
+                            case.cu_seqlens or None, case.attention_mask)
     out = {}
     for name in GRADS:
         want = ref[name].index_select(1, pos.to(ref[name].device))
@@ -55,7 +55,8 @@ def measure_accuracy(case: Case, rank: int, group: dist.ProcessGroup | None,
     attn = build(case, group, mesh, nodes, links)
     full = rounded_inputs(case)
     cu = case.cu_seqlens or None
-    local = {name: layouts.shard(t, case.layout, rank, case.world, cu_seqlens=cu).to(device)
+    local = {name: layouts.shard(t, case.layout, rank, case.world, cu_seqlens=cu,
+                                 mask=case.attention_mask).to(device)
              for name, t in full.items()}
     docs = {"cu_seqlens": cu} if cu else {}
 

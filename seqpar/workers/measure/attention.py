@@ -22,8 +22,8 @@ from seqpar.workers.measure.timing import iterate, timed_pass
 def local_inputs(case: Case, rank: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """This rank's q, k, v and upstream gradient, drawn from (seed, rank) at shard size."""
     g = torch.Generator().manual_seed(case.seed * 1_000_003 + rank)
-    s = (len(layouts.positions(case.layout, rank, case.world, case.seq_len, case.cu_seqlens))
-         if case.cu_seqlens else case.seq_len // case.world)
+    s = len(layouts.positions(case.layout, rank, case.world, case.seq_len, case.cu_seqlens or None,
+                              case.attention_mask))
     dtype = DTYPES[case.dtype]
     shapes = [(case.batch, s, case.heads, case.head_dim), (case.batch, s, case.kv_heads, case.head_dim),
               (case.batch, s, case.kv_heads, case.head_dim), (case.batch, s, case.heads, case.head_dim)]
@@ -36,7 +36,7 @@ def build(case: Case, group: dist.ProcessGroup | None, mesh: Mesh | None = None,
     `mesh`)."""
     return algorithms.build_attention(case.algorithm, causal=case.causal, layout=case.layout,
                                       group=group, mesh=mesh, nodes=nodes, links=links,
-                                      window=case.window,
+                                      window=case.window, mask=case.attention_mask,
                                       **case.option_dict)
 
 
@@ -47,7 +47,8 @@ def measure_attention(case: Case, rank: int, group: dist.ProcessGroup | None,
 
     The algorithm's mesh is built from `group` with the node map `nodes` (every rank of the group
     calls this), unless a prebuilt `mesh` is given. With documents (case.cu_seqlens) the shards are
-    dealt per document and every call passes them; with a window the attention is built with it."""
+    dealt per document and every call passes them; with a window or any mask (case.mask) the
+    attention is built with it."""
     device = torch.device(device)
     attn = build(case, group, mesh, nodes, links)
     q0, k0, v0, dout = local_inputs(case, rank, device)
