@@ -147,12 +147,21 @@ class TrainCase:
     lr: float = 1e-3
     states: str = "replicated"       # replicated | fsdp (FSDP2 over the DP x SP world)
     master_dtype: str | None = None  # fp32 master weights for a bf16 model: "float32"
-    offload: bool = False            # FSDP2's CPU offload (CUDA only)
+    offload: tuple[str, ...] | bool = ()  # to host: optimizer, params, activations (CUDA only)
     text: str | None = None          # a UTF-8 text file: byte tokens, documents packed (None: random)
     text_separator: str = "\n\n"     # what separates two documents of the text
+    tiled: bool = False              # the MLP over token tiles, recomputed per tile (ALST)
+    mask: str = ""                   # any attention mask, its compact form ("": causal)
 
     def config(self) -> ModelConfig:
-        return dataclasses.replace(ModelConfig.preset(self.model), **dict(self.model_overrides))
+        """The decoder: a preset, a YAML of ModelConfig's fields or a Hugging Face config.json
+        (`ModelConfig.load`), with the overrides."""
+        return dataclasses.replace(ModelConfig.load(self.model), **dict(self.model_overrides))
+
+    @property
+    def attention_mask(self) -> masks.Mask | None:
+        """The mask every layer's attention runs (None: causal, documents from the data)."""
+        return masks.parse(self.mask, self.seq_len) if self.mask else None
 
     # what the trial runner and TrialResult read from any case
     causal: bool = True
@@ -188,13 +197,17 @@ class TrainCase:
         require(self.text is None or self.batch == 1, "batch", self.batch,
                 "must be 1 with text data (a batch row is one window of packed documents; "
                 "use train.dp for more rows)")
+        require(not self.mask or self.text is None, "mask", self.mask,
+                "cannot be given with text data (its packed documents are the relation)")
+        if self.mask:
+            self.attention_mask  # noqa: B018 (a bad mask: one line, before any rank starts)
         algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
 
     def policy(self) -> TrainPolicy:
         """What decides this step's memory besides the shapes (the planner's unit)."""
         return TrainPolicy(states=self.states, master_dtype=self.master_dtype, offload=self.offload,
                            checkpoint=self.checkpoint, seq_fraction=self.seq_fraction,
-                           fused_head=self.fused_head)
+                           fused_head=self.fused_head, tiled=self.tiled)
 
     def state_policy(self) -> StatePolicy:
         """Where the model states live (the runner and the planner read the same policy)."""
@@ -207,7 +220,9 @@ class TrainCase:
         dp = f" DP={self.dp}" if self.dp > 1 else ""
         head = " fused-head" if self.fused_head else ""
         head += "" if self.states == "replicated" else f" {self.states}" + (
-            "+offload" if self.offload else "")
+            "".join(f"+offload:{o}" for o in self.state_policy().offload))
+        head += " tiled" if self.tiled else ""
+        head += f" mask={self.mask[:32]}" if self.mask else ""
         head += f" master={self.master_dtype}" if self.master_dtype else ""
         ckpt = self.checkpoint + (f"({self.seq_fraction})" if "sequence" in self.checkpoint else "")
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)

@@ -216,7 +216,8 @@ class TrainSpec(_Strict):
     """A model training trial instead of one attention call: `train.model` is the
     decoder (a `seqpar.model` preset), trained with the plan's algorithm over world / dp ranks."""
 
-    model: str = Field("tiny", description="tiny | llama2-7b | llama3-8b | 14b (seqpar.model)")
+    model: str = Field("tiny", description="a preset (tiny, llama3.1-8b, qwen2.5-14b, ...), a YAML "
+                                           "of ModelConfig's fields or a Hugging Face config.json")
     vocab: int | None = Field(None, gt=0, description="override the preset's vocabulary")
     checkpoint: str = Field("none", description="none | full | sc++ | sequence | sc++,sequence")
     seq_fraction: float = Field(0.5, ge=0, le=1, description="sequence: part recomputed")
@@ -228,7 +229,10 @@ class TrainSpec(_Strict):
                                   "the DP x SP world")
     master_dtype: str | None = Field(None, description="fp32 master weights and moments for a "
                                                        "bf16 model: float32 (None: the model's dtype)")
-    offload: bool = Field(False, description="FSDP2's CPU offload of the sharded states (CUDA)")
+    offload: bool | list[Literal["optimizer", "params", "activations"]] = Field(
+        False, description="to host memory (CUDA): a list drawn from optimizer, params, "
+                           "activations ([] none; true: FSDP2's CPU offload of the states)")
+    tiled: bool = Field(False, description="the MLP over token tiles, recomputed per tile (ALST)")
 
     def overrides(self) -> tuple[tuple[str, int], ...]:
         return (("vocab", self.vocab),) if self.vocab is not None else ()

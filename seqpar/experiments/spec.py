@@ -158,9 +158,12 @@ class ExperimentSpec(_Strict):
     def hash(self) -> str:
         """12 hex digits of the canonical JSON of everything that changes the measurement."""
         env_out = {"timeout_s"} | (set() if self.env.vars else {"vars"})  # old hashes stay valid
-        workload_out = set() if self.workload.mask is not None else {"mask"}
-        data = self.model_dump(mode="json", exclude={"env": env_out, "model": {"preset"},
-                                                     "workload": workload_out})
+        exclude: dict[str, Any] = {"env": env_out, "model": {"preset"}}
+        if self.workload.mask is None:  # fields added later: absent from older specs' hashes
+            exclude["workload"] = {"mask"}
+        if self.train is not None and not self.train.tiled:
+            exclude["train"] = {"tiled"}
+        data = self.model_dump(mode="json", exclude=exclude)
         data["model"]["kv_heads"] = self.model.hkv
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -209,7 +212,9 @@ def _train_case(spec: ExperimentSpec) -> TrainCase:
                      dtype=w.dtype, checkpoint=t.checkpoint, seq_fraction=t.seq_fraction,
                      fused_head=t.fused_head, options=tuple(sorted(spec.options.items())),
                      warmup=w.warmup, iters=w.iters, seed=w.seed, lr=t.lr, states=t.states,
-                     master_dtype=t.master_dtype, offload=t.offload,
+                     master_dtype=t.master_dtype,
+                     offload=tuple(t.offload) if isinstance(t.offload, list) else t.offload,
+                     tiled=t.tiled, mask=w.mask_spec,
                      text=w.data.path() if w.data is not None else None,
                      text_separator=w.data.separator if w.data is not None else "\n\n")
 

@@ -49,6 +49,7 @@ from seqpar.model import checkpointing, grads, head, init
 from seqpar.model import states as model_states
 from seqpar.model.config import ModelConfig, block_shapes
 from seqpar.model.layers import apply_rope, rms_norm, rope_tables, swiglu
+from seqpar.rules import masks
 
 
 class Block(nn.Module):
@@ -125,7 +126,8 @@ class Transformer(nn.Module):
                  head_tiles: tuple[int, int] = (1024, 8192), mesh: Mesh | None = None,
                  master_dtype: torch.dtype | None = None, states: str = "replicated",
                  offload: bool | Sequence[str] = (), device: torch.device | str | None = None,
-                 tiled: bool = False, mlp_tile: int | None = None, **attention_options: Any):
+                 tiled: bool = False, mlp_tile: int | None = None,
+                 mask: masks.Mask | None = None, **attention_options: Any):
         super().__init__()
         if mesh is not None:  # a prebuilt DP x SP mesh (algorithms.mesh_for(..., dp=)) gives both
             require(mesh.real, "mesh", "views", "must be built collectively (algorithms.mesh_for)")
@@ -146,8 +148,9 @@ class Transformer(nn.Module):
         self.world = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
         self.dp = 1 if dp_group is None else dist.get_world_size(dp_group)
+        self.mask = mask  # any attention mask over N tokens (None: causal, documents per call)
         self.attend = build_attention(attention, causal=True, layout=layout, group=group,
-                                      mesh=mesh, **attention_options)
+                                      mesh=mesh, mask=mask, **attention_options)
         sharded = states_policy.states == "fsdp"
         stored, build_on = states_policy.param_dtype(dtype), torch.device("meta") if sharded else device
         d = cfg.hidden
@@ -181,10 +184,14 @@ class Transformer(nn.Module):
         require(tokens.dim() == 2 and tokens.shape[1] >= 2, "tokens.shape", tuple(tokens.shape),
                 "must be (batch, N + 1) with N >= 1")
         n = tokens.shape[1] - 1
-        if cu_seqlens is None:
+        if self.mask is not None:
+            require(cu_seqlens is None and self.mask.n == n, "tokens.shape", tuple(tokens.shape),
+                    f"must hold N + 1 = {self.mask.n + 1} tokens a row for the model's mask, and "
+                    "no cu_seqlens (masks.documents carries documents)")
+        elif cu_seqlens is None:
             check_seq_len(self.layout, self.world, n)
         tokens = tokens.to(self.device)
-        pos = positions(self.layout, self.rank, self.world, n, cu_seqlens).to(self.device)
+        pos = positions(self.layout, self.rank, self.world, n, cu_seqlens, self.mask).to(self.device)
         return pos, tokens[:, pos], tokens[:, pos + 1]
 
     def hidden(self, tokens: torch.Tensor, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
