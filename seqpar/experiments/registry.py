@@ -19,6 +19,7 @@ from typing import Any
 from seqpar.errors import ConfigError, require
 from seqpar.experiments import clusters, perf
 from seqpar.experiments.grid import Point, expand
+from seqpar.experiments.mask_studies import _masks, _sparse
 from seqpar.experiments.sweep_bases import (  # noqa: F401  (the names studies are built from)
     CPU_BASE,
     CPU_LINKS,
@@ -315,4 +316,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("peers", "seqpar's algorithms beside the peers' own code doing the same thing "
           "(peer:<name>): ulysses vs yunchang, ring vs torch's context-parallel ring", "step_ms",
           _peers),
+    Study("sparse", "BurstEngine Table 3: a mask on the full schedule vs causal, window, block-"
+          "sparse and dilated masks balanced (and not): TGS of the whole model step", "tgs",
+          _sparse),
+    Study("masks", "every algorithm under each kind of mask, balanced layout: tokens/s, TFLOP/s, "
+          "load imbalance, bytes", "tokens_per_s", _masks),
 )}
