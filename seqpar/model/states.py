@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from seqpar.errors import require
+from seqpar.rules import memory as memory_rules
 
 STATES = ("replicated", "fsdp")
-OFFLOAD = ("optimizer", "params", "activations")  # what can live in host memory (ALST's offloads)
 
 
 def offload_tuple(offload: bool | Sequence[str] | None) -> tuple[str, ...]:
@@ -67,28 +67,15 @@ class StatePolicy:
 
 
 def check_offload(offload: tuple[str, ...], states: str, device_type: str | None) -> None:
-    """The offload rules (`device_type` None: not known yet, before any rank starts).
-
-    'params': FSDP2's CPUOffloadPolicy — the sharded parameters, their gradients and so the
-    optimizer's states (it steps where the parameters live) in host memory; fsdp only.
-    'optimizer': the optimizer's states in host memory; torch places them beside the parameters
-    they update, so only together with 'params'. 'activations': what forward saves for backward
-    goes to pinned host memory (`torch.autograd.graph.save_on_cpu`). All need CUDA: on a CPU device
-    every state is in host memory already."""
-    shown = list(offload)
-    require(len(set(offload)) == len(offload) and set(offload) <= set(OFFLOAD), "offload", shown,
-            f"must be a list drawn from {', '.join(OFFLOAD)} ([] for none)")
+    """The offload rules (`rules.memory.check_offload`: what each moves, and with what) and the
+    runner's own: all need CUDA (on a CPU device every state is in host memory already;
+    `device_type` None: not known yet, before any rank starts)."""
+    memory_rules.check_offload(offload, states)
     if not offload:
         return
-    require("optimizer" not in offload or "params" in offload, "offload", shown,
-            "'optimizer' needs 'params' too: torch keeps an optimizer's states beside the "
-            "parameters they update (FSDP2's CPUOffloadPolicy steps it on the host)")
-    require("params" not in offload or states == "fsdp", "offload", shown,
-            "'params' needs states='fsdp' (FSDP2's CPUOffloadPolicy moves the sharded states)")
     kind = "cuda" if device_type is None else device_type
-    require(kind == "cuda", "offload", shown, "needs CUDA: it moves device memory to the host, and "
-            f"on a {kind} device everything is in host memory already")
-
+    require(kind == "cuda", "offload", list(offload), "needs CUDA: it moves device memory to the "
+            f"host, and on a {kind} device everything is in host memory already")
 
 def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: StatePolicy,
                 dtype: torch.dtype, dp: int) -> None:

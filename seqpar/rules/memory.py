@@ -55,6 +55,7 @@ class TrainPolicy:
                 "offload", offload, f"must be a list drawn from {', '.join(OFFLOADS)} ([] for none)")
         object.__setattr__(self, "offload", tuple(o for o in OFFLOADS if o in offload))
         require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
+        check_offload(self.offload, self.states)
         require(self.checkpoint in CHECKPOINT_MODES, "checkpoint", self.checkpoint,
                 f"must be one of {', '.join(CHECKPOINT_MODES)}")
         require(isinstance(self.tiled, bool), "tiled", self.tiled, "must be true or false")
@@ -71,6 +72,24 @@ class TrainPolicy:
         if self.tiled:
             parts.append("tiled")
         return " ".join(parts)
+
+
+def check_offload(offload: tuple[str, ...], states: str) -> None:
+    """The offload rules that hold on any device (the runner adds: CUDA only).
+
+    'params': FSDP2's CPUOffloadPolicy — the sharded parameters, their gradients and so the
+    optimizer's states (it steps where the parameters live) in host memory; fsdp only.
+    'optimizer': the optimizer's states in host memory; torch places them beside the parameters
+    they update, so only together with 'params'. 'activations': what forward saves for backward
+    in pinned host memory (`torch.autograd.graph.save_on_cpu`)."""
+    shown = list(offload)
+    require(len(set(offload)) == len(offload) and set(offload) <= set(OFFLOADS), "offload", shown,
+            f"must be a list drawn from {', '.join(OFFLOADS)} ([] for none)")
+    require("optimizer" not in offload or "params" in offload, "offload", shown,
+            "'optimizer' needs 'params' too: torch keeps an optimizer's states beside the "
+            "parameters they update (FSDP2's CPUOffloadPolicy steps it on the host)")
+    require("params" not in offload or states == "fsdp", "offload", shown,
+            "'params' needs states='fsdp' (FSDP2's CPUOffloadPolicy moves the sharded states)")
 
 
 def _local_numel(shape: tuple[int, ...], shards: int) -> int:
@@ -92,16 +111,16 @@ def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: 
                      ) -> dict[str, int]:
     """Bytes of model states one rank holds under AdamW: parameters (master dtype, or the compute
     dtype), their gradients, two moments; sharded over `shards` ranks under fsdp. `device` is what
-    stays on the accelerator, `host` what `offload` moved (params: parameters and gradients;
-    optimizer: the moments)."""
+    stays on the accelerator, `host` what offload 'params' moved (FSDP2's CPU offload: the
+    parameters, their gradients and the moments that step beside them; `check_offload`)."""
     stored = ELEM[policy.master_dtype or dtype]
     n = shards if policy.states == "fsdp" else 1
     count = _sharded_numel(cfg, n)
     out = {"params": count * stored, "grads": count * stored, "optimizer": 2 * count * stored}
-    host = (out["params"] + out["grads"]) * ("params" in policy.offload) \
-        + out["optimizer"] * ("optimizer" in policy.offload)
-    out["device"] = out["params"] + out["grads"] + out["optimizer"] - host
-    out["host"] = host
+    total = out["params"] + out["grads"] + out["optimizer"]
+    hosted = "params" in policy.offload
+    out["device"] = 0 if hosted else total
+    out["host"] = total if hosted else 0
     return out
 
 
@@ -122,14 +141,16 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
                 batch: int) -> float:
     """Elements one block keeps for backward per token of the rank's shard (see
     `seqpar.model.checkpointing`): the two RMSNorms (their rsqrt, normalised input and scaled
-    output), the residual sums, SwiGLU's four ffn-wide tensors (none when tiled: a tile recomputes
-    them), the attention output and what the attention saves."""
+    output), the residual sums, SwiGLU's four ffn-wide tensors, the attention output and what the
+    attention saves. A tiled MLP keeps only its tiles' input (a residual sum kept anyway): not the
+    second RMSNorm nor SwiGLU's four."""
     d, f, h = cfg.hidden, cfg.ffn, cfg.heads
     lse = h * lse_per_elem
     out = d * (2 if attn.relayout else 1)
     attention = attn.saved + lse + out
-    mlp = 0 if policy.tiled else 4 * f
-    none = 2 * (2 * d + 1) + 2 * d + mlp + attention
+    none = 2 * (2 * d + 1) + 2 * d + 4 * f + attention
+    if policy.tiled:
+        none -= (2 * d + 1) + 4 * f
     mode, frac = policy.checkpoint, policy.seq_fraction
     if mode == "none":
         return none

@@ -25,8 +25,9 @@ from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy
 STATES = ("dp_sp", "sp", "node", "replicated")
 CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5")
 # offload sets a search tries (each a list drawn from OFFLOADS)
-OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("activations",), ("optimizer",),
-                                             ("optimizer", "params"),
+# (the runner's rules, `rules.memory.check_offload`: 'params' moves the optimizer's states too, and
+# only under sharded states)
+OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("activations",), ("optimizer", "params"),
                                              ("optimizer", "params", "activations"))
 
 
@@ -139,4 +140,5 @@ def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tupl
     offloads = [tuple(f.offload)] if f.offload is not None else list(offload_sets)
     tiles = [f.tiled] if f.tiled is not None else list(tiled)
     return [Policy(s, c, h, o, t) for s, c, h, o, t in
-            itertools.product(states, checkpoints, fused, offloads, tiles)]
+            itertools.product(states, checkpoints, fused, offloads, tiles)
+            if s != "replicated" or "params" not in o]  # 'params' moves sharded states only
