@@ -80,7 +80,7 @@ def test_offload_costs_host_time_and_frees_device_memory():
     setup = _setup(world=8, nodes=1, seq_len=131072, sequences=1)
     p = setup.attention(8, "ulysses", {}, "zigzag")
     base = step(setup, 1, 8, p, Policy("dp_sp", "full"))
-    opt = step(setup, 1, 8, p, Policy("dp_sp", "full", offload=("optimizer",)))
+    opt = step(setup, 1, 8, p, Policy("dp_sp", "full", offload=("optimizer", "params")))
     acts = step(setup, 1, 8, p, Policy("dp_sp", "full", offload=("activations",)))
     assert opt.parts["optimizer"] > base.parts["optimizer"]  # a CPU step, over PCIe
     assert opt.memory["states"] < base.memory["states"] and opt.memory["host"] > 0

@@ -92,16 +92,19 @@ def test_offload_moves_states_to_the_host_and_keeps_their_sum():
     cfg = ModelConfig(**_random_cfg())
     shards = RNG.choice([1, 2, 8])
     total = None
-    for offload in ((), ("optimizer",), ("params",), ("optimizer", "params"), True):
+    for offload in ((), ("params",), ("optimizer", "params"), True):
         p = rm.TrainPolicy(states="fsdp", master_dtype="float32", offload=offload)
         s = rm.predicted_states(cfg, "bfloat16", p, shards)
         total = total or s["device"]
         assert s["device"] + s["host"] == total
-        if "optimizer" in p.offload:
-            assert s["host"] >= s["optimizer"]
-    assert rm.TrainPolicy(offload=True).offload == ("optimizer", "params")
-    with pytest.raises(ConfigError):
-        rm.TrainPolicy(offload=("disk",))
+        if "params" in p.offload:  # FSDP2's CPU offload: every state steps on the host
+            assert s["host"] == total and s["device"] == 0
+    assert rm.TrainPolicy(states="fsdp", offload=True).offload == ("optimizer", "params")
+    for bad in (("disk",), ("optimizer",)):  # 'optimizer' lives beside the params it updates
+        with pytest.raises(ConfigError):
+            rm.TrainPolicy(states="fsdp", offload=bad)
+    with pytest.raises(ConfigError, match="'params' needs states='fsdp'"):
+        rm.TrainPolicy(offload=("params",))
 
 
 @pytest.mark.parametrize("mode", rm.CHECKPOINT_MODES)
