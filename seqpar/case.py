@@ -28,6 +28,7 @@ from seqpar.model.config import ModelConfig
 from seqpar.model.memory import TrainPolicy
 from seqpar.model.states import StatePolicy
 from seqpar.rules import masks
+from seqpar.rules.grids import ranks_per_node_of
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
 
@@ -228,20 +229,6 @@ class TrainCase:
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "
                 f"N={self.seq_len} ckpt={ckpt}{head} {self.dtype}")
-
-
-def ranks_per_node_of(world: int, nodes: int, ranks_per_node: int | None) -> int:
-    """The ranks per node of `world` ranks over `nodes` nodes (default world / nodes): the one rule
-    "nodes x ranks per node = world". Raises ConfigError."""
-    require(isinstance(nodes, int) and nodes >= 1, "nodes", nodes, "must be a positive integer")
-    if ranks_per_node is None:
-        require(world % nodes == 0, "nodes", nodes, f"must divide the world size ({world})")
-        return world // nodes
-    require(isinstance(ranks_per_node, int) and ranks_per_node >= 1, "ranks_per_node",
-            ranks_per_node, "must be a positive integer")
-    require(nodes * ranks_per_node == world, "ranks_per_node", ranks_per_node,
-            f"nodes ({nodes}) x ranks_per_node must equal the world size ({world})")
-    return ranks_per_node
 
 
 GANG_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")     # it names Ray actors: seqpar:<gang>:rank-<r>

@@ -23,6 +23,7 @@ from seqpar.experiments.perf.search import (
     with_alternatives,
 )
 from seqpar.rules import algorithms, masks
+from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
 
 Opt = typer.Option
@@ -90,7 +91,7 @@ def plan(
                 "is of one length)")
         masks.parse(mask, seq_len)  # a bad mask: one line, before any search
     nodes = nodes or max(1, -(-world // c.gpus_per_node))
-    require(world % nodes == 0, "nodes", nodes, f"must divide world={world}")
+    ranks_per_node_of(world, nodes, None)  # nodes divide the world: the one rule
     filters = Filters(sp=sp, algorithm=algorithm, layout=layout, states=states,
                       checkpoint=checkpoint, fused_head=fused_head, tiled=tiled,
                       offload=None if offload is None else offload_names(offload))

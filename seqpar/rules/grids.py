@@ -100,3 +100,17 @@ def _groups(grid: Grid, axis: str) -> tuple[tuple[int, ...], ...]:
     moved = cube.transpose(*rest, *[names.index(n) for n in over])
     rows = moved.reshape(-1, grid.axis_size(axis))
     return tuple(tuple(int(p) for p in row) for row in rows)
+
+
+def ranks_per_node_of(world: int, nodes: int, ranks_per_node: int | None) -> int:
+    """The ranks per node of `world` ranks over `nodes` nodes (default world / nodes): the one rule
+    "nodes x ranks per node = world". Raises ConfigError."""
+    require(isinstance(nodes, int) and nodes >= 1, "nodes", nodes, "must be a positive integer")
+    if ranks_per_node is None:
+        require(world % nodes == 0, "nodes", nodes, f"must divide the world size ({world})")
+        return world // nodes
+    require(isinstance(ranks_per_node, int) and ranks_per_node >= 1, "ranks_per_node",
+            ranks_per_node, "must be a positive integer")
+    require(nodes * ranks_per_node == world, "ranks_per_node", ranks_per_node,
+            f"nodes ({nodes}) x ranks_per_node must equal the world size ({world})")
+    return ranks_per_node

@@ -29,6 +29,7 @@ from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.step import Setup, Step, _attention_link, step
 from seqpar.rules import algorithms, masks
+from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.memory import OFFLOADS
 from seqpar.rules.model import ModelConfig, load
@@ -128,7 +129,7 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int, tokens_
     causal (or full) relation or any `mask` (a `masks.parse` spec of seq_len tokens)."""
     check_counts(seq_len=seq_len, tokens_per_step=tokens_per_step, world=world, nodes=nodes,
                  batch=batch)
-    require(world % nodes == 0, "nodes", nodes, f"must divide world={world}")
+    ranks_per_node_of(world, nodes, None)  # nodes divide the world: the one rule
     require(tokens_per_step % (seq_len * batch) == 0, "tokens-per-step", tokens_per_step,
             f"must be a multiple of seq-len x batch ({seq_len * batch}): whole sequences")
     cfg = model if isinstance(model, ModelConfig) else load(model)
