@@ -267,10 +267,10 @@ def unpack_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of a packed buffer, each a dense tensor of its own.
 
     Views of the packed buffer would have twice a plain tensor's row stride (K's and V's heads sit
-    side by side per token), and torch's CPU flash kernel reads such K,V 20-30% slower (forward, N
-    = 4096, H = 8, D = 64; `benchmarks/hot_loops.py`); the copy costs ~1% of that forward. One copy
-    per block, made here, serves every task of the block; `tests/unit/test_hot_path.py` holds the
-    ring at P = 1 to `local`'s time and strides."""
+    side by side per token); torch's CPU flash kernel read such K,V 22% slower forward on a busy
+    host, 1-5% on a quiet one (N = 4096, H = 8, D = 64; `benchmarks/hot_loops.py`), and the copy
+    costs ~1% of that forward. One copy per block, made here, serves every task of the block;
+    `tests/unit/test_hot_path.py` holds the kernel's K,V strides to `local`'s."""
     k, v = kv.chunk(2, dim=2)
     return kernels.contiguous(k), kernels.contiguous(v)
 

@@ -23,15 +23,15 @@ def test_the_torch_only_layers_import_nothing_but_torch_and_numpy():
 def test_gpu_check_runs_torch_only_on_cpu_ranks_and_prints_one_summary():
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--world",
-         "2", "--quick", "--algorithms", "ring,ulysses"],
+         "2", "--quick", "--algorithms", "ring"],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr[-3000:]
     lines = out.splitlines()
     assert lines[-1].startswith("gpu-check PASSED: 2 cpu rank(s)")
     assert any(line.startswith("auto kernel, float32: D=64 torch-cpu-flash") for line in lines)
-    assert any(line.startswith("check: 8/8 within bounds") for line in lines)
-    assert any(line.startswith("accuracy: 4/4 within bounds") for line in lines)
+    assert any(line.startswith("check: 4/4 within bounds") for line in lines)
+    assert any(line.startswith("accuracy: 2/2 within bounds") for line in lines)
     train = [line for line in lines if line.startswith("train ok")]
     assert len(train) == 8 and "fsdp" in train[-1] and "fused=True" in train[-1]
     assert "imports: torch-only" in lines
