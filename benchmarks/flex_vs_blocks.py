@@ -7,7 +7,7 @@ kernel, blocks no query sees skipped) against torch's FlexAttention (one compile
 
 Both compute the same function (checked once against each other); the numbers say which kernel
 wins where, for the note. FlexAttention compiles once per mask (not counted: the first call warms
-up both).
+up both). On the CPU FlexAttention has no backward (torch 2.13): forward only there.
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from seqpar.algorithms import masks
 
 def timed(fn, q, k, v, reps: int) -> float:
     times = []
+    backward = q.requires_grad
     for _ in range(reps + 1):
         for t in (q, k, v):
             t.grad = None
         start = time.perf_counter()
         out = fn(q, k, v)
-        out.backward(torch.ones_like(out))
+        if backward:
+            out.backward(torch.ones_like(out))
         if q.is_cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -50,7 +52,9 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     specs = ["block_sparse:128:0.2:0", f"window:{n // 8}", "causal"]
     flex = torch.compile(flex_attention, dynamic=False)
-    print(f"N={n} H={h} D={d} {args.dtype} on {args.device}: fwd+bwd ms (median of {args.reps})")
+    grad = args.device != "cpu"
+    phase = "fwd+bwd" if grad else "fwd"
+    print(f"N={n} H={h} D={d} {args.dtype} on {args.device}: {phase} ms (median of {args.reps})")
     for spec in specs:
         mask = masks.parse(spec, n)
         dense = torch.from_numpy(mask.dense()).to(args.device)
@@ -60,7 +64,7 @@ def main() -> None:
 
         block_mask = create_block_mask(mask_mod, None, None, n, n, device=args.device)
         g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(1, n, h, d, generator=g).to(args.device, dtype).requires_grad_()
+        q, k, v = (torch.randn(1, n, h, d, generator=g).to(args.device, dtype).requires_grad_(grad)
                    for _ in range(3))
         attn = algorithms.build_attention("local", layout="contiguous", mask=mask)
 

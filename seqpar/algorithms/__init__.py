@@ -111,7 +111,7 @@ def _whole_world(comm: Comm) -> bool:
 
 
 def build_attention(
-    name: str, *, causal: bool, layout: str = "contiguous",
+    name: str, *, causal: bool = True, layout: str = "contiguous",
     group: dist.ProcessGroup | None = None, mesh: Mesh | None = None,
     nodes: Sequence[int] | None = None, links: Links | None = None, window: int | None = None,
     mask: masks.Mask | None = None, strict: bool | None = None, **options: Any,
