@@ -43,10 +43,10 @@ from seqpar.algorithms import REGISTRY, build_attention, kernels, layouts  # noq
 from seqpar.errors import SeqparError  # noqa: E402
 from seqpar.model import CHECKPOINT_MODES, ModelConfig, Transformer  # noqa: E402
 from seqpar.model.memory import state_bytes  # noqa: E402
+from seqpar.rules.shape import TOLERANCE  # noqa: E402
 
 NOT_TORCH_ONLY = ("ray", "mlflow", "pydantic", "typer", "rich", "yaml", "scipy", "pandas")
 # max |x - ref| / max |ref| this check holds each dtype to (seqpar's tolerances, per dtype)
-BOUND = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -119,7 +119,7 @@ def _attention_rows(world, rank, device, dtypes, quick, names):
             continue
         err, why = _case(world, rank, device, name, layout, causal, 8, kv, 64, DTYPES[dtype])
         rows.append(("check", f"{name} {layout} {'causal' if causal else 'full'} H=8 Hkv={kv} "
-                     f"D=64 {dtype}", err, BOUND[dtype], why))
+                     f"D=64 {dtype}", err, TOLERANCE[dtype], why))
     dtype = dtypes[-1]  # the 16-bit one
     for name, head_dim, what in itertools.product(names, (72,) if quick else (128, 72),
                                                   ("documents", "window")):
@@ -130,7 +130,7 @@ def _attention_rows(world, rank, device, dtypes, quick, names):
         err, why = _case(world, rank, device, name, "zigzag", True, 8, 2, head_dim, DTYPES[dtype],
                          cu=cu if cu else (0, 128 * world), window=None if cu else 33, seed=1)
         rows.append(("accuracy", f"{name} zigzag {what} GQA 8/2 D={head_dim} {dtype}", err,
-                     BOUND[dtype], why))
+                     TOLERANCE[dtype], why))
     return rows
 
 

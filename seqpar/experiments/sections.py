@@ -184,7 +184,8 @@ class ClusterTwin(_Strict):
 
 class Environment(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    backend: str = Field("auto", description="local attention kernel: auto | flash | torch | math")
+    backend: str = Field("auto", description="local attention kernel: auto | flash | torch | cudnn "
+                                             "| math")
     link_emulation: dict[Literal["intra", "inter"], LinkSpec] | ClusterTwin | None = None
     timeout_s: float = Field(300.0, gt=0)
     vars: dict[str, str] = Field(default_factory=dict, description="environment variables every "

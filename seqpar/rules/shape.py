@@ -10,6 +10,8 @@ from seqpar.rules.layouts import shard_len
 
 PHASES = ("forward", "backward")
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+# the relative error (max |error| / max |float64 reference|) a result in each dtype is held to
+TOLERANCE = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
 
 # Shapes of one attention layer, by name. `tiny` is what 2 CPU cores finish in seconds; the others are
 # the papers' models (LoongTrain and WallFacer use 7B shapes; llama3-8b is the GQA case, H/Hkv = 4).

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from seqpar.case import Case
+from seqpar.rules.shape import TOLERANCE  # noqa: F401 (the bound, also from here)
 
 GRADS = ("out", "dq", "dk", "dv")
 # relative tolerance (max |error| / max |reference|) by dtype
-TOLERANCE = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
 # the float64 scores of one block of query rows against all N keys: 64 MiB at most (the block's
 # other intermediates are a few times this), whatever N
 BLOCK_SCORE_BYTES = 64 << 20
