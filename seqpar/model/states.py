@@ -30,15 +30,17 @@ STATES = ("replicated", "fsdp")
 
 
 def offload_tuple(offload: bool | Sequence[str] | None) -> tuple[str, ...]:
-    """The offload list in its one form, a sorted tuple: a list as given; the old flag True (FSDP2's
-    CPU offload) is ('optimizer', 'params'), False or None is ()."""
+    """The offload list in its one form, a tuple in `OFFLOADS` order (as `TrainPolicy` holds it;
+    names it does not know last, for the check to name): a list as given; the old flag True
+    (FSDP2's CPU offload) is ('optimizer', 'params'), False or None is ()."""
     if offload is None or offload is False:
         return ()
     if offload is True:
         return ("optimizer", "params")
     if isinstance(offload, str):
         return (offload,)
-    return tuple(sorted(offload))
+    order = memory_rules.OFFLOADS
+    return tuple(sorted(offload, key=lambda o: (order.index(o) if o in order else len(order), str(o))))
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype
         per_token += d * acc / e - d
         head = v * d * acc
     else:
-        per_token += 0 if policy.tiled else v * acc / e  # a tiled loss keeps no logits
+        per_token += v * acc / e  # the logits (the runner tiles the loss only in the fused head)
         head = 0
     on_device = min(cfg.layers, 2) if "activations" in policy.offload else cfg.layers
     blocks = on_device * block_bytes(cfg, batch, shard_tokens, dtype, policy, attn)
