@@ -24,6 +24,7 @@ holds floor(N/P) or ceil(N/P) tokens and shards are padded to s = ceil(N/P) rows
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -188,9 +189,11 @@ def balanced_deal(world: int, n: int, mask: Any = None) -> Balance:
     rows = _row_counts(mask, n)
     loads = rows[:body].reshape(world * m, chunk).sum(axis=1).tolist()
     owner = best_deal(loads, world, m)
-    ranks = tuple(tuple(sorted([t for c in (i for i, o in enumerate(owner) if o == r)
-                                for t in range(c * chunk, (c + 1) * chunk)]
-                               + list(range(body + r, n, world)))) for r in range(world))
+    held: list[list[int]] = [[] for _ in range(world)]
+    for c, r in enumerate(owner):  # chunk order: each rank's chunks ascending
+        held[r].append(c)
+    ranks = tuple(tuple([t for c in held[r] for t in range(c * chunk, (c + 1) * chunk)]
+                        + list(range(body + r, n, world))) for r in range(world))
     per_rank = tuple(int(rows[list(p)].sum()) for p in ranks)
     return Balance(ranks, chunk, per_rank, load_bound(loads, world, m))
 
@@ -237,10 +240,13 @@ def assign(loads: list[int], world: int, per_rank: int) -> list[int]:
     order = sorted(range(len(loads)), key=lambda i: (-loads[i], i))
     total = [0] * world
     held: list[list[int]] = [[] for _ in range(world)]
+    room = [(0, r) for r in range(world)]  # (load, rank) of the ranks with room: the lightest first
     for i in order:
-        r = min((r for r in range(world) if len(held[r]) < per_rank), key=lambda r: (total[r], r))
+        _, r = heapq.heappop(room)
         held[r].append(i)
         total[r] += loads[i]
+        if len(held[r]) < per_rank:
+            heapq.heappush(room, (total[r], r))
     improved = True
     while improved:
         improved = False
