@@ -109,3 +109,26 @@ def test_compare_links_to_mlflows_compare_runs_view_of_the_trials(monkeypatch, s
     assert sorted(json.loads(urllib.parse.unquote(query["runs"]))) == sorted(
         r.run_id for r in runs)
     assert json.loads(urllib.parse.unquote(query["experiments"])) == [runs[0].experiment_id]
+
+
+def test_trials_under_any_mask_are_told_apart_by_their_mask(monkeypatch, fresh_store):
+    """A sweep over workload.mask (the sparse study's shape): each row names its mask."""
+    tracker = Tracker(fresh_store)
+    sweep = tracker.start_sweep("sparse", "sparse", {}, {"seqpar.headline": "tokens_per_s"})
+    specs = ("full", "causal", "block_sparse:64:0.25:0")
+    for i, (spec, layout) in enumerate((s, lay) for s in specs for lay in ("contiguous", "balanced")):
+        tracker.log_trial(
+            sweep, name=f"burst {spec} {layout}", spec_hash=f"s{i}",
+            params={"plan.algorithm": "burst", "plan.world": 2, "plan.nodes": 1,
+                    "plan.layout": layout, "workload.seq_len": 2048, "model.heads": 4,
+                    "model.kv_heads": 2, "workload.dtype": "float32", "workload.causal": True,
+                    "workload.mask": spec},
+            metrics={"step_ms": 10.0 + i, "tokens_per_s": 2048 / (10.0 + i) * 1e3},
+            tags={"seqpar.device": "cpu", "seqpar.cpu_count": "2"}, status="FINISHED",
+            cause=None, detail={})
+    tracker.end_sweep(sweep)
+    rows = json.loads(_compare(monkeypatch, fresh_store, 120, "--json"))
+    assert sorted((r["mask"], r["layout"]) for r in rows) == sorted(
+        (s, lay) for s in specs for lay in ("contiguous", "balanced"))
+    out = _compare(monkeypatch, fresh_store, 120)
+    assert "block_sparse:64:0.25:0" in out and "mask" in out

@@ -102,7 +102,7 @@ class Comparison:
 
 def sort_key(t: TrialView) -> tuple:
     return (t.seq_len, t.kv_heads or 0, t.world,
-            t.config, t.layout or "", -(t.window or 1 << 62), t.dtype or "")
+            t.config, t.mask_spec or "", t.layout or "", -(t.window or 1 << 62), t.dtype or "")
 
 
 def select(tracker: Tracker, study: str | None, sweep: str | None

@@ -99,6 +99,7 @@ class TrialView:
     metrics: dict[str, float] = field(default_factory=dict)
     unstable: str | None = None  # why its step time cannot be trusted (tag seqpar.unstable)
     experiment_id: str = ""      # its MLflow experiment
+    mask_spec: str | None = None  # workload.mask's compact form (any mask); None: causal/full
 
     @classmethod
     def of(cls, run: RunRecord) -> TrialView:
@@ -129,7 +130,7 @@ class TrialView:
             _opt_int(p, "workload.window"), docs, training, cores,
             tags.get("seqpar.device"), tags.get("seqpar.topology", "virtual"),
             tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics),
-            tags.get("seqpar.unstable"), run.experiment_id)
+            tags.get("seqpar.unstable"), run.experiment_id, _text(p, "workload.mask"))
 
     @property
     def finished(self) -> bool:
@@ -145,7 +146,10 @@ class TrialView:
 
     @property
     def mask(self) -> str:
-        """causal | full, with its documents and window: 'causal docs=12 W=512'."""
+        """The mask's compact form ('block_sparse:64:0.25:0'), or causal | full with its documents
+        and window: 'causal docs=12 W=512'."""
+        if self.mask_spec:
+            return self.mask_spec
         out = "causal" if self.causal else "full"
         if self.documents is not None:
             out += f" docs={self.documents.short.split()[0]}"
