@@ -9,10 +9,14 @@ the gang's tests run first (`order`). One module, imported by both conftests, ho
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+# `make test-full` (SEQPAR_TEST_FULL=1): the full products; `make test` runs covering designs of them
+FULL = os.environ.get("SEQPAR_TEST_FULL") == "1"
 
 # the fixtures backed by a Shared resource; "gang" also decides the order
 SHARED_FIXTURES = ("gang", "ray_runner", "two_nodes")

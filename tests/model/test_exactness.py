@@ -1,8 +1,10 @@
 """The sequence-parallel model equals the one-process model in float64: loss within 1e-10 and every
 parameter gradient within 1e-8 (relative to the gradient's largest entry), on every rank.
 
-Matrix: every algorithm x P in {2, 4} x model states (replicated, FSDP2-sharded over the group);
-inside each, the full cross product layout x checkpoint mode (3 x 5 = 15 runs), with MHA/GQA
+Matrix: every algorithm x P in {2, 4} x model states (replicated, FSDP2-sharded over the group)
+under `make test-full`; `make test` runs each algorithm in each states mode once and at each P once
+(P = 4, where every algorithm's options do their non-trivial thing, in FSDP for half of them); inside
+each, the full cross product layout x checkpoint mode (3 x 5 = 15 runs), with MHA/GQA
 alternating so that every layout and every mode meets both ((layout index + mode index) odd -> GQA)
 and the fused head on for half of them. DP=2 x SP=2 for ring, ulysses and usp in every layout, in
 both states modes (FSDP over all four ranks). Gradients are read with `net.full_grads()`, the same
@@ -20,6 +22,7 @@ from seqpar import algorithms
 from seqpar.algorithms import recording
 from seqpar.model import CHECKPOINT_MODES, ModelConfig, Transformer
 from seqpar.rules import masks
+from tests.resources import FULL
 
 LAYOUTS = ("contiguous", "zigzag", "stripe")
 ALGORITHMS = ("allgather", "ulysses", "ring", "usp", "double_ring", "wallfacer", "burst")
@@ -91,10 +94,16 @@ def check(label: str, got, want) -> None:
         assert err < 1e-8, f"{label}: grad {name} relative error {err:.2e}"
 
 
+def covered(algorithm: str, world: int, states: str) -> bool:
+    """Whether `make test` runs this (algorithm, P, states): all under SEQPAR_TEST_FULL."""
+    fsdp_at_4 = ALGORITHMS.index(algorithm) % 2 == 0
+    return FULL or (states == "fsdp") == (fsdp_at_4 == (world == 4))
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize("states", ("replicated", "fsdp"))
-@pytest.mark.parametrize("world", (2, 4))
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize(("algorithm", "world", "states"), [
+    (a, w, s) for a in ALGORITHMS for w in (2, 4) for s in ("replicated", "fsdp")
+    if covered(a, w, s)])
 def test_model_matches_one_process(gang, algorithm, world, states, seed):
     runs = matrix()
     per_rank = gang.run(_sp_runs, algorithm, world, runs, seed, states, size=world)

@@ -3,25 +3,24 @@ against SDPA with an explicit boolean mask on the unsharded sequence
 (workers/measure/reference.reference_mask): output and all three gradients, and every rank's ledger
 bytes against the analytic count.
 
-One gang round-trip per (algorithm, options, P) runs the whole batch. At P = 2, 3 and 4 the batch is
-the full product layout x {causal, full} x {MHA, GQA} x relation (156 cases). At P = 8 (eight
-processes on a small machine: a case costs ~4x more than at P = 4) it is a covering design of a
-quarter of that (39 cases): every relation with every layout, with causal and full and with MHA
-and GQA; and in each kind of relation (documents, windows, uneven lengths) every layout x
-{causal, full} x {MHA, GQA}. The design is fixed (DESIGN_SEED: the same cases on every run, so a
-broken combination fails every time; the inputs still change with the seed).
-`SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at P = 8 as well."""
+One gang round-trip per (algorithm, options, P) runs the whole batch. `make test` runs a covering
+design of a quarter of the full product layout x {causal, full} x {MHA, GQA} x relation (39 of 156
+cases) at each P: every relation with every layout, with causal and full and with MHA and GQA; and
+in each kind of relation (documents, windows, uneven lengths) every layout x {causal, full} x
+{MHA, GQA}; each P meets its own quarter (the design seed is P). The design is fixed (the same
+cases on every run, so a broken combination fails every time; the inputs still change with the
+seed). `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at every P."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 
 import pytest
 
 from seqpar.case import Case
 from seqpar.workers.measure.check import failures_of
+from tests.resources import FULL
 
 ALGORITHMS = {  # name -> options per world
     "allgather": lambda p: (),
@@ -33,9 +32,6 @@ ALGORITHMS = {  # name -> options per world
     "burst": lambda p: (),
 }
 LAYOUTS = ("contiguous", "zigzag", "stripe")
-# worlds that run the covering design instead of the full product (SEQPAR_TEST_FULL=1: none)
-SAMPLED = () if os.environ.get("SEQPAR_TEST_FULL") == "1" else (8,)
-DESIGN_SEED = 0  # which combination meets which relation in the sampled design: fixed
 
 Relation = tuple[int, tuple[int, ...], int | None]  # (N, cu_seqlens, window)
 
@@ -84,8 +80,8 @@ def batch(algorithm: str, world: int, seed: int) -> list[Case]:
     n = 2 * world * (10 if world <= 4 else 8)
     heads = {3: ((6, 6), (6, 3)), 8: ((8, 8), (8, 2))}.get(world, ((4, 4), (4, 2)))
     by_kind = relations(n, world)
-    if world in SAMPLED:
-        rows = covering(DESIGN_SEED)
+    if not FULL:
+        rows = covering(world)  # which combination meets which relation: fixed per P
     else:
         rows = [(kind, j, layout, causal, h)
                 for layout, causal, h in itertools.product(range(len(LAYOUTS)), (True, False),

@@ -11,7 +11,6 @@ mask kind) once, spread over P = 2, 4 and 8 and over MHA and GQA, with uneven le
 from __future__ import annotations
 
 import itertools
-import os
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from seqpar.case import Case
 from seqpar.rules import masks
 from seqpar.workers.measure.check import failures_of
+from tests.resources import FULL
 
 ALGORITHMS = {  # name -> options per world
     "allgather": lambda p: (),
@@ -31,7 +31,6 @@ ALGORITHMS = {  # name -> options per world
 }
 LAYOUTS = ("contiguous", "zigzag", "stripe", "balanced")
 WORLDS = (2, 4, 8)
-FULL = os.environ.get("SEQPAR_TEST_FULL") == "1"
 
 
 def random_slices(n: int, rng: np.random.Generator) -> str:

@@ -17,6 +17,7 @@ from seqpar.algorithms import Mask
 from seqpar.case import Case
 from seqpar.rules import route
 from seqpar.workers.measure.check import TOLERANCE, evaluate, run_cases
+from tests.resources import FULL
 
 SKIP = (("skip_transfers", True),)
 ALGORITHMS = {  # name -> options per world (besides skip_transfers)
@@ -39,16 +40,33 @@ def relations(n: int, world: int) -> list[tuple[tuple[int, ...], int | None]]:
             ((0, 5, 6, n - 3, n), 3)]
 
 
+HEADS = ((4, 4), (4, 2))
+
+
+def design(world: int) -> list[tuple[str, bool, int, int]]:
+    """(layout, causal, heads index, relation index): the full product under SEQPAR_TEST_FULL, else
+    a covering quarter (every relation with both layouts, and over the relations both masks and
+    both head counts with each layout; each P its own quarter)."""
+    rows = []
+    for (li, layout), causal, h, j in itertools.product(enumerate(("contiguous", "zigzag")),
+                                                        (True, False), range(len(HEADS)),
+                                                        range(7)):
+        combo = (j + li + world) % 4
+        if FULL or (causal, h) == (combo % 2 == 0, combo // 2):
+            rows.append((layout, causal, h, j))
+    return rows
+
+
 def batch(algorithm: str, world: int, seed: int) -> list[Case]:
     n = 2 * world * 8
     options = tuple(sorted(SKIP + ALGORITHMS[algorithm](world)))
+    rels = relations(n, world)
     out = []
-    for layout, causal, (h, hkv) in itertools.product(("contiguous", "zigzag"), (True, False),
-                                                      ((4, 4), (4, 2))):
-        for cu, window in relations(n, world):
-            out.append(Case(algorithm, world, layout, causal, batch=1, seq_len=n, heads=h,
-                            kv_heads=hkv, head_dim=4, seed=seed, cu_seqlens=cu, window=window,
-                            options=options))
+    for layout, causal, h, j in design(world):
+        (heads, kv_heads), (cu, window) = HEADS[h], rels[j]
+        out.append(Case(algorithm, world, layout, causal, batch=1, seq_len=n, heads=heads,
+                        kv_heads=kv_heads, head_dim=4, seed=seed, cu_seqlens=cu, window=window,
+                        options=options))
     return out
 
 
@@ -90,6 +108,16 @@ def failures(gang, cases: list[Case]) -> list[str]:
         if found:
             out.append(f"{case.label()} cu={case.cu_seqlens}: {found[:4]}")
     return out
+
+
+def test_the_design_covers_every_relation_layout_mask_and_head_count():
+    for world in (2, 4, 8):
+        rows = design(world)
+        assert len(rows) == (56 if FULL else 14)
+        assert {(lay, j) for lay, _, _, j in rows} == set(itertools.product(
+            ("contiguous", "zigzag"), range(7)))
+        assert {(lay, c, h) for lay, c, h, _ in rows} == set(itertools.product(
+            ("contiguous", "zigzag"), (True, False), (0, 1)))
 
 
 @pytest.mark.multirank
