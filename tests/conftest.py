@@ -99,6 +99,11 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
+    if not resources.FULL:  # `make test`: the slow scenarios are make test-full's
+        slow = [i for i in items if i.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if not i.get_closest_marker("slow")]
     resources.order(items)
 
 

@@ -63,6 +63,7 @@ def sweep_id_of(out: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_retries_rerun_a_rank_that_died_and_the_sweep_succeeds(cli, arm_fault):
     arm_fault("die", rank=1)
     code, out, err = cli("sweep", "two.yaml", "--retries", "1")

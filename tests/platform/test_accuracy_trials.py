@@ -53,6 +53,7 @@ def test_sharded_accuracy_trial_is_exact_in_float64_with_documents_and_window(ga
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_accuracy_study_runs_on_ray_and_logs_errors_and_its_plot(ray_runner, tmp_path):
     from seqpar.platform.tracking import Tracker
     from seqpar.sweeps import spec

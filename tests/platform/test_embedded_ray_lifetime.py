@@ -34,6 +34,7 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_sweep_leaves_no_ray_process_behind(tmp_path):
     (tmp_path / "slow.yaml").write_text(SLOW_SWEEP)
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # make test-full: the two-node tests join too
 
 BIN = Path(sys.executable).parent
 TINY_SWEEP = """\

@@ -134,6 +134,7 @@ def test_failed_trial_is_retried_then_logged_failed_with_its_cause(ray_runner, t
     assert tracker.sweep(outcome.sweep_id).tags["seqpar.failed"] == "1"
 
 
+@pytest.mark.slow
 def test_tuning_profiles_every_valid_configuration_and_logs_it_as_a_sweep(ray_runner, tracker):
     from seqpar.sweeps.tune import tuning_plan
 

@@ -196,6 +196,7 @@ def driven(two_nodes):
     return json.loads(lines[-1])
 
 
+@pytest.mark.slow
 def test_a_rank_missing_a_module_on_its_node_fails_the_trial_at_startup_and_the_next_runs(driven):
     missing = driven["missing"]
     assert (missing["status"], missing["failure"]) == ("FAILED", "startup"), missing
@@ -206,10 +207,12 @@ def test_a_rank_missing_a_module_on_its_node_fails_the_trial_at_startup_and_the_
     assert driven["next"]["node_of_rank"] == [0, 0, 1, 1]
 
 
+@pytest.mark.slow
 def test_a_communication_variable_set_on_the_driver_reaches_every_rank(driven):
     assert driven["seen"] == ["seqpar-probe0"] * 4
 
 
+@pytest.mark.slow
 def test_a_placement_other_than_the_plan_is_refused_naming_both_maps(driven):
     refused = driven["interleaved"]
     assert (refused["status"], refused["failure"]) == ("FAILED", "startup"), refused

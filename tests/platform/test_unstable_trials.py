@@ -55,6 +55,7 @@ def steal(monkeypatch):
     return arm
 
 
+@pytest.mark.slow
 def test_a_stable_trial_logs_its_interval_and_no_unstable_tag(ray_runner, tracker, steal):
     ran = steal(0)
     outcome = runner.run_sweep(spec.parse(ONE), tracker=tracker, runner=ray_runner,
@@ -95,6 +96,7 @@ def test_rerun_unstable_measures_again_until_a_round_is_stable(ray_runner, track
     assert "seqpar.unstable" not in run.tags and run.metrics["noise_steal_frac"] < 0.5
 
 
+@pytest.mark.slow
 def test_rerun_unstable_stops_at_its_round_limit_and_keeps_the_reason(ray_runner, tracker, steal):
     ran = steal(99)
     outcome = runner.run_sweep(spec.parse(ONE), tracker=tracker, runner=ray_runner,
