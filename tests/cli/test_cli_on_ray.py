@@ -74,6 +74,7 @@ def test_retries_rerun_a_rank_that_died_and_the_sweep_succeeds(cli, arm_fault):
     assert "seqpar.failure" not in runs["ring"].tags  # the logged (last) attempt succeeded
 
 
+@pytest.mark.slow  # a dead rank fails its trial: tests/platform/test_ray_faults.py
 def test_without_retries_a_dead_rank_fails_the_sweep_with_exit_1(cli, arm_fault):
     arm_fault("die", rank=1)
     code, out, err = cli("sweep", "two.yaml")

@@ -14,7 +14,7 @@ from seqpar.model.measure import checkpoint_bytes
 CFG = ModelConfig(vocab=53, hidden=32, layers=2, heads=4, kv_heads=2, ffn=48)
 
 
-@pytest.mark.parametrize("fraction", (0.25, 0.5))
+@pytest.mark.parametrize("fraction", (0.25, pytest.param(0.5, marks=pytest.mark.slow)))
 def test_bytes_per_block_match_the_analytic_count(fraction):
     rows = {r["mode"]: r for r in checkpoint_bytes(CFG, batch=2, seq_len=32, fraction=fraction,
                                                    repeats=1)}

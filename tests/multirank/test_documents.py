@@ -120,7 +120,7 @@ def test_the_sampled_design_covers_what_the_full_product_does():
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("world", [2, 3, 4, pytest.param(8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_documents_and_windows_are_exact(gang, algorithm, world, seed):
     cases = batch(algorithm, world, seed)

@@ -109,6 +109,7 @@ def test_ctrl_c_during_a_trial_tears_the_gang_down(ray_runner, gang_id, seed, as
     assert_no_leaks()
 
 
+@pytest.mark.slow  # a raising rank through the CLI: tests/cli/test_cli_on_ray.py
 def test_a_rank_that_raises_fails_the_trial_as_rank_raised_and_leaks_nothing(
         ray_runner, gang_id, seed, arm_fault, assert_no_leaks):
     arm_fault("raise", rank=1)

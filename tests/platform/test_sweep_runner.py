@@ -90,6 +90,7 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
         report.comparison(tracker, metric="speed")
 
 
+@pytest.mark.slow  # resume through the CLI: tests/cli/test_cli_on_ray.py
 def test_interrupted_sweep_resumes_with_only_the_rest_and_no_duplicates(ray_runner, tracker):
     plan = spec.parse({**MINI, "grid": {**MINI["grid"], "workload.seq_len": [64]}})  # 3 trials
     done: list[str] = []
