@@ -7,9 +7,11 @@ One gang round-trip per (algorithm, options, P) runs the whole batch. `make test
 design of a quarter of the full product layout x {causal, full} x {MHA, GQA} x relation (39 of 156
 cases) at each P: every relation with every layout, with causal and full and with MHA and GQA; and
 in each kind of relation (documents, windows, uneven lengths) every layout x {causal, full} x
-{MHA, GQA}; each P meets its own quarter (the design seed is P). The design is fixed (the same
-cases on every run, so a broken combination fails every time; the inputs still change with the
-seed). `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at every P."""
+{MHA, GQA}; each P meets its own quarter (the design seed is P), at P = 2, 3 and 4 (at P = 8
+the any-mask matrix, tests/multirank/test_masks.py, runs documents and windows in make test). The
+design is fixed (the same cases on every run, so a broken combination fails every time; the inputs
+still change with the seed). `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at
+every P, 8 included."""
 
 from __future__ import annotations
 
