@@ -131,6 +131,7 @@ def test_tune_without_dry_run_profiles_ranks_and_logs_the_configurations(cli):
     assert best.params["plan.algorithm"] in first_row
 
 
+@pytest.mark.slow  # the ratios from logged runs: tests/platform/test_unstable_trials.py
 def test_compare_baseline_prints_each_trials_time_ratio_with_its_interval(cli):
     import json
 

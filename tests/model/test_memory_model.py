@@ -19,14 +19,24 @@ from seqpar.model.memory import (
     predicted_states,
     state_breakdown,
 )
+from tests.resources import FULL
 
 CFG = ModelConfig(vocab=128, hidden=64, layers=2, heads=4, kv_heads=2, ffn=96)
 N = 64
 
 
-@pytest.mark.parametrize(("master", "tiled"), ((None, False), ("float64", False), (None, True)))
-@pytest.mark.parametrize("fused", (False, True))
-@pytest.mark.parametrize("mode", CHECKPOINT_MODES)
+VARIANTS = ((None, False), ("float64", False), (None, True))  # (master dtype, tiled)
+
+
+def _cases() -> list[tuple[str, bool, str | None, bool]]:
+    """Every checkpoint mode x fused head x variant under SEQPAR_TEST_FULL; else each (mode, fused)
+    once, the variant cycling (every variant meets both heads)."""
+    return [(mode, fused, *VARIANTS[v]) for i, mode in enumerate(CHECKPOINT_MODES)
+            for j, fused in enumerate((False, True)) for v in range(len(VARIANTS))
+            if FULL or v == (i + 2 * j) % len(VARIANTS)]
+
+
+@pytest.mark.parametrize(("mode", "fused", "master", "tiled"), _cases())
 def test_predicted_step_memory_is_what_one_process_holds(mode, fused, master, tiled):
     dtypes = {None: None, "float64": torch.float64}
     net = Transformer(CFG, checkpoint=mode, fused_head=fused, head_tiles=(16, 32),

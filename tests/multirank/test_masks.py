@@ -96,11 +96,11 @@ def design(algorithm: str, world: int) -> list[tuple[str, int, bool, int]]:
     a = list(ALGORITHMS).index(algorithm)
     rows = []
     for k, lay in itertools.product(range(len(KINDS)), range(len(LAYOUTS))):
+        n = 16 * world - (2 if (k + lay) % 3 == 0 and KINDS[k] not in ("block_sparse",
+                                                                          "dilated") else 0)
         if FULL:
-            rows += [(KINDS[k], lay, gqa, 16 * world) for gqa in (False, True)]
+            rows += [(KINDS[k], lay, gqa, n) for gqa in (False, True)]
         elif (k + lay + a) % 3 == w:
-            n = 16 * world - (2 if (k + lay) % 3 == 0 and KINDS[k] not in ("block_sparse",
-                                                                              "dilated") else 0)
             rows.append((KINDS[k], lay, (k + lay) % 2 == 1, n))
     return rows
 

@@ -21,6 +21,7 @@ def ring_case(seed: int, **kw) -> Case:
                 head_dim=8, dtype="float32", seed=seed, warmup=1, iters=3, **kw)
 
 
+@pytest.mark.slow  # bytes by the real node map: tests/platform/test_two_nodes.py
 def test_ring_on_virtual_2x2_books_each_ranks_bytes_on_its_next_neighbours_link(
         ray_runner, gang_id, seed):
     case = ring_case(seed)
