@@ -13,13 +13,16 @@ call in every mode. The reference is computed in the test process (no group).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 
 import pytest
 import torch
 
 from seqpar import algorithms
 from seqpar.algorithms import recording
+from seqpar.experiments.spec import ExperimentSpec
 from seqpar.model import CHECKPOINT_MODES, ModelConfig, Transformer
 from seqpar.rules import masks
 from tests.resources import FULL
@@ -214,3 +217,34 @@ def test_any_mask_trains_as_one_process(gang, algorithm, seed):
     for rank_results in gang.run(_mask_runs, algorithm, 2, seed, states, size=2):
         for spec, got, want in zip(MASKS, rank_results, wants, strict=True):
             check(f"{algorithm} mask {spec}", got, want)
+
+
+def _file_runs(env, cfg: ModelConfig, seed: int):
+    net = Transformer(cfg, attention="ring", layout="zigzag", group=env.group(2),
+                      checkpoint="sc++", seed=3, dtype=torch.float64, states="fsdp")
+    return _run(net, tokens_for(seed))
+
+
+@pytest.mark.multirank
+def test_a_model_given_as_a_config_json_trains_as_one_process(gang, tmp_path, seed):
+    """A sweep's `train.model: <config.json>` (a Hugging Face config) is the model the ranks build:
+    ring over 2 FSDP ranks equals the one-process model made from the same file."""
+    gqa = CONFIGS["gqa"]
+    hf = {"model_type": "llama", "hidden_size": gqa.hidden, "vocab_size": gqa.vocab,
+          "intermediate_size": gqa.ffn, "num_attention_heads": gqa.heads,
+          "num_key_value_heads": gqa.kv_heads, "num_hidden_layers": gqa.layers,
+          "rope_theta": 20000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(hf))
+    spec = {"model": {"heads": gqa.heads, "kv_heads": gqa.kv_heads, "head_dim": gqa.head_dim},
+            "plan": {"algorithm": "ring", "world": 2, "layout": "zigzag"},
+            "workload": {"seq_len": N, "dtype": "float64"}, "train": {"model": str(path)}}
+    case = ExperimentSpec.parse(spec).to_case()
+    cfg = case.config()
+    assert cfg == dataclasses.replace(gqa, rope_theta=20000.0, norm_eps=1e-6), cfg
+    net = Transformer(cfg, seed=3, dtype=torch.float64)
+    loss = net.loss(tokens_for(seed))
+    loss.backward()
+    want = (loss.item(), {name: p.grad for name, p in net.named_parameters()})
+    for rank, got in enumerate(gang.run(_file_runs, cfg, seed, size=2)):
+        check(f"config.json rank {rank}", got, want)
