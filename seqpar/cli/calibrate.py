@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from seqpar.cli.display import console, display_table
+from seqpar.experiments import clusters
 
 
 def calibrate(
@@ -18,8 +19,7 @@ def calibrate(
     """Kernel throughput by block size, merge and copy rates, local link latency/bandwidth and the
     transport's CPU cost, a ring step's fixed cost -> the `local` cluster; on a CUDA machine also
     each attention kernel's rates (the planner's --kernel takes them first)."""
-    from seqpar.experiments import clusters
-    from seqpar.sweeps.calibrate import calibrate as measure
+    from seqpar.sweeps.calibrate import calibrate as measure  # torch: not for --help
 
     c, table = measure(with_link=links)
     display_table("attention kernel fwd+bwd (float32, one thread), GFLOP/s",

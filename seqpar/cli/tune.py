@@ -6,7 +6,12 @@ from typing import Annotated
 
 import typer
 
+from seqpar.cli import options
 from seqpar.cli.display import console, display_table
+from seqpar.cli.sweep import execute
+from seqpar.experiments import clusters
+from seqpar.experiments.perf import plan as perf_plan
+from seqpar.experiments.perf.search import check_counts
 
 
 def tune(
@@ -29,9 +34,7 @@ def tune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the tuning space only.")] = False,
 ) -> None:
     """Profile every valid (algorithm, options, layout) for this world and rank by tokens/s."""
-    from seqpar.cli.sweep import execute
-    from seqpar.experiments.perf.search import check_counts
-    from seqpar.sweeps.tune import tuning_plan
+    from seqpar.sweeps.tune import tuning_plan  # torch: not for --help
 
     check_counts(nodes=nodes)  # the rest are a sweep's fields, refused by name when the plan is made
 
@@ -46,10 +49,6 @@ def tune(
 
 def _ranking(sweep_id: str, cluster: str = "local") -> None:
     """Measured ranking by tokens/s, with the performance model's prediction next to each."""
-    from seqpar.cli import options
-    from seqpar.experiments import clusters
-    from seqpar.experiments.perf import plan as perf_plan
-
     trials = [t for t in options.tracker().trials(sweep_id) if "tokens_per_s" in t.metrics]
     checks = perf_plan.validate(((t.params, t.metrics) for t in trials), clusters.load(cluster))
     predicted = {c.label: c.predicted_ms for c in checks}

@@ -17,7 +17,7 @@ the divide factor is set to DP: sum over the world / DP, whatever FSDP's default
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -29,20 +29,6 @@ from seqpar.rules import memory as memory_rules
 STATES = ("replicated", "fsdp")
 
 
-def offload_tuple(offload: bool | Sequence[str] | None) -> tuple[str, ...]:
-    """The offload list in its one form, a tuple in `OFFLOADS` order (as `TrainPolicy` holds it;
-    names it does not know last, for the check to name): a list as given; the old flag True
-    (FSDP2's CPU offload) is ('optimizer', 'params'), False or None is ()."""
-    if offload is None or offload is False:
-        return ()
-    if offload is True:
-        return ("optimizer", "params")
-    if isinstance(offload, str):
-        return (offload,)
-    order = memory_rules.OFFLOADS
-    return tuple(sorted(offload, key=lambda o: (order.index(o) if o in order else len(order), str(o))))
-
-
 @dataclass(frozen=True)
 class StatePolicy:
     """Where the model states live and in which dtype (the runner and the planner read this)."""
@@ -52,7 +38,7 @@ class StatePolicy:
     offload: tuple[str, ...] = ()              # drawn from OFFLOAD (CUDA only); True: FSDP2's
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "offload", offload_tuple(self.offload))
+        object.__setattr__(self, "offload", memory_rules.offload_tuple(self.offload))
 
     def check(self, dtype: torch.dtype, device: torch.device | None) -> None:
         """Every rule; the device's only where it is known (None: before any rank starts)."""

@@ -14,6 +14,7 @@ Pure Python: the planner imports this without torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -35,6 +36,20 @@ NCCL_CHANNELS = 16
 NCCL_CONNECTIONS = 2
 
 
+def offload_tuple(offload: bool | Sequence[str] | None) -> tuple[str, ...]:
+    """The offload list in its one form, a tuple in `OFFLOADS` order (as `TrainPolicy` holds it;
+    names it does not know last, for the check to name): a list as given; the old flag True
+    (FSDP2's CPU offload) is ('optimizer', 'params'), False or None is ()."""
+    if offload is None or offload is False:
+        return ()
+    if offload is True:
+        return ("optimizer", "params")
+    if isinstance(offload, str):
+        return (offload,)
+    order = OFFLOADS
+    return tuple(sorted(offload, key=lambda o: (order.index(o) if o in order else len(order), str(o))))
+
+
 @dataclass(frozen=True)
 class TrainPolicy:
     """Everything but the shapes that decides a training step's memory."""
@@ -50,10 +65,10 @@ class TrainPolicy:
     def __post_init__(self) -> None:
         offload = self.offload
         if isinstance(offload, bool):  # the runner's older flag: FSDP2's CPU offload of states
-            offload = ("optimizer", "params") if offload else ()
+            offload = offload_tuple(offload)
         require(isinstance(offload, tuple | list) and all(o in OFFLOADS for o in offload),
                 "offload", offload, f"must be a list drawn from {', '.join(OFFLOADS)} ([] for none)")
-        object.__setattr__(self, "offload", tuple(o for o in OFFLOADS if o in offload))
+        object.__setattr__(self, "offload", offload_tuple(offload))
         require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
         check_offload(self.offload, self.states)
         require(self.checkpoint in CHECKPOINT_MODES, "checkpoint", self.checkpoint,

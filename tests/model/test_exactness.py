@@ -67,6 +67,13 @@ def reference(kind: str, fused: bool, seed: int, batch: int = BATCH):
     return loss.item(), {name: p.grad.clone() for name, p in net.named_parameters()}
 
 
+def _step(net: Transformer, tokens: torch.Tensor, cu_seqlens=None):
+    """(loss, every full gradient) of one forward and backward."""
+    loss = net.loss(tokens, cu_seqlens=cu_seqlens)
+    loss.backward()
+    return loss.item(), net.full_grads()
+
+
 def _run(net: Transformer, tokens: torch.Tensor):
     with recording() as ledger:
         loss = net.loss(tokens)
@@ -161,9 +168,7 @@ def _doc_runs(env, algorithm: str, world: int, cu: tuple[int, ...], seed: int, s
         net = Transformer(CONFIGS["gqa"], attention=algorithm, layout=layout, group=env.group(world),
                           checkpoint="sc++", seed=3, dtype=torch.float64, states=states,
                           **options_for(algorithm, world))
-        loss = net.loss(tokens_for(seed), cu_seqlens=cu)
-        loss.backward()
-        out.append((loss.item(), net.full_grads()))
+        out.append(_step(net, tokens_for(seed), cu))
     return out
 
 
@@ -173,9 +178,7 @@ def test_packed_documents_match_one_process(gang, algorithm, seed):
     """Packed documents (text data): attention stays inside each document, on every layout."""
     cu = (0, 5, 12, N)
     net = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64)
-    loss = net.loss(tokens_for(seed), cu_seqlens=cu)
-    loss.backward()
-    want = (loss.item(), {name: p.grad for name, p in net.named_parameters()})
+    want = _step(net, tokens_for(seed), cu)
     plain = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64).loss(tokens_for(seed)).item()
     assert abs(plain - want[0]) > 1e-6, "documents changed nothing: the mask was not applied"
     states = "fsdp" if algorithm == "ring" else "replicated"
@@ -194,9 +197,7 @@ def _mask_runs(env, algorithm: str, world: int, seed: int, states: str):
                           group=env.group(world), checkpoint="sc++", seed=3, dtype=torch.float64,
                           states=states, mask=masks.parse(spec, N),
                           **options_for(algorithm, world))
-        loss = net.loss(tokens_for(seed))
-        loss.backward()
-        out.append((loss.item(), net.full_grads()))
+        out.append(_step(net, tokens_for(seed)))
     return out
 
 
@@ -208,9 +209,7 @@ def test_any_mask_trains_as_one_process(gang, algorithm, seed):
     wants = []
     for spec in MASKS:
         net = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64, mask=masks.parse(spec, N))
-        loss = net.loss(tokens_for(seed))
-        loss.backward()
-        wants.append((loss.item(), {name: p.grad for name, p in net.named_parameters()}))
+        wants.append(_step(net, tokens_for(seed)))
     plain = Transformer(CONFIGS["gqa"], seed=3, dtype=torch.float64).loss(tokens_for(seed)).item()
     assert all(abs(plain - w[0]) > 1e-6 for w in wants), "a mask changed nothing"
     states = "fsdp" if algorithm == "ring" else "replicated"
@@ -243,8 +242,6 @@ def test_a_model_given_as_a_config_json_trains_as_one_process(gang, tmp_path, se
     cfg = case.config()
     assert cfg == dataclasses.replace(gqa, rope_theta=20000.0, norm_eps=1e-6), cfg
     net = Transformer(cfg, seed=3, dtype=torch.float64)
-    loss = net.loss(tokens_for(seed))
-    loss.backward()
-    want = (loss.item(), {name: p.grad for name, p in net.named_parameters()})
+    want = _step(net, tokens_for(seed))
     for rank, got in enumerate(gang.run(_file_runs, cfg, seed, size=2)):
         check(f"config.json rank {rank}", got, want)
