@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 from seqpar.cli import display
 from seqpar.cli.app import app
 from seqpar.platform.tracking import Tracker
+from seqpar.sweeps.report.plots.common import trial_label
 from seqpar.sweeps.report.table import three
+from seqpar.sweeps.report.view import trials
 
 ALGORITHMS = (("local", 1), ("allgather", 2), ("ulysses", 2), ("ring", 2))
 
@@ -132,3 +134,5 @@ def test_trials_under_any_mask_are_told_apart_by_their_mask(monkeypatch, fresh_s
         (s, lay) for s in specs for lay in ("contiguous", "balanced"))
     out = _compare(monkeypatch, fresh_store, 120)
     assert "block_sparse:64:0.25:0" in out and "mask" in out
+    views = trials(tracker.trials(sweep))  # the report's plots label each trial apart too
+    assert len({trial_label(t) for t in views}) == len(views) == 6

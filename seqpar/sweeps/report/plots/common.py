@@ -53,9 +53,11 @@ def line_styles(labels: list[str]) -> dict[str, str]:
 
 
 def trial_label(t: TrialView) -> str:
-    """One trial in a bar chart's row: 'ring  P=4 zigzag N=4K Hkv=2 [oversub]'."""
+    """One trial in a bar chart's row: 'ring  P=4 zigzag N=4K Hkv=2 [oversub]' (and any mask's
+    compact form: trials of a mask sweep differ by it)."""
     return (f"{t.config}  P={t.world} {t.layout or ''} N={style.tokens(t.seq_len)}"
             + (f" Hkv={t.kv_heads}" if t.gqa else "")
+            + (f" {t.mask_spec[:40]}" if t.mask_spec else "")
             + ("  [oversub]" if t.oversubscribed else ""))
 
 

@@ -15,6 +15,8 @@ def _series_label(t: TrialView) -> str:
     label = f"{t.config} P={t.world}"
     if t.gqa:
         label += f" Hkv={t.kv_heads}"
+    if t.mask_spec:
+        label += f" {t.mask_spec[:40]}"
     return label
 
 
