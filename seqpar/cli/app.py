@@ -1,27 +1,70 @@
-"""The `seqpar` command. The command modules are light (typer, rich, the CLI's own helpers); what a
-command runs (torch, Ray, MLflow behind seqpar's floors) is imported inside it, so `--help` is
-instant and `seqpar plan` never loads torch."""
+"""The `seqpar` command. Each command's module is imported when that command is named (`COMMANDS`),
+so `seqpar plan` loads the planner and nothing else (no torch, Ray or MLflow) and `--help` loads
+the CLI's modules only; what a command runs behind them (torch, Ray, MLflow) loads inside it."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Annotated
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
+from typer.main import get_command_from_info, get_group
+from typer.models import CommandInfo
 
-from seqpar.cli import calibrate, check, cluster, compare, plan, report, studies, sweep, tune
 from seqpar.cli.display import err_console
 from seqpar.cli.options import Settings
 from seqpar.errors import SeqparError
 
 try:  # typer >= 0.22 vendors click
-    from typer._click import exceptions as click_errors
+    from typer import _click as click
 except ImportError:
-    from click import exceptions as click_errors
+    import click  # type: ignore[no-redef]
+click_errors = click.exceptions
+
+# name -> (module in seqpar.cli, its function, or its Typer app when None, the help panel)
+COMMANDS: dict[str, tuple[str, str | None, str]] = {
+    "check": ("check", "check", "Verify"),
+    "cluster": ("cluster", None, "Ray"),
+    "studies": ("studies", "studies", "Experiments"),
+    "run": ("sweep", "run", "Experiments"),
+    "sweep": ("sweep", "sweep", "Experiments"),
+    "tune": ("tune", "tune", "Experiments"),
+    "compare": ("compare", "compare", "Results"),
+    "plan": ("plan", "plan", "Experiments"),
+    "calibrate": ("calibrate", "calibrate", "Experiments"),
+    "report": ("report", "report", "Results"),
+}
+
+
+class LazyCommands(TyperGroup):
+    """The root group: it lists `COMMANDS` and builds each one's click command the first time it
+    is named (importing its module then)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, function, panel = COMMANDS[cmd_name]
+            mod = importlib.import_module(f"seqpar.cli.{module}")
+            if function is None:
+                command = get_group(mod.app)
+            else:
+                command = get_command_from_info(
+                    CommandInfo(name=cmd_name, callback=getattr(mod, function),
+                                rich_help_panel=panel),
+                    pretty_exceptions_short=app.pretty_exceptions_short,
+                    rich_markup_mode=self.rich_markup_mode)
+            command.rich_help_panel = panel  # type: ignore[attr-defined]
+            self.commands[cmd_name] = command
+        return self.commands.get(cmd_name)
+
 
 app = typer.Typer(
-    name="seqpar", no_args_is_help=True, add_completion=False,
+    name="seqpar", cls=LazyCommands, no_args_is_help=True, add_completion=False,
     help="Measure sequence-parallel attention algorithms across many ranks.",
 )
 
@@ -42,16 +85,6 @@ def _root(
     ctx.obj = Settings(address, tracking_uri)  # every command finds them in its context
 
 
-app.command("check", rich_help_panel="Verify")(check.check)
-app.add_typer(cluster.app, rich_help_panel="Ray")
-app.command("studies", rich_help_panel="Experiments")(studies.studies)
-app.command("run", rich_help_panel="Experiments")(sweep.run)
-app.command("sweep", rich_help_panel="Experiments")(sweep.sweep)
-app.command("tune", rich_help_panel="Experiments")(tune.tune)
-app.command("compare", rich_help_panel="Results")(compare.compare)
-app.command("plan", rich_help_panel="Experiments")(plan.plan)
-app.command("calibrate", rich_help_panel="Experiments")(calibrate.calibrate)
-app.command("report", rich_help_panel="Results")(report.report)
 
 
 def main() -> None:

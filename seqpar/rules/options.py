@@ -75,9 +75,10 @@ class Options:
         if isinstance(options, Options):
             options = options.as_dict()
         options = dict(options or {})
-        for key in options:
-            require(key in cls.names(), "option", key,
-                    f"{algorithm or cls.__name__} takes {', '.join(sorted(cls.names()))}")
+        names = cls.names()
+        unknown = next((key for key in options if key not in names), None)
+        require(unknown is None, "option", unknown,
+                f"{algorithm or cls.__name__} takes {', '.join(sorted(names))}")
         return cls(**options)
 
     def as_dict(self) -> dict[str, Any]:

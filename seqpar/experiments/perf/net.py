@@ -8,13 +8,59 @@ Intra-node transfers use the GPU's own NVLink share (a switch: no contention).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, TypeVar
 
 import numpy as np
 
 from seqpar.experiments.clusters import Cluster
+
+T = TypeVar("T")
+
+
+class ByIdentity:
+    """A memo keyed by an object's identity, for the rank lists a schedule reuses across the
+    configurations a plan ranks (a list is not hashable, and hashing 1,024 ranks costs what the
+    memo saves). An entry holds its object, so the id is not reused while the entry lives."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._held: dict[tuple, tuple[Any, Any]] = {}
+
+    def get(self, obj: Any, make: Callable[[], T], *extra: Any) -> T:
+        key = (id(obj), *extra)
+        hit = self._held.get(key)
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        if len(self._held) >= self.size:
+            self._held.clear()
+        value = make()
+        self._held[key] = (obj, value)
+        return value
+
+
+@dataclass(frozen=True)
+class _Sends:
+    """Where concurrent point-to-point sends go, whatever their size (`Net.p2p`)."""
+
+    moving: bool
+    crossing: bool  # some send leaves its node
+    all_crossing: bool
+    share: int  # the most crossing senders on one NIC
+
+
+@dataclass(frozen=True)
+class _Spread:
+    """How a collective's bytes split between links, per rank, whatever their size: a rank sends
+    `apart[r] / (m - 1)` of its bytes to group members on other nodes (`Net.collective`)."""
+
+    m: int
+    apart_min: int  # the fewest members elsewhere (the most intra-node bytes)
+    nic_apart: int  # the rank whose NIC carries the most: its members elsewhere, its NIC's share
+    nic_share: int
+    busiest_apart: int  # the rank with the most inter-node bytes (then the highest rank)
 
 
 @dataclass(frozen=True)
@@ -56,45 +102,71 @@ class Net:
     def p2p(self, pairs: Sequence[tuple[int, int]] | np.ndarray, nbytes: int) -> Cost:
         """Concurrent sends of nbytes each, (src, dst) pairs; the slowest sets the time (the sender
         whose NIC is shared by the most crossing senders: time grows with the share)."""
+        sends = self._sends.get(pairs, lambda: self._sends_of(pairs))
+        if not sends.moving or nbytes <= 0:
+            return Cost(0.0)
+        c = self.cluster
+        if sends.crossing:
+            t_inter = c.inter.seconds(nbytes, sends.share)
+            t_intra = c.intra.seconds(nbytes) if not sends.all_crossing else 0.0
+            return Cost(max(t_inter, t_intra), 0, nbytes)
+        return Cost(c.intra.seconds(nbytes), nbytes, 0)
+
+    @cached_property
+    def _sends(self) -> ByIdentity:
+        return ByIdentity()
+
+    def _sends_of(self, pairs: Sequence[tuple[int, int]] | np.ndarray) -> _Sends:
         pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         src, dst = pairs[:, 0], pairs[:, 1]
         moving = src != dst
-        if not moving.any() or nbytes <= 0:
-            return Cost(0.0)
+        if not moving.any():
+            return _Sends(False, False, False, 0)
         src, dst = src[moving], dst[moving]
         per = self.ranks_per_node
         crossing = src // per != dst // per
-        if crossing.any():
-            share = np.bincount(self._nic_ids[src[crossing]]).max()
-            t_inter = self.cluster.inter.seconds(nbytes, int(share))
-            t_intra = self.cluster.intra.seconds(nbytes) if not crossing.all() else 0.0
-            return Cost(max(t_inter, t_intra), 0, nbytes)
-        return Cost(self.cluster.intra.seconds(nbytes), nbytes, 0)
+        share = int(np.bincount(self._nic_ids[src[crossing]]).max()) if crossing.any() else 0
+        return _Sends(True, bool(crossing.any()), bool(crossing.all()), share)
 
     def collective(self, groups: Sequence[Sequence[int]], nbytes: int) -> Cost:
         """All groups at once (disjoint, of one size), each rank sending nbytes spread evenly over
         its group's other members (all-to-all, all-gather, reduce-scatter alike): per rank, the
         intra share over NVLink and the inter share over its NIC (shared by its NIC's other
         senders), both at once; every peer posted at once: one latency per link class."""
-        g = np.asarray(groups, dtype=np.int64)
-        if nbytes <= 0 or g.ndim != 2 or g.shape[1] < 2:
+        spread = self._spreads.get(groups, lambda: self._spread_of(groups))
+        if nbytes <= 0 or spread is None:
             return Cost(0.0)
+        c, m = self.cluster, spread.m
+
+        def inter(apart: int) -> float:
+            return nbytes * apart / (m - 1)
+
+        worst = c.intra.seconds(float(nbytes - inter(spread.apart_min)))
+        if spread.nic_share:
+            worst = max(worst, c.inter.seconds(inter(spread.nic_apart), spread.nic_share))
+        busiest = inter(spread.busiest_apart)
+        return Cost(worst, round(nbytes - busiest), round(busiest))
+
+    @cached_property
+    def _spreads(self) -> ByIdentity:
+        return ByIdentity()
+
+    def _spread_of(self, groups: Sequence[Sequence[int]]) -> _Spread | None:
+        g = np.asarray(groups, dtype=np.int64)
+        if g.ndim != 2 or g.shape[1] < 2:
+            return None
         m = g.shape[1]
         ranks = g.ravel()
         # members of one's group on one's own node: count (group, node) pairs
         nodes = self.world // self.ranks_per_node + 1
         where = np.repeat(np.arange(len(g)), m) * nodes + ranks // self.ranks_per_node
-        same = np.bincount(where)[where]
-        inter = nbytes * (m - same) / (m - 1)
-        intra = nbytes - inter
-        sending = inter > 0
-        c = self.cluster
-        worst = c.intra.seconds(float(intra.max()))
+        apart = m - np.bincount(where)[where]
+        sending = apart > 0
+        r = share = 0
         if sending.any():
             nic = self._nic_ids[ranks]
-            share = np.bincount(nic[sending], minlength=nic.max() + 1)[nic]
-            load = np.where(sending, inter * share, 0.0)  # Link.seconds grows with bytes x share
-            r = int(load.argmax())
-            worst = max(worst, c.inter.seconds(float(inter[r]), int(share[r])))
-        busiest = int(np.lexsort((ranks, inter))[-1])  # most inter-node bytes, then highest rank
-        return Cost(worst, round(float(intra[busiest])), round(float(inter[busiest])))
+            shares = np.bincount(nic[sending], minlength=nic.max() + 1)[nic]
+            r = int(np.where(sending, apart * shares, 0).argmax())  # bytes x share: the slowest
+            share = int(shares[r])
+        busiest = int(np.lexsort((ranks, apart))[-1])  # most inter-node bytes, then highest rank
+        return _Spread(m, int(apart.min()), int(apart[r]), share, int(apart[busiest]))

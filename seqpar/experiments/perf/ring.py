@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqpar.experiments.perf.net import Cost
+from seqpar.experiments.perf.net import ByIdentity, Cost
 from seqpar.experiments.perf.schedule import RingStage
 
 if TYPE_CHECKING:
@@ -80,24 +80,26 @@ def _ordered(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarr
 def _kinds(st: RingStage, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     """(steps x rings*positions) kind of each rank's block, ranks in ring order; and per kind one
     (ring, position, source) that meets it. Memoised on the stage: a plan asks for each layout."""
-    held = _KINDS.get(id(st))
-    if held is not None and held[0] is st:
-        return held[1], held[2]
+    return _KINDS.get(st, lambda: _kinds_of(st, rings), rings)
+
+
+def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
     n, w = st.size, st.inner
     src = sources(n, w)
     here, there = (np.asarray(k[:rings], dtype=np.int64).reshape(rings, n, -1) for k in st.keys)
     signs = np.sign(there[:, src] - here[:, None, :, :]) + 1  # (rings, steps, positions, parts)
     kind = (signs * 3 ** np.arange(signs.shape[3])).sum(axis=3).transpose(1, 0, 2)
-    _, first, index = np.unique(kind, return_index=True, return_inverse=True)
+    # at most 3^parts kinds: number the ones met in value order, find each one's first meeting
+    met = np.zeros(3 ** signs.shape[3], dtype=bool)
+    met[kind.ravel()] = True
+    index = (np.cumsum(met) - 1)[kind]
+    first = [int((kind == v).argmax()) for v in np.flatnonzero(met)]
     step, r, pos = np.unravel_index(first, kind.shape)
     meets = [(int(r_), int(p), int(src[s_, p])) for s_, r_, p in zip(step, r, pos, strict=True)]
-    if len(_KINDS) >= 64:
-        _KINDS.clear()
-    _KINDS[id(st)] = (st, index.reshape(len(src), -1), meets)
-    return _KINDS[id(st)][1], meets
+    return index.reshape(len(src), -1), meets
 
 
-_KINDS: dict[int, tuple[RingStage, np.ndarray, list[tuple[int, int, int]]]] = {}
+_KINDS = ByIdentity(64)
 
 
 def _keyed(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
@@ -162,10 +164,7 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     if n == 1:
         timing.add(st.label, total_compute, total_compute, Cost(0.0), flops)
         return
-    members = np.asarray(st.rings)
-    big_i, t = np.divmod(np.arange(n), w)
-    inner_pairs = _pairs(members, big_i * w + (t + 1) % w)
-    outer_pairs = _pairs(members, ((big_i + 1) % outer) * w + t)
+    inner_pairs, outer_pairs = _HOPS.get(st.rings, lambda: _hops(st.rings, w), w)
 
     def both(pairs):  # the block and the gradient behind it: one link, or (emulated) each its own
         if c.shared_links or not st.grad:
@@ -195,6 +194,17 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     timing.add(st.label, seconds, total_compute, Cost(cost.seconds, intra, inter), flops)
 
 
-def _pairs(members: np.ndarray, to: np.ndarray) -> np.ndarray:
-    """(sender, receiver) of every ring's position p and position to[p]."""
-    return np.stack([members.ravel(), members[:, to].ravel()], axis=1)
+def _hops(rings: list[list[int]], w: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sender, receiver) pairs of every ring's inner hop (to the next position of its inner ring)
+    and outer hop (to the same position of the next inner ring)."""
+    members = np.asarray(rings)
+    big_i, t = np.divmod(np.arange(members.shape[1]), w)
+    outer = members.shape[1] // w
+
+    def pairs(to: np.ndarray) -> np.ndarray:
+        return np.stack([members.ravel(), members[:, to].ravel()], axis=1)
+
+    return pairs(big_i * w + (t + 1) % w), pairs(((big_i + 1) % outer) * w + t)
+
+
+_HOPS = ByIdentity()

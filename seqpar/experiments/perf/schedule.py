@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from seqpar.rules import algorithms, groups
 from seqpar.rules.algorithms import burst, usp
 from seqpar.rules.flops import BACKWARD_FLOPS as BACKWARD
@@ -200,7 +202,10 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
                          options.get("placement", "collective-intra"))
     c, t = grid.team_size, grid.ring_size
     spec = algorithms.get("wallfacer")
-    placing = [r for r in range(world) if grid.init_send(r) != r]
+    # WallFacerGrid's maps are arithmetic: they take every rank at once as an array
+    every = np.arange(world)
+    sends = grid.init_send(every)
+    placing = every[sends != every].tolist()
     busiest = placing[0] if placing else 0
     rb = spec.bytes_of_rank(shape, world, options, busiest)
     teams = world // c
@@ -211,7 +216,7 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
                                           options=_parsed("wallfacer", options))
     team_groups = [grid.members(i) for i in range(teams)]
     rings = [grid.subring(grid.rank(g * t * c + a)) for g in range(c) for a in range(c)]
-    pairs = [(r, grid.init_send(r)) for r in range(world)]
+    pairs = list(zip(every.tolist(), sends.tolist(), strict=True))
 
     def q_of(rank: int) -> Members:
         return tuple(grid.team(rank))
@@ -228,13 +233,12 @@ def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: 
         return q_of(ring[src]), held(ring[pos])
 
     # a team is (team group, index in it): two teams' ranks interleave by how those compare
-    def key(team: int) -> tuple[int, int]:
-        return divmod(team, t)
-
-    q_keys = [[key(grid.coords(rank)[0]) for rank in ring] for ring in rings]
-    k_keys = [[key(grid.block_team(rank)) for rank in ring] for ring in rings]
-    ordered = [[(0, p) for p in range(t)]] * len(rings)
-    keys = None if q_keys == k_keys == ordered else (q_keys, k_keys)  # one team a rank: a ring
+    ring_ranks = np.asarray(rings)
+    q_keys, k_keys = (np.stack(divmod(team, t), axis=-1) for team in
+                      (grid.coords(ring_ranks)[0], grid.block_team(ring_ranks)))
+    ordered = np.stack(np.broadcast_arrays(0, np.arange(t)), axis=-1)
+    one_ring = (q_keys == k_keys).all() and (q_keys == ordered).all()  # one team a rank: a ring
+    keys = None if one_ring else (q_keys.tolist(), k_keys.tolist())
 
     fwd_coll = rb["forward"] - placed - (t - 1) * block
     bwd_ring = burst.query_ring_bytes(q_block, dq, t)
