@@ -247,16 +247,18 @@ def _capture_dashboard(run: Quickstart, binary: str, address: str, proc: subproc
 
 
 @pytest.fixture(scope="session")
-def quickstart(request, tmp_path_factory) -> Quickstart:
+def quickstart(request, tmp_path_factory, empty_store_file) -> Quickstart:
     """examples/quickstart.yaml run once as a user runs it: `seqpar sweep` in a subprocess with its
-    own embedded Ray, into a temporary SQLite store. tests/cli checks the store and `seqpar compare`
-    on it, tests/ui shows it in the browser. When browser tests are selected (and Chromium is
-    found), the MLflow server starts on the store as soon as the sweep created it, and the Ray
-    dashboard's actors page is captured while the sweep runs."""
+    own embedded Ray, into a temporary SQLite store (its schema copied in). tests/cli checks the
+    store and `seqpar compare` on it, tests/ui shows it in the browser. When browser tests are
+    selected (and Chromium is found), the MLflow server starts on the store once Ray is up, and
+    the Ray dashboard's actors page is captured while the sweep runs."""
     from tests.ui import browser as web
 
     workdir = tmp_path_factory.mktemp("quickstart")
     (workdir / "store").mkdir()
+    # the store's schema made once (creating a store as a user's first sweep does: tests/ui)
+    shutil.copyfile(empty_store_file, workdir / "store" / "mlflow.db")
     run = Quickstart(f"sqlite:///{workdir}/store/mlflow.db", workdir)
     binary = web.browser() if _browser_tests_selected(request.session) else None
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}

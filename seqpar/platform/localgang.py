@@ -184,13 +184,18 @@ class LocalGang:
         want = set(ranks)
         got: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout_s
         while want - set(got) - set(errors):
-            try:
-                rank, ok, value = pickle.loads(self._results.get(timeout=timeout_s))
+            try:  # a second at a time: a rank that died (never to answer) ends the wait at once
+                rank, ok, value = pickle.loads(self._results.get(
+                    timeout=max(0.0, min(1.0, deadline - time.monotonic()))))
             except queue.Empty:
-                dead = [p.name for p in self._procs if not p.is_alive()]
-                raise RankFailure(
-                    f"no answer within {timeout_s:.0f} s (dead ranks: {dead})") from None
+                dead = [p.name for r, p in enumerate(self._procs)
+                        if r in want - set(got) - set(errors) and not p.is_alive()]
+                if dead or time.monotonic() >= deadline:
+                    raise RankFailure(f"no answer within {timeout_s:.0f} s" if not dead else
+                                      f"ranks died without answering: {dead}") from None
+                continue
             if ok:
                 got[rank] = value
             else:

@@ -30,6 +30,7 @@ import logging
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -320,8 +321,13 @@ class Tracker:
         exp_id = self.client.get_run(run.run_id).info.experiment_id
         return self.client.get_experiment(exp_id).name
 
-    def log_figure(self, run_id: str, figure: Any, path: str) -> None:
-        self.client.log_figure(run_id, figure, path)
+    def log_bytes(self, run_id: str, data: bytes, path: str) -> None:
+        """`data` as the artifact `path` (e.g. a figure's PNG, drawn once by the caller)."""
+        directory, name = os.path.split(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / name
+            local.write_bytes(data)
+            self.client.log_artifact(run_id, str(local), directory or None)
 
     def log_dict(self, run_id: str, data: dict[str, Any], path: str) -> None:
         self.client.log_dict(run_id, data, path)

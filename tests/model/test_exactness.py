@@ -29,6 +29,7 @@ from tests.resources import FULL
 
 LAYOUTS = ("contiguous", "zigzag", "stripe")
 ALGORITHMS = ("allgather", "ulysses", "ring", "usp", "double_ring", "wallfacer", "burst")
+FSDP_COVERED = ("double_ring", "wallfacer")  # make test: FSDP at P = 4 for these, replicated else
 N, BATCH, VOCAB = 16, 2, 61
 CONFIGS = {"mha": ModelConfig(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=4, ffn=48),
            "gqa": ModelConfig(vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, ffn=48)}
@@ -106,8 +107,9 @@ def check(label: str, got, want) -> None:
 
 def covered(algorithm: str, world: int, states: str) -> bool:
     """Whether `make test` runs this (algorithm, P, states): P = 4, where every algorithm's options
-    do their non-trivial thing, in FSDP for every other algorithm; all under SEQPAR_TEST_FULL."""
-    return FULL or (world == 4 and (states == "fsdp") == (ALGORITHMS.index(algorithm) % 2 == 0))
+    do their non-trivial thing, in FSDP for the two whose attention runs on several groups at once
+    (the DP x SP tests below run FSDP beside ring, ulysses and usp); all under SEQPAR_TEST_FULL."""
+    return FULL or (world == 4 and (states == "fsdp") == (algorithm in FSDP_COVERED))
 
 
 @pytest.mark.multirank

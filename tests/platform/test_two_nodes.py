@@ -117,6 +117,7 @@ def _analytic(label: str, rank: int, node_of_rank: list[int]) -> dict[tuple[str,
     return want
 
 
+@pytest.mark.slow
 def test_ray_job_submit_runs_a_two_node_sweep_into_mlflow(job, two_nodes, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -130,6 +131,7 @@ def test_ray_job_submit_runs_a_two_node_sweep_into_mlflow(job, two_nodes, tmp_pa
     assert len(runs) == len(PLANS) and {r["status"] for r in runs.values()} == {"FINISHED"}
 
 
+@pytest.mark.slow
 def test_each_planned_node_is_a_ray_node_and_bytes_split_by_the_real_map(job, tmp_path):
     runs = _runs(job[2], tmp_path)
     assert len(runs) == len(PLANS)

@@ -168,7 +168,7 @@ def test_the_headline_prints_a_metric_as_the_table_does():
 
     runs = [TrialView.of(run("local", 1, 2048, 21062.4)), TrialView.of(run("ring", 2, 2048, 9876.5))]
     cmp = table("sweep s", runs, "tokens_per_s")
-    page = render(SweepView("id", "s", "s", 0, {}, "sqlite:///x"), runs, cmp=cmp, figs={})
+    page = render(SweepView("id", "s", "s", 0, {}, "sqlite:///x"), runs, cmp=cmp, pngs={})
     headline = page[page.index('<table id="headline">'):page.index('<table id="comparison">')]
     assert "21,062" in headline and "e+04" not in headline
     assert "21,062" in {r[cmp.columns.index("tok/s")] for r in cmp.rows}

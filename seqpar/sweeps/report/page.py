@@ -67,10 +67,11 @@ CAPTIONS = {
 }
 
 
-def _png(fig: Any) -> str:
+def png(fig: Any) -> bytes:
+    """A figure as the PNG the page embeds and the parent run keeps (drawn once for both)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    return buf.getvalue()
 
 
 def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
@@ -111,8 +112,8 @@ def _stability(runs: list[TrialView]) -> list[str]:
 
 
 def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
-           figs: dict[str, Any]) -> str:
-    """The page for a sweep whose trials, comparison and figures are already built."""
+           pngs: dict[str, bytes]) -> str:
+    """The page for a sweep whose trials, comparison and figures (`png`) are already built."""
     metric = cmp.metric
     headline = headline_metrics(runs, metric)
     best = best_run(runs, metric)
@@ -141,10 +142,11 @@ def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
         *_stability(runs),
         "<h2>Plots</h2>",
     ]
-    for name, fig in figs.items():
-        parts.append(f'<figure id="{name}"><img alt="{name}" src="data:image/png;base64,{_png(fig)}">'
+    for name, data in pngs.items():
+        image = base64.b64encode(data).decode("ascii")
+        parts.append(f'<figure id="{name}"><img alt="{name}" src="data:image/png;base64,{image}">'
                      f"<figcaption>{escape(CAPTIONS.get(name, name))}</figcaption></figure>")
-    if not figs:
+    if not pngs:
         parts.append("<p>No plot: these trials vary neither length, world nor bytes.</p>")
     parts += ["<h2>Environment</h2>", _table(["", "value"], env_rows, table_id="environment"),
               "</body></html>"]
@@ -158,6 +160,6 @@ def build(tracker: Tracker, sweep_id: str) -> str:
     cmp = table(sweep.title, runs, sweep.headline)
     figs = figures(runs, per_rank_details(tracker, runs))
     try:
-        return render(sweep, runs, cmp=cmp, figs=figs)
+        return render(sweep, runs, cmp=cmp, pngs={name: png(f) for name, f in figs.items()})
     finally:
         style.close(figs.values())

@@ -29,9 +29,10 @@ def log_summary(tracker: Tracker, sweep: SweepView, runs: list[TrialView],
     tracker.log_table(sweep.sweep_id, cmp.columns, cmp.rows, "comparison.json")
     figs = figures(runs, details)
     try:
-        for name, fig in figs.items():
-            tracker.log_figure(sweep.sweep_id, fig, f"plots/{name}.png")
-        tracker.log_text(sweep.sweep_id, page.render(sweep, runs, cmp=cmp, figs=figs),
+        pngs = {name: page.png(fig) for name, fig in figs.items()}
+        for name, data in pngs.items():
+            tracker.log_bytes(sweep.sweep_id, data, f"plots/{name}.png")
+        tracker.log_text(sweep.sweep_id, page.render(sweep, runs, cmp=cmp, pngs=pngs),
                          "report.html")
     finally:
         style.close(figs.values())
