@@ -77,41 +77,49 @@ def _ordered(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarr
     return worst, flops, total
 
 
-def _kinds(st: RingStage, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
-    """(steps x rings*positions) kind of each rank's block, ranks in ring order; and per kind one
-    (ring, position, source) that meets it. Memoised on the stage: a plan asks for each layout."""
+def _kinds(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
+    """Per step and kind of block: how many ranks hold one, and the first of them in ring order
+    (`_NONE` where none does); and per kind one (ring, position, source) that meets it. A kind is
+    a way the block's keys compare; at most 3^parts of them. Memoised on the stage: a plan asks
+    for each layout."""
     return _KINDS.get(st, lambda: _kinds_of(st, rings), rings)
 
 
-def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
     n, w = st.size, st.inner
     src = sources(n, w)
     here, there = (np.asarray(k[:rings], dtype=np.int64).reshape(rings, n, -1) for k in st.keys)
     signs = np.sign(there[:, src] - here[:, None, :, :]) + 1  # (rings, steps, positions, parts)
     kind = (signs * 3 ** np.arange(signs.shape[3])).sum(axis=3).transpose(1, 0, 2)
-    # at most 3^parts kinds: number the ones met in value order, find each one's first meeting
-    met = np.zeros(3 ** signs.shape[3], dtype=bool)
-    met[kind.ravel()] = True
-    index = (np.cumsum(met) - 1)[kind]
-    first = [int((kind == v).argmax()) for v in np.flatnonzero(met)]
-    step, r, pos = np.unravel_index(first, kind.shape)
-    meets = [(int(r_), int(p), int(src[s_, p])) for s_, r_, p in zip(step, r, pos, strict=True)]
-    return index.reshape(len(src), -1), meets
+    steps_n, kinds = len(src), np.flatnonzero(np.bincount(kind.ravel()))  # the kinds met
+    held = kind.reshape(steps_n, -1)  # (steps, ranks in ring order)
+    count = np.empty((steps_n, len(kinds)), dtype=np.int64)
+    first = np.empty((steps_n, len(kinds)), dtype=np.int64)
+    meets = []
+    for j, v in enumerate(kinds):
+        mine = held == v
+        count[:, j] = mine.sum(axis=1)
+        first[:, j] = np.where(count[:, j] > 0, mine.argmax(axis=1), _NONE)
+        s_, r_, p = np.unravel_index(int(mine.argmax()), kind.shape)
+        meets.append((int(r_), int(p), int(src[s_, p])))
+    return count, first, meets
 
 
 _KINDS = ByIdentity(64)
+_NONE = np.iinfo(np.int64).max
 
 
 def _keyed(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
     """Per step (worst seconds, its FLOPs, all ranks' seconds) from the rings' keys: a block is
-    costed once per way its keys compare, whichever ring meets it."""
-    index, meets = _kinds(st, rings)
+    costed once per way its keys compare, whichever ring meets it; a step's busiest rank is the
+    first in ring order to hold its dearest kind."""
+    count, first, meets = _kinds(st, rings)
     cost = np.array([_cost(job, st, r, pos, src) for r, pos, src in meets])
-    t_all, f_all = cost[index, 0], cost[index, 1]
-    busiest = t_all.argmax(axis=1)  # the first busiest rank
-    worst = t_all.max(axis=1)
-    return (worst, np.where(worst > 0, f_all[np.arange(len(worst)), busiest], 0.0),
-            t_all.sum(axis=1) * copies)
+    t, f = cost[:, 0], cost[:, 1]
+    held = np.where(count > 0, t, -np.inf)
+    worst = held.max(axis=1)
+    dearest = np.where(held == worst[:, None], first, _NONE).argmin(axis=1)
+    return (worst, np.where(worst > 0, f[dearest], 0.0), (count * t).sum(axis=1) * copies)
 
 
 def _each(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
