@@ -4,6 +4,7 @@ the CLI's modules only; what a command runs behind them (torch, Ray, MLflow) loa
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 from typing import Annotated
@@ -45,6 +46,16 @@ class LazyCommands(TyperGroup):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
+        try:
+            return super().resolve_command(ctx, args)
+        except click_errors.UsageError as err:  # typer suggests from the commands built so far
+            near = difflib.get_close_matches(args[0], list(COMMANDS)) if args else []
+            if near and "Did you mean" not in err.message:
+                err.message = (f"{err.message.rstrip('.')}. Did you mean "
+                               f"{', '.join(repr(n) for n in near)}?")
+            raise
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:

@@ -88,7 +88,7 @@ CASES = [
     ("unknown option", sweep_file(), ["sweep", "{f}", "--colour"], "No such option: --colour"),
     ("missing sweep file argument", None, ["sweep"], "Missing argument 'file'"),
     ("an extra argument", sweep_file(), ["sweep", "{f}", "more.yaml"], "unexpected extra argument"),
-    ("unknown command", None, ["swep"], "No such command 'swep'"),
+    ("unknown command", None, ["swep"], "No such command 'swep'. Did you mean 'sweep'?"),
     ("tune --iters 0", None, ["tune", "--iters", "0"], "'--iters'"),
     ("tune -P 0", None, ["tune", "-P", "0"], "world=0"),
     ("tune negative --prune", None, ["tune", "--prune", "-1"], "prune=-1"),
