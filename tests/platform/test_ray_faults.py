@@ -33,19 +33,33 @@ def rank_actor(gang_id: str, rank: int):
 
 
 def when_measuring(gang_id: str, rank: int, action, phase: str = "measure",
-                   settle_s: float = 0.3) -> threading.Thread:
+                   settle_s: float = 0.3, again_s: float | None = None) -> threading.Thread:
     """Run action() from a thread as soon as `rank` reports `phase` (by default: inside its timed
-    iterations, then `settle_s` later)."""
+    iterations, then `settle_s` later); with `again_s`, again each `again_s` while the rank stays
+    in `phase` (until the action has taken: the rank is gone or elsewhere)."""
     import ray
 
     def watch() -> None:
         actor = rank_actor(gang_id, rank)
         deadline = time.monotonic() + 60
+        acted = None
         while time.monotonic() < deadline:
-            if ray.get(actor.heartbeat.remote(), timeout=10)["phase"] == phase:
-                time.sleep(settle_s)
+            try:
+                now = ray.get(actor.heartbeat.remote(), timeout=10)["phase"]
+            except Exception:  # the actor is gone (the action took) or slow to answer
+                if acted is not None:
+                    return
+                time.sleep(0.05)
+                continue
+            if now != phase:
+                if acted is not None:
+                    return
+            elif acted is None or (again_s is not None and time.monotonic() - acted > again_s):
+                time.sleep(settle_s if acted is None else 0.0)
                 action()
-                return
+                acted = time.monotonic()
+                if again_s is None:
+                    return
             time.sleep(0.05)
 
     thread = threading.Thread(target=watch, daemon=True)
@@ -101,11 +115,26 @@ def test_ctrl_c_during_a_trial_tears_the_gang_down(ray_runner, gang_id, seed, as
 
     assert ray_runner.run(Trial(ring_case(seed), gang_id)).ok
     ray.get(rank_actor(gang_id, 1)._arm_fault.remote("hang"))
-    watcher = when_measuring(gang_id, 1, lambda: os.kill(os.getpid(), signal.SIGINT),
-                             phase="hang (injected)", settle_s=0.0)
-    with pytest.raises(KeyboardInterrupt):
-        ray_runner.run(Trial(ring_case(seed), gang_id, timeout_s=120.0))
-    watcher.join(timeout=5)
+    interrupted: list[float] = []
+
+    def ctrl_c(signum, frame) -> None:  # the first Ctrl-C raises; a repeat finds it done
+        if not interrupted:
+            interrupted.append(time.monotonic())
+            raise KeyboardInterrupt
+
+    def press() -> None:
+        if not interrupted:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, ctrl_c)
+    try:  # pressed again each 2 s while rank 1 still hangs and no Ctrl-C has landed yet
+        watcher = when_measuring(gang_id, 1, press, phase="hang (injected)", settle_s=0.0,
+                                 again_s=2.0)
+        with pytest.raises(KeyboardInterrupt):
+            ray_runner.run(Trial(ring_case(seed), gang_id, timeout_s=120.0))
+        watcher.join(timeout=5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert_no_leaks()
 
 
