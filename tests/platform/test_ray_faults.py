@@ -162,7 +162,12 @@ def test_a_rank_that_dies_is_rank_died(ray_runner, gang_id, seed, arm_fault, ass
 
 def test_a_gang_that_cannot_start_in_time_is_startup(ray_runner, seed, monkeypatch,
                                                      assert_no_leaks):
-    monkeypatch.setenv(cluster.READY_TIMEOUT_ENV_VAR, "0.001")
+    # a gang the cluster cannot place: each rank asks for more CPUs than the node has. (A short
+    # timeout on a placeable gang instead removes its placement group while Ray may be committing
+    # it, which can leave the node's CPUs booked to a group that no longer exists: a later gang
+    # then waited out its 180 s in a CI run.)
+    monkeypatch.setenv(cluster.READY_TIMEOUT_ENV_VAR, "1")
+    monkeypatch.setattr(cluster, "cpu_share", lambda *args, **kwargs: 1024.0)
     result = ray_runner.run(Trial(ring_case(seed), "platform-startup"))
     assert result.status == "FAILED" and result.failure is FailureKind.STARTUP, result.cause
     assert result.cause.startswith("gang start-up failed") and result.failure.retryable
