@@ -96,8 +96,6 @@ def _root(
     ctx.obj = Settings(address, tracking_uri)  # every command finds them in its context
 
 
-
-
 def main() -> None:
     """Entry point: a user error (ours or a usage error: unknown option, -1 where a count goes, a
     missing argument) prints one line and exits 2; otherwise the command's exit code."""

@@ -74,12 +74,12 @@ def test_injected_hang_is_caught_by_the_timeout_and_the_gang_is_killed(
     assert ray_runner.run(Trial(ring_case(seed), gang_id)).ok  # the gang exists
     ray.get(rank_actor(gang_id, 1)._arm_fault.remote("hang"))
     start = time.monotonic()
-    result = ray_runner.run(Trial(ring_case(seed), gang_id, timeout_s=1.5))
+    result = ray_runner.run(Trial(ring_case(seed), gang_id, timeout_s=3.0))
     assert result.status == "FAILED"
     assert result.cause.startswith("timeout"), result.cause
     assert result.failure is FailureKind.TIMEOUT and result.failure.retryable
     assert "1 in 'hang (injected)'" in result.cause
-    assert time.monotonic() - start < 1.5 + 20.0
+    assert time.monotonic() - start < 3.0 + 20.0
     assert_no_leaks()
     again = ray_runner.run(Trial(ring_case(seed), gang_id))
     assert again.status == "FINISHED" and not again.gang_reused, again.cause
