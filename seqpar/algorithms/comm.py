@@ -14,6 +14,9 @@ NCCL runs a communicator's operations in order on one stream). gloo alone matche
 progresses each operation on its own. Like links, it is state passed where Comms are made: a
 `StrictOrder` (the operation in flight per group) shared by the Comms of one mesh, or None; the
 mesh builders take `strict=` and default to the environment (SEQPAR_STRICT_COMM=1), read once there.
+
+Each blocking operation is announced to an observer, if one is set (`observe.observed`): a rank's
+heartbeat then says which collective the rank waits in.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from seqpar.algorithms import ledger as _ledger
+from seqpar.algorithms.observe import waiting
 from seqpar.algorithms.ordering import (  # noqa: F401 (also from here)
     STRICT_ENV_VAR,
     STRICT_TAG,
@@ -63,8 +67,9 @@ class Handle:
     """Pending communication; `wait()` returns the received tensors."""
 
     def __init__(self, works: list, results: list[torch.Tensor], emulated_s: float, start: float,
-                 group: Any = None, emulating: bool = False, order: StrictOrder | None = None):
-        self._works, self._results = works, results
+                 group: Any = None, emulating: bool = False, order: StrictOrder | None = None,
+                 label: str = ""):
+        self._works, self._results, self._label = works, results, label
         self._emulated_s, self._start = emulated_s, start
         self._group, self._order = group, order  # strict mode: whose operation in flight this is
         self._emulating = emulating
@@ -72,8 +77,10 @@ class Handle:
     def complete(self) -> None:
         """Wait for the works, once (a gloo point-to-point work waited twice blocks forever)."""
         works, self._works = self._works, []
-        for work in works:
-            work.wait()
+        if works:
+            with waiting(f"p2p wait on {self._label}"):
+                for work in works:
+                    work.wait()
         if works and self._emulating:
             _device_done(self._results)  # on CUDA, wait() only orders streams: see the transfer end
         if self._order is not None:
@@ -239,7 +246,7 @@ class Comm:
         self._next_op()
         works = dist.batch_isend_irecv(ops)
         handle = Handle(works, [b for b, _ in recvs], emulated, start, self.group,
-                        emulating=bool(self.links), order=self.order)
+                        emulating=bool(self.links), order=self.order, label=self.label)
         if self.order is not None:
             self.order.posted(self.group, handle)
         return handle
@@ -274,7 +281,8 @@ class Comm:
         per_peer = _elem_bytes(send[0])
         emulated = self._book("all_to_all", {i: per_peer for i in range(g) if i != self.rank})
         recv = torch.empty_like(send)
-        self._all_to_all_single(recv, send)
+        with waiting(f"all_to_all on {self.label}"):
+            self._all_to_all_single(recv, send)
         self._finish(start, emulated)
         out, offset = [], 0
         for shape in shapes:
@@ -294,14 +302,15 @@ class Comm:
         emulated = self._book(
             "all_gather", {i: _elem_bytes(tensor) for i in range(g) if i != self.rank}
         )
-        if self._nccl:
-            self._next_op()
-            flat = torch.empty((g, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
-            dist.all_gather_into_tensor(flat, tensor, group=self.group)
-            pieces = list(flat.unbind(0))
-        else:
-            pieces = [torch.empty_like(tensor) for _ in range(g)]
-            self._all_gather_list(pieces, tensor)
+        with waiting(f"all_gather on {self.label}"):
+            if self._nccl:
+                self._next_op()
+                flat = torch.empty((g, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+                dist.all_gather_into_tensor(flat, tensor, group=self.group)
+                pieces = list(flat.unbind(0))
+            else:
+                pieces = [torch.empty_like(tensor) for _ in range(g)]
+                self._all_gather_list(pieces, tensor)
         self._finish(start, emulated)
         return torch.cat(pieces, dim=dim)
 
@@ -314,15 +323,16 @@ class Comm:
         start = self._clock(chunks)
         per_peer = _elem_bytes(chunks[0])
         emulated = self._book("reduce_scatter", {i: per_peer for i in range(g) if i != self.rank})
-        if self._nccl:
-            self._next_op()
-            out = torch.empty_like(chunks[0])
-            dist.reduce_scatter_tensor(out, torch.stack(chunks), group=self.group)
-        else:  # gloo has no reduce-scatter: exchange the chunks, then sum what arrived
-            send = torch.stack(chunks)
-            recv = torch.empty_like(send)
-            self._all_to_all_single(recv, send)
-            out = recv.sum(0)
+        with waiting(f"reduce_scatter on {self.label}"):
+            if self._nccl:
+                self._next_op()
+                out = torch.empty_like(chunks[0])
+                dist.reduce_scatter_tensor(out, torch.stack(chunks), group=self.group)
+            else:  # gloo has no reduce-scatter: exchange the chunks, then sum what arrived
+                send = torch.stack(chunks)
+                recv = torch.empty_like(send)
+                self._all_to_all_single(recv, send)
+                out = recv.sum(0)
         self._finish(start, emulated)
         return out
 

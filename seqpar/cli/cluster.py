@@ -1,4 +1,6 @@
-"""`seqpar cluster status`: the Ray cluster's nodes (CPUs, GPUs, memory) and the running gangs."""
+"""`seqpar cluster status`: the Ray cluster's nodes (CPUs, GPUs, memory), the running gangs and each
+running sweep's progress (trials done of the total, the trial in flight, its ranks' phases and
+iterations: the state API and the metrics, platform.dashboard.sweep_progress)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def status(
              "'ray://host:10001'; default: `seqpar --address`, else 'auto'.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ) -> None:
-    """Nodes with their CPUs/GPUs and the seqpar gangs (rank actors by gang id)."""
+    """Nodes with their CPUs/GPUs, the seqpar gangs (rank actors by gang id) and the running
+    sweeps' progress."""
     address = address or Settings.of(ctx).address or "auto"
     conn = connection.connect(address, ship_code=False)
     try:
@@ -41,3 +44,22 @@ def status(
         return
     display_table("seqpar gangs", ["gang", "ranks", "actors (rank@node:state)"],
                   [[g["gang"], g["ranks"], " ".join(g["actors"])] for g in info["gangs"]])
+    rows = [[s["sweep"], s["name"] or "?", _trials(s["trials"]), s["in_flight"] or "-",
+             " ".join(_rank(r) for r in s["ranks"])] for s in info["sweeps"]]
+    if rows:
+        display_table("seqpar sweeps", ["sweep", "name", "trials", "in flight",
+                                        "ranks (rank:phase:iterations)"], rows)
+
+
+def _trials(counts: dict[str, int] | None) -> str:
+    """`3/8 done, 1 failed` (the driver's series), or why it is not known."""
+    if not counts:
+        return "? (no driver series yet)"
+    total = sum(counts.values())
+    failed = f", {counts['failed']} failed" if counts.get("failed") else ""
+    return f"{counts.get('done', 0)}/{total} done{failed}"
+
+
+def _rank(r: dict) -> str:
+    it = "?" if r["iterations"] is None else r["iterations"]
+    return f"{r['rank']}:{r['phase'] or '?'}:{it}"

@@ -3,6 +3,7 @@ Ray, log every trial to MLflow, and print the comparison table."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -11,7 +12,7 @@ from rich.markup import escape
 from seqpar.cli import options
 from seqpar.cli.display import console, display_comparison, display_table, err_console
 from seqpar.errors import ConfigError, require
-from seqpar.platform import dashboard
+from seqpar.platform import connection, dashboard
 from seqpar.platform.tracking import check_uri, compare_url
 
 if TYPE_CHECKING:
@@ -120,7 +121,10 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
     if resume is not None:  # an unknown id is bad input: say so before Ray starts
         tracker = options.tracker(settings)
         tracker.sweep(resume)
-    with options.trial_runner(settings, device=device) as trials:
+    # Ray started (or joined) here first, with the sweep's job metadata; the runner shares it
+    ray_job = connection.connect(settings.address,
+                                 metadata=connection.job_metadata(plan.name, plan.study))
+    with contextlib.closing(ray_job), options.trial_runner(settings, device=device) as trials:
         tracker = tracker or options.tracker(settings)  # once the cluster answers: a failed start
         console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
         _print_dashboard()

@@ -270,12 +270,13 @@ def _state_address() -> str:
     return ray.get_runtime_context().gcs_address
 
 
-def seqpar_actors() -> list[Any]:
-    """Live seqpar actors (state API; needs the dashboard): name, state, node, pid."""
+def seqpar_actors(detail: bool = False) -> list[Any]:
+    """Live seqpar actors (state API; needs the dashboard): name, state, node, pid (`detail`:
+    also their repr, which names the sweep)."""
     from ray.util.state import list_actors
 
     actors = list_actors(address=_state_address(), filters=[("ray_namespace", "=", NAMESPACE)],
-                         limit=10_000, raise_on_missing_output=False)
+                         limit=10_000, raise_on_missing_output=False, detail=detail)
     return [a for a in actors if (a.name or "").startswith(ACTOR_PREFIX) and a.state != "DEAD"]
 
 
@@ -288,8 +289,21 @@ def seqpar_placement_groups() -> list[Any]:
     return [p for p in pgs if (p.name or "").startswith(ACTOR_PREFIX) and p.state != "REMOVED"]
 
 
+def running_trials() -> dict[str, str]:
+    """actor id -> the name of the trial it runs now (its RUNNING `run_trial` task's name)."""
+    from ray.util.state import list_tasks
+
+    tasks = list_tasks(address=_state_address(), filters=[("state", "=", "RUNNING")],
+                       limit=10_000, raise_on_missing_output=False)
+    return {t.actor_id: t.name for t in tasks
+            if t.actor_id and (t.func_or_class_name or "").endswith(".run_trial")}
+
+
 def status() -> dict[str, Any]:
-    """Nodes (CPUs, GPUs, memory) and the running seqpar gangs, by gang id."""
+    """Nodes (CPUs, GPUs, memory), the running seqpar gangs by gang id, and each sweep's progress
+    (platform.dashboard.sweep_progress: the state API and the metrics)."""
+    from seqpar.platform import dashboard, metrics
+
     nodes = [{
         "node_id": n["NodeID"], "ip": n["NodeManagerAddress"],
         "cpus": n["Resources"].get("CPU", 0), "gpus": n["Resources"].get("GPU", 0),
@@ -297,13 +311,16 @@ def status() -> dict[str, Any]:
     } for n in alive_nodes()]
     gangs: dict[str, list[str]] = {}
     try:
-        actors = seqpar_actors()
+        actors = seqpar_actors(detail=True)
+        running = running_trials()
     except Exception as err:  # no dashboard: the state API is unavailable
         raise SeqparError(f"address: the Ray state API did not answer ({err}); "
                           "is the dashboard running?") from err
     for a in actors:
         gang, _, rank = a.name[len(ACTOR_PREFIX):].rpartition(":")
         gangs.setdefault(gang, []).append(f"{rank}@{(a.node_id or '')[:8]}:{a.state}")
+    samples = metrics.scrape(metrics.endpoints(alive_nodes()))
     return {"nodes": nodes,
             "gangs": [{"gang": g, "ranks": len(r), "actors": sorted(r)}
-                      for g, r in sorted(gangs.items())]}
+                      for g, r in sorted(gangs.items())],
+            "sweeps": dashboard.sweep_progress(actors, running, samples)}

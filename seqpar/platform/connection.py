@@ -29,6 +29,12 @@ NAMESPACE = "seqpar"
 CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S = "SEQPAR_CONNECT_TIMEOUT_S", 5.0
 CLIENT_ATTEMPTS = 3  # a ray:// connection whose per-client server was slow to start
 DASHBOARD_ENV_VAR = "SEQPAR_RAY_DASHBOARD"  # "0": embedded Ray without dashboard (no state API)
+# how often the embedded Ray's processes export their metrics (Ray's default: 10 s); a joined
+# cluster keeps its own (`RAY_metrics_report_interval_ms` where `ray start` runs)
+METRICS_INTERVAL_ENV_VAR, DEFAULT_METRICS_INTERVAL_MS = "SEQPAR_METRICS_REPORT_MS", 2000
+# the Ray job's metadata (`JobConfig(metadata=)`, `ray list jobs --detail`); the same keys are the
+# ones to give `ray job submit --metadata-json`
+JOB_METADATA_KEYS = ("seqpar_sweep", "seqpar_study", "seqpar_version")
 # What every rank must see as the driver does, on any node: the network interfaces and fabrics
 # NCCL and gloo use (on a host with several, a rendezvous on the wrong one hangs until the timeout),
 # their debugging, and seqpar's own communication setting. Set on the driver (or in a sweep's
@@ -147,7 +153,13 @@ def _token_auth_if_available() -> None:
     auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def connect(address: str | None = None, ship_code: bool = True) -> Connection:
+def job_metadata(sweep: str, study: str | None = None) -> dict[str, str]:
+    """What a sweep's driver tells Ray about its job (JOB_METADATA_KEYS)."""
+    return dict(zip(JOB_METADATA_KEYS, (sweep, study or "", seqpar.__version__), strict=True))
+
+
+def connect(address: str | None = None, ship_code: bool = True,
+            metadata: dict[str, str] | None = None) -> Connection:
     """Join Ray (address 'auto', 'ray://...', 'host:port') or start an embedded local one (None,
     unless RAY_ADDRESS is set, as it is for the driver of a Ray job: then that cluster is joined).
 
@@ -157,20 +169,26 @@ def connect(address: str | None = None, ship_code: bool = True) -> Connection:
     own it). An address where nothing answers within SEQPAR_CONNECT_TIMEOUT_S (5 s) is a
     ConfigError. `ship_code`: a joined cluster's job carries this seqpar package
     (code_runtime_env); a caller that starts no actor (`seqpar cluster status`) spares the upload.
+    `metadata`: the job's (JobConfig); a job submitted with `ray job submit --metadata-json` keeps
+    the submission's values where both name a key.
     """
     import psutil
     import ray
+    from ray.job_config import JobConfig
 
     if ray.is_initialized():
         return Connection()
+    job = JobConfig(metadata=dict(metadata)) if metadata else None
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
         dashboard = os.environ.get(DASHBOARD_ENV_VAR, "1") != "0"
         me = psutil.Process()
         before = {p.pid for p in me.children()}
         # "local": always a fresh instance, never a cluster someone else started with `ray start`
+        interval = int(env_float(METRICS_INTERVAL_ENV_VAR, DEFAULT_METRICS_INTERVAL_MS))
         ray.init(address="local", namespace=NAMESPACE, include_dashboard=dashboard,
-                 log_to_driver=False)
+                 log_to_driver=False, job_config=job,
+                 _system_config={"metrics_report_interval_ms": interval})
         started = [p.pid for p in me.children() if p.pid not in before]
         return Connection(embedded=True, inherited=comm_env(), guard=reaper.watch(started))
     timeout_s = env_float(CONNECT_TIMEOUT_ENV_VAR, DEFAULT_CONNECT_TIMEOUT_S)
@@ -180,7 +198,7 @@ def connect(address: str | None = None, ship_code: bool = True) -> Connection:
     for attempt in range(CLIENT_ATTEMPTS):
         try:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
-                     logging_level=logging.WARNING,
+                     logging_level=logging.WARNING, job_config=job,
                      runtime_env=code_runtime_env() if ship_code else None)
             return Connection()
         except (ConnectionError, ValueError) as err:

@@ -1,4 +1,5 @@
-"""How to open the Ray dashboard of the cluster this process is connected to.
+"""How to open the Ray dashboard of the cluster this process is connected to, and what a running
+sweep looks like from outside it (`sweep_progress`: the state API and the metrics).
 
 Ray >= 2.52 can require a token for the dashboard ("Authentication Token Required"); a local
 `ray.init()` in Ray 2.60 turns token authentication on by default and keeps the token where
@@ -10,7 +11,11 @@ it as a cookie; API clients send it as `Authorization: Bearer <token>`.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any
+
+from seqpar.platform.metrics import NO_TRIAL, Sample, sweep_tag
 
 DEFAULT_TOKEN_PATH = Path.home() / ".ray" / "auth_token"
 
@@ -72,3 +77,45 @@ def how_to_look(actor_prefix: str) -> list[str]:
         lines.append(f"  it asks for a token: paste the output of `ray get-auth-token` "
                      f"(read from {token_source()})")
     return lines
+
+
+REPR = re.compile(r"RankWorker\(sweep=(?P<sweep>.*), rank=(?P<rank>\d+)/(?P<world>\d+)\)")
+
+
+def sweep_progress(actors: list[Any], running: dict[str, str], samples: list[Sample]
+                   ) -> list[dict[str, Any]]:
+    """Each sweep with rank actors alive: its name (the actors' repr), its trials done / failed /
+    pending (the driver's `seqpar_sweep_trials`), the trial in flight (the name of the ranks'
+    running task) and each rank's phase and iterations (`seqpar_rank_phase`,
+    `seqpar_trial_iterations`). A series not exported yet reads as None."""
+    by_sweep: dict[str, dict[str, Any]] = {}
+    for a in actors:
+        gang, _, rank = (a.name or "").removeprefix("seqpar:").rpartition(":rank-")
+        if not gang or not rank.isdigit():
+            continue
+        tag = sweep_tag(gang)
+        match = REPR.fullmatch(a.repr_name or "")
+        name = match["sweep"].removesuffix(tag).strip() if match else ""
+        s = by_sweep.setdefault(tag, {"sweep": tag, "gang": gang, "name": name, "trials": None,
+                                      "in_flight": None, "ranks": {}})
+        s["name"] = s["name"] or name
+        trial = running.get(a.actor_id)
+        s["in_flight"] = s["in_flight"] or trial
+        s["ranks"][int(rank)] = {"rank": int(rank), "phase": None, "iterations": None,
+                                 "trial": trial}
+    for x in samples:
+        s = by_sweep.get(x.tags.get("sweep", ""))
+        if s is None:
+            continue
+        if x.name == "ray_seqpar_sweep_trials":
+            s["trials"] = {**(s["trials"] or {}), x.tags.get("status", "?"): int(x.value)}
+            continue
+        rank = s["ranks"].get(int(x.tags.get("rank", -1)))
+        if rank is None or x.tags.get("trial") != (rank["trial"] or s["in_flight"] or NO_TRIAL):
+            continue
+        if x.name == "ray_seqpar_rank_phase" and x.value == 1:
+            rank["phase"] = x.tags.get("phase")
+        elif x.name == "ray_seqpar_trial_iterations":
+            rank["iterations"] = int(x.value)
+    return [{**s, "ranks": [s["ranks"][r] for r in sorted(s["ranks"])]}
+            for _, s in sorted(by_sweep.items())]

@@ -4,7 +4,9 @@ Pure functions (no CUDA needed to call them), used by the Ray rank actor and the
 `cuda_index` maps the GPU ids a scheduler assigned to a torch device index; `process_group_kwargs`
 is what `torch.distributed.init_process_group` gets besides the rendezvous: NCCL with `device_id`
 on CUDA (the communicator is created eagerly, bound to that GPU, so sub-groups split from it and a
-barrier knows its device), gloo on CPU. `peak_flops` is a device's datasheet peak (for MFU).
+barrier knows its device), gloo on CPU; `NCCL_WATCHDOG_ENV` what an NCCL rank's process group runs
+with unless the rank's environment says otherwise. `peak_flops` is a device's datasheet peak (for
+MFU).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ def cuda_index(gpu_ids: Sequence[int | str], visible: str | None) -> int:
         raise SeqparError(f"GPU {first} assigned to this rank is not in "
                           f"CUDA_VISIBLE_DEVICES={visible!r}")
     return listed.index(first)
+
+
+# NCCL's watchdog, explicit (torch's default is 3: tear the process down without aborting the
+# communicator). 1: on an NCCL error or a collective past the process group's timeout (the trial's
+# timeout x 2 + 10 s: the driver's own deadline comes first), abort the communicator, so the peers
+# fail instead of hanging, and end the process; Ray then reports the rank dead. A variable the
+# driver or the sweep sets (connection.COMM_ENV_VARS) wins.
+NCCL_WATCHDOG_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 
 def process_group_kwargs(device: str, index: int | None = None) -> dict[str, Any]:

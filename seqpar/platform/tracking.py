@@ -17,6 +17,13 @@ A SQLite store is created under a file lock (`<db>.lock`): two sweeps started to
 directory would otherwise both run MLflow's schema migrations and one would die on
 `duplicate column name`.
 
+Artifacts never cost a measurement: a trial's params, metrics, tags and status are logged first
+(its per-rank medians too, as metrics by rank: `rank_step_ms`, `rank_flops`, steps 0..P-1), its
+artifacts after, and an artifact that cannot be written (a full or read-only volume, an artifact
+server that refuses) is recorded in `Tracker.missing` instead of raised: the caller says so once and
+lists them at the end. A failure to log the measurements themselves ends the run FAILED (never
+RUNNING) before it propagates.
+
 This module knows runs, params, metrics and tags; it never sees an experiment spec (the platform
 does not import experiments or sweeps), so callers hand it flat dicts.
 """
@@ -30,7 +37,6 @@ import logging
 import os
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from seqpar.errors import ConfigError
+from seqpar.platform.artifacts import Artifacts, MissingArtifact, first_line
 
 PARENT_TAG = "mlflow.parentRunId"  # how older stores linked a trial to its sweep
 SWEEP_TAG = "seqpar.sweep_id"       # how a trial names its sweep's parent run
@@ -72,11 +79,6 @@ def _store_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(getattr(err, "message", None) or err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
 
 
 @lru_cache(maxsize=1)
@@ -154,8 +156,8 @@ def check_uri(uri: str | None = None) -> str:
     return resolved
 
 
-class Tracker:
-    """A thin, typed layer over MlflowClient for sweeps and trials.
+class Tracker(Artifacts):
+    """A thin, typed layer over MlflowClient for sweeps and trials (its artifacts: `Artifacts`).
 
     `existing`: open only a store that is there, for the commands that read (`seqpar compare`,
     `seqpar report`): a SQLite file that does not exist is a ConfigError instead of a new store,
@@ -173,6 +175,7 @@ class Tracker:
         if existing and db is not None and not db.is_file():
             raise ConfigError("tracking-uri", self.uri,
                               "holds no MLflow store (no such file): run `seqpar sweep` first")
+        self.missing: list[MissingArtifact] = []  # artifacts that could not be written
         try:
             if existing:
                 self.client = MlflowClient(tracking_uri=self.uri)
@@ -182,7 +185,7 @@ class Tracker:
                 if db is not None:
                     self.client.search_experiments(max_results=1)
         except Exception as err:  # an unknown scheme, an unreadable file: bad input, one line
-            rule = _first_line(err)
+            rule = first_line(err)
             if "unsupported URI" in rule:
                 rule = SCHEME_RULE
             raise ConfigError("tracking-uri", self.uri, rule) from None
@@ -263,13 +266,17 @@ class Tracker:
                   metrics: Mapping[str, float], tags: dict[str, str], status: str,
                   cause: str | None, detail: dict[str, Any],
                   series: Mapping[str, Sequence[float]] | None = None,
+                  by_rank: Mapping[str, Sequence[float]] | None = None,
                   start_time_ms: int | None = None) -> RunRecord:
-        """One finished (or failed) trial as a run linked to its sweep, logged in one go; returns
-        what was logged (the report reads it from memory, not back from the store).
+        """One finished (or failed) trial as a run linked to its sweep; returns what was logged
+        (the report reads it from memory, not back from the store). The measurements and the
+        status first, then the artifact `detail` (per_rank.json), which may go missing (see the
+        module docstring).
 
         `series` are per-iteration values (e.g. the step time of each timed iteration), logged with
-        steps 1..n so MLflow draws them as curves; `start_time_ms` (epoch ms) makes the run's
-        duration in the UI the trial's, not the logging's."""
+        steps 1..n so MLflow draws them as curves; `by_rank` per-rank values, logged with steps
+        0..P-1 (the rank); `start_time_ms` (epoch ms) makes the run's duration in the UI the
+        trial's, not the logging's."""
         parent = self.client.get_run(sweep_id)
         run_tags = {**environment_tags(), **tags, SWEEP_TAG: sweep_id, HASH_TAG: spec_hash,
                     KIND_TAG: "trial"}
@@ -278,9 +285,14 @@ class Tracker:
         run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=run_tags,
                                      start_time=start_time_ms)
         run_id = run.info.run_id
-        self._log(run_id, params=params, metrics=metrics, series=series)
-        self.client.log_dict(run_id, detail, "per_rank.json")
+        try:
+            self._log(run_id, params=params, metrics=metrics, series=series, by_rank=by_rank)
+        except BaseException:  # the store refused the measurements: the run must not stay RUNNING
+            with contextlib.suppress(Exception):
+                self.client.set_terminated(run_id, status="FAILED")
+            raise
         self.client.set_terminated(run_id, status=status)
+        self.log_dict(run_id, detail, "per_rank.json")
         latest = {k: float(v) for k, v in metrics.items() if v is not None}
         latest.update({k: float(v[-1]) for k, v in (series or {}).items() if len(v)})  # as read
         return RunRecord(run_id, name, status, run.info.start_time,
@@ -321,29 +333,6 @@ class Tracker:
         exp_id = self.client.get_run(run.run_id).info.experiment_id
         return self.client.get_experiment(exp_id).name
 
-    def log_bytes(self, run_id: str, data: bytes, path: str) -> None:
-        """`data` as the artifact `path` (e.g. a figure's PNG, drawn once by the caller)."""
-        directory, name = os.path.split(path)
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / name
-            local.write_bytes(data)
-            self.client.log_artifact(run_id, str(local), directory or None)
-
-    def log_dict(self, run_id: str, data: dict[str, Any], path: str) -> None:
-        self.client.log_dict(run_id, data, path)
-
-    def log_table(self, run_id: str, columns: list[str], rows: list[list[Any]], path: str) -> None:
-        """A table artifact the MLflow UI shows sortable (`MlflowClient.log_table`)."""
-        data = {c: [None if row[i] is None else str(row[i]) for row in rows]
-                for i, c in enumerate(columns)}
-        self.client.log_table(run_id, data=data, artifact_file=path)
-
-    def log_artifact(self, run_id: str, local_path: str | Path, directory: str | None = None) -> None:
-        self.client.log_artifact(run_id, str(local_path), directory)
-
-    def log_text(self, run_id: str, text: str, path: str) -> None:
-        self.client.log_text(run_id, text, path)
-
     def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
         self._log(run_id, metrics=metrics)
 
@@ -374,7 +363,8 @@ class Tracker:
 
     def _log(self, run_id: str, params: dict[str, Any] | None = None,
              metrics: Mapping[str, float] | None = None,
-             series: Mapping[str, Sequence[float]] | None = None) -> None:
+             series: Mapping[str, Sequence[float]] | None = None,
+             by_rank: Mapping[str, Sequence[float]] | None = None) -> None:
         from mlflow.entities import Metric, Param
 
         now = int(time.time() * 1000)
@@ -382,5 +372,7 @@ class Tracker:
         ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
         ms += [Metric(k, float(v), now, step) for k, values in (series or {}).items()
                for step, v in enumerate(values, start=1)]
+        ms += [Metric(k, float(v), now, rank) for k, values in (by_rank or {}).items()
+               for rank, v in enumerate(values)]
         for i in range(0, max(len(ps), len(ms)), 100):  # MLflow takes 100 params per batch
             self.client.log_batch(run_id, metrics=ms[i:i + 100], params=ps[i:i + 100])

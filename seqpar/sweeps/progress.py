@@ -9,8 +9,8 @@ current trial's phase.
 
 The ETA comes from the cost model while it can predict (`predicted_s`, scaled by how far the
 finished trials were from its predictions), else from the mean time of the trials done so far.
-The current trial's phase is rank 0's heartbeat (`rendezvous`, `measure`, `report`): the rank
-actor answers it on its second thread while the trial runs.
+The current trial's phase and iterations done are rank 0's heartbeat (`rendezvous`, `measure`,
+`train`, `memory`, `report`): the rank actor answers it on its second thread while the trial runs.
 """
 
 from __future__ import annotations
@@ -159,6 +159,7 @@ class SweepProgress:
                     actor = ray.get_actor(cluster.actor_name(self.gang_id, 0),
                                           namespace=cluster.NAMESPACE)
                 beat = ray.get(actor.heartbeat.remote(), timeout=self.poll_s)
-                self._show(f"{beat['phase']} {beat['phase_s']:.0f}s")
+                self._show(f"{beat['phase']} {beat['phase_s']:.0f}s "
+                           f"{beat.get('iterations', 0)} it")
             except Exception:  # the gang is starting or was replaced: ask again next time
                 actor = None

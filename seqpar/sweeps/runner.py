@@ -22,11 +22,22 @@ with tag seqpar.rounds.
 Resume skips the trials whose spec hash already FINISHED in that sweep, so nothing is logged twice;
 a trial it re-runs replaces that trial's earlier unfinished runs (soft-deleted: `mlflow runs restore`
 brings them back), so the sweep holds one run per trial.
-Ctrl-C marks the sweep KILLED and leaves it resumable.
+Ctrl-C marks the sweep KILLED and leaves it resumable; so does any error, whose line names the
+`--resume` id.
+
+Artifacts (per-rank JSON, figures, the page, the sweep file) that cannot be written cost nothing
+else: the first is a warning naming where it was to go and why, the sweep goes on with every trial
+FINISHED as measured (its per-rank medians are in the run itself), and the end lists what is missing
+(`seqpar report <id>` draws the figures again once the store has room).
+
+While it runs the driver publishes `seqpar_sweep_trials` (done, failed, pending; platform.metrics),
+and every trial runs under its name (`metrics.trial_tag`: short label and spec hash), which its
+remote calls and every rank series carry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +51,7 @@ from rich.markup import escape
 
 from seqpar.errors import ConfigError
 from seqpar.experiments.grid import Point
+from seqpar.platform import metrics
 from seqpar.platform.tracking import HASH_TAG, RunRecord, Tracker, environment_tags
 from seqpar.sweeps import report
 from seqpar.sweeps.progress import SweepProgress
@@ -135,27 +147,33 @@ def _log_sweep_file(tracker: Tracker, sweep_id: str, plan: SweepPlan) -> None:
                                                    "set": plan.sets}), "sweep/sweep.yaml")
 
 
+def trial_tag(point: Point) -> str:
+    """The trial's name in the dashboard and on its series (platform.metrics.trial_tag)."""
+    assert point.spec is not None
+    return metrics.trial_tag(point.spec.label(), point.spec.hash)
+
+
 def run_one(point: Point, runner: TrialRunner, retries: int,
-            gang_id: str) -> tuple[TrialResult, int]:
+            gang_id: str, sweep: str = "") -> tuple[TrialResult, int]:
     """A trial, retried while it FAILS retryably (see FailureKind); returns the last result and
-    the attempts it took."""
+    the attempts it took. `sweep`: the sweep's name (on the rank actors a new gang starts)."""
     assert point.spec is not None
     trial = point.spec.to_trial(gang_id)
     attempt = 0
     while True:
         attempt += 1
-        result = runner.run(trial)
+        result = runner.run(trial, tag=trial_tag(point), sweep=sweep)
         if result.ok or attempt > retries or not (result.failure and result.failure.retryable):
             return result, attempt
 
 
 def run_until_stable(point: Point, runner: TrialRunner, retries: int, gang_id: str,
-                     rerun_unstable: int) -> tuple[TrialResult, int, int]:
+                     rerun_unstable: int, sweep: str = "") -> tuple[TrialResult, int, int]:
     """`run_one`, again while the result is unstable, at most `rerun_unstable` more rounds: the
     first stable round, else the narrowest interval; returns it, its attempts and the rounds run."""
     best: tuple[TrialResult, int] | None = None
     for rounds in range(1, rerun_unstable + 2):
-        result, attempts = run_one(point, runner, retries, gang_id)
+        result, attempts = run_one(point, runner, retries, gang_id, sweep)
         if not result.ok or result.unstable is None:
             return result, attempts, rounds
         width = result.metrics.half_width or 0.0
@@ -186,10 +204,14 @@ def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, resu
         tags["seqpar.unstable"] = m.unstable
     if rounds > 1:
         tags["seqpar.rounds"] = str(rounds)
+    by_rank = None
+    if result.ok and len(result.per_rank) > 1:  # the per-rank breakdown, beside the artifact
+        by_rank = {"rank_step_ms": [r.median_step_ms() for r in result.per_rank],
+                   "rank_flops": [float(sum(r.flops.values())) for r in result.per_rank]}
     return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=params,
                              metrics=m, tags=tags, status=result.status,
                              cause=result.cause, detail=result.to_dict(),
-                             series=m.series if result.ok else None,
+                             series=m.series if result.ok else None, by_rank=by_rank,
                              start_time_ms=int((time.time() - result.setup_s - result.run_s) * 1e3))
 
 
@@ -215,7 +237,9 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
     and a line per trial go to `console` (the CLI's; default a console on stderr)."""
     if console is None:  # a pipe or a CI log: one line per trial, not rich's 80-column wrap
         console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    artifacts = Artifacts(tracker, console)
     sweep, earlier = _start(plan, tracker, resume)
+    artifacts.check()
     done = {r.tags[HASH_TAG] for r in earlier if r.status == "FINISHED" and HASH_TAG in r.tags}
     stale: dict[str, list[str]] = {}  # run ids of FAILED / KILLED trials by hash: a resume reruns
     for r in earlier:
@@ -226,6 +250,10 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
     outcome.resumed = len(plan.trials) - len(todo)
     todo.sort(key=lambda p: p.spec.plan.world if p.spec else 0)  # stable: one gang per size
     gang_id = f"sweep-{sweep.sweep_id[:8]}"
+    console.print(f"sweep id {sweep.sweep_id}: rank actors seqpar:{gang_id}:rank-<r>, "
+                  f'metrics tagged sweep="{metrics.sweep_tag(gang_id)}"', highlight=False,
+                  soft_wrap=True)
+    counts = TrialCounts(metrics.sweep_tag(gang_id), outcome.resumed, len(todo))
     live = SweepProgress(console, [p.spec for p in todo], gang_id, enabled=progress)
     try:
         with live:
@@ -234,21 +262,103 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                 live.start_trial(point.spec, label)
                 t0 = time.monotonic()
                 result, attempts, rounds = run_until_stable(point, runner, retries, gang_id,
-                                                            rerun_unstable)
+                                                            rerun_unstable, plan.name)
                 run = log_one(tracker, sweep.sweep_id, plan, point, result, attempts, rounds)
+                artifacts.check()
                 live.end_trial(time.monotonic() - t0, unstable=bool(result.ok and result.unstable))
                 for old in stale.pop(point.spec.hash if point.spec else "", []):
                     tracker.delete_run(old)  # this trial's run is now `run`
                 trial = TrialOutcome(point, result, run, attempts)
                 outcome.trials.append(trial)
+                counts.ended(result.ok)
                 console.print(_line(result, label, attempts), highlight=False)
                 if on_trial_end is not None:
                     on_trial_end(trial)
-    except BaseException:
-        tracker.end_sweep(sweep.sweep_id, "KILLED", interrupted="true")
+    except BaseException as err:
+        counts.close()
+        with contextlib.suppress(Exception):  # the store itself may be what failed
+            tracker.end_sweep(sweep.sweep_id, "KILLED", interrupted="true")
+        if not isinstance(err, KeyboardInterrupt):
+            console.print(f"[red]sweep {sweep.sweep_id} stopped[/red] by {type(err).__name__}: "
+                          f"{escape(str(err).strip()[:300])}; the trials logged so far stay, "
+                          f"continue with --resume {sweep.sweep_id}", highlight=False,
+                          soft_wrap=True)
         raise
+    counts.close()
     _finish(tracker, outcome, console)
+    artifacts.check()
+    artifacts.summary(sweep.sweep_id)
     return outcome
+
+
+class TrialCounts:
+    """The driver's `seqpar_sweep_trials` (done, failed, pending), published while the sweep
+    runs; a sweep outside Ray (no driver to publish from) publishes nothing."""
+
+    def __init__(self, sweep: str, done: int, pending: int):
+        self.sweep, self.counts = sweep, {"done": done, "failed": 0, "pending": pending}
+        self.publisher = metrics.Publisher() if _ray_up() else None
+        self._publish()
+
+    def ended(self, ok: bool) -> None:
+        self.counts["done" if ok else "failed"] += 1
+        self.counts["pending"] -= 1
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.publisher is not None:
+            for status, n in self.counts.items():
+                self.publisher.set("seqpar_sweep_trials", n,
+                                   {"sweep": self.sweep, "status": status})
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+def _ray_up() -> bool:
+    try:
+        import ray
+    except ImportError:
+        return False
+    return ray.is_initialized()
+
+
+class Artifacts:
+    """What the sweep says about artifacts that could not be written (`Tracker.missing`): one
+    warning, the first time, naming where and why; at the end, the list."""
+
+    def __init__(self, tracker: Tracker, console: Console):
+        self.tracker, self.console = tracker, console
+        self.first = len(tracker.missing)  # a tracker shared with earlier sweeps: theirs aside
+        self.warned = False
+
+    @property
+    def missing(self) -> list[Any]:
+        return self.tracker.missing[self.first:]
+
+    def check(self) -> None:
+        if self.missing and not self.warned:
+            self.warned = True
+            m = self.missing[0]
+            self.console.print(
+                f"[yellow]warning:[/yellow] artifact {escape(m.where)} not written: "
+                f"{escape(m.error)}; measurements still go to the store, missing artifacts are "
+                "listed at the end", highlight=False, soft_wrap=True)
+
+    def summary(self, sweep_id: str) -> None:
+        missing = self.missing
+        if not missing:
+            return
+        per_rank = sum(m.path == "per_rank.json" for m in missing)
+        others = sorted({m.path for m in missing if m.path != "per_rank.json"})
+        parts = ([f"per_rank.json of {per_rank} trial(s) (their per-rank medians are in the "
+                  "runs: rank_step_ms, rank_flops)"] if per_rank else []) + others
+        self.console.print(
+            f"[yellow]{len(missing)} artifact(s) missing[/yellow] ({escape(missing[-1].error)}): "
+            f"{escape(', '.join(parts))}; once the artifact store has room, "
+            f"`seqpar report {sweep_id}` draws the figures and the page again", highlight=False,
+            soft_wrap=True)
 
 
 def _finish(tracker: Tracker, outcome: SweepOutcome, console: Console) -> None:

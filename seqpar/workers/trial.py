@@ -9,10 +9,16 @@
 Bad input is a ConfigError when the Trial is made, before any actor starts; anything that goes
 wrong after that ends the trial FAILED with its cause and its kind (`result.failure`: a rank raised,
 a rank died, a timeout, or start-up), kills the gang and leaves nothing behind; the next trial gets
-a fresh gang. A healthy gang is kept for the next trial of the same gang id, world size, device kind
-and variables (start-up is the expensive part). Every rank gets the trial as it is; the ranks'
+a fresh gang. While the trial runs each rank's heartbeat is asked on its own (`heartbeats`): a rank
+that stops answering (a stopped process, a lost node) ends the trial before its timeout, named with
+its node, its phase and the collective its peers wait in (kind timeout). A healthy gang is kept
+for the next trial of the same gang id, world size, device kind and variables (start-up is the
+expensive part). Every rank gets the trial as it is; the ranks'
 records come back and the metrics are computed once, here (`TrialResult.finish`).
 Ctrl-C tears the gang down before the KeyboardInterrupt propagates.
+
+In the Ray dashboard a trial's remote calls carry its name (`run(trial, tag=...)`: its short label
+and spec hash, platform.metrics.trial_tag) and the rank actors name their sweep (`sweep=`).
 """
 
 from __future__ import annotations
@@ -22,7 +28,15 @@ from typing import Any
 
 from seqpar.case import Trial
 from seqpar.errors import require
-from seqpar.platform import cluster, connection, topology
+from seqpar.platform import cluster, connection, metrics, topology
+from seqpar.workers.heartbeats import (
+    DEFAULT_SILENT_S,
+    NOTED_SILENT_S,
+    SILENT_ENV_VAR,
+    WATCH_S,
+    Heartbeats,
+    node_text,
+)
 from seqpar.workers.rank_worker import RankWorker, Rendezvous
 from seqpar.workers.result import FailureKind, TrialResult
 
@@ -88,13 +102,15 @@ def first_failure(errors: dict[int, BaseException]) -> int:
 class TrialRunner:
     """Runs trials on a Ray cluster; see the module docstring."""
 
-    def __init__(self, address: str | None = None, device: str | None = None):
-        self.connection = connection.connect(address)
+    def __init__(self, address: str | None = None, device: str | None = None, *,
+                 job_metadata: dict[str, str] | None = None):
+        """`job_metadata`: the Ray job's (`JobConfig(metadata=)`; `ray list jobs --detail`)."""
+        self.connection = connection.connect(address, metadata=job_metadata)
         self.device = connection.detect_device(device)
         self.pool = cluster.GangPool()  # the gangs this runner keeps (one idle at most)
 
     # -- gangs ------------------------------------------------------------------------------------
-    def _acquire(self, trial: Trial) -> tuple[cluster.Gang, bool]:
+    def _acquire(self, trial: Trial, sweep: str) -> tuple[cluster.Gang, bool]:
         multi_node = len(connection.alive_nodes()) > 1  # asked each time: clusters grow and shrink
         rpn = trial.ranks_per_node
         assert rpn is not None  # resolved when the trial was made
@@ -106,7 +122,8 @@ class TrialRunner:
         if gang is not None:
             gang.kill()
         env = self.connection.rank_env_vars(trial.env)
-        return cluster.start_gang(RankWorker, key, rpn, env_vars=env), False
+        return cluster.start_gang(RankWorker, key, rpn, env_vars=env,
+                                  init_kwargs={"sweep": sweep} if sweep else None), False
 
     @staticmethod
     def _healthy(gang: cluster.Gang) -> bool:
@@ -119,8 +136,10 @@ class TrialRunner:
         return True
 
     # -- trials -----------------------------------------------------------------------------------
-    def run(self, trial: Trial) -> TrialResult:
-        """One trial; never raises for a failing trial (status FAILED, cause set).
+    def run(self, trial: Trial, *, tag: str = "", sweep: str = "") -> TrialResult:
+        """One trial; never raises for a failing trial (status FAILED, cause set). `tag`: its name
+        in the dashboard (default its case's label); `sweep`: the sweep's name, which a gang this
+        trial starts shows in its actors' repr.
 
         The trial's `env_vars` (a sweep's `env.vars`) reach every rank before its process group
         forms, beside the driver's communication variables (platform.connection.COMM_ENV_VARS).
@@ -138,13 +157,13 @@ class TrialRunner:
         result = TrialResult(trial, "FAILED", None, [], [], 0.0, 0.0, self.device)
         start = time.perf_counter()
         try:
-            gang, result.gang_reused = self._acquire(trial)
+            gang, result.gang_reused = self._acquire(trial, sweep)
         except cluster.GangStartupError as err:
             result.cause, result.failure = f"gang start-up failed: {err}", FailureKind.STARTUP
             result.setup_s = time.perf_counter() - start
             return result
         try:
-            self._run_on(gang, result, start)
+            self._run_on(gang, result, start, metrics.trial_tag(tag or trial.case.label()))
         except BaseException:  # Ctrl-C or a driver-side error: no gang outlives the trial
             gang.kill()
             raise
@@ -155,7 +174,7 @@ class TrialRunner:
             gang.kill()
         return result
 
-    def _run_on(self, gang: cluster.Gang, result: TrialResult, start: float) -> None:
+    def _run_on(self, gang: cluster.Gang, result: TrialResult, start: float, tag: str) -> None:
         import ray
 
         trial = result.trial
@@ -165,7 +184,8 @@ class TrialRunner:
         deadline = time.monotonic() + trial.timeout_s
         wait_s = min(trial.timeout_s, 60.0)
         try:
-            addr, port = ray.get(gang.actors[0].rendezvous_address.remote(), timeout=wait_s)
+            addr, port = ray.get(gang.actors[0].rendezvous_address.options(
+                name=f"{tag}: rendezvous").remote(), timeout=wait_s)
         except ray.exceptions.GetTimeoutError:
             result.cause = f"timeout: rank 0 gave no rendezvous address within {wait_s:g} s"
             result.failure = FailureKind.STARTUP
@@ -178,7 +198,8 @@ class TrialRunner:
         result.setup_s = time.perf_counter() - start
         meet = Rendezvous(addr, port, topo.node_of_rank, self.device)
         t0 = time.perf_counter()
-        refs = {a.run_trial.remote(trial, meet): r for r, a in enumerate(gang.actors)}
+        refs = {a.run_trial.options(name=tag).remote(trial, meet, tag): r
+                for r, a in enumerate(gang.actors)}
         per_rank, result.cause, result.failure = self._collect(gang, refs, deadline,
                                                                trial.timeout_s)
         result.run_s = time.perf_counter() - t0
@@ -187,24 +208,37 @@ class TrialRunner:
 
     def _collect(self, gang: cluster.Gang, refs: dict[Any, int], deadline: float,
                  timeout_s: float) -> tuple[list[Any], str | None, FailureKind | None]:
-        """Every rank's measurement, or the cause and kind of the failure (see first_failure)."""
+        """Every rank's measurement, or the cause and kind of the failure (see first_failure):
+        a rank that failed, a frozen rank (`heartbeats`), or the timeout."""
         import ray
 
         done: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
         pending = list(refs)
+        beats = Heartbeats(gang.actors, gang.info, time.monotonic())
+        silent_s = connection.env_float(SILENT_ENV_VAR, DEFAULT_SILENT_S)
+        end = deadline
         while pending:
-            remaining = deadline - time.monotonic()
-            if errors:  # one rank failed: the rest get a short grace to report, then the gang goes
-                remaining = min(remaining, FAILURE_GRACE_S)
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, remaining))
-            if not ready:
+            now = time.monotonic()
+            if now >= end:
                 break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=min(end - now, WATCH_S))
             for ref in ready:
+                beats.heard(refs[ref])
                 try:
                     done[refs[ref]] = ray.get(ref)
                 except Exception as err:
                     errors[refs[ref]] = err
+            if errors:  # one rank failed: the rest get a short grace to report, then the gang goes
+                if ready:
+                    end = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+                continue
+            if pending and time.monotonic() - beats.last_poll >= WATCH_S:
+                running = sorted(refs[p] for p in pending)
+                beats.poll(running)
+                frozen = beats.frozen(running, silent_s)
+                if frozen:
+                    return [], beats.describe(running, frozen), FailureKind.TIMEOUT
         if errors:
             first = first_failure(errors)
             others = len(errors) - 1
@@ -212,26 +246,16 @@ class TrialRunner:
             kind = failure_kind(errors[first])
             where = ""
             if kind is FailureKind.STARTUP and first < len(gang.info):  # which node lacks what
-                node = gang.info[first]
-                where = f" on node {node.get('ip', '?')} ({str(node.get('node_id', ''))[:8]})"
+                where = f" on node {node_text(gang.info[first])}"
             return [], f"rank {first}{where} {_error_text(errors[first])}{more}", kind
         if pending:
             stuck = sorted(refs[p] for p in pending)
-            return ([], f"timeout: trial exceeded {timeout_s:g} s; {self._phases(gang, stuck)}",
+            beats.ask_all(stuck)  # each on its own, with its own timeout
+            now = time.monotonic()
+            silent = [r for r in stuck if now - beats.answered[r] >= NOTED_SILENT_S]
+            return ([], f"timeout: trial exceeded {timeout_s:g} s; {beats.describe(stuck, silent)}",
                     FailureKind.TIMEOUT)
         return [done[r] for r in sorted(done)], None, None
-
-    @staticmethod
-    def _phases(gang: cluster.Gang, ranks: list[int]) -> str:
-        """Where the stuck ranks are, asked through the actors' second thread."""
-        import ray
-
-        try:
-            beats = ray.get([gang.actors[r].heartbeat.remote() for r in ranks], timeout=5)
-            return "ranks still running: " + ", ".join(
-                f"{b['rank']} in {b['phase']!r} for {b['phase_s']:.1f} s" for b in beats)
-        except Exception:
-            return f"ranks still running: {ranks}"
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

@@ -15,11 +15,12 @@ finished sweep), or read back from MLflow (an old sweep, a study: `seqpar compar
 from seqpar.sweeps.report.baseline import baseline_comparison
 from seqpar.sweeps.report.headline import best_run, headline_metrics
 from seqpar.sweeps.report.page import build as build_page
+from seqpar.sweeps.report.page import build_with_figures
 from seqpar.sweeps.report.plots import figures
 from seqpar.sweeps.report.summary import log_summary
 from seqpar.sweeps.report.table import Comparison, cell, comparison, metric_text, table
 from seqpar.sweeps.report.view import SweepView, TrialView, per_rank_details, trials
 
 __all__ = ["Comparison", "SweepView", "TrialView", "baseline_comparison", "best_run", "build_page",
-           "cell", "comparison", "figures", "headline_metrics", "log_summary", "metric_text",
-           "per_rank_details", "table", "trials"]
+           "build_with_figures", "cell", "comparison", "figures", "headline_metrics", "log_summary",
+           "metric_text", "per_rank_details", "table", "trials"]

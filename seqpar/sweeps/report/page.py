@@ -5,7 +5,9 @@ commit).
     page = build(tracker, sweep_id)        # an old sweep, read back from MLflow
     Path("report.html").write_text(page)   # no external files: attach it to a PR or an appendix
 
-A finished sweep's page is rendered from memory (`render`, by `summary.log_summary`).
+A finished sweep's page is rendered from memory (`render`, by `summary.log_summary`). A trial whose
+per_rank.json artifact is missing (the artifact store was full) gets its per-rank breakdown from its
+own metrics, and the page says which trials that is, and which have no breakdown at all.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from seqpar.sweeps import style
 from seqpar.sweeps.report.headline import best_run, headline_metrics
 from seqpar.sweeps.report.plots import figures
 from seqpar.sweeps.report.table import Comparison, metric_text, table
-from seqpar.sweeps.report.view import SweepView, TrialView, per_rank_details, trials
+from seqpar.sweeps.report.view import (
+    SweepView,
+    TrialView,
+    per_rank_details,
+    trials,
+    without_details,
+)
 
 ENVIRONMENT_TAGS = (("seqpar commit", "seqpar.git_commit"), ("torch", "seqpar.torch_version"),
                     ("ray", "seqpar.ray_version"), ("mlflow", "seqpar.mlflow_version"),
@@ -111,8 +119,24 @@ def _stability(runs: list[TrialView]) -> list[str]:
     return [f'<p class="meta" id="stability">{text}</p>']
 
 
+def _missing(runs: list[TrialView], details: dict[str, dict[str, Any]] | None) -> list[str]:
+    """What the page could not get of the trials' per-rank records, said plainly."""
+    if details is None:
+        return []
+    from_metrics, none = without_details(runs, details)
+    out = []
+    if from_metrics:
+        out.append(f"per_rank.json is missing for {len(from_metrics)} trial(s) (the artifact "
+                   "store could not take it when they ran): their per-rank breakdown is drawn "
+                   "from each rank's median step and FLOPs logged in the run; the rest of the "
+                   f"record (ledger, memory views) is lost: {', '.join(from_metrics)}")
+    if none:
+        out.append(f"no per-rank record for {len(none)} trial(s): {', '.join(none)}")
+    return [f'<p class="meta" id="missing">{escape(text)}</p>' for text in out]
+
+
 def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
-           pngs: dict[str, bytes]) -> str:
+           pngs: dict[str, bytes], details: dict[str, dict[str, Any]] | None = None) -> str:
     """The page for a sweep whose trials, comparison and figures (`png`) are already built."""
     metric = cmp.metric
     headline = headline_metrics(runs, metric)
@@ -148,6 +172,7 @@ def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
                      f"<figcaption>{escape(CAPTIONS.get(name, name))}</figcaption></figure>")
     if not pngs:
         parts.append("<p>No plot: these trials vary neither length, world nor bytes.</p>")
+    parts += _missing(runs, details)
     parts += ["<h2>Environment</h2>", _table(["", "value"], env_rows, table_id="environment"),
               "</body></html>"]
     return "\n".join(parts)
@@ -155,11 +180,18 @@ def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
 
 def build(tracker: Tracker, sweep_id: str) -> str:
     """The page of an old sweep, read back from the store (figures drawn afresh)."""
+    return build_with_figures(tracker, sweep_id)[0]
+
+
+def build_with_figures(tracker: Tracker, sweep_id: str) -> tuple[str, dict[str, bytes]]:
+    """The page of an old sweep and its figures as PNGs (`seqpar report` logs them again)."""
     sweep = SweepView.read(tracker, sweep_id, "sweep_id")
     runs = trials(tracker.trials(sweep_id))
     cmp = table(sweep.title, runs, sweep.headline)
-    figs = figures(runs, per_rank_details(tracker, runs))
+    details = per_rank_details(tracker, runs)
+    figs = figures(runs, details)
     try:
-        return render(sweep, runs, cmp=cmp, pngs={name: png(f) for name, f in figs.items()})
+        pngs = {name: png(f) for name, f in figs.items()}
+        return render(sweep, runs, cmp=cmp, pngs=pngs, details=details), pngs
     finally:
         style.close(figs.values())

@@ -212,8 +212,13 @@ def trials(runs: Iterable[RunRecord]) -> list[TrialView]:
     return [TrialView.of(r) for r in runs]
 
 
+BY_RANK = ("rank_step_ms", "rank_flops")  # a trial's per-rank medians, as metrics by rank
+
+
 def per_rank_details(tracker: Tracker, runs: list[TrialView]) -> dict[str, dict[str, Any]]:
-    """run id -> per_rank.json of each finished multi-rank trial (downloaded from the store)."""
+    """run id -> per_rank.json of each finished multi-rank trial (downloaded from the store); where
+    the artifact is missing (a full artifact store when the trial ran) what the report needs of it,
+    each rank's median step and FLOPs, from the run's own metrics (`"source": "metrics"`)."""
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for t in runs:
@@ -222,6 +227,31 @@ def per_rank_details(tracker: Tracker, runs: list[TrialView]) -> dict[str, dict[
             try:
                 path = tracker.download(t.run_id, "per_rank.json", Path(tmp) / t.run_id)
                 out[t.run_id] = json.loads(path.read_text())
-            except Exception:  # an older run or an unreachable artifact store: no breakdown
-                continue
+            except Exception:  # missing, cut short or unreachable: the run's own medians
+                detail = _from_metrics(tracker, t)
+                if detail is not None:
+                    out[t.run_id] = detail
     return out
+
+
+def _from_metrics(tracker: Tracker, t: TrialView) -> dict[str, Any] | None:
+    if BY_RANK[0] not in t.metrics:  # a run from before the medians were logged
+        return None
+    try:
+        steps, flops = (tracker.metric_history(t.run_id, key) for key in BY_RANK)
+    except Exception:
+        return None
+    if len(steps) != len(flops) or len(steps) < 2:
+        return None
+    return {"source": "metrics",
+            "per_rank": [{"step_ms": [s], "flops": {"attention": f}}
+                         for s, f in zip(steps, flops, strict=True)]}
+
+
+def without_details(runs: list[TrialView], details: dict[str, dict[str, Any]]
+                    ) -> tuple[list[str], list[str]]:
+    """The finished multi-rank trials whose per-rank breakdown comes from their metrics (the
+    per_rank.json artifact is missing), and those that have none at all, by name."""
+    multi = [t for t in runs if t.finished and t.world >= 2]
+    from_metrics = [t.name for t in multi if details.get(t.run_id, {}).get("source") == "metrics"]
+    return from_metrics, [t.name for t in multi if t.run_id not in details]

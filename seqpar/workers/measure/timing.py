@@ -8,12 +8,18 @@ pass (a process's first pass allocates one-time state: AdamW's moments, FSDP's l
 NCCL workspaces), with the peak reset when the timed passes begin (`meters.MemoryMeter`: on CUDA
 also the allocator's reserved peak and the device's own view). The first timed pass books the
 ledger.
+
+Progress: within `counting(tick, loop_done)` (this thread's context) every pass of `iterate`,
+warm-up included, calls `tick()`, and its end `loop_done()` (what follows is the mode's own: the
+training's memory forward): the rank actor shows both on the dashboard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -22,10 +28,27 @@ import torch.distributed as dist
 
 from seqpar import algorithms
 from seqpar.algorithms.ledger import Ledger
+from seqpar.algorithms.observe import waiting
 from seqpar.workers.measure.meters import Memory, MemoryMeter
 from seqpar.workers.measure.noise import NoiseMeter
 
 T = TypeVar("T")
+
+_tick: ContextVar[Callable[[], None] | None] = ContextVar("seqpar_pass_tick", default=None)
+_loop_done: ContextVar[Callable[[], None] | None] = ContextVar("seqpar_loop_done", default=None)
+
+
+@contextlib.contextmanager
+def counting(tick: Callable[[], None], loop_done: Callable[[], None] | None = None
+             ) -> Iterator[None]:
+    """Within this block (this thread's context), `tick()` after every pass of `iterate` and
+    `loop_done()` when its last pass is over."""
+    tokens = _tick.set(tick), _loop_done.set(loop_done)
+    try:
+        yield
+    finally:
+        _tick.reset(tokens[0])
+        _loop_done.reset(tokens[1])
 
 
 def sync(device: torch.device) -> None:
@@ -42,7 +65,8 @@ def timed_pass(attn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]
     the kernels, not their enqueue."""
     q, k, v = (t.detach().requires_grad_(dout is not None) for t in inputs)
     if group is not None:
-        dist.barrier(group=group)
+        with waiting("barrier"):
+            dist.barrier(group=group)
     sync(device)
     t0 = time.perf_counter()
     out = attn(q, k, v, **docs)
@@ -72,8 +96,10 @@ def iterate(one_pass: Callable[[], tuple[float, float, T]], warmup: int, iters: 
     """max(1, warmup) warm passes, then `iters` timed passes under the memory meter and the noise
     meter, the first under the ledger (`nodes`: the node map it classes links by; default each
     mesh's). `one_pass` returns (forward s, backward s, output). See the module docstring."""
+    tick = _tick.get() or _nothing
     for _ in range(max(1, warmup)):
         one_pass()
+        tick()
     meter = MemoryMeter(device)
     fwd, bwd = [], []
     meter.start()
@@ -87,4 +113,10 @@ def iterate(one_pass: Callable[[], tuple[float, float, T]], warmup: int, iters: 
             meter.sample()
             fwd.append(f)
             bwd.append(b)
+            tick()
+    (_loop_done.get() or _nothing)()
     return Loop(fwd, bwd, meter.stop(), ledger, last, noise.sample)
+
+
+def _nothing() -> None:
+    pass
