@@ -4,16 +4,11 @@
     out = attn(q, k, v)          # local shards, (batch, seq, heads, head_dim)
     out.backward(grad)           # distributed and exact, too
 
-`build_attention` lays the algorithm's rank grid on `group` as a mesh (mesh.py): real process groups
-per axis when `group` is the whole world (every rank calls it), point-to-point views otherwise. A
-caller that builds the mesh itself (collectively, once: `mesh_for`) passes `mesh=` instead.
-
-Each algorithm states its rules (`check`) and its analytic bytes per rank per call
-(`expected_bytes`), so a ledger from `ledger.recording()` can be held against it. With documents or
-a window (or the option `skip_transfers=True`) the ring schedules do not carry blocks that no query
-ahead sees (`route`);
-`expected_bytes(..., layout=, causal=, cu_seqlens=, window=)` then counts what travels and
-`skipped_bytes` what does not, as the ledger's `skipped` entries do.
+`build_attention` lays the algorithm's rank grid on `group` as a mesh (mesh.py), or takes `mesh=`
+built once by `mesh_for`. Each algorithm states its rules (`check`) and its analytic bytes per rank
+per call (`expected_bytes`, net of skipped transfers given the call's relation; `skipped_bytes` what
+is not sent), so a ledger from `recording()` can be held against it. Usage, options and the byte
+table: docs/algorithms.md.
 """
 
 from __future__ import annotations

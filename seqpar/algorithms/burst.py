@@ -1,33 +1,20 @@
-"""`burst` (BurstAttention, BurstEngine §3.1, §3.4): ring attention with a topology-aware ring and a
+"""`burst` (BurstAttention, BurstEngine §3.1, §3.4): ring attention on a topology-aware ring, with a
 backward pass that moves the queries instead of the keys and values.
 
-Forward: `ring.ring_forward` on the topology-aware ring (Fig. 4): one sub-ring per node, and one
-inter-node step per node that moves every rank's round-start K,V block to the same position on the
-next node. Three buffers — the block being computed, the intra-node receive, the inter-node receive —
-so both kinds of transfer overlap compute (Fig. 5). Bytes equal the ring's; only (nodes - 1) of a
-rank's P - 1 messages cross nodes, and every rank's NIC carries one of them at a time.
+Forward: `ring.ring_forward` on one sub-ring per node plus one inter-node step per node (Fig. 4),
+with three buffers (the block being computed, the intra-node and the inter-node receive) so both
+kinds of transfer overlap compute (Fig. 5). Backward (Alg. 2): K, V, dK, dV stay home; Q, dO, lse and
+D = rowsum(dO * O) travel the ring in one message, and dQ follows its block one step behind and
+arrives home after the last step. `query_ring_backward` and the byte packing (`pack_bytes`: every
+segment at a 16-byte boundary, the padding booked and counted by `packed_size`) are shared with
+`wallfacer`.
 
-Backward (Alg. 2): K, V, dK, dV stay home. Q, dO, lse and D = rowsum(dO * O) travel the same ring in
-one message; dQ follows its block one step behind (a gradient can only leave after it is computed,
-Fig. 5) and after the last step arrives home. With D instead of O on the wire, a step moves
-2Hd + 2H numbers per token plus Hd for dQ: ~(3Nd + 2N) against ring's 4Nd for MHA, but H-headed
-tensors against ring's Hkv-headed ones, so with GQA (H/Hkv = 4) burst sends more than ring.
-
-The rank grid (mesh.py) is `(outer, inner)` with one inner ring per node: the node map comes from
-option `ranks_per_node` (nodes are blocks of consecutive ranks), else from the mesh's nodes (the
-trial's topology), else one node. A group whose nodes do not hold equal blocks of consecutive ranks
-gets the flat ring (still exact, just not topology-aware).
-
-Packed messages (Q, dO, D, lse in one buffer) put every segment at a 16-byte boundary
-(`pack_bytes`), so a view of any dtype is aligned for vectorised kernels; the padding is booked and
-counted (`packed_size`).
-
-`query_ring_backward` and the byte packing are shared with `wallfacer`, whose sub-rings run the same
-query-moving backward.
-
-With skip_transfers (`route`) the forward skips as ring's does, and the backward's query blocks
-travel only as far as the last rank whose keys they see (`route.transpose` of the forward's need);
-`ring_inner` is the inner ring the analytic count assumes (ranks_per_node, else the flat ring).
+The rank grid (mesh.py) is `(outer, inner)`, one inner ring per node: the node map from option
+`ranks_per_node`, else the mesh's nodes, else one node; nodes that are not equal blocks of
+consecutive ranks get the flat ring (exact, not topology-aware). With skip_transfers the backward's
+query blocks travel only as far as the last rank whose keys they see (`route.transpose` of the
+forward's need); `ring_inner` is the inner ring the analytic count assumes. Bytes against ring's
+(more with GQA): docs/algorithms.md.
 """
 
 from __future__ import annotations

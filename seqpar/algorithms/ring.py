@@ -1,26 +1,15 @@
 """`ring` (Ring Attention): K,V shards travel the ring for P-1 steps; each step's partial result is
 merged with the online softmax. The exchange that brings the next block is posted before the current
-block is computed, so communication overlaps compute (two buffers).
+block is computed (two buffers), so communication overlaps compute. Backward: K,V travel again with
+their dK,dV accumulators, which arrive home after the last step ((P-1) K,V and P dK,dV messages,
+the latter in the accumulation dtype by default, `Options.grad_dtype`).
 
-Backward: K,V travel the ring again while each block's dK,dV accumulator travels with it, and after
-the last step the accumulators arrive home: (P-1) K,V messages and P dK,dV messages (the latter in
-the accumulation dtype by default, see `Options.grad_dtype`).
-
-`travel` is the one ring schedule: it also runs usp's context ring and the double ring (inner rings
-of w with the outer ring's prefetch on its own communicator, LoongTrain Alg. 2), burst's
-topology-aware ring and WallFacer's sub-rings; `carry` is the one backward over it (a block's
-gradient follows the block and comes home), for K,V here and for burst's travelling queries.
-
-Transfer skipping (option `skip_transfers`, `route`): with a window or documents, a block travels
-only as far as the last position whose queries see it, its gradient goes from reader to reader and
-then home in one hop, and the ring ends after the last step any block is read. Every rank derives
-the same route from the global relation, so sender and receiver agree on every message. The ledger
-books the skipped messages apart (`Ledger.skipped`), and `skipped_ring_bytes` counts them: e.g.
-contiguous, P = 4, a window within one neighbour: 1 of 3 K,V messages, 1-2 of 4 dK,dV messages,
-2 steps. A layout whose every rank sees every other (zigzag or stripe without a window, any full
-attention) skips nothing; a causal contiguous ring skips the hops past the last rank (block b
-travels P-1-b hops). The ring runs one way, so a zigzag window (each rank reads both neighbours)
-still needs the full forward ring; only gradients are saved there.
+`travel` is the one ring schedule (usp's context ring, the double ring's inner and outer rings,
+burst's topology-aware ring and WallFacer's sub-rings run it too); `carry` is the one backward over
+it (a block's gradient follows the block and comes home). With skip_transfers every message follows
+`route` (rules/route.py), which every rank derives from the global relation, so sender and receiver
+agree; the ledger books skipped messages apart and `skipped_ring_bytes` counts them. How far a block
+travels, with examples, and each algorithm's bytes: docs/algorithms.md.
 """
 
 from __future__ import annotations

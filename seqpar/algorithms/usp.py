@@ -1,35 +1,21 @@
-"""`usp` (LoongTrain 2D-Attention): P = dhp x dcp ranks, all-to-all inside each head-parallel (HP)
-group, (double) ring attention inside each context-parallel (CP) group (LoongTrain §4.1, Alg. 1).
+"""`usp` (LoongTrain 2D-Attention, §4.1, Alg. 1): P = dhp x dcp ranks, an all-to-all inside each
+head-parallel (HP) group around (double) ring attention inside each context-parallel (CP) group.
 
-The rank grid (mesh.py): head-first `(outer, inner, hp)`, context-first `(hp, outer, inner)`, with
-cp = outer x inner (§4.4, Fig. 11: nodes are blocks of consecutive ranks, so head-first keeps an HP
-group on a node and context-first a CP group). Each axis is a process group of its own.
+The rank grid (mesh.py): head-first `(outer, inner, hp)` or context-first `(hp, outer, inner)`, with
+cp = outer x inner (§4.4); each axis is a process group of its own. Forward: K,V heads replicated to
+dhp when kv_heads < dhp (§4.2); one all-to-all turns q, k, v into H/dhp-head shards of the HP group's
+tokens; `ring.ring_forward` over the CP group with inner rings of `inner_ring`; one all-to-all
+brings out back. Backward, in one fixed order on every rank: all-to-all of dout,
+`ring.ring_backward`, one all-to-all of dq, dk, dv; the replicas' dK,dV summed.
 
-Forward: K,V heads replicated to dhp when kv_heads < dhp (§4.2); one all-to-all in the HP group turns
-q, k, v from sequence shards into H/dhp-head shards of the HP group's tokens; the CP group runs
-`ring.ring_forward` on them with inner rings of `inner_ring` = w (w < dcp: Double-Ring-Attention,
-Alg. 2, the outer ring's prefetch on its own communicator overlapping the inner ring); one
-all-to-all brings out back. Backward, in one fixed order on every rank: all-to-all of dout,
-`ring.ring_backward` (K,V and their dK,dV travel), one all-to-all of dq, dk, dv; replicas' dK,dV
-summed.
-
-Token order (LoongTrain's data-loader post-processing, §4.4): after the all-to-all a rank holds its HP
-group's shards in member order. `tokens.gather_plan` over the HP groups decides whether they are
-permuted into token order (contiguous, zigzag) or kept in member order (stripe), and plans every
-inner-ring block from it, so every layout and placement is exact without re-dealing the input.
-
-K,V heads that neither split nor replicate over dhp (kv_heads neither a multiple nor a divisor of
-dhp: H=6, Hkv=3, dhp=2) go as ulysses sends them: each HP member receives exactly the K,V heads its
-query heads read (`ulysses.kv_ranges`, point-to-point), the context ring carries that range, and each
-rank expands it to one K,V head per query head only for its kernel calls; backward sums the expanded
-heads' gradients back into the range before they travel, and sends each member's share home.
-
-`double_ring` is the dhp = 1 case. dhp = 1 is exactly `ring`, dcp = 1 exactly `ulysses`: the same
-bytes.
-
-With skip_transfers the context ring (inner rings, outer prefetch and the gradients) skips the blocks
-no query of an HP group's holding sees (`route`, need over the holdings); the all-to-alls move every
-head of every token and skip nothing.
+After the all-to-all a rank holds its HP group's shards in member order: `tokens.gather_plan` decides
+whether to permute them into token order and plans every inner-ring block from it, so every layout
+and placement is exact without re-dealing the input. K,V heads that neither split nor replicate over
+dhp (H=6, Hkv=3, dhp=2) go as ulysses sends them (`ulysses.kv_ranges`): each member receives the
+K,V heads its query heads read, expands them for its kernel calls only, and sends the summed
+gradients home. With skip_transfers only the context ring skips (`route`). `double_ring` is
+dhp = 1; dhp = 1 is exactly `ring`, dcp = 1 exactly `ulysses`. Schedules and bytes:
+docs/algorithms.md.
 """
 
 from __future__ import annotations

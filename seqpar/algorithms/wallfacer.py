@@ -1,38 +1,20 @@
 """`wallfacer` (WallFacer multi-ring attention, §4.2-4.5): teams of C ranks, sub-rings of P/C² teams.
 
-Forward (Alg. 1): all-gather q, k, v inside the team (every member then
-holds the team's C shards, in token order or member order as `tokens.gather_plan` decides over the
-teams, which plans every team-to-team block); send the team's K,V to the Alg. 2 target
-(`get_init_send`), so the team's members hold different K,V blocks; P/C² steps of
-`ring.ring_forward` on the Alg. 3 sub-ring (`get_P2P_config`), each member attending the team's
-queries to 1/C of the keys; then an all-to-all of the partial (out, lse) inside the team and the
-online-softmax merge of the C partials of one's own shard ("reduce-scatter-combine": the bytes of a
-reduce-scatter, exact because it is the merge, not a sum). The partials travel in the accumulation
-dtype, so lse keeps its precision.
-
-Backward (§4.2.1), one fixed order on every rank: each member computes
-D = rowsum(dO * O) for its own shard and the team all-gathers (dO, D, lse); K,V stay where the
-initial placement put them (with their dK,dV accumulators) while the team's queries, with dO, D, lse,
-travel the sub-ring and their dq follows one step behind and arrives home (BurstAttention's query ring,
-`burst.query_ring_backward`); the dK,dV of each placed block go back to the rank that placed it (the
-inverse of Alg. 2), and one reduce-scatter inside the team sums and scatters dq, dk, dv.
-
-C = 1 is ring in outputs and forward bytes (no team, every placement is to oneself); its backward
-moves queries, so it is burst's backward. C = sqrt(P) has one team group per sub-ring of one rank:
-no ring steps, only the collectives and the initial placement. Ranks whose Alg. 2 target is
-themselves send nothing, so bytes differ by rank: `rank_bytes` gives each rank's.
-
-Memory: every member keeps the team's q and its placed K,V block for backward, 3C activations
-instead of ring's 3 (Eq. 9-10).
+Forward (Alg. 1): all-gather q, k, v inside the team (`tokens.gather_plan` orders the team's shards
+and plans every team-to-team block); send the team's K,V to its Alg. 2 target (`get_init_send`);
+P/C² steps of `ring.ring_forward` on the Alg. 3 sub-ring (`get_P2P_config`), each member attending
+the team's queries to 1/C of the keys; then an all-to-all of the partial (out, lse) inside the team
+and the online-softmax merge of one's own shard's C partials (the bytes of a reduce-scatter; the
+partials in the accumulation dtype). Backward (§4.2.1), in one fixed order on every rank: the team
+all-gathers (dO, D, lse); K,V stay placed while the team's queries travel the sub-ring with dq one
+step behind (`burst.query_ring_backward`); placed blocks' dK,dV return to their placer (Alg. 2
+inverted); one reduce-scatter inside the team sums and scatters dq, dk, dv.
 
 The rank grid (mesh.py): collective-intra `(group, subring, team)` puts a team on consecutive ranks,
-p2p-intra `(group, team, subring)` a sub-ring; the team and the sub-ring are process groups of their
-own, and Alg. 2's placement exchange runs on the whole group. `groups.WallFacerGrid` holds Alg. 2
-and 3 (`get_init_send`, `get_p2p_config`); a test holds its teams and sub-rings against the grid's.
-
-With skip_transfers the sub-rings skip (`route`, `subring_needs`): forward a team K,V block travels
-only as far as the last team that sees it, backward a team's queries only as far as the last K,V
-block they see. The team collectives and the placement send what they send.
+p2p-intra `(group, team, subring)` a sub-ring; `groups.WallFacerGrid` holds Alg. 2 and 3. A rank
+whose Alg. 2 target is itself sends nothing, so bytes differ by rank (`rank_bytes`). With
+skip_transfers the sub-rings skip (`route`, `subring_needs`); the team collectives and the
+placement send what they send. C = 1, C = sqrt(P), memory (Eq. 9-10) and bytes: docs/algorithms.md.
 """
 
 from __future__ import annotations

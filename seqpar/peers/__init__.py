@@ -1,20 +1,12 @@
 """The peers: other projects' distributed attentions, each a thin adapter around the peer's own code
 (imported from its installed package, never copied), registered as `peer:<name>` algorithms, so a
-sweep runs them through seqpar's harness (`plan.algorithm: peer:torch-cp-ring`): float64 exactness
-against the same reference, time, memory, and the bytes of the torch.distributed calls they make.
+sweep runs them through seqpar's harness (`plan.algorithm: peer:torch-cp-ring`).
 
-    from seqpar import peers
-    peers.catalogue()       # every peer: name, what it is, and why it cannot run here (or None)
-
-`seqpar.algorithms.get` imports this package on the first `peer:` name it is asked for; importing
-it registers every peer into `algorithms.PEERS`: its class where it can run, else the one-line
-reason (the package is not installed, or it needs CUDA), which a sweep reports as a ConfigError
-before any actor starts. CPU peers install with `pip install 'seqpar[peers]'`.
-
-What a peer states without running — its options, rank grid, rules, analytic bytes, layouts and the
-packages it needs — is its rules class in `seqpar.rules.peers` (no torch), which the adapter here
-subclasses and the planner reads (`seqpar.rules.algorithms.get("peer:...")`); whether it can run on
-this machine is the adapter's `unavailable()`.
+`seqpar.algorithms.get` imports this package on the first `peer:` name it is asked for; importing it
+registers every peer into `algorithms.PEERS`: its class where it can run, else the one-line reason
+(`catalogue()` lists both). What a peer states without running (options, grid, rules, bytes) is its
+rules class in `seqpar.rules.peers`, which the adapter subclasses and the planner reads; whether it
+runs here is the adapter's `unavailable()`. docs/algorithms.md: Peers.
 """
 
 from __future__ import annotations

@@ -4,17 +4,13 @@
 - zigzag: the sequence is cut into 2P chunks; rank r holds chunks r and 2P-1-r (balanced causal work).
   With documents (cu_seqlens) *each document* is dealt so, its last L mod 2P tokens (its tail) round
   robin over the ranks, the rotation running on across documents.
-- stripe: token t goes to rank t mod P (BurstEngine Eq. 14). With a block-structured mask whose
-  block size is a multiple of P this is BurstEngine's block-wise striped balance (§3.4, Fig. 11):
-  every rank holds block/P tokens of every block, so every rank gets the same share of every
-  visible block pair, whatever the block mask.
-- balanced: the sequence is cut into C = P*m equal chunks of c = N // C tokens (m chunks a rank,
-  the largest of 8, 4, 2, 1 with c >= 1; the last N mod C tokens go round robin); the chunks go to
-  ranks so that the largest rank's count of visible (query, key) pairs under the call's mask is as
-  small as the solver gets it (`assign`: greedy largest-first with m chunks a rank, then pairwise
-  swaps), or dealt contiguously or mirrored (zigzag in chunks) where that is as balanced
-  (`best_deal`: fewer runs, fewer K,V blocks each rank needs). `Balance.gap` bounds how far that is
-  from the optimum: the largest load over `load_bound`, a lower bound on every deal's largest load.
+- stripe: token t goes to rank t mod P (BurstEngine Eq. 14; with a block mask whose block size is a
+  multiple of P, BurstEngine's block-wise striped balance, §3.4).
+- balanced: C = P*m equal chunks (m the largest of 8, 4, 2, 1 with a chunk of a token at least; the
+  last N mod C tokens round robin) dealt to minimise the largest rank's visible (query, key) pairs
+  under the call's mask (`assign`: greedy largest-first, then pairwise swaps; `best_deal` keeps a
+  contiguous or mirrored deal where that is as balanced). `Balance.gap` bounds the distance from
+  the optimum (docs/masks.md: Balance).
 
 Every rank's positions come out sorted. `positions` returns them as a tuple (cached); the torch layer
 (`seqpar.algorithms.layouts`) turns them into tensors. Any length N with cu_seqlens: every rank

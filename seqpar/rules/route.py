@@ -1,33 +1,25 @@
 """Transfer skipping on a ring schedule: which messages travel when some blocks are seen by no query
-of the ranks they would visit (by default with documents or a window, `Options.skips`;
-the option `skip_transfers` forces it on or off).
+of the ranks they would visit (by default whenever the call is not plain full or causal attention:
+documents, a window, any other mask, `Options.skips`; the option `skip_transfers` forces it).
 
 The schedule is `ring.travel`'s: a ring of `size` positions split into inner rings of `inner`
 (`groups.DoubleRing`; inner = size is the plain ring). Global step g = o * inner + s is inner step s
 of outer step o; the block that started at position src = (a, c) is then held at position
-(a + o, c + s). Inner hops move it along the inner ring; at the start of each outer step the block
-a position starts with is prefetched to the next inner ring. Backward, each block's gradient
-accumulator follows it and, after the last step, arrives home.
+(a + o, c + s). Backward, each block's gradient accumulator follows it home.
 
 `need[pos][src]`: whether the queries at `pos` see any key of the block that started at `src`. It
-comes from the global relation (layout, world, seq_len, causal, cu_seqlens, window), which every
-rank knows, so every rank computes the same route and a sender and its receiver always agree on
-each message. Per block, with N its *needed* steps (the steps whose holder needs it):
+comes from the global relation, which every rank knows, so every rank computes the same route and a
+sender and its receiver always agree on each message. Per block:
 
 - an inner hop at (o, s) travels iff the block is needed later in the same inner ring;
 - the prefetch at outer step o travels iff the block is needed at a later outer step;
 - the gradient goes from each needed holder straight to the next one and from the last one home
-  (one hop), not through the positions in between; a block needed only at home sends none.
+  (one hop); a block needed only at home sends none.
 
-So a block travels as far as its farthest reader and no further (a ring ends after the last step
-any block is needed, e.g. 2 steps for a contiguous layout whose window reaches one neighbour), and
-a position that no longer needs a block only relays it when a later one does. With `need=None`
-(every block needed everywhere) the route is the unskipped schedule message for message.
-
-Messages of one step are posted in the same step on both ends, so no step waits on a later one.
-
-Only rings skip: ulysses' all-to-alls move every head of every token (nothing a query cannot see),
-allgather's and WallFacer's collectives move every shard of the group.
+A position that no longer needs a block only relays it when a later one does; with `need=None` the
+route is the unskipped schedule message for message. Messages of one step are posted in the same
+step on both ends, so no step waits on a later one. Only rings skip; collectives move every shard.
+Worked examples: docs/algorithms.md.
 """
 
 from __future__ import annotations

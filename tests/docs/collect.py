@@ -14,10 +14,10 @@ SEQPAR_PREFIXES = ("seqpar", ".venv/bin/seqpar")
 RAY_PREFIXES = ("ray", ".venv/bin/ray")
 ROOT_OPTIONS = ("--address", "--tracking-uri")  # the app's own: `seqpar --address X sweep ...`
 # placeholders the test fills: a finished sweep's id (the session's quickstart sweep)
-SWEEP_PLACEHOLDERS = ("<sweep id>", "SWEEP_ID")
+SWEEP_PLACEHOLDERS = ("<sweep_id>", "SWEEP_ID")  # (a placeholder's spaces read as _)
 SWEEP = "@SWEEP@"
 # placeholders a `ray job` line may hold: the test's own head, store and submission
-RAY_PLACEHOLDERS = ("<head>", "<mlflow host>", "<submission id>")
+RAY_PLACEHOLDERS = ("<head>", "<mlflow_host>", "<submission_id>")
 PLACEHOLDER = re.compile(r"<[^>]+>|\.\.\.")  # <head>, examples/...
 
 
@@ -84,6 +84,7 @@ def logical_lines(body: list[str], start: int):
 
 
 def _split(text: str) -> list[str] | None:
+    text = re.sub(r"<[^>]+>", lambda m: m.group(0).replace(" ", "_"), text)  # one word each
     for name in SWEEP_PLACEHOLDERS:
         text = text.replace(name, SWEEP)
     try:
@@ -176,10 +177,11 @@ def classify(cmd: Command) -> None:
 
 
 def runnable(cmd: Command, *, store: str | None = None, sweep_id: str | None = None,
-             address: str | None = None, scratch: Path | None = None) -> list[str]:
+             address: str | None = None, scratch: Path | None = None,
+             absolute: bool = True) -> list[str]:
     """The argv the test runs: sweeps with --dry-run; the quickstart's store and sweep id for
     `--tracking-uri` and SWEEP_ID; a local head for `--address`; calibrate writes to `scratch`;
-    paths of the repository made absolute (the test runs in a temporary directory)."""
+    paths of the repository made `absolute` (the test runs in a temporary directory)."""
     roots, name, args = subcommand([a.replace(SWEEP, sweep_id or "0" * 32) for a in cmd.argv])
     if store is not None:
         roots["--tracking-uri"] = store
@@ -191,12 +193,11 @@ def runnable(cmd: Command, *, store: str | None = None, sweep_id: str | None = N
         args = [*args, "--dry-run"]
     if name == "calibrate" and "--out" not in args and scratch is not None:
         args = [*args, "--out", str(scratch / "local.yaml")]
-    args = [str(ROOT / a) if ("/" in a or a.endswith((".yaml", ".json"))) and (ROOT / a).exists()
-            else a for a in args]
+    args = [str(ROOT / a) if absolute and ("/" in a or a.endswith((".yaml", ".json")))
+            and (ROOT / a).exists() else a for a in args]
     return [*(x for k, v in roots.items() for x in (k, v)), name, *args]
 
 
 def parsable(cmd: Command) -> list[str]:
     """The argv with every placeholder filled by a dummy value: what the CLI parses."""
-    joined = PLACEHOLDER.sub("x", "\0".join(cmd.argv))  # `<mlflow host>` spans two words
-    return [a.replace(SWEEP, "0" * 32) for a in joined.split("\0")]
+    return [PLACEHOLDER.sub("x", a).replace(SWEEP, "0" * 32) for a in cmd.argv]

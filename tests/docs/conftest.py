@@ -77,15 +77,18 @@ def ray_head():
 
 
 def _is_ours(report: pytest.TestReport) -> bool:
-    return report.nodeid.startswith("tests/docs/") and "[" in report.nodeid
+    """A test that runs (or skips) commands or blocks of the pages, not the parse or rule tests."""
+    return report.nodeid.startswith("tests/docs/") and ("[" in report.nodeid
+                                                         or "ray_job" in report.nodeid)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not _is_ours(report):
         return
-    if report.when == "call":
-        _outcomes["ran"] += 1
-        _outcomes["failed"] += report.failed
+    if report.when == "call":  # a test of several lines says how many (record_property)
+        lines = dict(report.user_properties).get("commands", 1)
+        _outcomes["ran"] += lines
+        _outcomes["failed"] += lines if report.failed else 0
     elif report.skipped and report.when == "setup":
         _outcomes["skipped"] += 1
         _skipped.append(str(report.longrepr[-1]).removeprefix("Skipped: "))

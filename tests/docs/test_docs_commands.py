@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import re
 import subprocess
@@ -170,27 +169,34 @@ def _ray_job_argv(cmd: Command, head: dict, store: str, job: str | None) -> list
     a dry run by the venv's seqpar (a job's driver finds it on the head's PATH)."""
     argv = [a.replace("http://<head>:8265", head["dashboard"]) for a in cmd.argv]
     if job is not None:
-        argv = [job if a == "<submission id>" else a for a in argv]
+        argv = [job if a == "<submission_id>" else a for a in argv]
     if "--" in argv:
         cut = argv.index("--") + 1
         entry = argv[cut:]
         if Path(entry[0]).name == "seqpar":
             inner = Command(cmd.page, cmd.line, cmd.text, entry[1:])
-            argv = [*argv[:cut], str(BIN / "seqpar"), *runnable(inner, store=store)]
+            argv = [*argv[:cut], str(BIN / "seqpar"),
+                    *runnable(inner, store=store, absolute=False)]
     return [str(BIN / "ray"), *argv]
 
 
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.skipif(not RAY_JOB, reason="the pages show no `ray job` line")
-def test_ray_job_lines_run_against_a_local_head(ray_head, tmp_path):
+def test_ray_job_lines_run_against_a_local_head(ray_head, tmp_path, record_property):
     """The pages' `ray job submit`, then `logs` and `status` of that submission, in order."""
+    from seqpar.platform import dashboard
+
+    record_property("commands", len(RAY_JOB))
     store, job, seen = f"sqlite:///{tmp_path}/mlflow.db", None, []
+    env = _env()
+    if dashboard.read_token():  # the head turned token authentication on: as docs/ray.md says
+        env["RAY_AUTH_MODE"] = "token"
     for cmd in RAY_JOB:
         argv = _ray_job_argv(cmd, ray_head, store, job)
         assert job is not None or argv[2] == "submit", f"{cmd.id}: no job submitted before it"
         for _ in range(5):  # the head's job agent registers a moment after the node is up
-            proc = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True,
+            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
                                   timeout=600)
             if "No available agent to submit job" not in proc.stderr:
                 break
@@ -224,6 +230,7 @@ def test_slow_python_block_runs(block, workdir):
 
 def test_the_rules_of_the_test_hold_on_their_own_examples():
     """The collector's rules on lines like the pages' (so a page's layout cannot hide one)."""
+    from tests.docs.collect import _split as _split_of
     from tests.docs.collect import classify, fenced_blocks, logical_lines
 
     body = ["seqpar plan --cluster h100-sxm \\", "    --world 8   # a comment", "ray start --head"]
@@ -245,5 +252,6 @@ def test_the_rules_of_the_test_hold_on_their_own_examples():
     report = Command("x.md", 1, "", ["report", "@SWEEP@"])
     assert runnable(report, store="sqlite:///s.db", sweep_id="abc") == [
         "--tracking-uri", "sqlite:///s.db", "report", "abc"]
-    assert json.loads(json.dumps(parsable(Command("x.md", 1, "", ["sweep", "<a", "b>"])))) == [
-        "sweep", "x"]
+    assert parsable(Command("x.md", 1, "", ["sweep", "<a_b>", "@SWEEP@"])) == ["sweep", "x", "0" * 32]
+    assert _split_of("seqpar report <sweep id> -o x.html") == [
+        "seqpar", "report", "@SWEEP@", "-o", "x.html"]
