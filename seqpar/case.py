@@ -16,6 +16,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from seqpar import algorithms
 from seqpar.algorithms import layouts
@@ -28,6 +29,8 @@ from seqpar.model.config import ModelConfig
 from seqpar.model.memory import TrainPolicy
 from seqpar.model.states import StatePolicy
 from seqpar.rules import masks
+from seqpar.rules import pool as pool_rules
+from seqpar.rules.deal import Batch
 from seqpar.rules.grids import ranks_per_node_of
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
@@ -153,6 +156,15 @@ class TrainCase:
     text_separator: str = "\n\n"     # what separates two documents of the text
     tiled: bool = False              # the MLP over token tiles, recomputed per tile (ALST)
     mask: str = ""                   # any attention mask, its compact form ("": causal)
+    # a step of variable-length sequences (docs/lengths.md); "" = batch x seq_len tokens a replica
+    lengths: str = ""                # the length distribution's compact form (rules.lengths)
+    tokens_per_step: int = 0         # tokens a step trains on, all ranks together
+    sp_policy: str = "static"        # static | dynamic (rules.deal)
+    packing: str = "best-fit"        # best-fit | cost-balanced (static)
+    capacity: int = 0                # tokens per rank a micro-batch may hold
+    equal_counts: bool = False       # dynamic: every rank as many micro-batches (FSDP needs it)
+    window: int | None = None        # a causal sliding window inside each sequence
+    batches: tuple[Batch, ...] = ()  # the replayed batches and their deals, made on the driver
 
     def config(self) -> ModelConfig:
         """The decoder: a preset, a YAML of ModelConfig's fields or a Hugging Face config.json
@@ -202,7 +214,41 @@ class TrainCase:
                 "cannot be given with text data (its packed documents are the relation)")
         if self.mask:
             self.attention_mask  # noqa: B018 (a bad mask: one line, before any rank starts)
+        if self.lengths:
+            self._check_lengths(cfg)
+            return
+        require(self.window is None, "window", self.window,
+                "a training trial takes a window with workload.lengths only")
         algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
+
+    def _check_lengths(self, cfg: ModelConfig) -> None:
+        """The rules of a step of variable-length sequences (the batches are dealt already)."""
+        require(not self.mask and self.text is None, "lengths", self.lengths,
+                "takes no mask and no text data (give a text as lengths: text:PATH)")
+        require(bool(self.batches), "batches", len(self.batches),
+                "a step of lengths needs its dealt batches (rules.deal.plan_batches)")
+        require(self.sp_policy == "static" or self.dp == 1, "dp", self.dp,
+                "must be 1 under the dynamic policy (its groups come from the whole pool)")
+        require(self.sp_policy == "static" or not self.algorithm.startswith("peer:"),
+                "sp_policy", self.sp_policy, "peers take the static policy only")
+        require(self.states != "fsdp" or self.sp_policy == "static" or self.equal_counts,
+                "states", self.states, "FSDP gathers every layer over the pool on every forward: "
+                "under the dynamic policy it needs equal_counts (every rank as many micro-batches)")
+        for b in self.batches:
+            require(b.deal.pool == self.world and b.deal.policy == self.sp_policy, "batches",
+                    b.deal.policy, f"must be dealt to a pool of {self.world} under {self.sp_policy}")
+        for size in self.group_sizes():
+            self.options_at(size, cfg)
+
+    def group_sizes(self) -> tuple[int, ...]:
+        """The sizes of the groups this trial's deals use."""
+        return tuple(sorted({m.size for b in self.batches for m in b.deal.micro}))
+
+    def options_at(self, size: int, cfg: ModelConfig | None = None) -> tuple[str, dict[str, Any]]:
+        """(algorithm, options) a group of `size` runs (`rules.pool.options_at`)."""
+        c = cfg or self.config()
+        return pool_rules.options_at(self.algorithm, size, self.option_dict, c.heads, c.kv_heads,
+                                     c.head_dim)
 
     def policy(self) -> TrainPolicy:
         """What decides this step's memory besides the shapes (the planner's unit)."""
@@ -225,6 +271,9 @@ class TrainCase:
         head += " tiled" if self.tiled else ""
         head += f" mask={self.mask[:32]}" if self.mask else ""
         head += f" master={self.master_dtype}" if self.master_dtype else ""
+        if self.lengths:
+            head += f" {self.sp_policy}" + (f"/{self.packing}" if self.sp_policy == "static"
+                                             else "") + f" {self.lengths[:40]} T={self.tokens_per_step}"
         ckpt = self.checkpoint + (f"({self.seq_fraction})" if "sequence" in self.checkpoint else "")
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "

@@ -140,6 +140,14 @@ def build_mesh(grid: Grid, axes: Sequence[str], *, members: Sequence[int] | None
     return Mesh(grid, members, members.index(me), node_tuple, comms, real=True, whole=base_pg)
 
 
+def solo_mesh(global_rank: int | None = None) -> Mesh:
+    """The mesh of one rank alone (a dynamic step's group of one): every operation local, inside
+    an initialised world or not."""
+    me = global_rank if global_rank is not None else (
+        dist.get_rank() if dist.is_available() and dist.is_initialized() else 0)
+    return Mesh(Grid.line(1), (me,), 0, None, {SP: Comm.solo(SP, me)}, real=True, whole=None)
+
+
 def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,
               nodes: Sequence[int] | None = None) -> Mesh:
     """The mesh of `grid` on the ranks of `base` (grid position = group rank), each axis a
@@ -160,3 +168,57 @@ def view_mesh(grid: Grid, axes: Sequence[str], base: Comm,
         else:
             comms[axis] = SubComm(base, group, f"{axis}(view)")
     return Mesh(grid, tuple(base.global_ranks), base.rank, node_tuple, comms, real=False)
+
+
+@dataclass
+class Pool:
+    """The process groups of a dynamic step: every group of the pool, made once (`build_pool`).
+    `meshes` maps each group this rank is in (pool ranks) to its mesh; `whole` is the pool's own
+    group (gradients are reduced over it once a step)."""
+
+    members: tuple[int, ...]                      # global rank of each pool rank
+    pos: int                                      # this rank's pool rank
+    meshes: dict[tuple[int, ...], Mesh] = field(default_factory=dict)
+    whole: dist.ProcessGroup | None = None        # None: a pool of one
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def groups(self) -> list[dist.ProcessGroup]:
+        """Every process group this pool made (to destroy it)."""
+        made = {id(c.group): c.group for m in self.meshes.values() for c in m.comms.values()
+                if c.group is not None}
+        made.update({id(m.whole): m.whole for m in self.meshes.values() if m.whole is not None})
+        if self.whole is not None:
+            made[id(self.whole)] = self.whole
+        made.pop(id(dist.group.WORLD), None)
+        return list(made.values())
+
+
+def build_pool(groups: Sequence[tuple[tuple[int, ...], Grid, Sequence[str]]], *,
+               members: Sequence[int] | None = None, nodes: Sequence[int] | None = None,
+               links: Links | None = None, strict: bool | None = None) -> Pool | None:
+    """The pool's groups — each (pool ranks, grid, axes), the grid laid on those ranks — built
+    collectively on every rank of the world, in the order given (the same on every rank: the
+    groups of one size after another), so that every group is created once per trial and never
+    during a step. Groups of one rank need no process group and are left out. `members`: the
+    pool's global ranks (default the world); `nodes`: each pool rank's node. Ranks outside the
+    pool take part in the creation and get None."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    members = tuple(range(world)) if members is None else tuple(members)
+    node_tuple = _check_nodes(nodes, len(members))
+    whole = (dist.group.WORLD if len(members) == world
+             else dist.new_group(list(members)) if len(members) > 1 else None)
+    meshes: dict[tuple[int, ...], Mesh] = {}
+    for ranks, grid, axes in groups:
+        if len(ranks) == 1:
+            continue
+        mesh = build_mesh(grid, axes, members=[members[r] for r in ranks],
+                          nodes=None if node_tuple is None else [node_tuple[r] for r in ranks],
+                          links=links, strict=strict)
+        if mesh is not None:
+            meshes[tuple(ranks)] = mesh
+    if me not in members:
+        return None
+    return Pool(members, members.index(me), meshes, whole if len(members) > 1 else None)

@@ -33,7 +33,8 @@ fused head).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -101,6 +102,28 @@ class Block(nn.Module):
         return checkpointing.run_block(self.pre, self.post, attend, x, cos, sin, mode, fraction)
 
 
+@dataclass(frozen=True)
+class SPGroup:
+    """The attention a pack runs on and this rank's place in its group (a model holds its own
+    group's; a dynamic step one per group size, `model.step`)."""
+
+    attend: Callable[..., torch.Tensor]
+    rank: int
+    world: int
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Whole sequences laid end to end as one micro-batch: (1, n) inputs and next-token labels,
+    each token's position inside its sequence (RoPE) and the sequences' boundaries over n."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    rope: torch.Tensor
+    cu: tuple[int, ...]
+    real: int | None = None  # tokens before a padding document the loss leaves out (None: all)
+
+
 class _SyncGrads(torch.autograd.Function):
     """Identity on the loss; its backward (the first node of every backward) starts the replicated
     gradients' reduction (`grads.GradSync`)."""
@@ -127,7 +150,8 @@ class Transformer(nn.Module):
                  master_dtype: torch.dtype | None = None, states: str = "replicated",
                  offload: bool | Sequence[str] = (), device: torch.device | str | None = None,
                  tiled: bool = False, mlp_tile: int | None = None,
-                 mask: masks.Mask | None = None, **attention_options: Any):
+                 mask: masks.Mask | None = None, shard_group: dist.ProcessGroup | None = None,
+                 **attention_options: Any):
         super().__init__()
         if mesh is not None:  # a prebuilt DP x SP mesh (algorithms.mesh_for(..., dp=)) gives both
             require(mesh.real, "mesh", "views", "must be built collectively (algorithms.mesh_for)")
@@ -151,6 +175,7 @@ class Transformer(nn.Module):
         self.mask = mask  # any attention mask over N tokens (None: causal, documents per call)
         self.attend = build_attention(attention, causal=True, layout=layout, group=group,
                                       mesh=mesh, mask=mask, **attention_options)
+        self.sp = SPGroup(self.attend, self.rank, self.world)
         sharded = states_policy.states == "fsdp"
         stored, build_on = states_policy.param_dtype(dtype), torch.device("meta") if sharded else device
         d = cfg.hidden
@@ -161,7 +186,7 @@ class Transformer(nn.Module):
         self.norm = nn.Parameter(torch.empty(d, dtype=stored, device=build_on))
         self.head = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
         if sharded:
-            world_mesh = shard_mesh(mesh, group, dp_group, device)
+            world_mesh = shard_mesh(mesh, group, dp_group, device, shard_group)
             model_states.shard_model(self, self.blocks, world_mesh, states_policy, dtype, self.dp)
             self.to_empty(device=device)
         self.reset_parameters(seed)
@@ -197,29 +222,57 @@ class Transformer(nn.Module):
     def hidden(self, tokens: torch.Tensor, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final-norm hidden states of this rank's tokens and their labels."""
         pos, inp, labels = self.shard(tokens, cu_seqlens)
-        cos, sin = rope_tables(pos, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
         attend = self.attend if cu_seqlens is None else functools.partial(
             self.attend, cu_seqlens=cu_seqlens)
+        return self._hidden(inp, pos, attend), labels
+
+    def _hidden(self, inp: torch.Tensor, rope_pos: torch.Tensor, attend) -> torch.Tensor:
+        cos, sin = rope_tables(rope_pos, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
         x = F.embedding(inp, self.w(self.embed))
         for blk in self.blocks:
             x = blk(x, cos, sin, attend, self.checkpoint, self.seq_fraction)
-        return rms_norm(x, self.w(self.norm), self.cfg.norm_eps), labels
+        return rms_norm(x, self.w(self.norm), self.cfg.norm_eps)
 
-    def forward(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
-        """This rank's share of the mean loss: its tokens' cross-entropy sum / (batch x N). With
+    def _head_sum(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The summed cross-entropy of hidden states h against labels."""
+        if self.fused_head:  # the stored weight: its tiles are cast as used, its gradient fp32
+            return head.fused_loss_sum(h, self.head, labels, *self.head_tiles)
+        return head.unfused_loss_sum(h, self.w(self.head), labels)
+
+    def pack_loss_sum(self, pack: Pack, sp: SPGroup) -> torch.Tensor:
+        """This rank's summed cross-entropy over its share of `pack` (whole sequences packed as
+        documents, the same on every rank of `sp`'s group): the layout deals the pack over the
+        group, RoPE turns each token by its place in its own sequence. Not normalised: a step
+        divides by its tokens (`model.step`)."""
+        n = pack.inputs.shape[1]
+        pos = positions(self.layout, sp.rank, sp.world, n, pack.cu).to(self.device)
+        inp = pack.inputs.to(self.device)[:, pos]
+        labels = pack.labels.to(self.device)[:, pos]
+        attend = functools.partial(sp.attend, cu_seqlens=pack.cu)
+        h = self._hidden(inp, pack.rope.to(self.device)[pos], attend)
+        if pack.real is not None and pack.real < n:  # the padding document has no labels
+            keep = pos < pack.real
+            h, labels = h[:, keep], labels[:, keep]
+        return self._head_sum(h, labels)
+
+    def forward(self, tokens: torch.Tensor | None = None, cu_seqlens=None, *,
+                pack: Pack | None = None, sp: SPGroup | None = None) -> torch.Tensor:
+        """This rank's share of the mean loss: its tokens' cross-entropy sum / (batch x N); with
+        `pack`, its summed cross-entropy over its share of the pack on `sp`'s group
+        (`pack_loss_sum`: through the module call, so FSDP2 gathers the root's parameters). With
         offload 'activations', what autograd saves goes to pinned host memory."""
         if "activations" in self.policy.offload:
             with torch.autograd.graph.save_on_cpu(pin_memory=True):
-                return self._loss_share(tokens, cu_seqlens)
-        return self._loss_share(tokens, cu_seqlens)
+                return self._loss_share(tokens, cu_seqlens, pack, sp)
+        return self._loss_share(tokens, cu_seqlens, pack, sp)
 
-    def _loss_share(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
+    def _loss_share(self, tokens: torch.Tensor | None, cu_seqlens=None, pack: Pack | None = None,
+                    sp: SPGroup | None = None) -> torch.Tensor:
+        if pack is not None:
+            return self.pack_loss_sum(pack, sp or self.sp)
+        assert tokens is not None
         h, labels = self.hidden(tokens, cu_seqlens)
-        if self.fused_head:  # the stored weight: its tiles are cast as used, its gradient fp32
-            local = head.fused_loss_sum(h, self.head, labels, *self.head_tiles)
-        else:
-            local = head.unfused_loss_sum(h, self.w(self.head), labels)
-        return local / (tokens.shape[0] * (tokens.shape[1] - 1))
+        return self._head_sum(h, labels) / (tokens.shape[0] * (tokens.shape[1] - 1))
 
     def loss(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
         """Mean next-token cross-entropy over the whole batch (the same value on every rank);
@@ -245,11 +298,16 @@ class Transformer(nn.Module):
 
 
 def shard_mesh(mesh: Mesh | None, group: dist.ProcessGroup | None,
-               dp_group: dist.ProcessGroup | None, device: torch.device):
-    """The 1-D DeviceMesh FSDP shards over: the whole DP x SP world of this model."""
+               dp_group: dist.ProcessGroup | None, device: torch.device,
+               shard_group: dist.ProcessGroup | None = None):
+    """The 1-D DeviceMesh FSDP shards over: the whole DP x SP world of this model, or
+    `shard_group` (a dynamic step's pool)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if shard_group is not None:
+        return DeviceMesh.from_group(shard_group, device.type, mesh_dim_names=("dp_sp",))
     if mesh is not None:
         return mesh.shard_mesh(device.type)
-    from torch.distributed.device_mesh import DeviceMesh
 
     if dp_group is None:
         base = group if group is not None else dist.group.WORLD

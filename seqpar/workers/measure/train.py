@@ -40,6 +40,7 @@ from seqpar.model.text import TextData
 from seqpar.platform.devices import peak_flops
 from seqpar.workers.measure.record import RankMeasurement, rank_record
 from seqpar.workers.measure.timing import Loop, iterate, sync
+from seqpar.workers.measure.varlen import measure_steps
 from seqpar.workers.metrics import step_metrics
 
 
@@ -167,6 +168,8 @@ def measure_training(case: TrainCase, rank: int, group: dist.ProcessGroup | None
     `mesh` are the attention modes'); `nodes`: each rank's node (link classes, burst's and usp's
     node-aware rings); `links`: the link classes to emulate."""
     device = torch.device(device)
+    if case.lengths:  # a step of variable-length sequences, dealt to the pool's groups
+        return measure_steps(case, rank, device, nodes=nodes, links=links)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     mesh = dp_sp_mesh(case, nodes, links)
     replica = mesh.coord("dp") if "dp" in mesh.comms else 0

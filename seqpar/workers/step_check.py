@@ -1,0 +1,142 @@
+"""A step of variable-length sequences against the one-process model, in float64: what `seqpar
+check --lengths` and the multi-rank tests run.
+
+    cases = step_cases(["ring", "usp"], world=4, lengths="lognormal:...", capacity=16, ...)
+    results = check_steps(cases, world=4, device=None, say=print)   # StepCheck per case
+
+`rank_run` runs on every rank of a local gang (the pool is its first `case.world` ranks; every rank
+takes part in creating the pool's groups): for each batch of the case it runs this rank's share
+(`model.step.train_step`, the runner's own code) from the same initial parameters and returns the
+loss and every full gradient. `reference` trains the one-process model on the same sequences, one
+at a time (each its own forward: no packing at all), loss summed per token over the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from seqpar.algorithms.mesh import build_pool
+from seqpar.case import TrainCase
+from seqpar.experiments import clusters
+from seqpar.experiments.step_cost import cost_model
+from seqpar.model import Transformer
+from seqpar.model.step import pack_of, train_step
+from seqpar.platform import localgang
+from seqpar.rules import lengths as length_rules
+from seqpar.rules.deal import plan_batches
+from seqpar.workers.measure.varlen import build, pool_groups, tokens_of
+
+LOSS_TOLERANCE, GRAD_TOLERANCE = 1e-10, 1e-8  # float64: the model's exactness tests' bounds
+Say = Callable[[str], None]
+
+
+@dataclass
+class StepCheck:
+    case: TrainCase
+    loss_error: float
+    grad_error: float
+    degrees: dict[int, int]
+    counts: tuple[int, ...]
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: int,
+              policy: str, *, model: str = "tiny", layout: str = "zigzag", seed: int = 0,
+              batches: int = 1, packing: str = "best-fit", states: str = "replicated",
+              equal_counts: bool = False, dp: int = 1, window: int | None = None,
+              options: dict[str, Any] | None = None, longest: int | None = None,
+              overrides: tuple[tuple[str, int], ...] = (), dtype: str = "float64",
+              checkpoint: str = "none", fused_head: bool = False) -> TrainCase:
+    """A float64 training case with its batches dealt (the cost model of this machine's file)."""
+    dist_ = length_rules.parse(lengths)
+    sp = world if policy == "dynamic" else world // dp
+    base = TrainCase(algorithm=algorithm, sp=sp, dp=1 if policy == "dynamic" else dp,
+                     layout=layout, model=model, model_overrides=overrides, dtype=dtype,
+                     seq_len=longest or tokens, seed=seed, states=states, warmup=0, iters=1,
+                     checkpoint=checkpoint, fused_head=fused_head,
+                     options=tuple(sorted((options or {}).items())))
+    cfg = base.config()
+    cost = cost_model(cfg, clusters.load("local"), dtype, window)
+    extra = {"degree": sp} if policy == "static" else {"equal_counts": equal_counts}
+    planned = plan_batches(dist_, tokens, base.seq_len, seed, batches, world, capacity, policy,
+                           cost, packing=packing, **extra)
+    return dataclasses.replace(base, lengths=lengths, tokens_per_step=tokens, sp_policy=policy,
+                               packing=packing, capacity=capacity, equal_counts=equal_counts,
+                               window=window, batches=planned)
+
+
+def rank_run(env: Any, case: TrainCase) -> list[tuple[float, dict[str, torch.Tensor]]] | None:
+    """Every batch's (loss, full gradients) on this gang rank (None outside the pool)."""
+    device = torch.device(env.device)
+    pool = build_pool(pool_groups(case), members=range(case.world))
+    out = None
+    if pool is not None or case.world == 1:
+        model = build(case, pool, device)
+        out = []
+        for i, batch in enumerate(case.batches):
+            res = train_step(model, batch.deal,
+                             lambda j, i=i, b=batch: tokens_of(case, i, b.sequences[j]),
+                             0 if pool is None else pool.pos, device)
+            out.append((res.loss, {k: v.detach().cpu() for k, v in model.net.full_grads().items()}))
+            model.net.zero_grad(set_to_none=True)
+    dist.barrier()  # every rank done with the pool's groups before any is destroyed
+    if pool is not None:
+        for group in pool.groups():
+            dist.destroy_process_group(group)
+    return out
+
+
+def reference(case: TrainCase) -> list[tuple[float, dict[str, torch.Tensor]]]:
+    """Every batch's (loss, gradients) of the one-process model, one sequence at a time."""
+    net = Transformer(case.config(), attention="local", checkpoint="none", seed=case.seed,
+                      dtype=torch.float64, fused_head=case.fused_head, head_tiles=case.head_tiles,
+                      **({"window": case.window} if case.window else {}))
+    out = []
+    for i, batch in enumerate(case.batches):
+        total = sum(s.length for s in batch.sequences)
+        loss = sum(net(pack=pack_of([tokens_of(case, i, s)])) for s in batch.sequences) / total
+        loss.backward()
+        out.append((loss.item(), {k: p.grad.clone() for k, p in net.named_parameters()}))
+        net.zero_grad(set_to_none=True)
+    return out
+
+
+def compare(case: TrainCase, per_rank: Sequence[Any], want: Sequence[Any]) -> StepCheck:
+    """Every pool rank's every batch against the reference: loss error (absolute) and the largest
+    gradient error relative to its gradient's largest entry."""
+    loss_err = grad_err = 0.0
+    failures: list[str] = []
+    for rank, got in enumerate(r for r in per_rank if r is not None):
+        for b, ((loss, grads), (ref_loss, ref_grads)) in enumerate(zip(got, want, strict=True)):
+            loss_err = max(loss_err, abs(loss - ref_loss))
+            missing = set(ref_grads) - set(grads)
+            if missing:
+                failures.append(f"rank {rank} batch {b}: no gradient for {sorted(missing)[:3]}")
+            for name, g in grads.items():
+                ref = ref_grads[name]
+                grad_err = max(grad_err, ((g - ref).abs().max() / ref.abs().max()).item())
+    if loss_err > LOSS_TOLERANCE:
+        failures.append(f"loss error {loss_err:.1e} > {LOSS_TOLERANCE:g}")
+    if grad_err > GRAD_TOLERANCE:
+        failures.append(f"gradient error {grad_err:.1e} > {GRAD_TOLERANCE:g}")
+    first = case.batches[0].deal
+    return StepCheck(case, loss_err, grad_err, first.degrees, first.counts, failures)
+
+
+def check_steps(cases: Sequence[TrainCase], world: int, device: str | None,
+                say: Say = lambda line: None) -> list[StepCheck]:
+    """Every case on a local gang of `world` ranks, held against the one-process model."""
+    say(f"starting {world} local ranks ...")
+    with localgang.LocalGang(world, device=device) as gang:
+        say(f"ranks ready on {gang.device}; running {len(cases)} steps")
+        return [compare(c, gang.run(rank_run, c), reference(c)) for c in cases]
