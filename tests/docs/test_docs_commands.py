@@ -19,7 +19,7 @@ import pytest
 import typer.main
 
 from seqpar.cli import app as cli_app
-from tests.docs.collect import ROOT, Command, collect, parsable, runnable, subcommand
+from tests.docs.collect import PAGES, ROOT, Command, collect, parsable, runnable, subcommand
 
 BIN = Path(sys.executable).parent
 COMMANDS, BLOCKS = collect()
@@ -255,3 +255,25 @@ def test_the_rules_of_the_test_hold_on_their_own_examples():
     assert parsable(Command("x.md", 1, "", ["sweep", "<a_b>", "@SWEEP@"])) == ["sweep", "x", "0" * 32]
     assert _split_of("seqpar report <sweep id> -o x.html") == [
         "seqpar", "report", "@SWEEP@", "-o", "x.html"]
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings (lower case, punctuation dropped, spaces to -)."""
+    heads = re.findall(r"^#+\s+(.*)$", page.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def test_the_pages_links_resolve():
+    """Every relative link of README.md, docs/ and benchmarks/README.md names a file that is
+    there and, with #anchor, a heading of it (a page split or a heading renamed breaks none)."""
+    broken = []
+    for page in (*PAGES, ROOT / "benchmarks" / "README.md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            where = (page.parent / path).resolve() if path else page
+            if not where.exists() or (anchor and where.suffix == ".md"
+                                      and anchor not in _anchors(where)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "\n".join(broken)
