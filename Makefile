@@ -43,7 +43,8 @@ test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
 	$(BIN)/python -m pytest -q
 
-# `make test`, plus the documents matrix's full product at P=8 (make test samples a covering quarter)
+# `make test`, plus the large products whole (make test runs covering designs of them) and the tests
+# marked slow (second Ray clusters, the manual's long commands: tests/docs)
 test-full: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
 	SEQPAR_TEST_FULL=1 $(BIN)/python -m pytest -q

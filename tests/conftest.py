@@ -1,7 +1,7 @@
 """Shared fixtures: one gang of 8 local gloo ranks serves every multi-rank test (P = 1, 2, 3, 4, 8);
-one embedded Ray serves the in-process Ray tests; the quickstart sweep runs once for tests/cli and
-tests/ui. Every collective runs with NCCL's semantics (SEQPAR_STRICT_COMM=1) and every test phase
-has a deadline (SEQPAR_TEST_TIMEOUT_S)."""
+one embedded Ray serves the in-process Ray tests; the quickstart sweep runs once for tests/cli,
+tests/ui and tests/docs. Every collective runs with NCCL's semantics (SEQPAR_STRICT_COMM=1) and
+every test phase has a deadline (SEQPAR_TEST_TIMEOUT_S)."""
 
 from __future__ import annotations
 
@@ -250,9 +250,10 @@ def _capture_dashboard(run: Quickstart, binary: str, address: str, proc: subproc
 def quickstart(request, tmp_path_factory, empty_store_file) -> Quickstart:
     """examples/quickstart.yaml run once as a user runs it: `seqpar sweep` in a subprocess with its
     own embedded Ray, into a temporary SQLite store (its schema copied in). tests/cli checks the
-    store and `seqpar compare` on it, tests/ui shows it in the browser. When browser tests are
-    selected (and Chromium is found), the MLflow server starts on the store once Ray is up, and
-    the Ray dashboard's actors page is captured while the sweep runs."""
+    store and `seqpar compare` on it, tests/ui shows it in the browser, tests/docs runs the
+    manual's `compare` and `report` lines on it. When browser tests are selected (and Chromium is
+    found), the MLflow server starts on the store once Ray is up, and the Ray dashboard's actors
+    page is captured while the sweep runs."""
     from tests.ui import browser as web
 
     workdir = tmp_path_factory.mktemp("quickstart")
