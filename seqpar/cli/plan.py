@@ -11,6 +11,7 @@ from seqpar.cli import options
 from seqpar.cli.display import console, display_table
 from seqpar.errors import require
 from seqpar.experiments import clusters
+from seqpar.experiments.perf import pins
 from seqpar.experiments.perf import plan as perf_plan
 from seqpar.experiments.perf.maxseq import max_seq
 from seqpar.experiments.perf.policy import Filters
@@ -22,6 +23,7 @@ from seqpar.experiments.perf.search import (
     why_slower,
     with_alternatives,
 )
+from seqpar.experiments.perf.step import PARTS
 from seqpar.rules import algorithms, masks
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
@@ -43,8 +45,8 @@ def plan(
     scope: Annotated[str, Opt(help="attention (one layer fwd+bwd) | model (a step of one SP "
                               "group) | cluster (the DP x SP split of --world)")] = "attention",
     tokens_per_step: Annotated[int | None, Opt(
-        "--tokens-per-step", help="Tokens a step trains on, all ranks together (cluster scope).")
-    ] = None,
+        "--tokens-per-step", help="Tokens a step trains on, all ranks together (cluster scope; "
+        "default: one sequence per data-parallel replica, whatever the split).")] = None,
     kernel: Annotated[str, Opt(help="The attention kernel: flash2 | flash3 | sdpa-flash | "
                                "sdpa-cudnn | sdpa-efficient.")] = "flash2",
     dtype: Annotated[str, Opt(help="bfloat16 | float32 | ...")] = "bfloat16",
@@ -56,17 +58,26 @@ def plan(
     sp: Annotated[int | None, Opt("--sp", help="Only this SP degree (cluster scope).")] = None,
     algorithm: Annotated[str | None, Opt("--algorithm", help="Only this algorithm.")] = None,
     layout: Annotated[str | None, Opt("--layout", help="Only this layout.")] = None,
-    states: Annotated[str | None, Opt(help="Only: dp_sp | sp | replicated.")] = None,
-    checkpoint: Annotated[str | None, Opt(help="Only: none | full | sc++ | seq:F | sc++,seq:F.")
-                          ] = None,
+    option: Annotated[list[str] | None, Opt(
+        "--option", help="Pin an algorithm option, KEY=VALUE, repeatable: dhp, dcp, inner_ring, "
+        "placement (usp: head-first | context-first; wallfacer: collective-intra | p2p-intra), "
+        "team_size, ranks_per_node; a partial pin resolves the rest (dhp=4 at P=32: dcp=8).")
+    ] = None,
+    states: Annotated[str | None, Opt(help="Only: dp_sp | sp | node | replicated (model states "
+                                      "sharded over every rank, the SP group, a node, or "
+                                      "nowhere).")] = None,
+    checkpoint: Annotated[str | None, Opt(help="Only: none | full | sc++ | seq:F | sc++,seq:F | "
+                                          "seq-attn:F (BurstEngine's sequence-level selective "
+                                          "checkpointing, prefix F).")] = None,
     fused_head: Annotated[bool | None, Opt("--fused-head/--no-fused-head", help="Only with / "
                                            "without the fused LM head.")] = None,
     offload: Annotated[str | None, Opt(help="Only this offload: none, or a comma list of "
                                        "optimizer, params, activations.")] = None,
     tiled: Annotated[bool | None, Opt("--tiled/--no-tiled", help="Only with / without the "
                                       "tiled MLP and loss.")] = None,
-    top: Annotated[int, Opt("--top", help="Rows in the table (0: every configuration, and an "
-                            "exhaustive cluster search).")] = 20,
+    top: Annotated[int, Opt("--top", help="Rows in the table (0: every configuration: an "
+                            "exhaustive search, the dominated ones listed too, marked, in "
+                            "--json).")] = 20,
     as_json: Annotated[bool, Opt("--json", help="Print JSON.")] = False,
     validate: Annotated[str | None, Opt(
         "--validate", help="A finished sweep's id: predicted vs measured per trial.")] = None,
@@ -94,47 +105,56 @@ def plan(
     ranks_per_node_of(world, nodes, None)  # nodes divide the world: the one rule
     filters = Filters(sp=sp, algorithm=algorithm, layout=layout, states=states,
                       checkpoint=checkpoint, fused_head=fused_head, tiled=tiled,
-                      offload=None if offload is None else offload_names(offload))
+                      offload=None if offload is None else offload_names(offload),
+                      options=pins.parse(option))
+    names = [n for n in algorithms.REGISTRY if algorithm is None or n == algorithm]
     if scope == "cluster":
-        require(tokens_per_step is not None, "tokens-per-step", None, "is needed with --scope "
-                "cluster (the step's tokens, all ranks together)")
+        worlds = [s for s in range(1, world + 1) if world % s == 0 and (sp is None or s == sp)]
+        pins.check([n for n in names if n != "local"], [w for w in worlds if w > 1] or worlds,
+                   filters.options)
         _cluster(c, model, seq_len, tokens_per_step, world, nodes, kernel, dtype, filters, top,
                  as_json, mask)
         return
 
-    space = [(name, opts) for name in algorithms.REGISTRY if (name == "local") == (world == 1)
-             and (algorithm is None or name == algorithm)
-             for opts in algorithms.option_space(name, world)]
+    names = [n for n in names if (n == "local") == (world == 1)]
+    pins.check(names, [world], filters.options)
+    space = pins.space(names, world, filters.options)
     layouts = (layout,) if layout else LAYOUTS
     if max_seq:
         _max_seq(c, model, world, space, nodes, scope, dtype, top, as_json, filters, layouts)
         return
-
+    if scope == "model":
+        result = perf_plan.model_search(c, model, seq_len, world, space, nodes=nodes, dtype=dtype,
+                                        kernel=kernel, filters=filters, layouts=layouts,
+                                        mask=mask, every=top == 0)
+        seen = f", mask {mask}" if mask else ""
+        _steps(result.ranked, f"{model} N={seq_len:,} P={world} on {c.name} ({nodes} node(s)), "
+               f"scope model, kernel {kernel}{seen}", c, top, as_json,
+               {"scope": "model", "kernel": kernel, "mask": mask or "causal", "world": world,
+                "nodes": nodes, "dominated": result.dominated, "too_big": result.too_big},
+               result)
+        return
     ranked = perf_plan.rank(c, model, seq_len, world, space, nodes=nodes, scope=scope,
                             dtype=dtype, kernel=kernel, filters=filters, layouts=layouts,
                             mask=mask)
-    if scope == "model":
-        seen = f", mask {mask}" if mask else ""
-        _steps(ranked, f"{model} N={seq_len:,} P={world} on {c.name} ({nodes} node(s)), scope "
-               f"model, kernel {kernel}{seen}", c, top, as_json,
-               {"scope": "model", "kernel": kernel, "mask": mask or "causal"})
-        return
     _attention(ranked, c, model, seq_len, world, nodes, top, as_json, kernel, mask)
 
 
-def _cluster(c, model: str, seq_len: int, tokens: int, world: int, nodes: int, kernel: str,
-             dtype: str, filters, top: int, as_json: bool, mask: str | None = None) -> None:
+def _cluster(c, model: str, seq_len: int, tokens: int | None, world: int, nodes: int,
+             kernel: str, dtype: str, filters, top: int, as_json: bool,
+             mask: str | None = None) -> None:
 
     setup = make_setup(c, model, seq_len, tokens, world, nodes, kernel=kernel, dtype=dtype,
                        mask=mask)
-    result = search(setup, filters, keep=top or None)
+    result = search(setup, filters, keep=top or None, every=top == 0)
     head = {"scope": "cluster", "model": model, "kernel": kernel, "kernel_source":
             setup.kernel_source, "world": world, "nodes": nodes, "seq_len": seq_len,
             "tokens_per_step": tokens, "mask": mask or "causal",
             "splits": [{"dp": d, "sp": s, "micro_batches": m} for d, s, m in result.splits],
             "searched": result.searched, "dominated": result.dominated,
             "too_big": result.too_big, "bounded": result.bounded}
-    title = (f"{model} N={seq_len:,}, {tokens:,} tokens a step on {world} GPUs ({nodes} node(s)) "
+    per_step = f"{tokens:,} tokens a step" if tokens else "one sequence per DP replica a step"
+    title = (f"{model} N={seq_len:,}, {per_step} on {world} GPUs ({nodes} node(s)) "
              f"of {c.name}, kernel {kernel}" + (f", mask {mask}" if mask else ""))
     _steps(result.ranked, title, c, top, as_json, head, result)
     if not as_json:
@@ -147,7 +167,8 @@ def _cluster(c, model: str, seq_len: int, tokens: int, world: int, nodes: int, k
 
 def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, Any],
            result: Any = None) -> None:
-    """Whole-step predictions: a table (where the time goes, why each lower row loses) or JSON."""
+    """Whole-step predictions: a table (where the time goes, why each lower row loses) or JSON
+    (every configuration; with --top 0 the dominated ones too, each marked `dominated_by`)."""
 
     fitting = [s for s in steps if s.fits]
     if as_json:
@@ -157,36 +178,57 @@ def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, 
                          indent=1))
         return
     if not fitting:
-        closest = min(steps, key=lambda s: s.peak_mem_bytes, default=None)
-        if closest is not None:
-            near = (f"{closest.peak_mem_bytes / 1e9:.1f} GB: dp={closest.dp} sp={closest.sp} "
-                    f"{closest.algorithm} {closest.policy.label()}")
-        elif result is not None and result.closest is not None:
-            near = f"{result.closest[0] / 1e9:.1f} GB: {result.closest[1]}"
-        else:
-            near = "no valid configuration (see the algorithms' rules)"
-        console.print(f"nothing fits in {c.memory_gb:g} GB: {title}; the least memory found needs "
-                      f"{near}")
+        per_node = head.get("world", steps[0].dp * steps[0].sp if steps else 1) // head.get(
+            "nodes", 1)
+        console.print(nothing_fits(steps, c, title, result, max(1, per_node)), soft_wrap=False,
+                      overflow="fold")
         return
     best = fitting[0]
     rows = []
-    shown = _fold(steps)
+    kept = [s for s in steps if s.dominated_by is None]
+    shown = _fold(kept)
     for i, s in enumerate(shown[:top] if top else shown):
         options, layouts = _describe(with_alternatives(result, s) if result else [s])
         p = s.parts
-        where = "/".join(f"{100 * p[k] / s.step_ms:.0f}" for k in
-                         ("attention", "other_compute", "recompute", "exposed_comm", "optimizer"))
+        where = "/".join(f"{100 * p[k] / s.step_ms:.0f}" for k in PARTS)
         rows.append([i + 1 if s.fits else "-", f"{s.dp}x{s.sp}", s.algorithm, options, layouts,
                      s.policy.label(), f"{s.step_ms / 1e3:.2f}", f"{s.tgs:,.0f}",
                      f"{s.peak_mem_bytes / 1e9:.1f}", where, why_slower(s, best)])
     display_table(title, ["#", "dp x\nsp", "algorithm", "options", "layout", "policy", "step\ns",
-                          "TGS", "mem\nGB", "at/oc/rc/cm/op\n% of step", "vs #1"],
+                          "TGS", "mem\nGB", "at/ac/oc/rc/cm/op\n% of step", "vs #1"],
                   rows, highlight_row=0, compact=True, wrap=("options", "layout", "policy", "vs #1"))
-    console.print(f"{len(fitting)} of {len(steps)} timed configurations fit in {c.memory_gb:g} GB "
-                  f"({len(steps) - len(shown)} folded into a row of the same step time and less "
-                  "memory; --json lists each). Step parts: at attention, oc other compute, rc "
-                  "recompute, cm exposed communication, op optimizer. Policy: +fh fused head, "
-                  "off: offloaded optimizer/params/activations, +tile tiled MLP and loss")
+    dominated = len(steps) - len(kept)
+    console.print(f"{len(fitting)} of {len(steps)} timed configurations fit in {c.name}'s "
+                  f"{c.memory_gb:g} GB (1e9 bytes) a GPU ({len(kept) - len(shown)} folded into a "
+                  "row of the same step time and less memory"
+                  + (f"; {dominated} dominated: a listed one beats each on everything a step "
+                     "depends on" if dominated else "") + "; --json lists each). Step parts: at "
+                  "attention kernels, ac the attention's exposed communication, oc other compute, "
+                  "rc recompute, cm other exposed communication (FSDP, DP), op optimizer. Policy: "
+                  "+fh fused head, off: offloaded optimizer/params/activations, +tile tiled MLP "
+                  "and loss")
+
+
+def nothing_fits(steps: list, c, title: str, result: Any = None, per_node: int = 1) -> str:
+    """Why no configuration fits, in one unit (GB, 1e9 bytes): the limit hit (the device's memory,
+    or a node's host memory for what it offloads) and the configuration that came closest."""
+    device = f"{c.memory_gb:g} GB (1e9 bytes) of device memory a GPU on {c.name}"
+    if steps:
+        s = min(steps, key=lambda s: s.peak_mem_bytes)
+        label = f"dp={s.dp} sp={s.sp} {s.algorithm} {s.policy.label()}"
+        if s.peak_mem_bytes <= c.memory_gb * 1e9 and c.host_memory_gb is not None:
+            host = s.memory.get("host", 0) * per_node / 1e9
+            return (f"nothing fits in the {c.host_memory_gb:g} GB of host memory a node on "
+                    f"{c.name} (what its GPUs offload): {title}; the least that fits the device "
+                    f"offloads {host:.1f} GB a node: {label}")
+        return (f"nothing fits in the {device}: {title}; the least memory found is "
+                f"{s.peak_mem_bytes / 1e9:.1f} GB: {label}")
+    if result is not None and result.closest is not None:
+        return (f"nothing fits in the {device}: {title}; the least memory found is "
+                f"{result.closest[0] / 1e9:.1f} GB: {result.closest[1]}")
+    return (f"no valid configuration: {title} (the filters --algorithm, --layout, --checkpoint and "
+            "--option leave none the algorithms' rules accept; seq-attn:F needs ring, burst or "
+            "local over stripe, or zigzag at F = 0.5)")
 
 
 def _fold(steps: list) -> list:

@@ -10,41 +10,55 @@ A block is `pre` (RMSNorm, Q/K/V projections, RoPE: token-wise), the distributed
   `post` are recomputed, and so are the q, k, v the attention saved (locally, from the block
   input: hooks swap them for a recipe when the algorithm saves its inputs as they are). The
   distributed attention and its communication never run twice.
-- `sequence` with a fraction f (BurstEngine §3.2): the token-wise activations of the first f of the
-  rank's tokens are recomputed, those of the rest are kept. The distributed attention is one op over
-  the whole shard and is not split: its saved state (q, k, v, out, lse) is kept whole.
+- `sequence` with a fraction f (seqpar's own split of the token-wise layers): the token-wise
+  activations of the first f of the rank's tokens are recomputed, those of the rest are kept. The
+  distributed attention is one op over the whole shard and is not split: its saved state (q, k, v,
+  out, lse) is kept whole.
 - `sc++,sequence`: `sequence`'s split, and the attention keeps only out + lse as in `sc++`.
+- `seq-attn` with a fraction F (BurstEngine §3.2, sequence-level selective checkpointing; its
+  code's `seq-wise` mode): the whole block is checkpointed, and the attention output and lse of
+  the rank's tokens after its first F are kept. Backward's recompute re-runs the block, and the
+  distributed attention for the prefix only: the first F of every rank's tokens are the first F·N
+  tokens of the sequence (stripe; zigzag at 1/2, whose prefix is the contiguous layout of N/2),
+  whose queries see no later key, so the prefix's attention is the attention of those F·N tokens
+  on their own (its ring carries the prefix's K,V; the ledger books it as a forward). The
+  prefix's out and lse are joined to the kept ones and the attention's own backward runs on the
+  whole (`rules.memory.check_seq_attn`: where a prefix is dealt so, and which attentions allow it).
 
-Every mode computes the same numbers (same ops, same token split), so each is exact.
+Every mode computes the same numbers (same ops, the same token split; seq-attn's prefix to the
+rounding of a merge order), so each is exact.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 from collections.abc import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from seqpar.algorithms import ledger
+from seqpar.algorithms import layouts, ledger
+from seqpar.algorithms.base import Algorithm, call_relation
 from seqpar.errors import require
+from seqpar.rules.flops import recomputed_tokens
+from seqpar.rules.memory import CHECKPOINT_MODES, check_seq_attn, prefix_layout, uses_fraction
 
-MODES = ("none", "full", "sc++", "sequence", "sc++,sequence")
+SEQ_ATTN = "seq-attn"
+# the modes every attention trains in every layout (seq-attn has rules of its own: check_seq_attn)
+MODES = tuple(m for m in CHECKPOINT_MODES if m != SEQ_ATTN)
 
 
 def check_mode(mode: str, fraction: float) -> None:
-    require(mode in MODES, "checkpoint", mode, f"must be one of {', '.join(MODES)}")
+    require(mode in CHECKPOINT_MODES, "checkpoint", mode,
+            f"must be one of {', '.join(CHECKPOINT_MODES)}")
     require(isinstance(fraction, int | float) and 0.0 <= fraction <= 1.0, "seq_fraction", fraction,
             "must be in [0, 1] (the part of each rank's tokens recomputed)")
 
 
-def recomputed_tokens(mode: str, fraction: float, s: int) -> int:
-    """How many of the shard's first tokens have their token-wise activations recomputed."""
-    if mode == "none":
-        return 0
-    if mode in ("sc++", "full"):
-        return s
-    return int(round(fraction * s))
+__all__ = ["CHECKPOINT_MODES", "MODES", "SEQ_ATTN", "check_mode", "check_seq_attn",
+           "recomputed_tokens", "run_block", "uses_fraction"]
 
 
 class _Recipe:
@@ -105,6 +119,11 @@ def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, 
     """One block's output under a checkpointing mode (see the module docstring)."""
     if mode == "full":
         return _recomputed(run_block, pre, post, attend, x, cos, sin, "none", 0.0)
+    if mode == SEQ_ATTN and torch.is_grad_enabled():
+        calls, m = _seq_attn_calls(attend, x.shape[1], fraction)
+        return _recomputed(_seq_attn_block, pre, post, calls, _Kept(), m, x, cos, sin)
+    if mode == SEQ_ATTN:
+        return run_block(pre, post, attend, x, cos, sin, "none", 0.0)
     s = x.shape[1]
     m = recomputed_tokens(mode, fraction, s)
     spans = [(a, b) for a, b in ((0, m), (m, s)) if b > a]
@@ -127,3 +146,86 @@ def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, 
         args = (x[:, a0:b0], a[:, a0:b0])
         outs.append(_recomputed(post, *args) if a0 < m else post(*args))
     return _cat(outs)
+
+
+# -------------------------------------------------------------------------------------- seq-attn
+class _Kept:
+    """What seq-attn keeps of one block's attention from its forward to its backward: the output
+    and lse of the rank's tokens after the prefix."""
+
+    def __init__(self) -> None:
+        self.out: torch.Tensor | None = None
+        self.lse: torch.Tensor | None = None
+
+
+def _seq_attn_calls(attend: Callable, s: int, fraction: float
+                    ) -> tuple[tuple[Algorithm, Algorithm | None], int]:
+    """(the whole call's algorithm, the prefix call's or None), and the prefix's rows a rank: the
+    call `attend` makes (a built attention, or one with the step's packed documents) and the same
+    attention over the first `fraction` x N tokens alone, in the layout that deals them."""
+    attention, kw = ((attend.func, dict(attend.keywords)) if isinstance(attend, functools.partial)
+                     else (attend, {}))
+    a: Algorithm = attention.algo
+    mask = kw.get("mask") or a.mask
+    require(mask is None or mask.relation is not None, "checkpoint", "seq-attn",
+            "splits causal attention, packed documents or a causal window, not a mask of slices")
+    causal, window = a.causal, a.window
+    cu = layouts.as_cu(kw.get("cu_seqlens"))
+    if mask is not None:
+        causal, window, cu = mask.relation.causal, mask.relation.window, mask.cu
+    n = s * a.world
+    check_seq_attn(a.name, a.layout, fraction, a.world, n,
+                   documents=cu is not None and len(cu) > 2, causal=causal)
+    full = a.for_call(call_relation(a.layout, a.world, n, causal, cu, window))
+    m = int(round(fraction * s))
+    if m == 0:
+        return (full, None), 0
+    head = copy.copy(a)
+    head.layout = prefix_layout(a.layout, a.world, fraction)
+    n_head = m * a.world
+    cu_head = None if cu is None else tuple(c for c in cu if c < n_head) + (n_head,)
+    return (full, head.for_call(call_relation(head.layout, a.world, n_head, causal, cu_head,
+                                              window))), m
+
+
+def _seq_attn_block(pre: Callable, post: Callable, calls: tuple, kept: _Kept, m: int,
+                    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    q, k, v = (t.contiguous() for t in pre(x, cos, sin))
+    return post(x, _SeqAttn.apply(calls, kept, m, q, k, v))
+
+
+class _SeqAttn(torch.autograd.Function):
+    """The distributed attention under seq-attn. Forward (the block's first run, its saved tensors
+    dropped by the checkpoint): the whole attention, the rest's out and lse kept. Forward again
+    (backward's recompute): the prefix's attention alone, joined to what was kept. Backward: the
+    attention's own, over the whole shard."""
+
+    @staticmethod
+    def forward(ctx, calls, kept: _Kept, m: int, q, k, v):
+        # the checkpoint runs backward on the first forward's node (its ctx: the whole call's
+        # algorithm and state) with the tensors the recompute saved (the joined out and lse)
+        full, head = calls
+        state = None
+        if kept.out is None:
+            out, saved, state = full.forward(q, k, v)
+            lse = saved[4]
+            kept.out, kept.lse = out[:, m:].clone(), lse[..., m:].clone()
+        else:
+            out, lse = kept.out, kept.lse
+            if m:
+                part, saved, _ = head.forward(*(t[:, :m].contiguous() for t in (q, k, v)))
+                out = torch.cat([part.to(out.dtype), out], dim=1)
+                lse = torch.cat([saved[4].to(lse.dtype), lse], dim=-1)
+            kept.out = kept.lse = None
+        ctx.algo, ctx.state, ctx.ledgers = full, state, ledger.active()
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        saved, state = ctx.saved_tensors, ctx.state
+        ctx.state = None
+        with ledger.backward_of(ctx.ledgers):
+            grads = ctx.algo.backward(dout.contiguous(), saved, state)
+        return (None, None, None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))

@@ -37,17 +37,20 @@ def analytic_block_bytes(cfg: ModelConfig, batch: int, s: int, mode: str, fracti
     """What one block keeps: full -> its input x; sc++ -> x + attention out + lse; sequence(f) ->
     the attention's saved state + x + (1 - f) of the rest of `none`; sc++,sequence(f) -> x + out +
     lse + (1 - f) of the rest (plus, when batch > 1, the copy the kept part's output projection
-    makes of its non-contiguous slice of the attention output). `none_bytes` is the measured `none`
-    block (its own count is the sum of what every op saves)."""
+    makes of its non-contiguous slice of the attention output); seq-attn(f) -> x + out and lse of
+    the (1 - f) of the tokens after the prefix. `none_bytes` is the measured `none` block (its own
+    count is the sum of what every op saves)."""
     tok = batch * s * elem
     x, out, lse = tok * cfg.hidden, tok * cfg.hidden, tok * cfg.heads
     attn = 2 * out + 2 * tok * cfg.kv_heads * cfg.head_dim + lse  # q, out, k, v, lse
     m = checkpointing.recomputed_tokens(mode, fraction, s)
+    after = s - int(round(fraction * s))  # seq-attn: the tokens whose out and lse are kept
     rest = (none_bytes - attn - x) * (s - m) / s
     if batch > 1 and 0 < m < s:  # the kept part's O-projection input is a copy of its slice of out
         rest += out * (s - m) / s
     return {"none": none_bytes, "full": x, "sc++": x + out + lse,
-            "sequence": int(attn + x + rest), "sc++,sequence": int(x + out + lse + rest)}[mode]
+            "sequence": int(attn + x + rest), "sc++,sequence": int(x + out + lse + rest),
+            "seq-attn": x + (out + lse) * after // s}[mode]
 
 
 def checkpoint_bytes(cfg: ModelConfig, batch: int = 2, seq_len: int = 64, fraction: float = 0.5,
@@ -58,7 +61,7 @@ def checkpoint_bytes(cfg: ModelConfig, batch: int = 2, seq_len: int = 64, fracti
                            generator=torch.Generator().manual_seed(0))
     elem = torch.empty((), dtype=dtype).element_size()
     rows, none = [], None
-    for mode in checkpointing.MODES:
+    for mode in checkpointing.CHECKPOINT_MODES:
         per = [_retained(dataclasses.replace(cfg, layers=n), tokens, mode, fraction, dtype)
                for n in (1, 3)]
         measured = (per[1] - per[0]) // 2

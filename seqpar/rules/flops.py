@@ -1,20 +1,27 @@
 """FLOP counts, once: attention blocks, a decoder's GEMMs, a training step and its recompute.
 
-One convention for attention: forward `4·B·Sq·Sk·H·D` (two matmuls, QKᵀ and PV), halved for a
-causal or shifted block, a band block counting its visible pairs; backward `BACKWARD_FLOPS` = 2.5x
-forward. 2.5 is the work a fused kernel does: its backward runs five matmuls (it recomputes QKᵀ,
+One convention for attention blocks: forward `4·B·Sq·Sk·H·D` (two matmuls, QKᵀ and PV), halved for
+a causal or shifted block, a band block counting its visible pairs; backward `BACKWARD_FLOPS` =
+2.5x forward. 2.5 is the work a fused kernel does: its backward runs five matmuls (it recomputes QKᵀ,
 then dV, dP, dQ, dK) against the forward's two (FlashAttention-2 §3 and its benchmark's count;
-ALGORITHMS.md; LoongTrain §6.1 and MagiAttention count MFU this way), so it is the count a kernel's
-measured TFLOP/s refers to and the one kernel time is predicted from. The "2x" of the dense-layer
-convention (Megatron-LM, torchtitan: 6·params·tokens + 12·L·H·N per token) is derived, not kept
-apart: `MODEL_BACKWARD_FLOPS` = the backward's matmuls without the recomputed QKᵀ, over the
-forward's = (5 - 1) / 2 = 2.
+MagiAttention's), so it is the count a kernel's measured TFLOP/s refers to and the one kernel time
+is predicted from. The model's count leaves the recomputed QKᵀ out: `MODEL_BACKWARD_FLOPS` = (5 -
+1) / 2 = 2, the "2x" of the dense-layer convention (Megatron-LM, torchtitan).
 
 GEMMs (projections, SwiGLU, LM head) are exact: backward = 2x forward (dX and dW).
-A training step's model FLOPs, two conventions (both reported): `halved`, the papers' (LoongTrain
-§6.1: causal attention counts its visible half, backward 2.5x) and `full`, Megatron-LM's and
-torchtitan's (6·params + 12·L·d·N a token: attention as if unmasked, backward 2x). `full` can pass
-the hardware's peak at long causal sequences: it counts work a causal kernel skips.
+
+A training step's utilisation, three conventions, each named for what it counts (`CONVENTIONS`;
+the planner, the runner and MLflow use these names):
+- `mfu`: model FLOPs the step really does, over the peak: 6·dense params·tokens + 3·the attention's
+  forward by its area (causal: N²/2 pairs; any mask: its visible pairs; packed documents: each
+  document's), no recompute counted (neither activation checkpointing nor the kernel's QKᵀ).
+  Megatron-LM's formula (`num_floating_point_operations`) with attention by area: LoongTrain §6.1
+  ("the FLOPs for attention are halved") and BurstEngine's (its `causal_tflops`) count so.
+- `mfu_unmasked_attention`: torchtitan's (`get_num_flop_per_token`: 6·params + 12·L·d·N a token)
+  and Megatron-LM's default: attention counted as if unmasked. It passes the hardware's peak at
+  long causal sequences (it counts work a causal kernel skips).
+- `hfu`: hardware FLOPs (PaLM's HFU): what the kernels run, the fused attention backward at 2.5x and
+  every FLOP activation checkpointing recomputes included.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ RECOMPUTED_MATMULS = 1  # the QKᵀ a fused backward recomputes
 BACKWARD_FLOPS = BACKWARD_MATMULS / FORWARD_MATMULS                                 # 2.5
 MODEL_BACKWARD_FLOPS = (BACKWARD_MATMULS - RECOMPUTED_MATMULS) / FORWARD_MATMULS    # 2.0
 
-CONVENTIONS = ("halved", "full")
+CONVENTIONS = ("mfu", "mfu_unmasked_attention", "hfu")
 
 
 def attention_flops(batch: int, sq: int, sk: int, heads: int, head_dim: int, mask: str,
@@ -89,34 +96,71 @@ def head_flops(cfg: ModelConfig, tokens: float) -> float:
     return 2.0 * tokens * cfg.hidden * cfg.vocab
 
 
-def step_flops(cfg: ModelConfig, batch: int, seq_len: int, convention: str = "halved") -> float:
-    """Model FLOPs of one forward + backward over batch x seq_len tokens (all ranks together, no
-    recompute): 6·dense params·tokens + (1 + backward)·attention forward, by `convention`."""
-    halved = convention == "halved"
-    backward = BACKWARD_FLOPS if halved else MODEL_BACKWARD_FLOPS
-    attn = cfg.layers * attention_flops(batch, seq_len, seq_len, cfg.heads, cfg.head_dim,
-                                        "causal" if halved else "full")
+def causal_pairs(seq_len: int) -> float:
+    """Visible (query, key) pairs of causal attention as the conventions count them: N²/2 (a
+    kernel's causal blocks over any balanced layout count exactly this)."""
+    return seq_len * seq_len / 2
+
+
+def step_flops(cfg: ModelConfig, batch: int, seq_len: int, pairs: float | None = None,
+               backward: float = MODEL_BACKWARD_FLOPS) -> float:
+    """FLOPs of one forward + backward over batch sequences of seq_len tokens (all ranks together,
+    no recompute): 6·dense params·tokens + (1 + backward)·the attention's forward over `pairs`
+    visible (query, key) pairs a sequence (default causal, N²/2; N² counts it unmasked). The
+    default `backward` is the model's 2x (`mfu`); BACKWARD_FLOPS gives what the kernels run."""
+    pairs = causal_pairs(seq_len) if pairs is None else pairs
+    attn = cfg.layers * 4.0 * batch * pairs * cfg.heads * cfg.head_dim
     return 6.0 * dense_params(cfg) * batch * seq_len + (1.0 + backward) * attn
+
+
+def attention_model_flops(backward_kernel_flops: float) -> float:
+    """The attention's model FLOPs (forward + 2x backward, by area) from what its backward kernels
+    ran (the ledger's backward phase: 2.5x the forward by area; a backward is never recomputed)."""
+    return backward_kernel_flops * (1.0 + MODEL_BACKWARD_FLOPS) / BACKWARD_FLOPS
+
+
+def visible_pairs(backward_kernel_flops: float, cfg: ModelConfig, sequences: int) -> float:
+    """Visible (query, key) pairs a sequence from what a step's attention backward kernels ran,
+    all ranks together (2.5x the forward by area, every layer once)."""
+    per_pair = BACKWARD_FLOPS * 4.0 * cfg.heads * cfg.head_dim * cfg.layers * sequences
+    return backward_kernel_flops / per_pair
+
+
+def conventions(cfg: ModelConfig, batch: int, seq_len: int, pairs: float | None = None,
+                recomputed: float = 0.0) -> dict[str, float]:
+    """FLOPs of one step of batch sequences under each of `CONVENTIONS` (see the module
+    docstring); `recomputed`: the FLOPs checkpointing recomputes, all ranks together (hfu)."""
+    return {"mfu": step_flops(cfg, batch, seq_len, pairs),
+            "mfu_unmasked_attention": step_flops(cfg, batch, seq_len, float(seq_len) ** 2),
+            "hfu": step_flops(cfg, batch, seq_len, pairs, BACKWARD_FLOPS) + recomputed}
 
 
 def recomputed_tokens(mode: str, fraction: float, s: int) -> int:
     """How many of the shard's first tokens have their token-wise activations recomputed under a
-    checkpoint mode (none, full, sc++, sequence, sc++,sequence)."""
+    checkpoint mode (none, full, sc++, sequence, sc++,sequence, seq-attn). seq-attn recomputes the
+    whole block (and the attention of the first `fraction` of the tokens, `recomputed_flops`)."""
     if mode == "none":
         return 0
-    if mode in ("sc++", "full"):
+    if mode in ("sc++", "full", "seq-attn"):
         return s
     return int(round(fraction * s))
 
 
 def recomputed_flops(cfg: ModelConfig, batch: int, seq_len: int, world: int, mode: str,
-                     fraction: float) -> float:
-    """FLOPs one rank recomputes in backward under a checkpointing mode (causal attention)."""
+                     fraction: float, pairs: float | None = None) -> float:
+    """FLOPs one rank recomputes in backward under a checkpointing mode; the attention's forward
+    over `pairs` visible pairs a sequence (default causal) spread evenly over the ranks. seq-attn
+    re-runs it for the prefix of F·N tokens only: F² of a causal forward's pairs."""
     s = seq_len // world
     m = recomputed_tokens(mode, fraction, s)
     dense = gemm_flops(cfg, batch * m)
     qkv = qkv_flops(cfg, batch * s)
+    pairs = causal_pairs(seq_len) if pairs is None else pairs
+
+    def attention(share: float) -> float:
+        return 4.0 * batch * pairs * share * cfg.heads * cfg.head_dim / world
+
     per_layer = {"none": 0.0, "sequence": dense, "sc++": dense + qkv, "sc++,sequence": dense + qkv,
-                 "full": dense + attention_flops(batch, seq_len, seq_len, cfg.heads, cfg.head_dim,
-                                                 "causal") / world}[mode]
+                 "full": dense + attention(1.0),
+                 "seq-attn": dense + attention(fraction * fraction)}[mode]
     return cfg.layers * per_layer

@@ -22,7 +22,12 @@ from seqpar.errors import require
 from seqpar.rules.model import ModelConfig, block_numel, block_shapes, numel, param_shapes
 
 ELEM = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
-CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence")
+CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence", "seq-attn")
+# seq-attn joins a recomputed prefix's attention output and lse to the kept rest's and runs the
+# attention's own backward on the whole: an attention whose backward needs q, k, v, out and lse in
+# the sequence layout only (usp, ulysses, the double ring, allgather and WallFacer keep regrouped
+# copies of their own)
+SEQ_ATTN_ALGORITHMS = ("ring", "burst", "local")
 STATES = ("replicated", "fsdp")
 OFFLOADS = ("optimizer", "params", "activations")
 
@@ -58,7 +63,7 @@ class TrainPolicy:
     master_dtype: str | None = None     # None: parameters in the compute dtype
     offload: tuple[str, ...] = ()       # drawn from OFFLOADS (True: optimizer and params, FSDP2's)
     checkpoint: str = "none"            # CHECKPOINT_MODES
-    seq_fraction: float = 0.5           # sequence modes: the part of each shard recomputed
+    seq_fraction: float = 0.5           # sequence modes, seq-attn: the part of each shard recomputed
     fused_head: bool = False
     tiled: bool = False                 # tiled MLP and loss (ALST)
 
@@ -78,7 +83,8 @@ class TrainPolicy:
                 self.master_dtype, f"must be one of {', '.join(ELEM)} (or none)")
 
     def label(self) -> str:
-        ckpt = self.checkpoint + (f"({self.seq_fraction:g})" if "sequence" in self.checkpoint else "")
+        ckpt = self.checkpoint + (f"({self.seq_fraction:g})" if uses_fraction(self.checkpoint)
+                                  else "")
         parts = [self.states + "".join(f"+offload:{o}" for o in self.offload), f"ckpt={ckpt}"]
         if self.master_dtype:
             parts.append(f"master={self.master_dtype}")
@@ -87,6 +93,45 @@ class TrainPolicy:
         if self.tiled:
             parts.append("tiled")
         return " ".join(parts)
+
+
+def uses_fraction(mode: str) -> bool:
+    """Whether a checkpoint mode takes `seq_fraction` (sequence, sc++,sequence, seq-attn)."""
+    return "sequence" in mode or mode == "seq-attn"
+
+
+def check_seq_attn(algorithm: str, layout: str, fraction: float, world: int, seq_len: int,
+                   documents: bool = False, causal: bool = True) -> None:
+    """seq-attn's rules (BurstEngine §3.2): the attention re-run in backward for the first F of
+    every rank's tokens must be the attention of a global prefix, the first F·N tokens, on its own:
+    the stripe layout (any F: the first round(F·N/P) rows of every rank) or zigzag (F = 1/2, N a
+    multiple of 2P: rank r's first half is chunk r) deal a prefix so, at P = 1 every layout; no
+    query may see a later key (causal attention; packed documents: the prefix is the packed row's
+    first F·N tokens, whichever documents they belong to, so zigzag, which deals each document, is
+    refused with them); and the attention must be one whose backward needs q, k, v, out and lse
+    alone (`SEQ_ATTN_ALGORITHMS`)."""
+    require(algorithm in SEQ_ATTN_ALGORITHMS, "checkpoint", "seq-attn",
+            f"needs an attention whose backward takes q, k, v, out and lse in the sequence layout "
+            f"({', '.join(SEQ_ATTN_ALGORITHMS)}), not {algorithm}")
+    require(causal, "checkpoint", "seq-attn", "needs attention in which no query sees a later key "
+            "(causal, packed documents, a causal window)")
+    if world == 1:
+        return
+    if layout == "zigzag":
+        require(fraction in (0.0, 0.5, 1.0) and not documents and seq_len % (2 * world) == 0,
+                "layout", layout, "holds a global prefix in each rank's first half only: seq-attn "
+                "with zigzag needs seq_fraction 0.5, one document and N a multiple of 2P (use "
+                "stripe for any fraction or packed documents)")
+        return
+    require(layout == "stripe", "layout", layout, "does not deal a global prefix to the first "
+            "tokens of every rank: seq-attn needs stripe (any seq_fraction) or zigzag (0.5)")
+
+
+def prefix_layout(layout: str, world: int, fraction: float) -> str:
+    """The layout the prefix's attention runs in under seq-attn: the stripe layout's first F of a
+    rank's tokens are the stripe layout of the prefix; zigzag's first half (chunk r) is the
+    contiguous layout of the prefix (its whole, at F = 1, zigzag's own)."""
+    return "contiguous" if layout == "zigzag" and world > 1 and fraction == 0.5 else layout
 
 
 def check_offload(offload: tuple[str, ...], states: str) -> None:
@@ -171,6 +216,8 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
         return none
     if mode == "full":
         return d
+    if mode == "seq-attn":  # the block's input, and out + lse of the tokens after the prefix
+        return d + (1 - frac) * (out + lse)
     kept_attention = d + out + lse + attn.saved - attn.recomputable  # x, out(s), lse, copies
     if mode == "sc++":
         return kept_attention
@@ -245,7 +292,8 @@ def block_working_set(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: st
     if policy.tiled:
         mlp_tokens = batch * tile_tokens(cfg, shard_tokens)
     else:
-        frac = {"none": 0.0, "full": 1.0, "sc++": 1.0}.get(policy.checkpoint, policy.seq_fraction)
+        frac = {"none": 0.0, "full": 1.0, "sc++": 1.0, "seq-attn": 1.0}.get(policy.checkpoint,
+                                                                            policy.seq_fraction)
         mlp_tokens = t * frac
     return int((t * (max(0.0, recomputed) + 2 * cfg.hidden) + 4 * cfg.ffn * mlp_tokens) * e)
 

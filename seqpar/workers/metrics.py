@@ -14,9 +14,16 @@ attention trial. FLOPs are the ledger's: each kernel call counts the (query, key
 so blocks no query sees count nothing. Memory: the worst rank's peak over the timed iterations
 (`peak_mem_bytes`; on CUDA also the allocator's reserved peak and the device's own view). An
 accuracy trial adds `err_out`, `err_dq`, `err_dk`, `err_dv` (relative to float64, max over ranks)
-and `err_max`; a training trial tokens/s of the whole DP x SP job, TGS, model FLOP/s and MFU in
-both FLOP conventions (`model.flops`), and the memory levers. Every rank records the attention
-kernel it ran and its GEMM dtype; ranks that disagree make the trial unstable.
+and `err_max`; a training trial tokens/s of the whole DP x SP job, TGS, model FLOP/s and the
+memory levers. Every rank records the attention kernel it ran and its GEMM dtype; ranks that
+disagree make the trial unstable.
+
+Utilisation, named as `rules.flops.CONVENTIONS` defines them (the planner's names too), with a
+known device peak: `mfu` counts the FLOPs the step really does, attention by the pairs its mask
+lets a query see (from the ledger's backward kernels, which run once whatever is checkpointed),
+its backward 2x, no recompute; a training trial adds `mfu_unmasked_attention` (torchtitan's:
+attention as if unmasked) and `hfu` (what the kernels ran: attention backward 2.5x and the
+recompute); an attention trial's `hfu` is its kernels' FLOPs (`tflops_per_s`, MagiAttention's).
 """
 
 from __future__ import annotations
@@ -82,24 +89,32 @@ def analytic_bytes(case: Case) -> float | None:
     return float(by_phase["forward"] + (by_phase["backward"] if case.mode != "fwd" else 0))
 
 
-def step_metrics(case: TrainCase, step_s: float, peak_device: float | None) -> dict[str, float]:
+def step_metrics(case: TrainCase, step_s: float, peak_device: float | None,
+                 attention_backward_flops: float | None = None) -> dict[str, float]:
     """Throughput of one training step of the whole DP x SP job: tokens/s, TGS, model FLOP/s per
-    device and MFU in both conventions (MFU only with a known device peak)."""
-    cfg, world = case.config(), case.world
-    tokens = case.batch * case.seq_len * case.dp
-    row = {"step_s": step_s, "tokens_per_s": tokens / step_s, "tgs": tokens / step_s / world}
-    for conv in model_flops.CONVENTIONS:
-        per_device = model_flops.step_flops(cfg, case.batch * case.dp, case.seq_len, conv) / world
-        row[f"model_flops_per_s_{conv}"] = per_device / step_s
-        if peak_device is not None:
-            row[f"mfu_{conv}"] = per_device / step_s / peak_device
+    device (`mfu`'s count) and the utilisation in every convention (with a known device peak).
+    The attention's visible pairs: from `attention_backward_flops` (the ledger's backward kernels,
+    all ranks: any mask or packed documents by its area), else the case's mask or causal."""
+    cfg, world, sequences = case.config(), case.world, case.batch * case.dp
+    tokens = sequences * case.seq_len
+    mask = case.attention_mask
+    pairs = (model_flops.visible_pairs(attention_backward_flops, cfg, sequences)
+             if attention_backward_flops else None if mask is None else float(mask.area))
+    recomputed = model_flops.recomputed_flops(cfg, case.batch, case.seq_len, case.sp,
+                                              case.checkpoint, case.seq_fraction, pairs) * world
+    counts = model_flops.conventions(cfg, sequences, case.seq_len, pairs, recomputed)
+    row = {"step_s": step_s, "tokens_per_s": tokens / step_s, "tgs": tokens / step_s / world,
+           "model_flops_per_s": counts["mfu"] / world / step_s}
+    if peak_device is not None:
+        row.update({name: n / world / step_s / peak_device for name, n in counts.items()})
     return row
 
 
 def _training(case: TrainCase, ranks: Sequence[RankMeasurement], step_ms: float,
               device_name: str) -> dict[str, float]:
     """The training headline numbers (step time: the slowest rank's median)."""
-    out = step_metrics(case, step_ms / 1e3, peak_flops(device_name, case.dtype))
+    backward = sum(m.flops.get("backward", 0.0) for m in ranks)
+    out = step_metrics(case, step_ms / 1e3, peak_flops(device_name, case.dtype), backward)
     out.pop("step_s")
     summaries = [m.extra.get("train", {}) for m in ranks]
     for key in ("activation_bytes", "state_bytes", "recomputed_flops", "loss_last"):
@@ -139,8 +154,12 @@ def _values(case: Case | TrainCase, ranks: Sequence[RankMeasurement], setup_s: f
             out[key] = float(max(seen))
     device_name = str(ranks[0].extra.get("device_name", "cpu"))
     peak = peak_flops(device_name, case.dtype)
-    if peak is not None:
-        out["mfu"] = out["attn_tflops"] * 1e12 / (peak * case.world)
+    if peak is not None and isinstance(case, Case):  # a training trial's: `step_metrics`
+        forward = sum(m.flops.get("forward", 0.0) for m in ranks)
+        backward = sum(rank_flops) - forward
+        model = forward + backward * model_flops.MODEL_BACKWARD_FLOPS / model_flops.BACKWARD_FLOPS
+        out["mfu"] = model / (step_ms / 1e3) / (peak * case.world)
+        out["hfu"] = out["attn_tflops"] * 1e12 / (peak * case.world)
     detail: dict[str, int] = {}
     for m in ranks:
         for key, value in _bytes_by_key(m).items():

@@ -47,8 +47,8 @@ def test_plan_lists_configurations_that_do_not_fit_after_the_ranked_ones():
 
 
 STEP_KEYS = {"dp", "sp", "algorithm", "options", "layout", "states", "checkpoint", "fused_head",
-             "offload", "tiled", "kernel", "micro_batches", "predicted", "fits"}
-PARTS = {"attention", "other_compute", "recompute", "exposed_comm", "optimizer"}
+             "offload", "tiled", "kernel", "micro_batches", "predicted", "fits", "dominated_by"}
+PARTS = {"attention", "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer"}
 
 
 def _check_steps(out: dict, world: int, tokens: int, seq_len: int) -> list[dict]:
@@ -60,8 +60,8 @@ def _check_steps(out: dict, world: int, tokens: int, seq_len: int) -> list[dict]
         assert c["states"] in ("dp_sp", "sp", "node", "replicated") and isinstance(c["offload"], list)
         assert isinstance(c["fused_head"], bool) and isinstance(c["tiled"], bool)
         p = c["predicted"]
-        assert set(p) >= {"step_ms", "tgs", "mfu", "mfu_causal_halved", "peak_mem_bytes",
-                          "parts_ms"}
+        assert set(p) >= {"step_ms", "tgs", "mfu", "mfu_unmasked_attention", "hfu",
+                          "peak_mem_bytes", "parts_ms", "attention_layer_ms"}
         assert set(p["parts_ms"]) == PARTS
         assert abs(sum(p["parts_ms"].values()) - p["step_ms"]) < 0.02
         assert abs(p["tgs"] - tokens / (p["step_ms"] / 1e3 * world)) < 0.01 * p["tgs"]
@@ -84,7 +84,7 @@ def test_plan_model_scope_gives_each_configuration_its_own_fields():
     assert {c["states"] for c in configs} == {"dp_sp", "node", "replicated"}
     best = configs[0]["predicted"]
     assert best["parts_ms"]["attention"] > 0.3 * best["step_ms"]
-    assert 0 < best["mfu_causal_halved"] < 1
+    assert 0 < best["mfu"] < 1
 
 
 def test_plan_cluster_scope_searches_dp_x_sp_splits():
@@ -121,7 +121,7 @@ def test_plan_cluster_table_shows_where_time_goes_and_why_rows_lose(monkeypatch)
     rows = [line for line in lines if re.match(r"\s*\d+\s+\d+x\d+\s", line)]
     assert len(rows) == 6 and " best " in rows[0]
     assert all("%:" in r or "ties #1" in r for r in rows[1:])  # +N%: the part that grew
-    assert "at/oc/rc/cm/op" in out and "kernel rates: flash2" in out
+    assert "at/ac/oc/rc/cm/op" in out and "kernel rates: flash2" in out
 
 
 def test_plan_cluster_scope_says_when_nothing_fits_within_seconds():
@@ -133,8 +133,8 @@ def test_plan_cluster_scope_says_when_nothing_fits_within_seconds():
                                       "--nodes", "1", "--scope", "cluster", "--tokens-per-step",
                                       "1048576"])
     assert result.exit_code == 0, result.output
-    assert "nothing fits in 40 GB" in result.output and "the least memory found needs" in \
-        result.output
+    assert "nothing fits in the 40 GB (1e9 bytes) of device memory a GPU" in result.output
+    assert re.search(r"the least memory found is \d+\.\d GB: dp=", result.output)
     assert time.perf_counter() - t0 < 10
 
 
@@ -288,3 +288,86 @@ def test_plan_model_scope_ranks_states_and_heads_and_finds_burstengines_14b_fits
     assert fits and all(p.policy.states == "dp_sp" for p in fits)
     assert any(not p.fits and p.policy.states == "dp_sp" for p in ranked)
     assert all(p.peak_mem_bytes <= 80e9 for p in fits)
+
+
+# ------------------------------------------------------------------ issue 32: every configuration
+PINNED = ("--cluster", "loongtrain-a100", "--model", "llama2-7b", "--seq-len", "131072",
+          "--world", "32", "--nodes", "4", "--scope", "model", "--algorithm", "usp")
+
+
+def test_plan_option_pins_an_algorithm_option_and_resolves_the_rest(monkeypatch):
+    """LoongTrain's HP4/CP8 row at 128K on 32 A100s: `--option dhp=4 --option dcp=8` prints it;
+    `dhp=4` alone resolves dcp=8 (every placement and inner ring of it)."""
+    out = plan_json(*PINNED, "--option", "dhp=4", "--option", "dcp=8", "--checkpoint", "full")
+    assert out["configs"] and all(
+        (c["options"]["dhp"], c["options"]["dcp"], c["checkpoint"]) == (4, 8, "full")
+        for c in out["configs"])
+    alone = plan_json(*PINNED, "--option", "dhp=4", "--checkpoint", "full", "--top", "0")
+    assert {(c["options"]["dhp"], c["options"]["dcp"]) for c in alone["configs"]} == {(4, 8)}
+    assert {c["options"]["placement"] for c in alone["configs"]} == {"head-first",
+                                                                      "context-first"}
+    table = _table(monkeypatch, *PINNED, "--option", "dhp=4", "--option", "dcp=8",
+                   "--checkpoint", "full")
+    assert re.search(r"\n\s*1\s+1x32\s+usp\s+dhp=4", table)
+
+
+@pytest.mark.parametrize(("pins", "words"), [
+    (("dhp=5",), "dhp=5: must be a positive divisor of the world size (32)"),
+    (("dhp=4", "dcp=16"), "dcp=16: dhp * dcp must equal the world size (32)"),
+    (("team=2",), "names no algorithm option"),
+    (("dhp",), "must be KEY=VALUE"),
+])
+def test_plan_impossible_pin_is_one_line(pins, words):
+    from seqpar.errors import ConfigError
+
+    args = [a for p in pins for a in ("--option", p)]
+    result = CliRunner().invoke(app, ["plan", *PINNED, *args, "--json"])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert words in str(result.exception) and "\n" not in str(result.exception)
+
+
+def test_plan_top_0_lists_the_dominated_configurations_marked():
+    """The issue's case: usp at 128K on 32 GPUs over 4 nodes, full checkpointing, states over DP x
+    SP listed dhp = 32, 16 and 8 only; with --top 0 every dhp is there, the dominated ones marked
+    with the configuration that beats them (timed under its best policy)."""
+    out = plan_json(*PINNED, "--checkpoint", "full", "--states", "dp_sp", "--top", "0")
+    configs = out["configs"]
+    assert {c["options"]["dhp"] for c in configs} == {1, 2, 4, 8, 16, 32}
+    marked = [c for c in configs if c["dominated_by"]]
+    assert marked and len(marked) == out["dominated"]
+    best = {json.dumps([c["options"], c["layout"]]): c for c in configs if not c["dominated_by"]}
+    for c in marked:
+        by = c["dominated_by"]
+        assert json.dumps([by["options"], by["layout"]]) in best
+    plain = plan_json(*PINNED, "--checkpoint", "full", "--states", "dp_sp")
+    assert not any(c["dominated_by"] for c in plain["configs"])
+
+
+def test_plan_cluster_scope_defaults_to_one_sequence_per_replica():
+    out = plan_json("--cluster", "h100-sxm", "--model", "llama3.1-8b", "--seq-len", "65536",
+                    "--world", "16", "--nodes", "2", "--scope", "cluster", "--top", "5")
+    assert out["tokens_per_step"] is None
+    assert {s["micro_batches"] for s in out["splits"]} == {1}
+    for c in out["configs"]:
+        p = c["predicted"]
+        assert p["tgs"] == pytest.approx(c["dp"] * 65536 / (p["step_ms"] / 1e3 * 16), rel=1e-3)
+
+
+def test_plan_help_names_every_states_choice_and_seq_attn():
+    result = CliRunner().invoke(app, ["plan", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(result.output.split())
+    assert "dp_sp | sp | node | replicated" in text and "seq-attn:F" in text
+
+
+def test_plan_says_which_limit_nothing_fits_and_the_least_memory_in_one_unit():
+    """BurstEngine's 14B at 1M on 32 A800s under seq:0.5 (the attention kept whole): nothing fits."""
+    result = CliRunner().invoke(app, [
+        "plan", "--cluster", "burst-a800", "--model", "14b", "--seq-len", "1048576", "--world",
+        "32", "--nodes", "4", "--scope", "model", "--algorithm", "burst", "--layout", "stripe",
+        "--states", "dp_sp", "--checkpoint", "seq:0.5", "--fused-head", "--no-tiled",
+        "--offload", "none"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "nothing fits in the 80 GB (1e9 bytes) of device memory a GPU on burst-a800" in text
+    assert re.search(r"the least memory found is 1\d\d\.\d GB: dp=1 sp=32 burst dp_sp seq:0.5",
+                     text)

@@ -31,7 +31,7 @@ VARIANTS = ((None, False), ("float64", False), (None, True))  # (master dtype, t
 def _cases() -> list[tuple[str, bool, str | None, bool]]:
     """Every checkpoint mode x fused head x variant under SEQPAR_TEST_FULL; else each (mode, fused)
     once, the variant cycling (every variant meets both heads)."""
-    return [(mode, fused, *VARIANTS[v]) for i, mode in enumerate(CHECKPOINT_MODES)
+    return [(mode, fused, *VARIANTS[v]) for i, mode in enumerate((*CHECKPOINT_MODES, "seq-attn"))
             for j, fused in enumerate((False, True)) for v in range(len(VARIANTS))
             if FULL or v == (i + 2 * j) % len(VARIANTS)]
 

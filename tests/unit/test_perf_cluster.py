@@ -45,12 +45,16 @@ def test_the_bounded_search_finds_the_exhaustive_top():
 
 def test_pareto_keeps_exactly_the_undominated_rows():
     rows = [tuple(RNG.choice([1.0, 2.0, 3.0]) for _ in range(3)) for _ in range(40)]
-    keep, same = pareto(rows)
+    keep, same, by = pareto(rows)
     x = np.array(rows)
     for i, r in enumerate(rows):
         beaten = any((x[j] <= x[i]).all() and (x[j] < x[i]).any() for j in range(len(rows)))
         first = rows.index(r) == i
         assert (i in keep) == (not beaten and first)
+        assert (i in by) == beaten  # each beaten row names a kept row that beats it
+        if beaten:
+            j = by[i]
+            assert j in keep and (x[j] <= x[i]).all() and (x[j] < x[i]).any()
         if i in keep:
             assert sorted(same[i]) == [j for j in range(len(rows)) if rows[j] == r and j != i]
 

@@ -53,8 +53,10 @@ FIELDS = ("algorithm", "options", "layout", "attention_ms", "forward_ms", "compu
           "fits", "bottleneck")
 # the model scope (a whole step): the configuration, then every number of its prediction
 STEP_FIELDS = ("algorithm", "options", "layout", "policy", "step_ms", "tgs", "mfu",
-               "mfu_causal_halved", "peak_mem_bytes", "fits", "attention", "other_compute",
-               "recompute", "exposed_comm", "optimizer", "states", "activations", "transient")
+               "mfu_unmasked_attention", "hfu", "peak_mem_bytes", "fits", "attention",
+               "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer",
+               "states", "activations", "transient")
+PART_FIELDS = slice(11, 17)
 
 
 def _num(x: Any) -> Any:
@@ -67,8 +69,9 @@ def _row(p: Any) -> list[Any]:
     if hasattr(p, "policy"):  # a whole step
         return [_num(x) for x in (
             p.algorithm, p.options, p.layout, p.policy.fields(), p.step_ms, p.tgs, p.mfu,
-            p.mfu_causal_halved, p.peak_mem_bytes, p.fits, *(p.parts[k] for k in STEP_FIELDS[10:15]),
-            *(p.memory[k] for k in STEP_FIELDS[15:]))]
+            p.mfu_unmasked_attention, p.hfu, p.peak_mem_bytes, p.fits,
+            *(p.parts[k] for k in STEP_FIELDS[PART_FIELDS]),
+            *(p.memory[k] for k in STEP_FIELDS[PART_FIELDS.stop:]))]
     return [_num(x) for x in (
         p.algorithm, p.options, p.layout, p.attention_ms, p.forward_ms, p.compute_ms,
         p.exposed_ms["intra"], p.exposed_ms["inter"], p.bytes_intra, p.bytes_inter,

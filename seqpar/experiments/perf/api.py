@@ -33,6 +33,11 @@ class Prediction:
     stages: list[tuple[str, float]] = field(default_factory=list)
     memory: dict[str, int] = field(default_factory=dict)  # a training step's parts (model scope)
     forward_bytes: tuple[int, int] = (0, 0)  # the forward's (intra, inter) bytes
+    # ms the call keeps each link class busy (its busiest link), forward + backward and forward
+    # alone: what a training step's other traffic on those links shares with it (`step`)
+    link_ms: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
+    forward_link_ms: dict[str, float] = field(default_factory=lambda: {"intra": 0.0,
+                                                                       "inter": 0.0})
 
     def json(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "options": self.options, "layout": self.layout,
@@ -70,7 +75,9 @@ def predict(cluster: Cluster, name: str, shape: AttnShape, world: int, *, nodes:
         peak <= cluster.memory_gb * 1e9, bottleneck,
         stages=[(f"fwd {label}", s) for label, s in fwd.stages]
         + ([(f"bwd {label}", s) for label, s in bwd.stages] if both else []),
-        forward_bytes=(fwd.bytes_intra, fwd.bytes_inter))
+        forward_bytes=(fwd.bytes_intra, fwd.bytes_inter),
+        link_ms={k: 1e3 * (fwd.busy[k] + (bwd.busy[k] if both else 0.0)) for k in fwd.busy},
+        forward_link_ms={k: 1e3 * v for k, v in fwd.busy.items()})
 
 
 def attention_peak(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],

@@ -23,14 +23,22 @@ class Timing:
     compute_s: float = 0.0
     flops: float = 0.0           # the busiest rank's attention FLOPs
     exposed: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
+    # how long the call keeps each link class busy (its busiest link): the time other traffic on
+    # those links (FSDP's, in a training step) must share with it
+    busy: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
     bytes_intra: int = 0
     bytes_inter: int = 0
     stages: list[tuple[str, float]] = field(default_factory=list)
 
-    def add(self, label: str, seconds: float, compute: float, cost: Cost, flops: float = 0.0) -> None:
+    def add(self, label: str, seconds: float, compute: float, cost: Cost, flops: float = 0.0,
+            busy: dict[str, float] | None = None) -> None:
+        """A stage: its seconds, the compute in them, its bytes and its links' busy time (default:
+        the cost's own, one transfer)."""
         self.seconds += seconds
         self.compute_s += compute
         self.flops += flops
+        for link in self.busy:
+            self.busy[link] += busy[link] if busy is not None else cost.busy(link)
         if seconds > compute:
             self.exposed[cost.link] += seconds - compute
         self.bytes_intra += cost.intra

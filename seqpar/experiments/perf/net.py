@@ -65,15 +65,22 @@ class _Spread:
 
 @dataclass(frozen=True)
 class Cost:
-    """Seconds of a communication stage, and the busiest rank's bytes by link class."""
+    """Seconds of a communication stage, the busiest rank's bytes by link class, and how long the
+    stage keeps each link class busy (`intra_s`, `inter_s`: the busiest link of the class; what
+    other traffic on those links, FSDP's in a training step, has to share)."""
 
     seconds: float
     intra: int = 0
     inter: int = 0
+    intra_s: float = 0.0
+    inter_s: float = 0.0
 
     @property
     def link(self) -> str:
         return "inter" if self.inter else "intra"
+
+    def busy(self, link: str) -> float:
+        return self.inter_s if link == "inter" else self.intra_s
 
 
 @dataclass(frozen=True)
@@ -109,8 +116,9 @@ class Net:
         if sends.crossing:
             t_inter = c.inter.seconds(nbytes, sends.share)
             t_intra = c.intra.seconds(nbytes) if not sends.all_crossing else 0.0
-            return Cost(max(t_inter, t_intra), 0, nbytes)
-        return Cost(c.intra.seconds(nbytes), nbytes, 0)
+            return Cost(max(t_inter, t_intra), 0, nbytes, t_intra, t_inter)
+        t = c.intra.seconds(nbytes)
+        return Cost(t, nbytes, 0, t, 0.0)
 
     @cached_property
     def _sends(self) -> ByIdentity:
@@ -141,11 +149,12 @@ class Net:
         def inter(apart: int) -> float:
             return nbytes * apart / (m - 1)
 
-        worst = c.intra.seconds(float(nbytes - inter(spread.apart_min)))
-        if spread.nic_share:
-            worst = max(worst, c.inter.seconds(inter(spread.nic_apart), spread.nic_share))
+        on_intra = c.intra.seconds(float(nbytes - inter(spread.apart_min)))
+        on_inter = (c.inter.seconds(inter(spread.nic_apart), spread.nic_share)
+                    if spread.nic_share else 0.0)
         busiest = inter(spread.busiest_apart)
-        return Cost(worst, round(nbytes - busiest), round(busiest))
+        return Cost(max(on_intra, on_inter), round(nbytes - busiest), round(busiest), on_intra,
+                    on_inter)
 
     @cached_property
     def _spreads(self) -> ByIdentity:

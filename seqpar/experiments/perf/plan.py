@@ -14,7 +14,7 @@ from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf.api import Prediction, predict
 from seqpar.experiments.perf.policy import Filters
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
-from seqpar.experiments.perf.search import check_counts, make_setup, search
+from seqpar.experiments.perf.search import Result, check_counts, make_setup, search
 from seqpar.experiments.perf.step import predict_trial, shape_of
 from seqpar.rules import algorithms, masks
 from seqpar.rules.layouts import LAYOUTS
@@ -41,25 +41,39 @@ def model_shape(model: str, seq_len: int, dtype: str = "bfloat16") -> tuple[Attn
     return shape_of(cfg, seq_len, elem_bytes=elem), cfg
 
 
+def model_search(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *,
+                 nodes: int = 1, layouts: Sequence[str] = LAYOUTS, causal: bool = True,
+                 dtype: str = "bfloat16", kernel: str = DEFAULT_KERNEL,
+                 filters: Filters | None = None, mask: str | None = None,
+                 every: bool = False) -> Result:
+    """The model scope's search: the whole step (`step.Step`) of every configuration of one SP
+    group of `world` ranks (DP = 1, one sequence a step) and policy, fitting ones first by TGS
+    (`search.search`: dominated attention configurations pruned, or with `every` listed once
+    each, marked)."""
+    check_counts(seq_len=seq_len, world=world, nodes=nodes)
+    cfg = model_shape(model, seq_len, dtype)[1]
+    require(cfg is not None, "model", model, "--scope model needs a decoder (a ModelConfig "
+            "preset, a YAML of its fields or a config.json), not an attention shape")
+    setup = make_setup(cluster, cfg, seq_len, seq_len, world, nodes, kernel=kernel, dtype=dtype,
+                       causal=causal, mask=mask)
+    f = replace(filters or Filters(), dp=1, sp=world)
+    return search(setup, f, attention=list(space), layouts=layouts, every=every)
+
+
 def rank(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *, nodes: int = 1,
          scope: str = "attention", layouts: Sequence[str] = LAYOUTS, causal: bool = True,
          dtype: str = "bfloat16", kernel: str = DEFAULT_KERNEL,
          filters: Filters | None = None, mask: str | None = None) -> list[Any]:
     """Attention scope: a Prediction for every valid (algorithm, options, layout), fitting ones
-    first by time. Model scope: the whole step (`step.Step`) of every configuration of one SP
-    group of `world` ranks (DP = 1, one sequence a step) and policy, fitting ones first by TGS
-    (`search.search`: dominated attention configurations pruned). `mask`: any mask's spec
+    first by time. Model scope: `model_search`'s ranked steps. `mask`: any mask's spec
     (`masks.parse`) in place of plain causal attention."""
     require(scope in ("attention", "model"), "scope", scope, "must be attention or model")
     check_counts(seq_len=seq_len, world=world, nodes=nodes)
     shape, cfg = model_shape(model, seq_len, dtype)
     if scope == "model":
-        require(cfg is not None, "model", model, "--scope model needs a decoder (a ModelConfig "
-                "preset, a YAML of its fields or a config.json), not an attention shape")
-        setup = make_setup(cluster, cfg, seq_len, seq_len, world, nodes, kernel=kernel,
-                           dtype=dtype, causal=causal, mask=mask)
-        f = replace(filters or Filters(), dp=1, sp=world)
-        return search(setup, f, attention=list(space), layouts=layouts).ranked
+        return model_search(cluster, model, seq_len, world, space, nodes=nodes, layouts=layouts,
+                            causal=causal, dtype=dtype, kernel=kernel, filters=filters,
+                            mask=mask).ranked
     cluster = with_kernel(cluster, kernel, shape.head_dim, dtype)[0]
     m = None if mask is None else masks.parse(mask, seq_len)
     causal = causal if m is None else m.causal

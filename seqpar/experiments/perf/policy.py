@@ -5,10 +5,13 @@ them a search walks (narrowed by the user's filters).
 `states`: `dp_sp` shards them over every rank (FSDP over DP x SP, torchtitan's and LoongTrain §5.1's
 hybrid ZeRO over data x sequence ranks), `sp` over the sequence-parallel group only (replicated over
 DP: HSDP), `node` over the GPUs of a node (replicated across nodes: AMSP's partial sharding, which
-LoongTrain §5.1 adopts), `replicated` nowhere. `checkpoint`: none, full, sc++, seq:F
-(BurstEngine's sequence-level fraction F), sc++,seq:F. `offload`: drawn from optimizer, params,
-activations. `tiled`: the tiled MLP and loss (ALST). Mixed precision keeps fp32 master weights for a
-16-bit compute dtype, as a real run does.
+LoongTrain §5.1 adopts), `replicated` nowhere. `checkpoint`: none, full, sc++ (LoongTrain §5.2),
+seq:F (the runner's `sequence`: the token-wise layers of the first F of a rank's tokens recomputed,
+the attention kept whole), sc++,seq:F, seq-attn:F (BurstEngine §3.2's sequence-level selective
+checkpointing: the block recomputed, the attention re-run for the prefix of F·N tokens, out and lse
+of the rest kept; ring, burst or local attention over stripe, or zigzag at F = 1/2). `offload`:
+drawn from optimizer, params, activations. `tiled`: the tiled MLP and loss (ALST). Mixed precision
+keeps fp32 master weights for a 16-bit compute dtype, as a real run does.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from seqpar.errors import require
-from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy
+from seqpar.errors import ConfigError, require
+from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy, check_seq_attn
 
 STATES = ("dp_sp", "sp", "node", "replicated")
-CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5")
+CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5", "seq-attn:0.5")
+FORMS = "none, full, sc++, seq:F, sc++,seq:F or seq-attn:F (0 <= F <= 1)"
 # offload sets a search tries (each a list drawn from OFFLOADS)
 # (the runner's rules, `rules.memory.check_offload`: 'params' moves the optimizer's states too, and
 # only under sharded states)
@@ -55,6 +59,19 @@ class Policy:
         return {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp),
                 "replicated": 1}[self.states]
 
+    def runs(self, algorithm: str, layout: str, world: int, seq_len: int,
+             causal: bool = True) -> bool:
+        """Whether this policy can train that attention configuration (seq-attn's rules,
+        `rules.memory.check_seq_attn`; every other mode trains any)."""
+        if not self.checkpoint.startswith("seq-attn"):
+            return True
+        try:
+            check_seq_attn(algorithm, layout, split_checkpoint(self.checkpoint)[1], world,
+                           seq_len, causal=causal)
+        except ConfigError:
+            return False
+        return True
+
     def fields(self) -> dict[str, Any]:
         return {"states": self.states, "checkpoint": self.checkpoint,
                 "fused_head": self.fused_head, "offload": list(self.offload), "tiled": self.tiled}
@@ -79,25 +96,38 @@ def _train(policy: Policy, dtype: str) -> TrainPolicy:
 
 
 def check_checkpoint(name: str) -> None:
-    mode, fraction = split_checkpoint(name)
-    require(0.0 <= fraction <= 1.0, "checkpoint", name, "seq:F needs 0 <= F <= 1")
+    split_checkpoint(name)
 
 
 def split_checkpoint(name: str) -> tuple[str, float]:
     """A planner checkpoint name as (the runner's mode, its sequence fraction)."""
+    if name.startswith("seq-attn"):
+        head, colon, fraction = name.partition(":")
+        require(head == "seq-attn" and colon, "checkpoint", name,
+                f"must be one of {FORMS}: seq-attn:F names the recomputed prefix F")
+        return "seq-attn", _fraction(name, fraction)
     if "seq:" in name:
         head, _, fraction = name.partition("seq:")
-        require(head in ("", "sc++,"), "checkpoint", name,
-                f"must be one of {', '.join(CHECKPOINTS)} (any seq:F, sc++,seq:F)")
-        try:
-            value = float(fraction)
-        except ValueError:
-            value = -1.0
-        require(0.0 <= value <= 1.0, "checkpoint", name, "seq:F needs a number 0 <= F <= 1")
-        return ("sc++,sequence" if head else "sequence"), value
-    require(name in ("none", "full", "sc++"), "checkpoint", name,
-            f"must be one of {', '.join(CHECKPOINTS)} (any seq:F, sc++,seq:F)")
+        require(head in ("", "sc++,"), "checkpoint", name, f"must be one of {FORMS}")
+        return ("sc++,sequence" if head else "sequence"), _fraction(name, fraction)
+    require(name in ("none", "full", "sc++"), "checkpoint", name, f"must be one of {FORMS}")
     return name, 0.5
+
+
+def _fraction(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    require(0.0 <= value <= 1.0, "checkpoint", name, "F must be a number 0 <= F <= 1")
+    return value
+
+
+def name_of(mode: str, fraction: float) -> str:
+    """The planner's name of a runner checkpoint mode and fraction (split_checkpoint's inverse)."""
+    f = f"{fraction:g}"
+    return {"sequence": f"seq:{f}", "sc++,sequence": f"sc++,seq:{f}",
+            "seq-attn": f"seq-attn:{f}"}.get(mode, mode)
 
 
 @dataclass(frozen=True)
@@ -113,6 +143,7 @@ class Filters:
     fused_head: bool | None = None
     offload: tuple[str, ...] | None = None
     tiled: bool | None = None
+    options: tuple[tuple[str, Any], ...] = ()  # algorithm options pinned (`pins.parse`)
 
     def __post_init__(self) -> None:
         require(self.states is None or self.states in STATES, "states", self.states,

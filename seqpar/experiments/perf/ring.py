@@ -178,7 +178,8 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
         if c.shared_links or not st.grad:
             return net.p2p(pairs, st.msg + st.grad)
         a, b = net.p2p(pairs, st.msg), net.p2p(pairs, st.grad)
-        return Cost(max(a.seconds, b.seconds), a.intra + b.intra, a.inter + b.inter)
+        return Cost(max(a.seconds, b.seconds), a.intra + b.intra, a.inter + b.inter,
+                    max(a.intra_s, b.intra_s), max(a.inter_s, b.inter_s))
 
     x_in = both(inner_pairs) if w > 1 else Cost(0.0)
     x_out = both(outer_pairs) if outer > 1 else Cost(0.0)
@@ -199,7 +200,9 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
             inter += last
         else:
             intra += last
-    timing.add(st.label, seconds, total_compute, Cost(cost.seconds, intra, inter), flops)
+    busy = {link: x_in.busy(link) * (w - 1) * outer + x_out.busy(link) * (outer - 1)
+            + home.busy(link) for link in ("intra", "inter")}
+    timing.add(st.label, seconds, total_compute, Cost(cost.seconds, intra, inter), flops, busy)
 
 
 def _hops(rings: list[list[int]], w: int) -> tuple[np.ndarray, np.ndarray]:

@@ -23,11 +23,11 @@ import numpy as np
 
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf import memory
+from seqpar.experiments.perf import memory, pins
 from seqpar.experiments.perf.api import Prediction, attention_peak
-from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space
+from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space, split_checkpoint
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
-from seqpar.experiments.perf.step import Setup, Step, _attention_link, step
+from seqpar.experiments.perf.step import Setup, Step, step
 from seqpar.rules import algorithms, masks
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
@@ -69,49 +69,63 @@ def splits(setup: Setup, filters: Filters = Filters()) -> list[tuple[int, int, i
 
 
 def attention_space(sp: int, filters: Filters) -> list[tuple[str, dict[str, Any]]]:
+    """(algorithm, options) of every configuration on sp ranks the filters and pins leave."""
     names = [filters.algorithm] if filters.algorithm else list(algorithms.REGISTRY)
-    return [(n, o) for n in names if (n == "local") == (sp == 1) and n in algorithms.REGISTRY
-            for o in algorithms.option_space(n, sp)]
+    return pins.space([n for n in names if (n == "local") == (sp == 1)
+                       and n in algorithms.REGISTRY], sp, filters.options)
 
 
 def frugal(policies: Sequence[Policy]) -> Policy:
     """The policy of a space (of one states choice) that holds the least memory (full
     checkpointing, the fused head, the most offload, tiled)."""
     def cost(p: Policy) -> tuple:
-        ck = {"full": 0, "sc++": 1}.get(p.checkpoint, 2 if "seq:" in p.checkpoint else 3)
+        ck = {"full": 0, "sc++": 2}.get(p.checkpoint, 1 if p.checkpoint.startswith("seq-attn")
+                                        else 3 if "seq:" in p.checkpoint else 4)
         return (ck, not p.fused_head, -len(p.offload), not p.tiled)
 
     return min(policies, key=cost)
 
 
-def _metrics(setup: Setup, sp: int, p: Prediction) -> tuple:
-    """Everything a step depends on from its attention configuration (lower is better)."""
+def _metrics(setup: Setup, sp: int, p: Prediction, prefixes: Sequence[float]) -> tuple:
+    """Everything a step depends on from its attention configuration (lower is better); with
+    `prefixes` (the seq-attn fractions searched) the forward each re-runs, where it runs."""
     held = memory.attention_held(p.algorithm, setup.shape, sp, p.options)
-    return (p.attention_ms, p.forward_ms, p.compute_ms,
-            _attention_link(setup.cluster, p, setup.per_node),
-            _attention_link(setup.cluster, p, setup.per_node, True), p.peak_mem_bytes,
-            held.saved, held.saved - held.recomputable, int(held.relayout),
-            memory.AXES.get(p.algorithm, 0))
+    again: list[float] = []
+    for f in prefixes:
+        if Policy(checkpoint=f"seq-attn:{f:g}").runs(p.algorithm, p.layout, sp, setup.seq_len,
+                                                       setup.causal):
+            q = setup.prefix(sp, p, f)
+            again += [q.forward_ms, *q.forward_link_ms.values()]
+        else:
+            again += [float("inf")] * 3
+    return (p.attention_ms, p.forward_ms, p.compute_ms, *p.link_ms.values(),
+            *p.forward_link_ms.values(), p.peak_mem_bytes, held.saved,
+            held.saved - held.recomputable, int(held.relayout), memory.AXES.get(p.algorithm, 0),
+            *again)
 
 
-def pareto(rows: list[tuple]) -> tuple[list[int], dict[int, list[int]]]:
+def pareto(rows: list[tuple]) -> tuple[list[int], dict[int, list[int]], dict[int, int]]:
     """Indices of the rows no other row beats or equals on every metric (the first of equal rows
-    kept), and for each kept row the indices equal to it."""
+    kept), for each kept row the indices equal to it, and for each row another beats the first
+    kept row that does (a row beaten is beaten by some kept row: dominance is transitive)."""
     if not rows:
-        return [], {}
+        return [], {}, {}
     x = np.array([[float(f"{v:.9g}") for v in r] for r in rows])
-    keep, same = [], {}
+    keep, same, beaten = [], {}, {}
     for i in range(len(rows)):
         le = (x <= x[i]).all(axis=1)
         eq = (x == x[i]).all(axis=1)
         better = le & ~eq
         if better.any():
+            beaten[i] = better
             continue
         first = int(np.argmax(eq))
         if first == i:
             keep.append(i)
             same[i] = [j for j in np.flatnonzero(eq) if j != i]
-    return keep, same
+    kept = np.zeros(len(rows), dtype=bool)
+    kept[keep] = True
+    return keep, same, {i: int(np.argmax(b & kept)) for i, b in beaten.items()}
 
 
 def check_counts(**counts: int) -> None:
@@ -121,16 +135,19 @@ def check_counts(**counts: int) -> None:
                 name.replace("_", "-"), value, "must be a positive integer")
 
 
-def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int, tokens_per_step: int,
-               world: int, nodes: int, *, kernel: str = DEFAULT_KERNEL, dtype: str = "bfloat16",
-               batch: int = 1, causal: bool = True, mask: str | None = None) -> Setup:
+def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
+               tokens_per_step: int | None, world: int, nodes: int, *,
+               kernel: str = DEFAULT_KERNEL, dtype: str = "bfloat16", batch: int = 1,
+               causal: bool = True, mask: str | None = None) -> Setup:
     """A search's fixed part, validated: the cluster with the kernel's rates, the model (a name or
-    path for `ModelConfig.load`), the step's tokens over world ranks on nodes nodes, under a plain
-    causal (or full) relation or any `mask` (a `masks.parse` spec of seq_len tokens)."""
-    check_counts(seq_len=seq_len, tokens_per_step=tokens_per_step, world=world, nodes=nodes,
-                 batch=batch)
+    path for `ModelConfig.load`), the step's tokens (None: one sequence per DP replica) over
+    world ranks on nodes nodes, under a plain causal (or full) relation or any `mask` (a
+    `masks.parse` spec of seq_len tokens)."""
+    check_counts(seq_len=seq_len, world=world, nodes=nodes, batch=batch,
+                 **({} if tokens_per_step is None else {"tokens_per_step": tokens_per_step}))
     ranks_per_node_of(world, nodes, None)  # nodes divide the world: the one rule
-    require(tokens_per_step % (seq_len * batch) == 0, "tokens-per-step", tokens_per_step,
+    require(tokens_per_step is None or tokens_per_step % (seq_len * batch) == 0,
+            "tokens-per-step", tokens_per_step,
             f"must be a multiple of seq-len x batch ({seq_len * batch}): whole sequences")
     cfg = model if isinstance(model, ModelConfig) else load(model)
     c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
@@ -144,11 +161,13 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int, tokens_
 def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence[tuple[str, ...]]
            = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), keep: int | None = None,
            attention: Sequence[tuple[str, dict[str, Any]]] | None = None,
-           layouts: Sequence[str] | None = None) -> Result:
+           layouts: Sequence[str] | None = None, every: bool = False) -> Result:
     """Every configuration the filters leave, predicted and ranked (fitting by TGS, then unfit).
     With `keep`, only what can still reach the best `keep` fitting ones is timed (branch and
     bound: no policy runs an attention configuration faster than its bound, `_bound`).
-    `attention` replaces each split's (algorithm, options) space; `layouts` the layouts."""
+    `attention` replaces each split's (algorithm, options) space; `layouts` the layouts. `every`:
+    the dominated attention configurations too, each once under its dominator's best policy and
+    marked (`Step.dominated_by`), and those that fit under no policy, under their most frugal."""
     result = Result(setup, [], splits(setup, filters))
     budget = setup.cluster.memory_gb * 1e9
     # causal: contiguous moves the same bytes and holds the same memory as the balanced layouts,
@@ -160,19 +179,22 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                                                    and lay == "contiguous")]
     offloadable = setup.cluster.host_link_gb_per_s is not None
     candidates: list[tuple[float, int, int, Prediction, list, list[Policy]]] = []
+    extra: list[tuple[int, int, Prediction, Prediction | None, list[Policy]]] = []
     for dp, sp, _ in result.splits:
-        policies = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node)
-                    if offloadable or not p.offload]
-        if not policies:
+        every_policy = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node)
+                        if offloadable or not p.offload]
+        if not every_policy:
             continue
-        thin = [frugal([p for p in policies if p.states == st])
-                for st in dict.fromkeys(p.states for p in policies)]
+        usable = _Usable(setup, sp, every_policy)
         predictions: list[Prediction] = []
         for name, options in (attention if attention is not None else attention_space(sp, filters)):
             for layout in layouts:
                 try:
                     algorithms.check(name, setup.shape, sp, layout, setup.causal, **options)
                 except ConfigError:
+                    continue
+                policies, thin = usable.of(name, layout)
+                if not policies:
                     continue
                 peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
                 probe, least = min((_probe(setup, dp, sp, name, options, peak, t), t.label())
@@ -181,17 +203,29 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                     result.too_big += 1
                     if result.closest is None or probe < result.closest[0]:
                         result.closest = (probe, f"dp={dp} sp={sp} {name} {least}")
+                    if every:
+                        least_policy = min(thin, key=lambda t: _probe(setup, dp, sp, name, options,
+                                                                      peak, t))
+                        extra.append((dp, sp, setup.attention(sp, name, dict(options), layout),
+                                      None, [least_policy]))
                     continue
                 predictions.append(setup.attention(sp, name, dict(options), layout))
-        kept, same = pareto([_metrics(setup, sp, p) for p in predictions])
-        result.dominated += len(predictions) - len(kept)
+        kept, same, beaten = pareto([_metrics(setup, sp, p, usable.prefixes)
+                                     for p in predictions])
+        result.dominated += len(beaten)
         for i in kept:
             alternatives = [(predictions[j].options, predictions[j].layout) for j in same[i]]
+            policies = usable.of(predictions[i].algorithm, predictions[i].layout)[0]
             bound = _bound(setup, dp, sp, predictions[i], policies) if keep else 0.0
             candidates.append((bound, dp, sp, predictions[i], alternatives, policies))
+        if every:
+            extra += [(dp, sp, predictions[i], predictions[j],
+                       usable.of(predictions[i].algorithm, predictions[i].layout)[0])
+                      for i, j in beaten.items()]
     candidates.sort(key=lambda c: -c[0])
     steps: list[Step] = []
     best: list[float] = []  # TGS of the fitting steps, kept sorted descending (the top `keep`)
+    best_of: dict[int, Step] = {}  # per kept prediction, its best step (dominated ones borrow it)
     for bound, dp, sp, p, alternatives, policies in candidates:
         if keep and len(best) >= keep and bound < best[keep - 1]:
             result.bounded += len(policies)
@@ -202,13 +236,55 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
             if alternatives:
                 result.alternatives[id(s)] = alternatives
             steps.append(s)
+            if _better(s, best_of.get(id(p))):
+                best_of[id(p)] = s
             if keep and s.fits:
                 best.append(s.tgs)
                 best.sort(reverse=True)
                 del best[keep:]
+    for dp, sp, p, by, policies in extra:
+        pick = best_of.get(id(by)) if by is not None else None
+        policy = pick.policy if pick is not None and pick.policy in policies else policies[0]
+        s = step(setup, dp, sp, p, policy)
+        s.dominated_by = None if by is None else {"algorithm": by.algorithm,
+                                                  "options": by.options, "layout": by.layout}
+        steps.append(s)
     steps.sort(key=lambda s: (not s.fits, -s.tgs if s.fits else s.peak_mem_bytes))
     result.ranked = steps
     return result
+
+
+def _better(s: Step, than: Step | None) -> bool:
+    """Whether s beats `than` as a configuration's best step: fitting, then TGS, then memory."""
+    if than is None:
+        return True
+    return (s.fits, s.tgs if s.fits else -s.peak_mem_bytes) > \
+        (than.fits, than.tgs if than.fits else -than.peak_mem_bytes)
+
+
+class _Usable:
+    """The policies of a split that can train each attention configuration (seq-attn's rules,
+    `Policy.runs`) and their most frugal per states choice, computed once per set of seq-attn
+    fractions an (algorithm, layout) allows."""
+
+    def __init__(self, setup: Setup, sp: int, policies: list[Policy]):
+        self.setup, self.sp, self.policies = setup, sp, policies
+        self.prefixes = sorted({split_checkpoint(p.checkpoint)[1] for p in policies
+                                if p.checkpoint.startswith("seq-attn")})
+        self._sets: dict[tuple, tuple[list[Policy], list[Policy]]] = {}
+
+    def of(self, name: str, layout: str) -> tuple[list[Policy], list[Policy]]:
+        s = self.setup
+        allowed = tuple(f for f in self.prefixes if Policy(checkpoint=f"seq-attn:{f:g}").runs(
+            name, layout, self.sp, s.seq_len, s.causal))
+        got = self._sets.get(allowed)
+        if got is None:
+            mine = [p for p in self.policies if not p.checkpoint.startswith("seq-attn")
+                    or split_checkpoint(p.checkpoint)[1] in allowed]
+            thin = [frugal([p for p in mine if p.states == st])
+                    for st in dict.fromkeys(p.states for p in mine)]
+            got = self._sets[allowed] = (mine, thin)
+        return got
 
 
 def _bound(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Policy]) -> float:

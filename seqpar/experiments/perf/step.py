@@ -5,25 +5,32 @@ Per block and micro-step, on one rank of s = N / SP tokens:
 - GEMMs (q, k, v, o, SwiGLU: 2·tokens·params forward, backward 2x) at the cluster's GEMM rate for
   their shape (`rates.gemm_rate`); element-wise work (norms, RoPE, SwiGLU's gate, residuals: ~10d +
   2(d + kv) + 3·ffn elements a token forward, twice that backward) at HBM bandwidth;
-- the attention's forward + backward from its schedule (`api.predict`: kernel, SP communication
-  and its overlap), at the rates of the kernel that will run (`rates.with_kernel`);
-- the recompute of the checkpoint mode: full re-runs the block's forward (attention and its
-  communication included), sc++ the GEMMs and element-wise work, seq:F a fraction F of them; a
+- the attention's forward + backward exactly as the attention scope predicts it (`api.predict`:
+  kernel, SP communication and its overlap with the attention's own compute, on the SP group's
+  links), at the rates of the kernel that will run (`rates.with_kernel`): one model of a ring,
+  within a node or across nodes, for both scopes;
+- the recompute of the checkpoint mode: full re-runs the block's forward (the attention's forward
+  as predicted, its communication included), sc++ the GEMMs and element-wise work, seq:F a
+  fraction F of them, seq-attn:F the block's GEMMs and element-wise work and the attention's
+  forward over the prefix of F·N tokens (its own prediction: its ring carries the prefix's K,V); a
   tiled MLP recomputes the MLP of whatever is not recomputed already;
-- FSDP over the sharding group (`states`): the block's parameters all-gathered twice (forward, and
-  again for backward: reshard after forward) in the compute dtype and its gradients
-  reduce-scattered in the master dtype, prefetched and overlapped with the neighbouring blocks'
-  compute: a block lasts max(compute, link time of FSDP + the attention's own bytes, host-link
-  time of offloaded parameters and activations). The first gather and last reduce-scatter of a
-  micro-step are exposed, as are the root's (embedding, head, norm).
+- FSDP over the sharding group (`states`, `fsdp.py`): the block's parameters all-gathered twice
+  (forward, and again for backward: reshard after forward) in the compute dtype and its gradients
+  reduce-scattered in the master dtype, prefetched and overlapped with the block. They share the
+  links with the attention: a block lasts max(its compute path, each link class's busy time), the
+  compute path being the work above with the attention's own exposed communication, a link's busy
+  time FSDP's plus the attention's (`Prediction.link_ms`: its busiest link of the class), and the
+  host link's time of offloaded parameters and activations. The first gather and last
+  reduce-scatter of a micro-step are exposed, as are the root's (embedding, head, norm).
 Once per step: the data-parallel reduction of what FSDP did not reduce (an all-reduce over DP for
-`sp` states, over all ranks for replicated ones) in the last micro-step's backward, and AdamW
+`sp` states, over all ranks for replicated ones) in the last micro-step's blocks, and AdamW
 (memory-bound: 7 state reads and writes per parameter at HBM bandwidth, or at the host's memory
 bandwidth when the optimizer is offloaded, its gradients and parameters crossing the host link).
 
 The LM head and loss: 3 x 2·tokens·d·V at the GEMM rate plus the logits' element-wise passes.
-TGS = tokens per step / (step time x ranks); MFU = model FLOPs (rules.flops.step_flops, no
-recompute) / (step time x ranks x peak), attention counted unmasked (`mfu`) and causal-halved.
+TGS = tokens per step / (step time x ranks); `mfu`, `mfu_unmasked_attention` and `hfu` as
+`rules.flops` defines them (the attention by its area under the step's mask; hfu with the kernels'
+2.5x backward and the recompute).
 """
 
 from __future__ import annotations
@@ -35,16 +42,27 @@ from typing import Any
 from seqpar.experiments.clusters import MEMORY_EFFICIENCY, Cluster
 from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.api import Prediction, predict, predict_spec
+from seqpar.experiments.perf.fsdp import traffic
 from seqpar.experiments.perf.net import Net
-from seqpar.experiments.perf.policy import Policy
+from seqpar.experiments.perf.policy import Policy, name_of
 from seqpar.experiments.perf.rates import gemm_rate
 from seqpar.rules import masks
-from seqpar.rules.flops import head_flops, step_flops
-from seqpar.rules.memory import ELEM, TrainPolicy, block_bytes, predicted_states
+from seqpar.rules.flops import causal_pairs, conventions, head_flops, recomputed_flops
+from seqpar.rules.memory import (
+    ELEM,
+    TrainPolicy,
+    block_bytes,
+    predicted_states,
+    prefix_layout,
+)
 from seqpar.rules.model import ModelConfig, block_numel, block_shapes
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 
-PARTS = ("attention", "other_compute", "recompute", "exposed_comm", "optimizer")
+# where a step's time goes: the attention's kernels, its own exposed communication (as the
+# attention scope predicts it), the rest of the compute, the recompute, the exposed communication
+# besides the attention's (FSDP, DP reductions, links shared past the compute), the optimizer
+PARTS = ("attention", "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer")
+LINKS = ("intra", "inter")
 ADAM_PASSES = 7  # AdamW reads parameter, gradient, two moments; writes parameter, two moments
 
 
@@ -59,7 +77,7 @@ class Setup:
     cluster: Cluster
     cfg: ModelConfig
     seq_len: int
-    tokens_per_step: int
+    tokens_per_step: int | None  # all ranks together (None: one sequence per DP replica a step)
     world: int              # all ranks: DP x SP
     nodes: int
     dtype: str = "bfloat16"
@@ -82,10 +100,15 @@ class Setup:
     def per_node(self) -> int:
         return max(1, self.world // self.nodes)
 
+    def step_tokens(self, dp: int) -> int:
+        """Tokens a step of a DP x SP split trains on, all ranks together."""
+        return self.tokens_per_step or self.seq_len * self.batch * dp
+
     def micro_batches(self, dp: int) -> int:
         """Micro-steps per step of each DP rank (0 when the tokens do not split evenly)."""
         per_rank = self.seq_len * self.batch * dp
-        return self.tokens_per_step // per_rank if self.tokens_per_step % per_rank == 0 else 0
+        tokens = self.step_tokens(dp)
+        return tokens // per_rank if tokens % per_rank == 0 else 0
 
     def sp_nodes(self, sp: int) -> int:
         return max(1, sp // self.per_node)
@@ -94,6 +117,29 @@ class Setup:
         """One layer's attention (forward + backward) over an SP group of sp ranks."""
         return predict(self.cluster, name, self.shape, sp, nodes=self.sp_nodes(sp), options=options,
                        layout=layout, causal=self.causal, dtype=self.dtype, mask=self.mask)
+
+    def prefix(self, sp: int, attn: Prediction, fraction: float) -> Prediction:
+        """The forward seq-attn re-runs in backward: the attention over the first fraction x N
+        tokens (every rank's first fraction of its shard), in the layout that deals that prefix
+        (`rules.memory.prefix_layout`), as causal attention (memoised)."""
+        key = ("prefix", sp, attn.algorithm, tuple(sorted(attn.options.items())), attn.layout,
+               fraction)
+        got = self.cache.get(key)
+        if got is None:
+            rows = max(1, round(fraction * self.shape.shard_len(sp)))  # the runner's rows a rank
+            shape = replace(self.shape, seq_len=rows * sp)
+            got = self.cache[key] = predict(
+                self.cluster, attn.algorithm, shape, sp, nodes=self.sp_nodes(sp),
+                options=attn.options, layout=prefix_layout(attn.layout, sp, fraction), causal=True,
+                dtype=self.dtype, mode="fwd")
+        return got
+
+    @property
+    def pairs(self) -> float:
+        """Visible (query, key) pairs of one sequence: the mask's area, N²/2 causal, N² full."""
+        if self.mask is not None:
+            return float(self.mask.area)
+        return causal_pairs(self.seq_len) if self.causal else float(self.seq_len) ** 2
 
 
 @dataclass
@@ -108,12 +154,16 @@ class Step:
     kernel: str
     step_ms: float
     tgs: float
-    mfu: float
-    mfu_causal_halved: float
+    mfu: float                      # model FLOPs by area (rules.flops: Megatron-LM's, causal halved)
+    mfu_unmasked_attention: float   # torchtitan's: the attention counted as if unmasked
+    hfu: float                      # the kernels' FLOPs: 2.5x attention backward, the recompute
     peak_mem_bytes: int
     fits: bool
     parts: dict[str, float] = field(default_factory=dict)     # ms per step, summing to step_ms
     memory: dict[str, int] = field(default_factory=dict)
+    # (a search's --top 0) the attention configuration that beats this one on everything a step
+    # depends on, whose best policy this one is timed under; None: not dominated
+    dominated_by: dict[str, Any] | None = None
 
     @property
     def algorithm(self) -> str:
@@ -137,11 +187,13 @@ class Step:
                 "micro_batches": self.micro_batches,
                 "predicted": {"step_ms": round(self.step_ms, 3), "tgs": round(self.tgs, 2),
                               "mfu": round(self.mfu, 4),
-                              "mfu_causal_halved": round(self.mfu_causal_halved, 4),
+                              "mfu_unmasked_attention": round(self.mfu_unmasked_attention, 4),
+                              "hfu": round(self.hfu, 4),
+                              "attention_layer_ms": round(self.attention_ms, 3),
                               "peak_mem_bytes": self.peak_mem_bytes,
                               "parts_ms": {k: round(v, 3) for k, v in self.parts.items()},
                               "memory": self.memory},
-                "fits": self.fits}
+                "fits": self.fits, "dominated_by": self.dominated_by}
 
 
 def _stream_seconds(c: Cluster, nbytes: float) -> float:
@@ -169,103 +221,30 @@ def elementwise_bytes(cfg: ModelConfig, tokens: float, e: int) -> float:
     return tokens * (10 * cfg.hidden + 2 * (cfg.hidden + kv) + 3 * cfg.ffn) * e
 
 
-@dataclass(frozen=True)
-class _Comm:
-    gather: float        # one block's all-gather
-    scatter: float       # one block's reduce-scatter
-    root: float          # the root's gather + reduce-scatter, once a micro-step
-    reduce: float        # one block's data-parallel all-reduce (last micro-step)
-    reduce_root: float
-
-
-def _groups(setup: Setup, dp: int, sp: int, over: str) -> list[list[int]]:
-    """Rank r = dp index x sp + sp index: `all`, the `sp` groups, the `dp` groups, each `node`'s
-    ranks, or the ranks of one local index across `nodes`."""
-    world, per = dp * sp, min(setup.per_node, dp * sp)
-    if over == "all":
-        return [list(range(world))]
-    if over == "sp":
-        return [[d * sp + i for i in range(sp)] for d in range(dp)]
-    if over == "node":
-        return [list(range(n, n + per)) for n in range(0, world, per)]
-    if over == "nodes":
-        return [list(range(j, world, per)) for j in range(per)]
-    return [[d * sp + i for d in range(dp)] for i in range(sp)]
-
-
-def _comm(setup: Setup, dp: int, sp: int, policy: Policy, train: TrainPolicy) -> _Comm:
-    cfg, net = setup.cfg, setup.net
-    e, stored = ELEM[setup.dtype], ELEM[train.master_dtype or setup.dtype]
-    block, root = block_numel(cfg), 2 * cfg.vocab * cfg.hidden + cfg.hidden
-    shards = policy.shards(dp, sp, setup.per_node)
-
-    def coll(over: str, size: int, numel: int, elem: int, factor: float) -> float:
-        if size < 2:
-            return 0.0
-        nbytes = int(factor * (size - 1) / size * numel * elem)
-        return net.collective(_groups(setup, dp, sp, over), nbytes).seconds
-
-    over = {"dp_sp": "all", "sp": "sp", "node": "node"}.get(policy.states, "all")
-    gather = coll(over, shards, block, e, 1) if policy.states != "replicated" else 0.0
-    scatter = coll(over, shards, block, stored, 1) if policy.states != "replicated" else 0.0
-    root_s = coll(over, shards, root, e, 1) + coll(over, shards, root, stored, 1) \
-        if policy.states != "replicated" else 0.0
-    if policy.states == "replicated":
-        reduce = coll("all", dp * sp, block, stored, 2)
-        reduce_root = coll("all", dp * sp, root, stored, 2)
-    elif policy.states == "sp":
-        reduce = coll("dp", dp, block // sp, stored, 2)
-        reduce_root = coll("dp", dp, root // sp, stored, 2)
-    elif policy.states == "node":
-        nodes = dp * sp // shards
-        reduce = coll("nodes", nodes, block // shards, stored, 2)
-        reduce_root = coll("nodes", nodes, root // shards, stored, 2)
-    else:
-        reduce = reduce_root = 0.0
-    return _Comm(gather, scatter, root_s, reduce, reduce_root)
-
-
-def _attention_link(c: Cluster, p: Prediction, per_node: int, forward_only: bool = False) -> float:
-    """Seconds the attention's own bytes keep one rank's links busy."""
-    intra, inter = p.forward_bytes if forward_only else (p.bytes_intra, p.bytes_inter)
-    share = max(1, per_node // c.nics_per_node)
-    return c.intra.seconds(intra) + c.inter.seconds(inter, share)
-
-
 def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
          train: TrainPolicy | None = None) -> Step:
     """The step of one configuration (`train`: the runner's exact policy, default policy's)."""
     c, cfg, dtype = setup.cluster, setup.cfg, setup.dtype
     train = train or policy.train(dtype)
-    e, stored = ELEM[dtype], ELEM[train.master_dtype or dtype]
+    stored = ELEM[train.master_dtype or dtype]
     world, layers = dp * sp, cfg.layers
-    tokens = setup.shape.batch * setup.shape.shard_len(sp)
-
-    def host(seconds: float) -> float:  # CPU ranks share a host's cores
-        return c.host_seconds(seconds, seconds * world, world)
-
-    key = ("layer", sp)
-    if key not in setup.cache:
-        setup.cache[key] = (
-            host(block_gemm_seconds(c, cfg, tokens, dtype)),
-            host(block_gemm_seconds(c, cfg, tokens, dtype, ("w1", "w2", "w3"))),
-            host(_stream_seconds(c, elementwise_bytes(cfg, tokens, e))),
-            host(3 * head_flops(cfg, tokens) / gemm_rate(c, dtype, min(tokens, cfg.hidden))
-                 + _stream_seconds(c, 4 * tokens * cfg.vocab * 4)))  # logits: fp32 passes
-    g, mlp, ew, hd = setup.cache[key]
-    a_f, a_all = attn.forward_ms / 1e3, attn.attention_ms / 1e3
+    g, mlp, ew, hd = _layer(setup, sp)
+    a_all, a_kernel = attn.attention_ms / 1e3, attn.compute_ms / 1e3
     mode, frac = train.checkpoint, train.seq_fraction
-    share = {"none": 0.0, "full": 1.0, "sc++": 1.0}.get(mode, frac)
-    recompute = share * (g + ew) + (a_f if mode == "full" else 0.0)
+    # the attention's forward that backward runs again: the whole (full), the prefix (seq-attn)
+    again = {"full": attn, "seq-attn": setup.prefix(sp, attn, frac)
+             if mode == "seq-attn" and frac > 0 else None}.get(mode)
+    share = {"none": 0.0, "full": 1.0, "sc++": 1.0, "seq-attn": 1.0}.get(mode, frac)
+    recompute = share * (g + ew) + (again.forward_ms / 1e3 if again is not None else 0.0)
     if train.tiled:
         recompute += (1.0 - share) * mlp
     compute = 3 * (g + ew) + a_all + recompute
     key = ("comm", dp, sp, policy.states, train.master_dtype)
     if key not in setup.cache:
-        setup.cache[key] = _comm(setup, dp, sp, policy, train)
+        setup.cache[key] = traffic(setup.net, cfg, dtype, dp, sp, policy, train)
     comm = setup.cache[key]
-    link = 2 * comm.gather + comm.scatter + _attention_link(c, attn, setup.per_node) \
-        + (_attention_link(c, attn, setup.per_node, True) if mode == "full" else 0.0)
+    busy = {k: (attn.link_ms[k] + (again.forward_link_ms[k] if again is not None else 0.0)) / 1e3
+            for k in LINKS}
     offload = 0.0
     if train.offload and c.host_link_gb_per_s:
         shard = block_numel(cfg) / policy.shards(dp, sp, setup.per_node)
@@ -275,25 +254,23 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
                                      train, memory.attention_held(attn.algorithm, setup.shape, sp,
                                                                   attn.options))
         offload = moved / (c.host_link_gb_per_s * 1e9)
-    block = max(compute, link, offload)
-    last = max(compute, link + comm.reduce, offload)
-    edges = comm.gather + comm.scatter + comm.root
+    block = max(compute, offload, *(comm.busy(k) + busy[k] for k in LINKS))
+    last = max(compute, offload, *(comm.busy(k, last=True) + busy[k] for k in LINKS))
+    edges = comm.gather.seconds + comm.scatter.seconds + comm.root
     micro = layers * block + hd + edges
     micro_last = layers * last + hd + edges + comm.reduce_root
     m = setup.micro_batches(dp)
     optimizer = _optimizer_seconds(setup, cfg, policy, train, dp, sp)
     seconds = (m - 1) * micro + micro_last + optimizer
 
-    parts = {"attention": m * layers * attn.compute_ms / 1e3,
+    parts = {"attention": m * layers * a_kernel, "attention_comm": m * layers * (a_all - a_kernel),
              "other_compute": m * (layers * 3 * (g + ew) + hd),
              "recompute": m * layers * recompute, "optimizer": optimizer}
     parts["exposed_comm"] = max(0.0, seconds - sum(parts.values()))
-    tps = setup.tokens_per_step
-    sequences = tps / setup.seq_len
-    if "flops" not in setup.cache:
-        setup.cache["flops"] = tuple(step_flops(cfg, 1, setup.seq_len, conv) * sequences
-                                     for conv in ("full", "halved"))
-    full, halved = setup.cache["flops"]
+    tps = setup.step_tokens(dp)
+    recomputed = recomputed_flops(cfg, setup.batch, setup.seq_len, sp, mode, frac,
+                                  setup.pairs) * world * m
+    flops = conventions(cfg, tps // setup.seq_len, setup.seq_len, setup.pairs, recomputed)
     peak = c.peak(dtype) * world * seconds
     shards = policy.shards(dp, sp, setup.per_node)
     mem = memory.step_memory(attn.algorithm, setup.shape, sp, attn.options, cfg, train,
@@ -305,8 +282,29 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     fits = mem["peak"] <= c.memory_gb * 1e9 and (
         c.host_memory_gb is None or mem["host"] * setup.per_node <= c.host_memory_gb * 1e9)
     return Step(dp, sp, attn, policy, m, setup.kernel, 1e3 * seconds, tps / (seconds * world),
-                full / peak, halved / peak, mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS},
-                mem)
+                flops["mfu"] / peak, flops["mfu_unmasked_attention"] / peak, flops["hfu"] / peak,
+                mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS}, mem)
+
+
+def _layer(setup: Setup, sp: int) -> tuple[float, float, float, float]:
+    """(a block's GEMMs, its MLP's GEMMs, its element-wise work, the head and loss), forward
+    seconds on one rank of an SP group of sp (memoised per sp)."""
+    key = ("layer", sp)
+    got = setup.cache.get(key)
+    if got is None:
+        c, cfg, dtype, world = setup.cluster, setup.cfg, setup.dtype, setup.world
+        tokens = setup.shape.batch * setup.shape.shard_len(sp)
+
+        def host(seconds: float) -> float:  # CPU ranks share a host's cores
+            return c.host_seconds(seconds, seconds * world, world)
+
+        got = setup.cache[key] = (
+            host(block_gemm_seconds(c, cfg, tokens, dtype)),
+            host(block_gemm_seconds(c, cfg, tokens, dtype, ("w1", "w2", "w3"))),
+            host(_stream_seconds(c, elementwise_bytes(cfg, tokens, ELEM[dtype]))),
+            host(3 * head_flops(cfg, tokens) / gemm_rate(c, dtype, min(tokens, cfg.hidden))
+                 + _stream_seconds(c, 4 * tokens * cfg.vocab * 4)))  # logits: fp32 passes
+    return got
 
 
 def _host_bytes(setup: Setup, cfg: ModelConfig, train: TrainPolicy, policy: Policy,
@@ -343,9 +341,7 @@ def params(cfg: ModelConfig) -> int:
 
 def _policy_of_case(case: Any) -> tuple[Policy, TrainPolicy]:
     """A training trial's policy as the planner's and the runner's."""
-    frac = f"{case.seq_fraction:g}"
-    ck = {"sequence": f"seq:{frac}", "sc++,sequence": f"sc++,seq:{frac}"}.get(case.checkpoint,
-                                                                          case.checkpoint)
+    ck = name_of(case.checkpoint, case.seq_fraction)
     offload = case.offload if isinstance(case.offload, tuple | list) else \
         (("optimizer", "params") if case.offload else ())
     tiled = bool(getattr(case, "tiled", False))

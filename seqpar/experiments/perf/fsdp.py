@@ -1,0 +1,83 @@
+"""A training step's traffic besides the attention's: FSDP's gathers and reduce-scatters of a block
+and of the root (embedding, head, final norm), and the data-parallel reduction of what FSDP did not
+reduce, over the groups each states choice names (`Policy.states`). Each is a `net.Cost`: its time
+and how long it keeps each link class busy, which the step adds to the attention's own busy time
+on the same links (`step.step`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seqpar.experiments.perf.net import Cost, Net
+from seqpar.experiments.perf.policy import Policy
+from seqpar.rules.memory import ELEM, TrainPolicy
+from seqpar.rules.model import ModelConfig, block_numel
+
+NONE = Cost(0.0)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    gather: Cost         # one block's all-gather
+    scatter: Cost        # one block's reduce-scatter
+    root: float          # the root's gather + reduce-scatter, once a micro-step
+    reduce: Cost         # one block's data-parallel all-reduce (last micro-step)
+    reduce_root: float
+
+    def busy(self, link: str, last: bool = False) -> float:
+        """Seconds a block's traffic keeps `link` busy: two gathers (forward, and again for
+        backward: reshard after forward), one reduce-scatter, and in the last micro-step the
+        data-parallel reduction."""
+        out = 2 * self.gather.busy(link) + self.scatter.busy(link)
+        return out + (self.reduce.busy(link) if last else 0.0)
+
+
+def groups(per_node: int, dp: int, sp: int, over: str) -> list[list[int]]:
+    """Rank r = dp index x sp + sp index: `all`, the `sp` groups, the `dp` groups, each `node`'s
+    ranks, or the ranks of one local index across `nodes` (per_node ranks a node)."""
+    world, per = dp * sp, min(per_node, dp * sp)
+    if over == "all":
+        return [list(range(world))]
+    if over == "sp":
+        return [[d * sp + i for i in range(sp)] for d in range(dp)]
+    if over == "node":
+        return [list(range(n, n + per)) for n in range(0, world, per)]
+    if over == "nodes":
+        return [list(range(j, world, per)) for j in range(per)]
+    return [[d * sp + i for d in range(dp)] for i in range(sp)]
+
+
+def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Policy,
+            train: TrainPolicy) -> Traffic:
+    """The traffic of a DP x SP split of `net`'s ranks (`net.ranks_per_node` a node)."""
+    e, stored = ELEM[dtype], ELEM[train.master_dtype or dtype]
+    block, root = block_numel(cfg), 2 * cfg.vocab * cfg.hidden + cfg.hidden
+    per_node = net.ranks_per_node
+    shards = policy.shards(dp, sp, per_node)
+
+    def coll(over: str, size: int, numel: int, elem: int, factor: float) -> Cost:
+        if size < 2:
+            return NONE
+        nbytes = int(factor * (size - 1) / size * numel * elem)
+        return net.collective(groups(per_node, dp, sp, over), nbytes)
+
+    over = {"dp_sp": "all", "sp": "sp", "node": "node"}.get(policy.states, "all")
+    sharded = policy.states != "replicated"
+    gather = coll(over, shards, block, e, 1) if sharded else NONE
+    scatter = coll(over, shards, block, stored, 1) if sharded else NONE
+    root_s = (coll(over, shards, root, e, 1).seconds + coll(over, shards, root, stored, 1).seconds
+              if sharded else 0.0)
+    if policy.states == "replicated":
+        reduce = coll("all", dp * sp, block, stored, 2)
+        reduce_root = coll("all", dp * sp, root, stored, 2)
+    elif policy.states == "sp":
+        reduce = coll("dp", dp, block // sp, stored, 2)
+        reduce_root = coll("dp", dp, root // sp, stored, 2)
+    elif policy.states == "node":
+        nodes = dp * sp // shards
+        reduce = coll("nodes", nodes, block // shards, stored, 2)
+        reduce_root = coll("nodes", nodes, root // shards, stored, 2)
+    else:
+        reduce = reduce_root = NONE
+    return Traffic(gather, scatter, root_s, reduce, reduce_root.seconds)
