@@ -13,6 +13,8 @@ tests read every series back from an endpoint.
                                   the results when it ends (step, tokens/s, peak memory, bytes)
     driver (sweeps.runner)        seqpar_sweep_trials: done | failed | pending of the sweep
 
+A Grafana dashboard of them ships beside this module (`GRAFANA_DASHBOARD`, Ray's JSON format).
+
 Every series carries `sweep`: the sweep's id8 (the gang id `sweep-<id8>` without its prefix; any
 other gang id as it is), and every per-trial series `trial` (`trial_tag`: short label and spec
 hash).
@@ -27,8 +29,10 @@ import unicodedata
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+GRAFANA_DASHBOARD = Path(__file__).with_name("grafana") / "seqpar_grafana_dashboard.json"
 PREFIX = "ray_"          # what Ray's exporter puts before every name
 PUBLISH_S = 1.0          # how often a Publisher sets its gauges again
 ENDED_KEEP_S = 30.0      # how long the zeros of a trial that ended stay published

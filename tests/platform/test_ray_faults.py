@@ -36,15 +36,17 @@ def when_measuring(gang_id: str, rank: int, action, phase: str = "measure",
                    settle_s: float = 0.3, again_s: float | None = None) -> threading.Thread:
     """Run action() from a thread as soon as `rank` reports `phase` (by default: inside its timed
     iterations, then `settle_s` later); with `again_s`, again each `again_s` while the rank stays
-    in `phase` (until the action has taken: the rank is gone or elsewhere)."""
+    in `phase` (until the action has taken: the rank is gone or elsewhere). The rank's actor may
+    not exist yet (its gang starts with the trial)."""
     import ray
 
     def watch() -> None:
-        actor = rank_actor(gang_id, rank)
+        actor = None  # looked up until the gang is there (a trial may be starting it)
         deadline = time.monotonic() + 60
         acted = None
         while time.monotonic() < deadline:
             try:
+                actor = actor or rank_actor(gang_id, rank)
                 now = ray.get(actor.heartbeat.remote(), timeout=10)["phase"]
             except Exception:  # the actor is gone (the action took) or slow to answer
                 if acted is not None:

@@ -1,0 +1,122 @@
+"""What a user sees of a running sweep from Ray's own tools (a real local Ray): the rank actors'
+repr names the sweep and the rank, each trial's remote calls carry its name, every seqpar series is
+read back from the node's metrics endpoint with its tags (Ray drops a name it does not accept
+without a word), the phase and iterations change while a trial runs, the driver publishes the
+sweep's trial counts, `seqpar cluster status` shows the trial in flight; the shipped Grafana
+dashboard asks only for series and tags that exist. (The driver's series and a sweep's name in the
+repr: tests/platform/test_artifact_store.py, whose sweep runs anyway.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+from seqpar.algorithms.comm import LinkModel
+from seqpar.case import Case, Trial
+from seqpar.platform import cluster, metrics
+
+# the labels Ray's exporter adds to every series (a dashboard may filter on them)
+RAY_LABELS = {"Component", "NodeAddress", "SessionName", "Version", "WorkerId", "instance", "job"}
+
+
+def samples() -> list[metrics.Sample]:
+    import ray
+
+    return metrics.scrape(metrics.endpoints([n for n in ray.nodes() if n.get("Alive")]))
+
+
+def test_the_grafana_dashboard_asks_only_for_exported_series_and_their_tags():
+    dash = json.loads(metrics.GRAFANA_DASHBOARD.read_text())
+    exported = {s.exported: s for s in metrics.SERIES.values()}
+    queries = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    queries += [v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    assert len(dash["panels"]) >= 6
+    seen = set()
+    for q in queries:
+        names = set(re.findall(r"\bray_seqpar_\w+", q))
+        assert names and names <= set(exported), (q, names - set(exported))
+        seen |= names
+        keys = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", q))
+        for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", q):
+            keys |= {k.strip() for k in group.split(",") if k.strip()}
+        keys |= set(re.findall(r"label_values\([^,]+,\s*(\w+)\)", q))
+        for name in names:
+            assert keys <= set(exported[name].tags) | RAY_LABELS, (q, name, keys)
+    assert seen == set(exported), f"no panel for {set(exported) - seen}"
+
+
+def slow_ring(seed: int) -> Case:
+    return Case("ring", world=2, batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=8,
+                dtype="float32", seed=seed, warmup=1, iters=40)
+
+
+@pytest.mark.ray
+def test_a_running_trial_shows_its_phase_and_iterations_and_every_series_reads_back(
+        ray_runner, seed):
+    from ray.util.state import list_tasks
+
+    gang, tag = "dash-tests", metrics.trial_tag(f"ring dashboard · {seed}", "0123456789ab")
+    trial = Trial(slow_ring(seed), gang, links={"intra": LinkModel(latency_s=0.05)})
+    warm = Trial(Case("ring", world=2, seq_len=16, iters=1, warmup=0), gang)
+    assert ray_runner.run(warm, sweep="dash-sweep").ok  # the gang, started by sweep dash-sweep
+    out: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: out.update(r=ray_runner.run(trial, tag=tag)))
+    thread.start()
+    iterations: dict[str, set[float]] = {"0": set(), "1": set()}
+    measuring, status = set(), None
+    try:
+        while thread.is_alive():
+            for x in samples():
+                if x.tags.get("trial") != tag:
+                    continue
+                if x.name == "ray_seqpar_trial_iterations":
+                    iterations[x.tags["rank"]].add(x.value)
+                if x.name == "ray_seqpar_rank_phase" and x.value == 1:
+                    if x.tags["phase"] == "measure":
+                        measuring.add(x.tags["rank"])
+            if status is None and measuring:
+                status = cluster.status()
+            time.sleep(0.5)
+    finally:
+        thread.join()
+    assert out["r"].ok, out["r"].cause
+    # live: at least two values of the iterations while the trial ran, both ranks seen measuring
+    assert all(len({v for v in vals if 0 < v < 41}) >= 2 for vals in iterations.values()), iterations
+    assert measuring == {"0", "1"}
+    # cluster status: the sweep by its repr, the trial in flight, the ranks' phases
+    mine = next(s for s in status["sweeps"] if s["gang"] == gang)
+    assert mine["name"] == "dash-sweep" and mine["in_flight"] == tag, mine
+    assert {r["phase"] for r in mine["ranks"]} <= {"measure", None}
+    # the repr names the sweep and the rank; the trial's remote calls carry its name
+    reprs = {a.name: a.repr_name for a in cluster.seqpar_actors(detail=True)}
+    for r in range(2):
+        assert reprs[cluster.actor_name(gang, r)] == f"RankWorker(sweep=dash-sweep {gang}, rank={r}/2)"
+    tasks = list_tasks(address=cluster._state_address(), filters=[("name", "=", tag)],
+                       raise_on_missing_output=False)
+    assert {t.func_or_class_name for t in tasks} == {"RankWorker.run_trial"} and len(tasks) == 2
+    # after it: every rank series of this trial, read back with its tags
+    deadline = time.monotonic() + 15
+    while True:
+        mine = [x for x in samples() if x.tags.get("trial") == tag]
+        names = {x.name for x in mine}
+        wanted = {s.exported for s in metrics.SERIES.values() if "trial" in s.tags}
+        if names >= wanted:
+            break
+        assert time.monotonic() < deadline, f"not exported: {wanted - names}"
+        time.sleep(0.5)
+    for x in mine:
+        series = next(s for s in metrics.SERIES.values() if s.exported == x.name)
+        assert set(series.tags) <= set(x.tags), (x.name, x.tags)
+        assert x.tags["sweep"] == gang and x.tags["rank"] in ("0", "1")
+    phases = {x.tags["phase"]: x.value for x in mine if x.name == "ray_seqpar_rank_phase"}
+    assert set(phases) == set(metrics.PHASES) and not any(phases.values())  # zeroed at the end
+
+
+def test_trial_tags_are_ascii_short_and_keep_the_hash():
+    tag = metrics.trial_tag("ulysses P=4 zigzag causal · docs=3 N=4096 H=8/8 bfloat16 ×2 é", "ab12")
+    assert tag.isascii() and tag.endswith(" ab12") and len(tag) <= 48 + 5
+    assert metrics.sweep_tag("sweep-1a2b3c4d") == "1a2b3c4d" and metrics.sweep_tag("mine") == "mine"
