@@ -19,6 +19,7 @@ from dataclasses import replace
 from seqpar.experiments import clusters
 from seqpar.experiments.perf.policy import Filters
 from seqpar.experiments.perf.search import make_setup, search
+from seqpar.experiments.perf.step import PARTS
 
 # (FSDP, CP, sequence length, TPS/GPU, memory GiB), torchtitan docs/performance.md Table 2
 PUBLISHED = [(8, 1, 32768, 3890, 83.9), (4, 2, 65536, 2540, 84.2), (2, 4, 131072, 1071, 84.0),
@@ -59,7 +60,8 @@ def main() -> None:
     print(f"kernel {args.kernel}; TPS/GPU predicted / published (ratio); memory GiB predicted / "
           "published (ratio)")
     print("| FSDP, CP | N | algorithm | TPS/GPU pred | published | ratio | 500 W | + Float8 | "
-          "mem GiB pred | published | ratio | step parts s (attn/other/recomp/comm/opt) |")
+          "mem GiB pred | published | ratio | step parts s (attn/attn comm/other/recomp/comm/opt)"
+          " |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for dp, sp, n, tps, mem in PUBLISHED:
         for algorithm in (("local",) if sp == 1 else ("ring", "allgather")):
@@ -67,9 +69,7 @@ def main() -> None:
             w = predict(dp, sp, n, algorithm, args.kernel, "500W")
             wf = predict(dp, sp, n, algorithm, args.kernel, "500W+fp8")
             gib = s.peak_mem_bytes / 2**30
-            parts = "/".join(f"{s.parts[k] / 1e3:.1f}" for k in
-                             ("attention", "other_compute", "recompute", "exposed_comm",
-                              "optimizer"))
+            parts = "/".join(f"{s.parts[k] / 1e3:.1f}" for k in PARTS)
             print(f"| {dp}, {sp} | {n // 1024}K | {algorithm} | {s.tgs:,.0f} | {tps:,} | "
                   f"{s.tgs / tps:.2f} | {w.tgs / tps:.2f} | {wf.tgs / tps:.2f} | {gib:.1f} | "
                   f"{mem} | {gib / mem:.2f} | {parts} |")

@@ -111,6 +111,8 @@ def max_seq(cluster: Cluster, model: str, world: int, space: Space, *, nodes: in
             longest = finest * _longest(lambda m, peak=peak, g=finest: peak(m * g) <= budget)
             opts = dict(options)
             for lay, g in grains.items():
+                if policy is not None and not policy.runs(name, lay, world, 2 * world * g):
+                    continue  # seq-attn's rules: no global prefix in this layout
                 if g % finest == 0:
                     tokens = longest // g * g
                 else:
