@@ -12,9 +12,10 @@ A training step (--scope model | cluster) is counted the way the runner holds it
 from `seqpar.rules.memory`): model states by the policy (replicated, or FSDP-sharded over the
 ranks it names; master dtype; offload; AdamW), the activations this decoder keeps per checkpoint
 mode (none, full, sc++ (LoongTrain §5.2), sequence(f), sc++ + sequence, seq-attn(f) (BurstEngine
-§3.2: out and lse of the tokens after the prefix); tiled MLP and loss; activations offloaded), and the largest transient working set on top: one block's
-recompute and backward beside the attention's own peak, or the head's logits; FSDP's gathered
-blocks; NCCL's buffers, one set per communicator.
+§3.2: out and lse of the tokens after the prefix); tiled MLP and loss; activations offloaded), and
+the largest transient working set on top: one block's recompute and backward beside the
+attention's own peak, or the head's logits; FSDP's gathered blocks; NCCL's buffers, one set per
+communicator.
 """
 
 from __future__ import annotations
