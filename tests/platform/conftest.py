@@ -6,13 +6,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import resources
@@ -125,3 +129,73 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+# -- a `ray start --head` of our own (module scope) ---------------------------------------------
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A `ray start --head --block` of our own: its address, and its process tree killed after."""
+    temp = tempfile.mkdtemp(prefix="sp-ray-")  # short: Ray's socket paths must fit 107 bytes
+    port, client_port, dashboard = free_port(), free_port(), free_port()
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         f"--temp-dir={temp}", "--include-dashboard=true", f"--dashboard-port={dashboard}",
+         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={client_port}",
+         f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+         "--disable-usage-stats"],
+        env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    ours: dict[tuple[int, float], psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # up when the GCS answers and the raylet's agents exist
+            ours.update({(p.pid, p.create_time()): p
+                         for p in psutil.Process(head.pid).children(recursive=True)})
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                up = any("RuntimeEnvAgent" in " ".join(p.cmdline()) for p in ours.values()
+                         if p.is_running())
+            except OSError:
+                up = False
+            if up:
+                break
+            assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
+            time.sleep(0.5)
+        time.sleep(2)
+        yield {"gcs": f"127.0.0.1:{port}", "client": f"ray://127.0.0.1:{client_port}",
+               "dashboard": f"http://127.0.0.1:{dashboard}"}
+    finally:
+        ours.update({(p.pid, p.create_time()): p
+                     for p in psutil.Process(head.pid).children(recursive=True)}
+                    if head.poll() is None else {})
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops its own processes
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        _, alive = psutil.wait_procs([p for p in ours.values() if p.is_running()], timeout=10)
+        for p in alive:  # only what this head started
+            p.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+
+
+def ray_cli(*args: str, token: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`ray ARGS` as a user runs it against a `ray start` head: with RAY_AUTH_MODE=token (Ray 2.60's
+    job and state CLIs send the token, from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or
+    RAY_AUTH_TOKEN, only in that mode); `token=False`: as the README showed it before."""
+    env = subprocess_env()
+    if token:
+        env["RAY_AUTH_MODE"] = "token"
+    return subprocess.run([str(BIN / "ray"), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)

@@ -35,3 +35,14 @@ def test_process_group_binds_nccl_to_the_ranks_gpu_and_cpu_to_gloo():
     assert process_group_kwargs("cpu") == {"backend": "gloo"}
     with pytest.raises(SeqparError):
         process_group_kwargs("cuda")
+
+
+def test_nccl_ranks_abort_on_a_watchdog_error_unless_the_driver_says_otherwise():
+    from seqpar.platform.connection import COMM_ENV_VARS, comm_env
+    from seqpar.platform.devices import NCCL_WATCHDOG_ENV
+
+    # explicit, not torch's default (3: end the process without aborting the communicator)
+    assert NCCL_WATCHDOG_ENV == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    # the driver's own value reaches the ranks (a forwarded variable), where setdefault keeps it
+    assert set(NCCL_WATCHDOG_ENV) <= set(COMM_ENV_VARS)
+    assert comm_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
