@@ -28,7 +28,7 @@ class Command:
     text: str        # as the page shows it, continuations joined
     argv: list[str] = field(default_factory=list)  # after the program (seqpar or ray)
     program: str = "seqpar"  # or "ray"
-    mode: str = "run"        # run | store | gang | slow | skip
+    mode: str = "run"        # run | store | gang | slow | gpu | skip
     reason: str = ""         # why slow or skipped
     also: list[str] = field(default_factory=list)  # the same command elsewhere: page:line
 
@@ -149,7 +149,8 @@ def subcommand(argv: list[str]) -> tuple[dict[str, str], str, list[str]]:
 def classify(cmd: Command) -> None:
     """What the test does with a command: `run` it in-process as it is (after the rewrites of
     `runnable`), against the quickstart's `store`, on the session's `gang`, only in make test-full
-    (`slow`), or `skip` it (parsed only), with the reason."""
+    (`slow`), only where the GPUs it needs are (`gpu`), or `skip` it (parsed only), with the
+    reason."""
     text = " ".join(cmd.argv)  # comments dropped
     if cmd.program == "ray":
         others = [p for p in PLACEHOLDER.findall(text) if p not in RAY_PLACEHOLDERS]
@@ -162,7 +163,7 @@ def classify(cmd: Command) -> None:
         return
     roots, name, args = subcommand(cmd.argv)
     if re.search(r"--device[= ]cuda", " ".join(args)):
-        cmd.mode, cmd.reason = "skip", "needs a GPU (--device cuda)"
+        cmd.mode, cmd.reason = "gpu", f"needs {gpus_needed(args)} CUDA GPU(s) (--device cuda)"
     elif name in ("compare", "report") or (name == "plan" and "--validate" in args):
         cmd.mode = "store"
     elif name in ("sweep", "run", "tune"):
@@ -174,6 +175,14 @@ def classify(cmd: Command) -> None:
         cmd.mode, cmd.reason = "slow", "calibrate measures this machine for minutes"
     elif name == "cluster":
         cmd.mode, cmd.reason = "slow", "needs a running Ray cluster (a local head)"
+
+
+def gpus_needed(args: list[str]) -> int:
+    """The GPUs a `--device cuda` line asks for: its --world / -P (check's default 4), else 1."""
+    for flag in ("--world", "-P"):
+        if flag in args[:-1]:
+            return int(args[args.index(flag) + 1])
+    return 1
 
 
 def runnable(cmd: Command, *, store: str | None = None, sweep_id: str | None = None,

@@ -19,7 +19,16 @@ import pytest
 import typer.main
 
 from seqpar.cli import app as cli_app
-from tests.docs.collect import PAGES, ROOT, Command, collect, parsable, runnable, subcommand
+from tests.docs.collect import (
+    PAGES,
+    ROOT,
+    Command,
+    collect,
+    gpus_needed,
+    parsable,
+    runnable,
+    subcommand,
+)
 
 BIN = Path(sys.executable).parent
 COMMANDS, BLOCKS = collect()
@@ -27,13 +36,21 @@ SEQPAR = [c for c in COMMANDS if c.program == "seqpar"]
 RAY_JOB = [c for c in COMMANDS if c.program == "ray"]
 
 
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _params(commands: list[Command], modes: tuple[str, ...]) -> list:
-    """One test per command of these modes, skipped ones with their reason."""
+    """One test per command of these modes, skipped ones with their reason (`run` takes the
+    skipped lines and the GPU lines, which run where their GPUs are)."""
     params = []
     for cmd in commands:
-        if cmd.mode in modes or (cmd.mode == "skip" and "run" in modes):
+        if cmd.mode in modes or (cmd.mode in ("skip", "gpu") and "run" in modes):
             marks = [pytest.mark.slow] if cmd.mode == "slow" else []
-            if cmd.mode == "skip":
+            if cmd.mode == "skip" or (cmd.mode == "gpu" and
+                                      _gpus() < gpus_needed(subcommand(cmd.argv)[2])):
                 marks.append(pytest.mark.skip(reason=f"{cmd.page}:{cmd.line}: {cmd.reason}"))
             params.append(pytest.param(cmd, id=cmd.id, marks=marks))
     return params
@@ -242,7 +259,7 @@ def test_the_rules_of_the_test_hold_on_their_own_examples():
     cases = {"seqpar --address auto sweep examples/quickstart.yaml": "run",
              "seqpar report @SWEEP@ -o q.html": "store", "seqpar check -P 2": "gang",
              "seqpar check --bench": "slow", "seqpar sweep <file>": "skip",
-             "seqpar check --device cuda": "skip", "seqpar cluster status": "slow"}
+             "seqpar check --device cuda": "gpu", "seqpar cluster status": "slow"}
     for text, mode in cases.items():
         cmd = Command("x.md", 1, text, text.split()[1:])
         classify(cmd)
