@@ -294,3 +294,12 @@ def test_the_pages_links_resolve():
                                       and anchor not in _anchors(where)):
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "\n".join(broken)
+
+
+def test_benchmarks_readme_names_every_script():
+    """benchmarks/README.md says what each script measures: a new script gets its row."""
+    listed = set(re.findall(r"^\| `(\w+\.py)` \|", (ROOT / "benchmarks" / "README.md").read_text(),
+                            flags=re.M))
+    scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py")}
+    assert scripts <= listed, f"not in benchmarks/README.md: {sorted(scripts - listed)}"
+    assert listed <= scripts, f"no such script: {sorted(listed - scripts)}"
