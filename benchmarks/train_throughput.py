@@ -29,8 +29,8 @@ def main() -> None:
                 case = TrainCase(algorithm=name, sp=4, seq_len=n, options=opts, iters=args.iters)
                 s = gang.run(gang_train, case)[0].summary
                 print(f"N={n:5} {name:>12}: step {s['step_s'] * 1e3:7.1f} ms  TGS {s['tgs']:8.1f}  "
-                      f"model GFLOP/s/device {s['model_flops_per_s_halved'] / 1e9:6.2f} (halved) "
-                      f"{s['model_flops_per_s_full'] / 1e9:6.2f} (full)  peak {s['peak_mem_bytes']}  "
+                      f"model GFLOP/s/device {s['model_flops_per_s'] / 1e9:6.2f} (mfu's count: "
+                      f"attention by area, backward 2x)  peak {s['peak_mem_bytes']}  "
                       f"act {s['activation_bytes']}")
 
 

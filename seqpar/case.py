@@ -32,6 +32,7 @@ from seqpar.rules import masks
 from seqpar.rules import pool as pool_rules
 from seqpar.rules.deal import Batch
 from seqpar.rules.grids import ranks_per_node_of
+from seqpar.rules.memory import check_seq_attn, uses_fraction
 
 MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
 
@@ -201,6 +202,15 @@ class TrainCase:
         require(isinstance(self.dp, int) and self.dp >= 1, "dp", self.dp, "must be a positive integer")
         _common_rules(self.world, self.dtype, self.warmup, self.iters)
         checkpointing.check_mode(self.checkpoint, self.seq_fraction)
+        if self.checkpoint == "seq-attn":  # BurstEngine §3.2: a rank's first F must be a global prefix
+            require(not self.lengths, "checkpoint", self.checkpoint,
+                    "seq-attn takes one sequence a replica, not workload.lengths")
+            relation = self.attention_mask.relation if self.mask else None
+            require(not self.mask or relation is not None, "mask", self.mask,
+                    "seq-attn splits causal attention, packed documents or a causal window only")
+            check_seq_attn(self.algorithm, self.layout, self.seq_fraction, self.sp, self.seq_len,
+                           documents=self.text is not None or bool(relation and relation.cu),
+                           causal=relation.causal if relation is not None else True)
         require(self.master_dtype is None or self.master_dtype in DTYPES, "master_dtype",
                 self.master_dtype, f"must be one of {', '.join(DTYPES)} (or none)")
         self.state_policy().check(DTYPES[self.dtype], None)
@@ -274,7 +284,7 @@ class TrainCase:
         if self.lengths:
             head += f" {self.sp_policy}" + (f"/{self.packing}" if self.sp_policy == "static"
                                              else "") + f" {self.lengths[:40]} T={self.tokens_per_step}"
-        ckpt = self.checkpoint + (f"({self.seq_fraction})" if "sequence" in self.checkpoint else "")
+        ckpt = self.checkpoint + (f"({self.seq_fraction})" if uses_fraction(self.checkpoint) else "")
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "
                 f"N={self.seq_len} ckpt={ckpt}{head} {self.dtype}")

@@ -198,18 +198,21 @@ class Pool:
 
 def build_pool(groups: Sequence[tuple[tuple[int, ...], Grid, Sequence[str]]], *,
                members: Sequence[int] | None = None, nodes: Sequence[int] | None = None,
-               links: Links | None = None, strict: bool | None = None) -> Pool | None:
+               links: Links | None = None, strict: bool | None = None,
+               whole: dist.ProcessGroup | None = None) -> Pool | None:
     """The pool's groups — each (pool ranks, grid, axes), the grid laid on those ranks — built
     collectively on every rank of the world, in the order given (the same on every rank: the
     groups of one size after another), so that every group is created once per trial and never
     during a step. Groups of one rank need no process group and are left out. `members`: the
     pool's global ranks (default the world); `nodes`: each pool rank's node. Ranks outside the
-    pool take part in the creation and get None."""
+    pool take part in the creation and get None. `whole`: the pool's own group, made before
+    (default: made here)."""
     world, me = dist.get_world_size(), dist.get_rank()
     members = tuple(range(world)) if members is None else tuple(members)
     node_tuple = _check_nodes(nodes, len(members))
-    whole = (dist.group.WORLD if len(members) == world
-             else dist.new_group(list(members)) if len(members) > 1 else None)
+    if whole is None:
+        whole = (dist.group.WORLD if len(members) == world
+                 else dist.new_group(list(members)) if len(members) > 1 else None)
     meshes: dict[tuple[int, ...], Mesh] = {}
     for ranks, grid, axes in groups:
         if len(ranks) == 1:

@@ -297,8 +297,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "step_ms", _wallfacer_c),
     Study("e2e-throughput", "the model trained with every algorithm: TGS and MFU as N grows",
           "tgs", _e2e_throughput),
-    Study("checkpointing", "activation memory vs step time: none, full, sc++, sequence(f), "
-          "sc++ + sequence (LoongTrain §5.2, BurstEngine §3.2)", "activation_bytes", _checkpointing),
+    Study("checkpointing", "activation memory vs step time: none, full, sc++ (LoongTrain §5.2), "
+          "sequence(f), sc++ + sequence", "activation_bytes", _checkpointing),
     Study("lm-head", "fused vs unfused LM head + loss: peak memory and time vs vocabulary "
           "(BurstEngine §3.3)", "peak_mem_bytes", _lm_head),
     Study("e2e-scaling", "DP x SP splits of a fixed number of ranks: TGS", "tgs",

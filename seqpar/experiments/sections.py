@@ -220,8 +220,11 @@ class TrainSpec(_Strict):
     model: str = Field("tiny", description="a preset (tiny, llama3.1-8b, qwen2.5-14b, ...), a YAML "
                                            "of ModelConfig's fields or a Hugging Face config.json")
     vocab: int | None = Field(None, gt=0, description="override the preset's vocabulary")
-    checkpoint: str = Field("none", description="none | full | sc++ | sequence | sc++,sequence")
-    seq_fraction: float = Field(0.5, ge=0, le=1, description="sequence: part recomputed")
+    checkpoint: str = Field("none", description="none | full | sc++ | sequence | sc++,sequence | "
+                                                "seq-attn (BurstEngine §3.2)")
+    seq_fraction: float = Field(0.5, ge=0, le=1, description="sequence modes: the part of each "
+                                "rank's token-wise layers recomputed; seq-attn: the prefix F whose "
+                                "attention backward re-runs (stripe any F, zigzag 0.5)")
     fused_head: bool = False
     dp: int = Field(1, gt=0, description="data-parallel replicas; SP = world / dp")
     lr: float = Field(1e-3, gt=0)

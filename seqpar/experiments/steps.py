@@ -1,6 +1,11 @@
-"""The cost model a step's deal is made with, from a cluster's rates (`rules.deal.CostModel`).
+"""A training trial's steps of variable-length sequences, dealt on the driver: the cost model the
+deal is made with, from a cluster's rates (`rules.deal.CostModel`), and a TrainCase with its
+batches dealt (what `seqpar check --lengths` and the tests build by hand; a sweep's spec does the
+same from its sections).
 
     cost = cost_model(cfg, clusters.load("local"), "float32")
+    case = make_case("ring", 4, "lognormal:mean=10,sigma=1,min=2,max=40", tokens=96, capacity=8,
+                     policy="dynamic")
 
 Per visible (query, key) pair of causal attention, forward and backward, over every layer:
 4·H·D FLOPs forward, 2.5x that backward (`rules.flops`), at the cluster's attention rate. Per
@@ -12,8 +17,14 @@ The planner's whole-step model refines each part; this is what the driver deals 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+from seqpar.case import TrainCase
+from seqpar.experiments import clusters
 from seqpar.experiments.clusters import Cluster
-from seqpar.rules.deal import CostModel
+from seqpar.rules import lengths as length_rules
+from seqpar.rules.deal import CostModel, plan_batches
 from seqpar.rules.flops import BACKWARD_FLOPS, gemm_flops, head_flops
 from seqpar.rules.model import ModelConfig
 from seqpar.rules.shape import DTYPE_BYTES
@@ -34,3 +45,28 @@ def cost_model(cfg: ModelConfig, cluster: Cluster, dtype: str, window: int | Non
     return CostModel(attention=pair / _rate(cluster.attention_tflops, dtype),
                      linear=token / _rate(cluster.gemm_tflops, dtype),
                      comm=kv_bytes / (cluster.intra.bandwidth_gb_per_s * 1e9), window=window)
+
+
+def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: int,
+              policy: str, *, model: str = "tiny", layout: str = "zigzag", seed: int = 0,
+              batches: int = 1, packing: str = "best-fit", states: str = "replicated",
+              equal_counts: bool = False, dp: int = 1, window: int | None = None,
+              options: dict[str, Any] | None = None, longest: int | None = None,
+              overrides: tuple[tuple[str, int], ...] = (), dtype: str = "float64",
+              checkpoint: str = "none", fused_head: bool = False) -> TrainCase:
+    """A float64 training case with its batches dealt (the cost model of this machine's file)."""
+    dist_ = length_rules.parse(lengths)
+    sp = world if policy == "dynamic" else world // dp
+    base = TrainCase(algorithm=algorithm, sp=sp, dp=1 if policy == "dynamic" else dp,
+                     layout=layout, model=model, model_overrides=overrides, dtype=dtype,
+                     seq_len=longest or tokens, seed=seed, states=states, warmup=0, iters=1,
+                     checkpoint=checkpoint, fused_head=fused_head,
+                     options=tuple(sorted((options or {}).items())))
+    cfg = base.config()
+    cost = cost_model(cfg, clusters.load("local"), dtype, window)
+    extra = {"degree": sp} if policy == "static" else {"equal_counts": equal_counts}
+    planned = plan_batches(dist_, tokens, base.seq_len, seed, batches, world, capacity, policy,
+                           cost, packing=packing, **extra)
+    return dataclasses.replace(base, lengths=lengths, tokens_per_step=tokens, sp_policy=policy,
+                               packing=packing, capacity=capacity, equal_counts=equal_counts,
+                               window=window, batches=planned)

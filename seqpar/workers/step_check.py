@@ -1,8 +1,8 @@
 """A step of variable-length sequences against the one-process model, in float64: what `seqpar
 check --lengths` and the multi-rank tests run.
 
-    cases = step_cases(["ring", "usp"], world=4, lengths="lognormal:...", capacity=16, ...)
-    results = check_steps(cases, world=4, device=None, say=print)   # StepCheck per case
+    case = experiments.steps.make_case("ring", 4, "lognormal:...", tokens=96, capacity=8, ...)
+    results = check_steps([case], world=4, device=None, say=print)   # StepCheck per case
 
 `rank_run` runs on every rank of a local gang (the pool is its first `case.world` ranks; every rank
 takes part in creating the pool's groups): for each batch of the case it runs this rank's share
@@ -13,7 +13,7 @@ at a time (each its own forward: no packing at all), loss summed per token over 
 
 from __future__ import annotations
 
-import dataclasses
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,13 +23,9 @@ import torch.distributed as dist
 
 from seqpar.algorithms.mesh import build_pool
 from seqpar.case import TrainCase
-from seqpar.experiments import clusters
-from seqpar.experiments.step_cost import cost_model
 from seqpar.model import Transformer
 from seqpar.model.step import pack_of, train_step
 from seqpar.platform import localgang
-from seqpar.rules import lengths as length_rules
-from seqpar.rules.deal import plan_batches
 from seqpar.workers.measure.varlen import build, pool_groups, tokens_of
 
 LOSS_TOLERANCE, GRAD_TOLERANCE = 1e-10, 1e-8  # float64: the model's exactness tests' bounds
@@ -50,35 +46,11 @@ class StepCheck:
         return not self.failures
 
 
-def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: int,
-              policy: str, *, model: str = "tiny", layout: str = "zigzag", seed: int = 0,
-              batches: int = 1, packing: str = "best-fit", states: str = "replicated",
-              equal_counts: bool = False, dp: int = 1, window: int | None = None,
-              options: dict[str, Any] | None = None, longest: int | None = None,
-              overrides: tuple[tuple[str, int], ...] = (), dtype: str = "float64",
-              checkpoint: str = "none", fused_head: bool = False) -> TrainCase:
-    """A float64 training case with its batches dealt (the cost model of this machine's file)."""
-    dist_ = length_rules.parse(lengths)
-    sp = world if policy == "dynamic" else world // dp
-    base = TrainCase(algorithm=algorithm, sp=sp, dp=1 if policy == "dynamic" else dp,
-                     layout=layout, model=model, model_overrides=overrides, dtype=dtype,
-                     seq_len=longest or tokens, seed=seed, states=states, warmup=0, iters=1,
-                     checkpoint=checkpoint, fused_head=fused_head,
-                     options=tuple(sorted((options or {}).items())))
-    cfg = base.config()
-    cost = cost_model(cfg, clusters.load("local"), dtype, window)
-    extra = {"degree": sp} if policy == "static" else {"equal_counts": equal_counts}
-    planned = plan_batches(dist_, tokens, base.seq_len, seed, batches, world, capacity, policy,
-                           cost, packing=packing, **extra)
-    return dataclasses.replace(base, lengths=lengths, tokens_per_step=tokens, sp_policy=policy,
-                               packing=packing, capacity=capacity, equal_counts=equal_counts,
-                               window=window, batches=planned)
-
-
 def rank_run(env: Any, case: TrainCase) -> list[tuple[float, dict[str, torch.Tensor]]] | None:
     """Every batch's (loss, full gradients) on this gang rank (None outside the pool)."""
     device = torch.device(env.device)
-    pool = build_pool(pool_groups(case), members=range(case.world))
+    pool = build_pool(pool_groups(case), members=range(case.world),
+                      whole=_whole(case.world, env.world))
     out = None
     if pool is not None or case.world == 1:
         model = build(case, pool, device)
@@ -89,11 +61,28 @@ def rank_run(env: Any, case: TrainCase) -> list[tuple[float, dict[str, torch.Ten
                              0 if pool is None else pool.pos, device)
             out.append((res.loss, {k: v.detach().cpu() for k, v in model.net.full_grads().items()}))
             model.net.zero_grad(set_to_none=True)
+        del model
+    gc.collect()
     dist.barrier()  # every rank done with the pool's groups before any is destroyed
     if pool is not None:
         for group in pool.groups():
-            dist.destroy_process_group(group)
+            if group is not _WHOLE.get(case.world):
+                dist.destroy_process_group(group)
     return out
+
+
+# a pool's own group, kept for the gang's life: FSDP2's meshes over a destroyed group and a new one
+# of the same ranks do not resolve (torch 2.13: "Could not resolve the process group registered under
+# the name 1" in the next trial's initialisation); the groups inside the pool are destroyed
+_WHOLE: dict[int, Any] = {}
+
+
+def _whole(size: int, world: int) -> Any:
+    if size == world or size == 1:
+        return None
+    if size not in _WHOLE:
+        _WHOLE[size] = dist.new_group(list(range(size)))  # every rank of the gang, one order
+    return _WHOLE[size]
 
 
 def reference(case: TrainCase) -> list[tuple[float, dict[str, torch.Tensor]]]:

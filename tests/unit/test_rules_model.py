@@ -82,10 +82,12 @@ def test_one_attention_flop_convention_and_the_dense_one_derived_from_it():
     n = RNG.choice([4096, 32768, 131072])
     # torchtitan / Megatron: 6 x non-embedding params + 12 x layers x hidden x N, per token
     titan = (6 * (cfg.params() - cfg.vocab * cfg.hidden) + 12 * cfg.layers * cfg.hidden * n) * n
-    assert flops.step_flops(cfg, 1, n, "full") == pytest.approx(titan, rel=1e-12)
+    assert flops.step_flops(cfg, 1, n, float(n) ** 2) == pytest.approx(titan, rel=1e-12)
     attn = cfg.layers * 4.0 * n * n * cfg.hidden / 2  # causal forward
-    assert flops.step_flops(cfg, 1, n, "halved") - 6 * flops.dense_params(cfg) * n == \
-        pytest.approx(3.5 * attn, rel=1e-12)
+    assert flops.step_flops(cfg, 1, n) - 6 * flops.dense_params(cfg) * n == \
+        pytest.approx(3 * attn, rel=1e-12)  # mfu's: by area, backward 2x
+    assert flops.step_flops(cfg, 1, n, backward=flops.BACKWARD_FLOPS) - \
+        6 * flops.dense_params(cfg) * n == pytest.approx(3.5 * attn, rel=1e-12)  # the kernels'
 
 
 def test_offload_moves_states_to_the_host_and_keeps_their_sum():
@@ -124,7 +126,7 @@ def test_tiling_and_activation_offload_only_ever_lower_memory(mode):
     if mode != "none":  # the recompute's MLP exists one tile (hidden tokens) at a time
         assert tiled[1] <= plain[1]
         ffn = 4 * cfg.ffn * 2
-        full = mode in ("full", "sc++")
+        full = mode in ("full", "sc++", "seq-attn")
         assert plain[1] - tiled[1] == pytest.approx(
             ffn * (s * (1 if full else 0.5) - min(s, cfg.hidden)), rel=1e-9)
 

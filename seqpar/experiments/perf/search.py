@@ -332,7 +332,8 @@ def with_alternatives(result: Result, s: Step) -> list[Step]:
                   for o, lay in result.alternatives.get(id(s), [])]
 
 
-PART_NAMES = {"attention": "attention", "other_compute": "other compute", "recompute": "recompute",
+PART_NAMES = {"attention": "attention", "attention_comm": "attention comm",
+              "other_compute": "other compute", "recompute": "recompute",
               "exposed_comm": "exposed comm", "optimizer": "optimizer"}
 
 
