@@ -283,7 +283,7 @@ class TrainCase:
         head += f" master={self.master_dtype}" if self.master_dtype else ""
         if self.lengths:
             head += f" {self.sp_policy}" + (f"/{self.packing}" if self.sp_policy == "static"
-                                             else "") + f" {self.lengths[:40]} T={self.tokens_per_step}"
+                                             else "") + f" {self.lengths} T={self.tokens_per_step}"
         ckpt = self.checkpoint + (f"({self.seq_fraction})" if uses_fraction(self.checkpoint) else "")
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "

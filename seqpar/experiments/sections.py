@@ -8,15 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
 from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
-from seqpar.experiments.documents import boundaries, draw_lengths
+from seqpar.rules import lengths as length_rules
 from seqpar.rules import masks
+from seqpar.rules.lengths import boundaries, split_total
 
 
 class _Strict(BaseModel):
@@ -31,11 +32,16 @@ def _rule(field: str, value: Any, rule: str) -> PydanticCustomError:
 
 
 class Documents(_Strict):
-    """Packed documents: attention stays inside each. Explicit `lengths`, or `count` lengths drawn
-    from a seeded log-normal (long-tailed: a few long, many short; experiments/documents.py)."""
+    """Packed documents in one sequence of seq_len: attention stays inside each. Explicit
+    `lengths`, or `count` lengths drawn from the seeded log-normal of `workload.lengths` (sigma;
+    `spread` is its older name) and scaled to fill the sequence (`rules.lengths.split_total`): one
+    static pack of a long-tailed draw."""
 
-    count: int | None = Field(None, gt=0, description="documents to draw (with spread and seed)")
-    spread: float = Field(1.25, ge=0, description="sigma of the log-normal draw: 0 = equal lengths")
+    count: int | None = Field(None, gt=0, description="documents to draw (with sigma and seed)")
+    spread: float = Field(1.25, ge=0, validation_alias=AliasChoices("spread", "sigma"),
+                          description="sigma of the log-normal draw (the same sigma as "
+                                      "workload.lengths' lognormal; also written sigma): 0 = "
+                                      "equal lengths")
     seed: int = Field(0, ge=0, description="seed of the draw")
     lengths: list[int] | None = Field(None, description="explicit lengths in sequence order")
 
@@ -54,7 +60,7 @@ class Documents(_Strict):
         if self.lengths is not None:
             return tuple(self.lengths)
         assert self.count is not None
-        return draw_lengths(seq_len, self.count, self.spread, self.seed)
+        return split_total(seq_len, self.count, self.spread, self.seed)
 
 
 def shipped_texts() -> dict[str, str]:
@@ -107,8 +113,19 @@ class Workload(_Strict):
                                                       "trials; None: seeded random tokens)")
     mask: str | dict[str, Any] | None = Field(
         None, description="any attention mask: a compact form (window:W, block_sparse:B:D, "
-                          "prefix_lm:P, ...) or {kind: ..., ...} (README: Any mask); it takes the "
+                          "prefix_lm:P, ...) or {kind: ..., ...} (docs/masks.md); it takes the "
                           "place of causal, documents and window")
+    lengths: str | None = Field(
+        None, description="a step of whole sequences of these lengths (docs/lengths.md): "
+                          "fixed:N | lognormal:mean=M,sigma=S,min=A,max=B | file:PATH | text:PATH; "
+                          "seq_len is then the longest sequence a step may hold (longer ones are "
+                          "cut to it); training trials only")
+    tokens_per_step: int | None = Field(
+        None, gt=0, description="tokens a step trains on, all ranks together, in whole sequences "
+                                "(the last one cut to fit; default: the pool's capacity, "
+                                "plan.world x plan.capacity, at least seq_len)")
+    batches: int = Field(2, gt=0, description="with lengths: distinct seeded batches the timed "
+                                              "steps replay, each as often")
 
     @field_validator("dtype")
     @classmethod
@@ -119,6 +136,12 @@ class Workload(_Strict):
 
     @model_validator(mode="after")
     def _mask_rules(self) -> Workload:
+        if self.lengths is not None:
+            self._lengths_rules()
+        elif self.tokens_per_step is not None or self.batches != 2:
+            raise _rule("workload.tokens_per_step" if self.tokens_per_step is not None else
+                        "workload.batches", self.tokens_per_step or self.batches,
+                        "needs workload.lengths (a step of variable-length sequences)")
         if self.mask is not None:
             if self.documents is not None or self.window is not None or not self.causal:
                 raise _rule("workload.mask", self.mask_spec if isinstance(self.mask, str)
@@ -142,12 +165,41 @@ class Workload(_Strict):
                         f"must sum to seq_len={self.seq_len} (they sum to {sum(d.lengths)})")
         return self
 
+    def length_dist(self) -> length_rules.Distribution | None:
+        """The lengths' distribution (None: one sequence of seq_len); `shipped:NAME` texts
+        resolve to the shipped files."""
+        if self.lengths is None:
+            return None
+        return length_rules.parse(self.lengths, "workload.lengths", resolve_text)
+
     @property
     def mask_spec(self) -> str:
         """The mask as its compact form ('': none, the causal/full relation)."""
         if self.mask is None:
             return ""
         return masks.as_spec(masks.parse(self.mask, self.seq_len))
+
+    def _lengths_rules(self) -> None:
+        """What combines with lengths (docs/lengths.md): a window inside each sequence; not
+        documents (the sequences are the documents of each pack), a mask or text data (give a
+        text as lengths: text:PATH); the distribution's own parameters."""
+        for name in ("documents", "mask", "data"):
+            if getattr(self, name) is not None:
+                raise _rule(f"workload.{name}", "given", "does not combine with workload.lengths "
+                            "(the sequences are the packs' documents; a window may be given; a "
+                            "text is lengths: text:PATH)")
+        try:
+            dist = self.length_dist()
+        except ConfigError as err:
+            raise _rule(err.field, err.value, err.rule) from None
+        assert dist is not None
+        shortest = length_rules.shortest(dist)
+        if self.tokens_per_step is not None and self.tokens_per_step < min(shortest, self.seq_len):
+            raise _rule("workload.tokens_per_step", self.tokens_per_step,
+                        f"must hold at least the shortest sequence ({min(shortest, self.seq_len)} "
+                        "tokens)")
+        if not self.causal:
+            raise _rule("workload.causal", self.causal, "a step of sequences trains causally")
 
     @property
     def cu_seqlens(self) -> tuple[int, ...] | None:

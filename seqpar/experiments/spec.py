@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -39,6 +39,7 @@ from seqpar.experiments.sections import (  # noqa: F401  (re-exported: the spec'
     resolve_text,
     shipped_texts,
 )
+from seqpar.experiments.steps import dealt
 from seqpar.rules.shape import SHAPE_PRESETS
 
 Scalar = bool | int | float | str | None
@@ -78,6 +79,26 @@ class ParallelPlan(_Strict):
                                        description="algorithm options (dhp, dcp, placement, ...)")
     nodes: int = Field(1, gt=0, description="nodes the ranks are spread over (virtual on one host)")
     ranks_per_node: int | None = Field(None, gt=0, description="default world / nodes")
+    # a step of variable-length sequences (workload.lengths; docs/lengths.md)
+    sp_policy: Literal["static", "dynamic"] = Field(
+        "static", description="static: one SP degree (world / train.dp), sequences packed; "
+                              "dynamic: each sequence on the smallest group that holds it")
+    packing: Literal["best-fit", "cost-balanced"] = Field(
+        "best-fit", description="static packs: best-fit by tokens, or balanced by predicted work "
+                                "(WLB-LLM)")
+    capacity: int | None = Field(None, gt=0, description="tokens a rank holds in a micro-batch "
+                                 "(default: seq_len / the static SP degree)")
+    equal_counts: bool = Field(False, description="dynamic: every rank runs as many micro-batches "
+                               "(FSDP's gathers need it)")
+    group_sizes: Literal["power-of-two", "any"] = Field(
+        "power-of-two", description="dynamic groups: powers of two and the pool (Megatron-LM), or "
+                                    "any size (ByteScale)")
+
+    @property
+    def varlen_defaults(self) -> bool:
+        """Whether every field of a step of lengths is at its default (old specs' hashes)."""
+        return (self.sp_policy, self.packing, self.capacity, self.equal_counts,
+                self.group_sizes) == ("static", "best-fit", None, False, "power-of-two")
 
 
 # ConfigError fields from algorithms.check -> where they live in an ExperimentSpec
@@ -106,11 +127,21 @@ class ExperimentSpec(_Strict):
         if self.train is None and self.workload.data is not None:
             raise _rule("workload.data", self.workload.data.text,
                         "text data trains a model: it needs a train section")
+        if self.train is None and self.workload.lengths is not None:
+            raise _rule("workload.lengths", self.workload.lengths,
+                        "a step of variable-length sequences trains a model: it needs a train "
+                        "section")
+        if self.workload.lengths is None and not self.plan.varlen_defaults:
+            changed = next(k for k in ("sp_policy", "packing", "capacity", "equal_counts",
+                                       "group_sizes")
+                           if getattr(self.plan, k) != ParallelPlan.model_fields[k].default)
+            raise _rule(f"plan.{changed}", getattr(self.plan, changed),
+                        "needs workload.lengths (a step of variable-length sequences)")
         if self.train is not None:
             w = self.workload
             docs = w.documents.model_dump(exclude_none=True) if w.documents else None
             for name, value, ok in (("documents", docs, w.documents is None),
-                                    ("window", w.window, w.window is None),
+                                    ("window", w.window, w.window is None or w.lengths is not None),
                                     ("mode", w.mode, w.mode != "accuracy")):
                 if not ok:
                     raise _rule(f"workload.{name}", value, "a training trial (train) takes one "
@@ -159,8 +190,14 @@ class ExperimentSpec(_Strict):
         """12 hex digits of the canonical JSON of everything that changes the measurement."""
         env_out = {"timeout_s"} | (set() if self.env.vars else {"vars"})  # old hashes stay valid
         exclude: dict[str, Any] = {"env": env_out, "model": {"preset"}}
-        if self.workload.mask is None:  # fields added later: absent from older specs' hashes
-            exclude["workload"] = {"mask"}
+        # fields added later, absent from older specs' hashes while they hold their defaults
+        w = self.workload
+        late = {"mask"} if w.mask is None else set()
+        if w.lengths is None:
+            late |= {"lengths", "tokens_per_step", "batches"}
+        exclude["workload"] = late
+        if self.plan.varlen_defaults:
+            exclude["plan"] = {"sp_policy", "packing", "capacity", "equal_counts", "group_sizes"}
         if self.train is not None and not self.train.tiled:
             exclude["train"] = {"tiled"}
         data = self.model_dump(mode="json", exclude=exclude)
@@ -207,6 +244,20 @@ class ExperimentSpec(_Strict):
 def _train_case(spec: ExperimentSpec) -> TrainCase:
     t, w, p = spec.train, spec.workload, spec.plan
     assert t is not None
+    case = _plain_train_case(spec)
+    if w.lengths is None:
+        return case
+    rpn = p.ranks_per_node or max(1, p.world // p.nodes)
+    return dealt(case, w.lengths, tokens=w.tokens_per_step, batches=w.batches,
+                 policy=p.sp_policy, packing=p.packing, capacity=p.capacity,
+                 equal_counts=p.equal_counts, any_size=p.group_sizes == "any",
+                 ranks_per_node=rpn if p.nodes > 1 or p.ranks_per_node else None,
+                 window=w.window, resolve=resolve_text)
+
+
+def _plain_train_case(spec: ExperimentSpec) -> TrainCase:
+    t, w, p = spec.train, spec.workload, spec.plan
+    assert t is not None
     return TrainCase(algorithm=p.algorithm, sp=p.world // t.dp, dp=t.dp, layout=p.layout,
                      model=t.model, model_overrides=t.overrides(), seq_len=w.seq_len, batch=w.batch,
                      dtype=w.dtype, checkpoint=t.checkpoint, seq_fraction=t.seq_fraction,
@@ -222,7 +273,10 @@ def _train_case(spec: ExperimentSpec) -> TrainCase:
 _TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkpoint",
                "seq_fraction": "train.seq_fraction", "model": "train.model",
                "states": "train.states", "master_dtype": "train.master_dtype",
-               "offload": "train.offload", "vocab": "train.vocab"}
+               "offload": "train.offload", "vocab": "train.vocab", "capacity": "plan.capacity",
+               "sp_policy": "plan.sp_policy", "packing": "plan.packing",
+               "degree": "plan.world", "sp_group": "plan.world", "lengths": "workload.lengths",
+               "tokens_per_step": "workload.tokens_per_step", "batches": "workload.batches"}
 
 
 def _train_trial(spec: ExperimentSpec) -> Trial:

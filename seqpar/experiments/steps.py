@@ -18,13 +18,14 @@ The planner's whole-step model refines each part; this is what the driver deals 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from seqpar.case import TrainCase
 from seqpar.experiments import clusters
 from seqpar.experiments.clusters import Cluster
 from seqpar.rules import lengths as length_rules
-from seqpar.rules.deal import CostModel, plan_batches
+from seqpar.rules.deal import CostModel, check_lengths, plan_batches
 from seqpar.rules.flops import BACKWARD_FLOPS, gemm_flops, head_flops
 from seqpar.rules.model import ModelConfig
 from seqpar.rules.shape import DTYPE_BYTES
@@ -47,6 +48,35 @@ def cost_model(cfg: ModelConfig, cluster: Cluster, dtype: str, window: int | Non
                      comm=kv_bytes / (cluster.intra.bandwidth_gb_per_s * 1e9), window=window)
 
 
+def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: int = 2,
+          policy: str = "static", packing: str = "best-fit", capacity: int | None = None,
+          equal_counts: bool = False, any_size: bool = False, ranks_per_node: int | None = None,
+          window: int | None = None, cluster: str = "local",
+          resolve: Callable[[str], str] | None = None) -> TrainCase:
+    """`case` with a step of variable-length sequences: `batches` seeded batches of `tokens`
+    tokens (default: the pool's capacity) drawn from `lengths` and dealt to the pool under
+    `policy` with `cluster`'s rates (`rules.deal.plan_batches`), once, here on the driver.
+    `capacity` defaults to seq_len over the static SP degree (a static group holds the longest
+    sequence); `resolve` maps a path as written to the file read (shipped texts)."""
+    dist = length_rules.parse(lengths, "workload.lengths", resolve)
+    if isinstance(dist, length_rules.Empirical):  # the ranks read the file the driver resolved
+        path = resolve(dist.path) if resolve is not None else dist.path
+        lengths = f"{dist.kind}:{path}"
+    world = case.world
+    capacity = capacity or -(-case.seq_len // case.sp)
+    tokens = tokens or max(world * capacity, case.seq_len)
+    check_lengths([min(length_rules.longest(dist), case.seq_len)], world, capacity, policy,
+                  case.sp if policy == "static" else None)
+    cost = cost_model(case.config(), clusters.load(cluster), case.dtype, window)
+    extra: dict[str, Any] = ({"degree": case.sp} if policy == "static" else
+                             {"equal_counts": equal_counts, "any_size": any_size})
+    planned = plan_batches(dist, tokens, case.seq_len, case.seed, batches, world, capacity,
+                           policy, cost, packing=packing, ranks_per_node=ranks_per_node, **extra)
+    return dataclasses.replace(case, lengths=lengths, tokens_per_step=tokens, sp_policy=policy,
+                               packing=packing, capacity=capacity, equal_counts=equal_counts,
+                               window=window, batches=planned)
+
+
 def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: int,
               policy: str, *, model: str = "tiny", layout: str = "zigzag", seed: int = 0,
               batches: int = 1, packing: str = "best-fit", states: str = "replicated",
@@ -54,19 +84,13 @@ def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: i
               options: dict[str, Any] | None = None, longest: int | None = None,
               overrides: tuple[tuple[str, int], ...] = (), dtype: str = "float64",
               checkpoint: str = "none", fused_head: bool = False) -> TrainCase:
-    """A float64 training case with its batches dealt (the cost model of this machine's file)."""
-    dist_ = length_rules.parse(lengths)
+    """A float64 training case of `world` ranks with its batches dealt (`dealt`): what `seqpar
+    check --lengths` and the tests build."""
     sp = world if policy == "dynamic" else world // dp
     base = TrainCase(algorithm=algorithm, sp=sp, dp=1 if policy == "dynamic" else dp,
                      layout=layout, model=model, model_overrides=overrides, dtype=dtype,
                      seq_len=longest or tokens, seed=seed, states=states, warmup=0, iters=1,
                      checkpoint=checkpoint, fused_head=fused_head,
                      options=tuple(sorted((options or {}).items())))
-    cfg = base.config()
-    cost = cost_model(cfg, clusters.load("local"), dtype, window)
-    extra = {"degree": sp} if policy == "static" else {"equal_counts": equal_counts}
-    planned = plan_batches(dist_, tokens, base.seq_len, seed, batches, world, capacity, policy,
-                           cost, packing=packing, **extra)
-    return dataclasses.replace(base, lengths=lengths, tokens_per_step=tokens, sp_policy=policy,
-                               packing=packing, capacity=capacity, equal_counts=equal_counts,
-                               window=window, batches=planned)
+    return dealt(base, lengths, tokens=tokens, batches=batches, policy=policy, packing=packing,
+                 capacity=capacity, equal_counts=equal_counts, window=window)

@@ -183,6 +183,24 @@ def _text_lengths(path: Path, spec: str, field: str) -> tuple[int, ...]:
     return tuple(len(d) for d in docs)
 
 
+def longest(dist: Distribution) -> int:
+    """The longest sequence the distribution can give."""
+    if isinstance(dist, Fixed):
+        return dist.n
+    if isinstance(dist, LogNormal):
+        return dist.high
+    return max(dist.lengths)
+
+
+def shortest(dist: Distribution) -> int:
+    """The shortest sequence the distribution can give."""
+    if isinstance(dist, Fixed):
+        return dist.n
+    if isinstance(dist, LogNormal):
+        return dist.low
+    return min(dist.lengths)
+
+
 def draw_batches(dist: Distribution, tokens: int, longest: int, seed: int, count: int
                  ) -> tuple[tuple[Sequence, ...], ...]:
     """`count` batches of sequences: whole sequences until `tokens` are held, the last cut to the

@@ -8,8 +8,9 @@ import statistics
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.experiments.documents import boundaries, draw_lengths
 from seqpar.experiments.spec import ExperimentSpec
+from seqpar.rules.lengths import boundaries
+from seqpar.rules.lengths import split_total as draw_lengths
 
 
 def spec(workload: dict | None = None, plan: dict | None = None, model="tiny", **extra) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from seqpar.experiments.documents import draw_lengths
+from seqpar.rules.lengths import split_total
 from seqpar.sweeps import style
 from seqpar.sweeps.report.view import TrialView
 
@@ -18,7 +18,7 @@ def documents_title(t: TrialView) -> str:
     assert docs is not None
     if docs.count is None:
         return f"N={style.tokens(t.seq_len)}, {docs.short} documents"
-    lengths = draw_lengths(t.seq_len, docs.count, float(docs.spread or 0), docs.seed or 0)
+    lengths = split_total(t.seq_len, docs.count, float(docs.spread or 0), docs.seed or 0)
     return (f"N={style.tokens(t.seq_len)}, {docs.short}: lengths {min(lengths)}..{max(lengths)}, "
             f"longest {max(lengths) / statistics.median(lengths):.1f}x the median")
 
