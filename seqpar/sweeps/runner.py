@@ -237,7 +237,7 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
     and a line per trial go to `console` (the CLI's; default a console on stderr)."""
     if console is None:  # a pipe or a CI log: one line per trial, not rich's 80-column wrap
         console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
-    artifacts = Artifacts(tracker, console)
+    artifacts = MissingArtifacts(tracker, console)
     sweep, earlier = _start(plan, tracker, resume)
     artifacts.check()
     done = {r.tags[HASH_TAG] for r in earlier if r.status == "FINISHED" and HASH_TAG in r.tags}
@@ -324,7 +324,7 @@ def _ray_up() -> bool:
     return ray.is_initialized()
 
 
-class Artifacts:
+class MissingArtifacts:
     """What the sweep says about artifacts that could not be written (`Tracker.missing`): one
     warning, the first time, naming where and why; at the end, the list."""
 

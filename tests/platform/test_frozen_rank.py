@@ -83,8 +83,11 @@ TWO_NODE_SWEEP = {
     "base": {"model": {"heads": 4, "kv_heads": 4, "head_dim": 8},
              "plan": {"world": 4, "nodes": 2, "layout": "contiguous"},
              "workload": {"seq_len": 64, "causal": False, "dtype": "float32", "warmup": 1,
-                          "iters": 40},
-             "env": {"device": "cpu", "timeout_s": 120}},
+                          "iters": 60},
+             # ~0.1 s a pass: a trial lasts long enough to be caught running
+             "env": {"device": "cpu", "timeout_s": 120, "link_emulation": {
+                 "intra": {"latency_us": 20_000, "bandwidth_gb_per_s": 10},
+                 "inter": {"latency_us": 20_000, "bandwidth_gb_per_s": 10}}}},
     "grid": {"plan.algorithm": ["ring", "ulysses", "allgather", "burst"]},
 }
 WATCHER = """
