@@ -86,6 +86,7 @@ class StepResult:
     seconds: float               # this rank's step, barrier to the reduced gradients
     busy_s: float                # its micro-batches' forward + backward
     micro: list[MicroRecord]
+    clock0: float = 0.0          # time.perf_counter() at the step's start (one host: one clock)
 
 
 def pack_of(sequences: list[torch.Tensor], layout: str = "contiguous", world: int = 1) -> Pack:
@@ -159,7 +160,7 @@ def train_step(model: StepModel, deal: Deal, tokens_of: Callable[[int], torch.Te
     reduce_grads(net, pool)
     if pool is not None and pool.whole is not None:
         dist.all_reduce(loss_sum, group=pool.whole)
-    return StepResult(loss_sum.item() / total, time.perf_counter() - t0, busy, records)
+    return StepResult(loss_sum.item() / total, time.perf_counter() - t0, busy, records, t0)
 
 
 def _sent() -> int:

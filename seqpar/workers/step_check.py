@@ -24,7 +24,7 @@ import torch.distributed as dist
 from seqpar.algorithms.mesh import build_pool
 from seqpar.case import TrainCase
 from seqpar.model import Transformer
-from seqpar.model.step import pack_of, train_step
+from seqpar.model.step import StepModel, pack_of, train_step
 from seqpar.platform import localgang
 from seqpar.workers.measure.varlen import build, pool_groups, tokens_of
 
@@ -48,19 +48,41 @@ class StepCheck:
 
 def rank_run(env: Any, case: TrainCase) -> list[tuple[float, dict[str, torch.Tensor]]] | None:
     """Every batch's (loss, full gradients) on this gang rank (None outside the pool)."""
+    return _on_pool(env, case, _losses_and_grads)
+
+
+def rank_timeline(env: Any, case: TrainCase) -> list[tuple[tuple[int, ...], float, float]] | None:
+    """Every micro-batch of the first batch this gang rank ran: (group, wall-clock start, end)."""
+    return _on_pool(env, case, _timeline)
+
+
+def _losses_and_grads(model: StepModel, case: TrainCase, rank: int, device: torch.device):
+    out = []
+    for i, batch in enumerate(case.batches):
+        res = train_step(model, batch.deal,
+                         lambda j, i=i, b=batch: tokens_of(case, i, b.sequences[j]), rank, device)
+        out.append((res.loss, {k: v.detach().cpu() for k, v in model.net.full_grads().items()}))
+        model.net.zero_grad(set_to_none=True)
+    return out
+
+
+def _timeline(model: StepModel, case: TrainCase, rank: int, device: torch.device):
+    batch = case.batches[0]
+    res = train_step(model, batch.deal, lambda j: tokens_of(case, 0, batch.sequences[j]), rank,
+                     device)
+    return [(r.group, res.clock0 + r.start_s, res.clock0 + r.end_s) for r in res.micro]
+
+
+def _on_pool(env: Any, case: TrainCase, fn: Callable[..., Any]) -> Any:
+    """fn(model, case, pool rank, device) on the pool of the gang's first case.world ranks: every
+    gang rank takes part in creating (and destroying) the pool's groups."""
     device = torch.device(env.device)
     pool = build_pool(pool_groups(case), members=range(case.world),
                       whole=_whole(case.world, env.world))
     out = None
-    if pool is not None or case.world == 1:
+    if pool is not None:
         model = build(case, pool, device)
-        out = []
-        for i, batch in enumerate(case.batches):
-            res = train_step(model, batch.deal,
-                             lambda j, i=i, b=batch: tokens_of(case, i, b.sequences[j]),
-                             0 if pool is None else pool.pos, device)
-            out.append((res.loss, {k: v.detach().cpu() for k, v in model.net.full_grads().items()}))
-            model.net.zero_grad(set_to_none=True)
+        out = fn(model, case, pool.pos, device)
         del model
     gc.collect()
     dist.barrier()  # every rank done with the pool's groups before any is destroyed

@@ -1,0 +1,85 @@
+"""A training step of variable-length sequences under every SP policy equals the one-process model
+in float64: the loss and every gradient, for every algorithm as the group attention (a group of one
+runs `local`), at P = 2, 3 (a pool that is not a power of two), 4 and 8, MHA and GQA.
+
+The step is the runner's own (`model.step.train_step` on the pool built by `build_pool`, the deal
+made by `rules.deal`); the reference trains one process on the same sequences one at a time. `make
+test` runs a covering design: each algorithm under each policy once, the pool size rotating through
+2, 3, 4, 8 and MHA/GQA alternating, with FSDP over the pool (equal counts), cost-balanced packing,
+DP = 2 and a window each met; `make test-full` runs the full product (7 x 2 x 4 x 2). Disjoint
+groups run at the same time: a test holds two groups' micro-batches to overlapping in wall time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from seqpar.experiments.steps import make_case
+from seqpar.workers import step_check
+from tests.resources import FULL
+
+ALGORITHMS = ("allgather", "ulysses", "ring", "usp", "double_ring", "wallfacer", "burst")
+POLICIES = ("static", "dynamic")
+WORLDS = (2, 3, 4, 8)
+OPTIONS = {"usp": {"dhp": 2}, "double_ring": {"inner_ring": 2}, "wallfacer": {"team_size": 2}}
+LAYOUTS = ("zigzag", "stripe", "contiguous")
+CAPACITY = 6  # tokens a rank: sequences up to 6 x P need groups of every size
+
+
+def shape(world: int, gqa: bool) -> tuple[tuple[str, int], ...]:
+    heads = 6 if world == 3 else 8 if world == 8 else 4
+    kv = (3 if world == 3 else 2) if gqa else heads
+    return (("vocab", 61), ("heads", heads), ("kv_heads", kv), ("hidden", 8 * heads), ("ffn", 48))
+
+
+def build(algorithm: str, world: int, policy: str, gqa: bool, k: int, seed: int):
+    """Case k of the design: its layout rotates; every third one FSDP over the pool (equal
+    counts), cost-balanced packing on odd static ones, DP = 2 on one static in four, a window on
+    one case in five."""
+    fsdp = k % 3 == 0
+    dp = 2 if policy == "static" and world % 2 == 0 and k % 4 == 1 else 1
+    return make_case(
+        algorithm, world, f"lognormal:mean=9,sigma=1.0,min=2,max={CAPACITY * world // dp}",
+        tokens=20 * world, capacity=CAPACITY, policy=policy, seed=seed % 1000,
+        layout=LAYOUTS[k % 3], states="fsdp" if fsdp else "replicated", equal_counts=fsdp,
+        packing="cost-balanced" if policy == "static" and k % 2 else "best-fit", dp=dp,
+        window=5 if k % 5 == 2 else None, options=OPTIONS.get(algorithm),
+        overrides=shape(world, gqa), longest=CAPACITY * world // dp)
+
+
+def design() -> list[tuple[str, str, int, bool]]:
+    full = [(a, p, w, g) for a in ALGORITHMS for p in POLICIES for w in WORLDS for g in (False, True)]
+    if FULL:
+        return full
+    return [(a, p, WORLDS[(i + j) % 4], (i + j) % 2 == 1)
+            for i, a in enumerate(ALGORITHMS) for j, p in enumerate(POLICIES)]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("algorithm", "policy", "world", "gqa"), design())
+def test_step_matches_one_process(gang, seed, algorithm, policy, world, gqa):
+    k = ALGORITHMS.index(algorithm) + 2 * POLICIES.index(policy) + WORLDS.index(world)
+    case = build(algorithm, world, policy, gqa, k, seed)
+    if policy == "dynamic":  # the deal uses groups of more than one size, larger than one rank
+        sizes = {m.size for b in case.batches for m in b.deal.micro if m.seqs}
+        assert len(sizes) > 1 and max(sizes) > 1, sizes
+    got = step_check.compare(case, gang.run(step_check.rank_run, case), step_check.reference(case))
+    assert got.ok, f"{case.label()}: {got.failures}"
+
+
+@pytest.mark.multirank
+def test_disjoint_groups_run_at_the_same_time(gang, seed):
+    """Two groups of two ranks each run their micro-batches at once: the intervals overlap in
+    wall time (one host: one clock). A policy that ran the groups one after another fails."""
+    case = make_case("ring", 4, "fixed:12", tokens=96, capacity=6, policy="dynamic", seed=seed,
+                     overrides=shape(4, False), longest=12)
+    runs = [r for r in gang.run(step_check.rank_timeline, case) if r is not None]
+    spans = {}
+    for rank_spans in runs:
+        for group, start, end in rank_spans:
+            spans.setdefault(group, []).append((start, end))
+    a, b = spans[(0, 1)], spans[(2, 3)]
+    overlap = min(max(e for _, e in a), max(e for _, e in b)) - max(min(s for s, _ in a),
+                                                                     min(s for s, _ in b))
+    assert overlap > 0.5 * min(max(e for _, e in a) - min(s for s, _ in a),
+                               max(e for _, e in b) - min(s for s, _ in b)), spans
