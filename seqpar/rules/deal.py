@@ -22,15 +22,19 @@ same number (a rank with nothing in a round runs an empty micro-batch), each mic
 same round on all its ranks: what FSDP's per-layer gathers over the pool need; a round then lasts
 as long as its longest micro-batch (`round_makespan`).
 
-A micro-batch's cost is (attention x visible pairs + linear x tokens) / d + comm x tokens x
-(d - 1) / d, summed over its sequences: attention follows the sum of L² over
-documents, not the square of the pack (the rates come from the planner's model). The lower bound
-is max(total rank-seconds / pool, the longest single micro-batch a sequence needs); `gap` is the
-makespan over it, so the optimum is at most that far away.
+A micro-batch's cost on d ranks (`CostModel`): its attention (attention x visible pairs of each
+sequence / d: the sum of L² over documents, not the square of the pack; a short sequence's calls
+at the kernel's lower rate with `half`), its SP communication (comm x tokens x (d - 1) / d, or the
+planner's rate per group size `comm_at`; hidden under the attention with `overlap`), linear x
+tokens / d and `fixed` (the planner's rates: `experiments.perf.lengths.deal_cost`). The lower
+bound is max(the rank-seconds any packing needs / pool, the longest single micro-batch a sequence
+needs); `gap` is the makespan over it, so the optimum is at most that far away. Packing:
+`rules.packing`.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +43,7 @@ from functools import cached_property
 from seqpar.errors import require
 from seqpar.rules.lengths import Distribution, draw_batches
 from seqpar.rules.lengths import Sequence as Sequence_
+from seqpar.rules.packing import balanced, best_fit, split_to_multiple
 from seqpar.rules.pool import pool_groups, pool_sizes, smallest_size
 
 POLICIES = ("static", "dynamic")
@@ -47,12 +52,16 @@ PACKINGS = ("best-fit", "cost-balanced")
 
 @dataclass(frozen=True)
 class CostModel:
-    """Predicted seconds of a sequence of L tokens on d ranks (see the module docstring)."""
+    """Predicted seconds of sequences on d ranks (see the module docstring)."""
 
     attention: float = 1.0     # seconds per visible (query, key) pair, forward + backward
     linear: float = 0.0        # seconds per token: GEMMs, element-wise, the head
     comm: float = 0.0          # seconds per token of SP communication, times (d - 1) / d
     window: int | None = None  # a causal sliding window inside each sequence (None: causal)
+    comm_at: tuple[tuple[int, float], ...] = ()  # (d, seconds per token) in place of comm's
+    overlap: bool = False      # the communication runs under the attention (a ring's)
+    half: float = 0.0          # a call's query tokens (n / d) at which the kernel runs at half rate
+    fixed: float = 0.0         # seconds a micro-batch costs whatever it holds
 
     def pairs(self, n: int) -> int:
         """Visible pairs of one causal sequence of n tokens (under the window, if any)."""
@@ -61,9 +70,34 @@ class CostModel:
             return n * (n + 1) // 2
         return w * (w + 1) // 2 + (n - w) * w
 
+    @cached_property
+    def _comm_at(self) -> dict[int, float]:
+        return dict(self.comm_at)
+
+    def comm_of(self, d: int) -> float:
+        """Seconds per token of a group of d's SP communication."""
+        if d == 1:
+            return 0.0
+        got = self._comm_at.get(d)
+        return self.comm * (d - 1) / d if got is None else got
+
+    def attention_s(self, n: int, d: int) -> float:
+        """One sequence's attention seconds on each of d ranks."""
+        return self.attention * self.pairs(n) * (1.0 + self.half * d / n) / d
+
+    def of(self, attn: float, tokens: int, d: int) -> float:
+        """Seconds of a micro-batch of `tokens` tokens on d ranks whose attention takes `attn`."""
+        comm = self.comm_of(d) * tokens
+        return ((max(attn, comm) if self.overlap else attn + comm) + self.linear * tokens / d
+                + self.fixed)
+
     def seconds(self, lengths: Sequence[int], d: int) -> float:
-        work = sum(self.attention * self.pairs(n) + self.linear * n for n in lengths) / d
-        return work + self.comm * sum(lengths) * (d - 1) / d
+        return self.of(sum(self.attention_s(n, d) for n in lengths), sum(lengths), d)
+
+    def floor(self, attn: float, tokens: int, d: int) -> float:
+        """Rank-seconds that sequences of `tokens` tokens and attention `attn` on d ranks cost
+        however they are packed (a lower bound: the fixed cost and the overlap do not add up)."""
+        return d * (self.of(attn, tokens, d) - self.fixed)
 
 
 @dataclass(frozen=True)
@@ -91,9 +125,17 @@ class Deal:
     equal_counts: bool
     lower_bound: float
 
+    @cached_property
+    def _by_rank(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in range(self.pool)]
+        for i, m in enumerate(self.micro):
+            for r in m.group:
+                out[r].append(i)
+        return tuple(tuple(x) for x in out)
+
     def of_rank(self, rank: int) -> tuple[MicroBatch, ...]:
         """This rank's micro-batches, in the order it runs them."""
-        return tuple(m for m in self.micro if rank in m.group)
+        return tuple(self.micro[i] for i in self._by_rank[rank])
 
     @cached_property
     def _schedule(self) -> tuple[tuple[float, ...], tuple[float, ...], float]:
@@ -148,7 +190,7 @@ class Deal:
     @property
     def counts(self) -> tuple[int, ...]:
         """Micro-batches per rank."""
-        return tuple(len(self.of_rank(r)) for r in range(self.pool))
+        return tuple(len(x) for x in self._by_rank)
 
 
 def check_lengths(lengths: Sequence[int], pool: int, capacity: int, policy: str,
@@ -194,48 +236,20 @@ def deal(lengths: Sequence[int], pool: int, capacity: int, policy: str, cost: Co
     return Deal(policy, packing, pool, capacity, lengths, tuple(micro), equal_counts, bound)
 
 
-def _best_fit(order: Sequence[int], lengths: Sequence[int], room: int) -> list[list[int]]:
-    """Best-fit packing by tokens: each sequence (in `order`) into the fullest bin it fits."""
-    bins: list[list[int]] = []
-    left: list[int] = []
-    for i in order:
-        fits = [b for b in range(len(bins)) if left[b] >= lengths[i]]
-        if fits:
-            b = min(fits, key=lambda k: (left[k], k))
-            bins[b].append(i)
-            left[b] -= lengths[i]
-        else:
-            bins.append([i])
-            left.append(room - lengths[i])
-    return bins
-
-
 def _static(lengths: tuple[int, ...], pool: int, capacity: int, degree: int, packing: str,
             cost: CostModel, rpn: int | None) -> tuple[list[MicroBatch], float]:
     room = degree * capacity
     dp = pool // degree
-    one = [cost.seconds((n,), degree) for n in lengths]
+    att = [cost.attention_s(n, degree) for n in lengths]
+    one = [cost.of(a, n, degree) for a, n in zip(att, lengths, strict=True)]
     by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins = _best_fit(by_length, lengths, room)
+    bins = best_fit(by_length, lengths, room)
     if packing == "cost-balanced":  # WLB-LLM: as many packs, balanced by predicted work
-        count = -(-len(bins) // dp) * dp
-        bins = [[] for _ in range(count)]
-        load, left = [0.0] * count, [room] * count
-        for i in sorted(range(len(lengths)), key=lambda i: (-one[i], i)):
-            fits = [b for b in range(len(bins)) if left[b] >= lengths[i]]
-            if not fits:
-                bins.append([])
-                load.append(0.0)
-                left.append(room)
-                fits = [len(bins) - 1]
-            b = min(fits, key=lambda k: (load[k], k))
-            bins[b].append(i)
-            load[b] += one[i]
-            left[b] -= lengths[i]
-        bins = [b for b in bins if b]
-    bins = _split_to_multiple(bins, dp, lengths)
+        by_cost = sorted(range(len(lengths)), key=lambda i: (-one[i], i))
+        bins = balanced(by_cost, lengths, one, room, -(-len(bins) // dp) * dp)
+    bins = split_to_multiple(bins, dp, lengths)
     groups = pool_groups(pool, degree, rpn)
-    per_bin = [cost.seconds([lengths[i] for i in b], degree) for b in bins]
+    per_bin = [cost.of(sum(att[i] for i in b), sum(lengths[i] for i in b), degree) for b in bins]
     share = -(-len(bins) // dp)
     replica_of = _deal_packs(per_bin, dp, share, balanced=packing == "cost-balanced")
     slots = [0] * dp
@@ -245,22 +259,9 @@ def _static(lengths: tuple[int, ...], pool: int, capacity: int, degree: int, pac
         micro.append(MicroBatch(groups[r], tuple(sorted(bins[b])), slots[r], per_bin[b]))
         slots[r] += 1
     micro.sort(key=lambda m: (m.round, m.group))
-    bound = max(sum(one) * degree / pool, max(one))
-    return micro, bound
-
-
-def _split_to_multiple(bins: list[list[int]], dp: int, lengths: Sequence[int]) -> list[list[int]]:
-    """Split the packs holding most sequences until their count is a multiple of dp (so that every
-    replica runs as many); packs of one sequence cannot split (the rounds add empty ones)."""
-    bins = [list(b) for b in bins]
-    while len(bins) % dp:
-        b = max(range(len(bins)), key=lambda k: (len(bins[k]), -k))
-        if len(bins[b]) < 2:
-            break
-        ordered = sorted(bins[b], key=lambda i: -lengths[i])
-        bins[b], new = ordered[0::2], ordered[1::2]
-        bins.append(new)
-    return bins
+    packs = -(-sum(lengths) // room)  # at least this many micro-batches, each paying `fixed`
+    work = cost.floor(sum(att), sum(lengths), degree) + packs * degree * cost.fixed
+    return micro, max(work / pool, max(one))
 
 
 def _deal_packs(per_bin: Sequence[float], dp: int, share: int, balanced: bool) -> list[int]:
@@ -268,42 +269,49 @@ def _deal_packs(per_bin: Sequence[float], dp: int, share: int, balanced: bool) -
     loaded replica with room (cost-balanced); at most `share` packs a replica."""
     if not balanced:
         return [b % dp for b in range(len(per_bin))]
-    load, count = [0.0] * dp, [0] * dp
+    heap = [(0.0, r) for r in range(dp)]  # (load, replica) of the replicas with room
+    count = [0] * dp
     out = [0] * len(per_bin)
     for b in sorted(range(len(per_bin)), key=lambda b: (-per_bin[b], b)):
-        r = min((r for r in range(dp) if count[r] < share), key=lambda r: (load[r], r))
+        load, r = heapq.heappop(heap)
         out[b] = r
-        load[r] += per_bin[b]
         count[r] += 1
+        if count[r] < share:
+            heapq.heappush(heap, (load + per_bin[b], r))
     return out
 
 
 def _dynamic(lengths: tuple[int, ...], pool: int, capacity: int, cost: CostModel,
              rpn: int | None, any_size: bool) -> tuple[list[MicroBatch], float]:
     sizes = pool_sizes(pool, any_size)
-    size_of = [smallest_size(n, capacity, sizes) for n in lengths]
-    one = [cost.seconds((n,), d) for n, d in zip(lengths, size_of, strict=True)]
+    size_of = [smallest_size(n, capacity, sizes) or pool for n in lengths]  # one holds it
+    att = [cost.attention_s(n, d) for n, d in zip(lengths, size_of, strict=True)]
+    one = [cost.of(a, n, d) for a, n, d in zip(att, lengths, size_of, strict=True)]
+    by_size: dict[int, list[int]] = {}  # largest size first, longest work first
+    for i in sorted(range(len(lengths)), key=lambda i: (-size_of[i], -one[i], i)):
+        by_size.setdefault(size_of[i], []).append(i)
     free = [0.0] * pool
     assigned: dict[tuple[int, ...], list[int]] = {}
-    order = sorted(range(len(lengths)), key=lambda i: (-size_of[i], -one[i], i))
-    for size in sorted(set(size_of), reverse=True):
+    work = 0.0
+    for size, members in by_size.items():
         groups = pool_groups(pool, size, rpn)
-        base = {g: max(free[r] for r in g) for g in groups}
-        load = dict.fromkeys(groups, 0.0)
-        for i in (i for i in order if size_of[i] == size):
-            g = min(groups, key=lambda g: (base[g] + load[g] + one[i], g))
-            assigned.setdefault(g, []).append(i)
-            load[g] += one[i]
-        for g in groups:
-            for r in g:
-                free[r] = base[g] + load[g]
+        heap = [(max(free[r] for r in g), k) for k, g in enumerate(groups)]  # (finish, group)
+        heapq.heapify(heap)
+        for i in members:  # each on the group that finishes it soonest (the first on a tie)
+            t, k = heapq.heappop(heap)
+            assigned.setdefault(groups[k], []).append(i)
+            heapq.heappush(heap, (t + one[i], k))
+        for t, k in heap:
+            for r in groups[k]:
+                free[r] = t
+        tokens = sum(lengths[i] for i in members)
+        work += (cost.floor(sum(att[i] for i in members), tokens, size)
+                 + -(-tokens // (size * capacity)) * size * cost.fixed)
     micro = []
     for g in sorted(assigned, key=lambda g: (-len(g), g)):
-        seqs = assigned[g]
-        for b in _best_fit(seqs, lengths, len(g) * capacity):
-            micro.append(MicroBatch(g, tuple(b), len(micro),
-                                    cost.seconds([lengths[i] for i in b], len(g))))
-    work = sum(o * d for o, d in zip(one, size_of, strict=True))
+        for b in best_fit(assigned[g], lengths, len(g) * capacity):
+            seconds = cost.of(sum(att[i] for i in b), sum(lengths[i] for i in b), len(g))
+            micro.append(MicroBatch(g, tuple(b), len(micro), seconds))
     return micro, max(work / pool, max(one))
 
 
