@@ -85,3 +85,33 @@ def _text(preset: str) -> Sweep:
                         train={"lr": 3e-4, "states": "fsdp", "master_dtype": "float32",
                                "checkpoint": "sc++", "vocab": 256}),
             {"plan.options": [{"dhp": 8}]})
+
+
+# the long tail of the cpu preset: 32..1024 tokens, 160 on average (a few long, many short)
+CPU_LENGTHS = "lognormal:mean=160,sigma=1.2,min=32,max=1024"
+POLICY_AXIS = [{"plan.sp_policy": "static", "plan.packing": "best-fit"},
+               {"plan.sp_policy": "static", "plan.packing": "cost-balanced"},
+               {"plan.sp_policy": "dynamic"}]
+
+
+def _sp_policies(preset: str) -> Sweep:
+    """A step of long-tailed sequences under each SP policy: static (one SP degree sized for the
+    longest, packs best-fit by tokens or balanced by predicted work) against dynamic (each
+    sequence on the smallest group that holds it), every algorithm as the groups' attention. The
+    cpu preset runs P = 2, one rank a core (the times measure the policies, not contention)."""
+    if preset == "cpu":
+        plans = [p for p in CPU_PLANS if p["algorithm"] not in ("local", "usp", "double_ring",
+                                                                "wallfacer")]
+        return (_train_base(preset, plan={"world": 2, "capacity": 512},
+                            workload={"seq_len": 1024, "lengths": CPU_LENGTHS,
+                                      "tokens_per_step": 4096, "batches": 2}),
+                {"plan": [{**p, "world": 2} for p in plans], "policy": POLICY_AXIS})
+    # a 32-GPU pool over 4 nodes, an 8B model on a long tail up to 128K (capacity 8K a GPU:
+    # the static degree 16 holds the longest; dynamic groups from 1 to 32)
+    return (_train_base(preset, model="llama3.1-8b", plan={"world": 32, "nodes": 4,
+                                                           "capacity": 8192},
+                        workload={"seq_len": 131072, "tokens_per_step": 1048576, "batches": 2,
+                                  "lengths": "lognormal:mean=4096,sigma=1.5,min=256,max=131072"},
+                        train={"checkpoint": "sc++", "states": "replicated"}),
+            {"plan": gpu_plans(16), "policy": [{**p, "train.dp": 2 if p["plan.sp_policy"] ==
+                                                "static" else 1} for p in POLICY_AXIS]})

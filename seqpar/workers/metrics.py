@@ -39,7 +39,8 @@ from seqpar import algorithms
 from seqpar.case import Case, TrainCase, Trial
 from seqpar.model import flops as model_flops
 from seqpar.platform.devices import peak_flops
-from seqpar.workers import stability
+from seqpar.rules.deal import CostModel
+from seqpar.workers import policy_metrics, stability
 
 if TYPE_CHECKING:  # a rank's record; the training measure imports step_metrics from here
     from seqpar.workers.measure.record import RankMeasurement
@@ -95,6 +96,8 @@ def step_metrics(case: TrainCase, step_s: float, peak_device: float | None,
     device (`mfu`'s count) and the utilisation in every convention (with a known device peak).
     The attention's visible pairs: from `attention_backward_flops` (the ledger's backward kernels,
     all ranks: any mask or packed documents by its area), else the case's mask or causal."""
+    if case.lengths:
+        return _lengths_step_metrics(case, step_s, peak_device, attention_backward_flops)
     cfg, world, sequences = case.config(), case.world, case.batch * case.dp
     tokens = sequences * case.seq_len
     mask = case.attention_mask
@@ -103,6 +106,33 @@ def step_metrics(case: TrainCase, step_s: float, peak_device: float | None,
     recomputed = model_flops.recomputed_flops(cfg, case.batch, case.seq_len, case.sp,
                                               case.checkpoint, case.seq_fraction, pairs) * world
     counts = model_flops.conventions(cfg, sequences, case.seq_len, pairs, recomputed)
+    row = {"step_s": step_s, "tokens_per_s": tokens / step_s, "tgs": tokens / step_s / world,
+           "model_flops_per_s": counts["mfu"] / world / step_s}
+    if peak_device is not None:
+        row.update({name: n / world / step_s / peak_device for name, n in counts.items()})
+    return row
+
+
+def _lengths_step_metrics(case: TrainCase, step_s: float, peak_device: float | None,
+                          attention_backward_flops: float | None) -> dict[str, float]:
+    """`step_metrics` of a step of variable-length sequences (its batches' average): tokens are
+    the step's, attention counts each sequence's own pairs (the ledger's, else causal under the
+    window), the unmasked convention each sequence's L², hfu the token-wise recompute beside."""
+    cfg, world = case.config(), case.world
+    count = len(case.batches)
+    tokens = sum(s.length for b in case.batches for s in b.sequences) / count
+    pairs_of = CostModel(window=case.window).pairs
+    pairs = (model_flops.visible_pairs(attention_backward_flops, cfg, 1)
+             if attention_backward_flops else
+             sum(pairs_of(s.length) for b in case.batches for s in b.sequences) / count)
+    squares = sum(float(s.length) ** 2 for b in case.batches for s in b.sequences) / count
+    recomputed = sum(model_flops.recomputed_flops(cfg, 1, s.length, 1, case.checkpoint,
+                                                  case.seq_fraction)
+                     for b in case.batches for s in b.sequences) / count
+    counts = {"mfu": model_flops.step_flops(cfg, 1, round(tokens), pairs),
+              "mfu_unmasked_attention": model_flops.step_flops(cfg, 1, round(tokens), squares),
+              "hfu": model_flops.step_flops(cfg, 1, round(tokens), pairs,
+                                            model_flops.BACKWARD_FLOPS) + recomputed}
     row = {"step_s": step_s, "tokens_per_s": tokens / step_s, "tgs": tokens / step_s / world,
            "model_flops_per_s": counts["mfu"] / world / step_s}
     if peak_device is not None:
@@ -177,6 +207,9 @@ def _values(case: Case | TrainCase, ranks: Sequence[RankMeasurement], setup_s: f
         out["err_max"] = max(out[f"err_{name}"] for name in errors[0])
     if isinstance(case, TrainCase):  # a model training trial: TGS, MFU, memory levers
         out.update(_training(case, ranks, step_ms, device_name))
+        out["tokens_per_s_per_rank"] = out["tgs"]  # the whole job's tokens over its ranks
+        if case.lengths:  # a step of sequences dealt to groups: the policy's own numbers
+            out.update(policy_metrics.values(case, ranks))
     return out
 
 

@@ -15,6 +15,7 @@ group size ran with.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -121,7 +122,21 @@ def measure_steps(case: TrainCase, rank: int, device: torch.device, *,
     extra = {"train": {"state_bytes": held[0], "params": case.config().params(),
                        "loss_last": losses[-1]},
              "losses": losses, "varlen": _summary(case, timed, loop.ledger.to_dict())}
-    return rank_record(case, rank, device, loop, extra=extra)
+    return per_step(rank_record(case, rank, device, loop, extra=extra), len(case.batches))
+
+
+def per_step(m: RankMeasurement, batches: int) -> RankMeasurement:
+    """The record with its ledger's bytes and FLOPs (one pass: every batch once) as a step's
+    average, so that every number of the trial is a step's."""
+    ledger = dict(m.ledger)
+    ledger["entries"] = [{**e, "bytes_sent": e["bytes_sent"] / batches}
+                         for e in ledger.get("entries", [])]
+    ledger["skipped"] = [{**e, "bytes_sent": e["bytes_sent"] / batches}
+                         for e in ledger.get("skipped", [])]
+    ledger["flops"] = {k: v / batches for k, v in ledger.get("flops", {}).items()}
+    return dataclasses.replace(
+        m, ledger=ledger, flops={k: v / batches for k, v in m.flops.items()},
+        bytes_sent={k: v / batches for k, v in m.bytes_sent.items()})
 
 
 def _summary(case: TrainCase, timed: list[list[tuple[float, StepResult]]],
@@ -130,6 +145,8 @@ def _summary(case: TrainCase, timed: list[list[tuple[float, StepResult]]],
     per_batch = [[p[i][0] * 1e3 for p in timed] for i in range(len(case.batches))]
     busy = [statistics.median(p[i][1].busy_s for p in timed) * 1e3
             for i in range(len(case.batches))]
+    span = [statistics.median(max((r.end_s for r in p[i][1].micro), default=0.0) for p in timed)
+            * 1e3 for i in range(len(case.batches))]
     first = timed[-1][0][1]
     by_size: dict[str, int] = {}
     for p in timed[:1]:
@@ -137,7 +154,7 @@ def _summary(case: TrainCase, timed: list[list[tuple[float, StepResult]]],
             for r in res.micro:
                 key = str(len(r.group) or 1)
                 by_size[key] = by_size.get(key, 0) + r.bytes_sent
-    return {"batch_ms": per_batch, "busy_ms": busy,
+    return {"batch_ms": per_batch, "busy_ms": busy, "span_ms": span,
             "timeline": [[list(r.seqs), list(r.group), r.tokens, r.start_s, r.forward_s, r.end_s]
                          for r in first.micro],
             "bytes_by_size": by_size,
