@@ -94,6 +94,20 @@ class CostModel:
     def seconds(self, lengths: Sequence[int], d: int) -> float:
         return self.of(sum(self.attention_s(n, d) for n in lengths), sum(lengths), d)
 
+    def each(self, lengths: Sequence[int], sizes: Sequence[int]) -> tuple[list[float], list[float]]:
+        """(attention seconds, seconds alone) of each sequence on its group size (memoised by
+        length and size: a step's lengths repeat)."""
+        seen: dict[tuple[int, int], tuple[float, float]] = {}
+        att, one = [], []
+        for n, d in zip(lengths, sizes, strict=True):
+            got = seen.get((n, d))
+            if got is None:
+                a = self.attention_s(n, d)
+                got = seen[(n, d)] = (a, self.of(a, n, d))
+            att.append(got[0])
+            one.append(got[1])
+        return att, one
+
     def floor(self, attn: float, tokens: int, d: int) -> float:
         """Rank-seconds that sequences of `tokens` tokens and attention `attn` on d ranks cost
         however they are packed (a lower bound: the fixed cost and the overlap do not add up)."""
@@ -185,7 +199,10 @@ class Deal:
     @property
     def degrees(self) -> dict[int, int]:
         """Group size -> sequences run on groups of that size."""
-        return dict(sorted(Counter(m.size for m in self.micro for _ in m.seqs).items()))
+        out: Counter[int] = Counter()
+        for m in self.micro:
+            out[len(m.group)] += len(m.seqs)
+        return {d: n for d, n in sorted(out.items()) if n}
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -240,12 +257,12 @@ def _static(lengths: tuple[int, ...], pool: int, capacity: int, degree: int, pac
             cost: CostModel, rpn: int | None) -> tuple[list[MicroBatch], float]:
     room = degree * capacity
     dp = pool // degree
-    att = [cost.attention_s(n, degree) for n in lengths]
-    one = [cost.of(a, n, degree) for a, n in zip(att, lengths, strict=True)]
-    by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    att, one = cost.each(lengths, [degree] * len(lengths))
+    # longest first, the first on a tie (a stable sort keeps ties in order, reversed or not)
+    by_length = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
     bins = best_fit(by_length, lengths, room)
     if packing == "cost-balanced":  # WLB-LLM: as many packs, balanced by predicted work
-        by_cost = sorted(range(len(lengths)), key=lambda i: (-one[i], i))
+        by_cost = sorted(range(len(lengths)), key=one.__getitem__, reverse=True)
         bins = balanced(by_cost, lengths, one, room, -(-len(bins) // dp) * dp)
     bins = split_to_multiple(bins, dp, lengths)
     groups = pool_groups(pool, degree, rpn)
@@ -285,10 +302,9 @@ def _dynamic(lengths: tuple[int, ...], pool: int, capacity: int, cost: CostModel
              rpn: int | None, any_size: bool) -> tuple[list[MicroBatch], float]:
     sizes = pool_sizes(pool, any_size)
     size_of = [smallest_size(n, capacity, sizes) or pool for n in lengths]  # one holds it
-    att = [cost.attention_s(n, d) for n, d in zip(lengths, size_of, strict=True)]
-    one = [cost.of(a, n, d) for a, n, d in zip(att, lengths, size_of, strict=True)]
+    att, one = cost.each(lengths, size_of)
     by_size: dict[int, list[int]] = {}  # largest size first, longest work first
-    for i in sorted(range(len(lengths)), key=lambda i: (-size_of[i], -one[i], i)):
+    for i in sorted(range(len(lengths)), key=lambda i: (size_of[i], one[i]), reverse=True):
         by_size.setdefault(size_of[i], []).append(i)
     free = [0.0] * pool
     assigned: dict[tuple[int, ...], list[int]] = {}

@@ -287,24 +287,29 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
 
 
 def _layer(setup: Setup, sp: int) -> tuple[float, float, float, float]:
-    """(a block's GEMMs, its MLP's GEMMs, its element-wise work, the head and loss), forward
-    seconds on one rank of an SP group of sp (memoised per sp)."""
+    """`layer_seconds` for one rank of an SP group of sp (memoised per sp)."""
     key = ("layer", sp)
     got = setup.cache.get(key)
     if got is None:
-        c, cfg, dtype, world = setup.cluster, setup.cfg, setup.dtype, setup.world
         tokens = setup.shape.batch * setup.shape.shard_len(sp)
+        got = setup.cache[key] = layer_seconds(setup.cluster, setup.cfg, setup.dtype, tokens,
+                                               setup.world)
+    return got
 
-        def host(seconds: float) -> float:  # CPU ranks share a host's cores
-            return c.host_seconds(seconds, seconds * world, world)
 
-        got = setup.cache[key] = (
-            host(block_gemm_seconds(c, cfg, tokens, dtype)),
+def layer_seconds(c: Cluster, cfg: ModelConfig, dtype: str, tokens: float,
+                  world: int = 1) -> tuple[float, float, float, float]:
+    """(a block's GEMMs, its MLP's GEMMs, its element-wise work, the head and loss), forward
+    seconds of `tokens` tokens on one of `world` ranks (CPU ranks share a host's cores)."""
+
+    def host(seconds: float) -> float:
+        return c.host_seconds(seconds, seconds * world, world)
+
+    return (host(block_gemm_seconds(c, cfg, tokens, dtype)),
             host(block_gemm_seconds(c, cfg, tokens, dtype, ("w1", "w2", "w3"))),
             host(_stream_seconds(c, elementwise_bytes(cfg, tokens, ELEM[dtype]))),
             host(3 * head_flops(cfg, tokens) / gemm_rate(c, dtype, min(tokens, cfg.hidden))
                  + _stream_seconds(c, 4 * tokens * cfg.vocab * 4)))  # logits: fp32 passes
-    return got
 
 
 def _host_bytes(setup: Setup, cfg: ModelConfig, train: TrainPolicy, policy: Policy,

@@ -1,0 +1,284 @@
+"""A step of variable-length sequences as the planner sees it: the deal's cost model from the
+planner's own rates (`deal_cost`, what the driver deals a run by), each attention configuration's
+rates on a group of d ranks (`SizeRates`), and the micro-batches of a deal (`rules.deal`, the
+runner's own) timed with them (`Table`).
+
+    work = Workload.of("lognormal:mean=1024,sigma=1.5,min=128,max=8192", tokens=2**20,
+                       longest=8192, capacity=2048)
+    cost = deal_cost(cfg, cluster, "bfloat16", world=16, ranks_per_node=4)
+    d = deal(work.draws[0], 16, 2048, "dynamic", cost, ranks_per_node=4)
+
+A micro-batch of sequences n_1..n_k (T tokens) on d ranks, one configuration, per rank:
+- attention: A_d x sum_i pairs(n_i) x (1 + half x d / n_i), its kernels on the busiest rank (the
+  sum of L² over sequences; a short sequence's calls at the kernel's lower rate, `half` the
+  cluster's `kernel_half_tokens`);
+- SP communication: max(0, K_d x T - rho_d x attention): the group's links busy K_d a token,
+  hidden under rho_d of the attention's compute (1 for a ring that hides it, 0 for all-to-alls);
+- the rest: GEMMs, element-wise work, the head and the recompute, per token / d; the host's fixed
+  costs per micro-batch (a CPU's dispatch, 0 on GPUs).
+A_d, K_d and rho_d come from the attention scope's prediction of one full micro-batch (a causal
+sequence of d x capacity tokens on d ranks: `predict`): its kernels, its links' busy time and the
+part of it left exposed. So a step costs what its distribution's sequences cost, not its mean's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from seqpar.errors import require
+from seqpar.experiments.clusters import Cluster
+from seqpar.experiments.perf.api import Prediction, predict
+from seqpar.experiments.perf.net import Net
+from seqpar.experiments.perf.step import layer_seconds
+from seqpar.rules import lengths as length_rules
+from seqpar.rules import masks
+from seqpar.rules.deal import CostModel, Deal
+from seqpar.rules.flops import BACKWARD_FLOPS
+from seqpar.rules.model import ModelConfig
+from seqpar.rules.pool import pool_groups, pool_sizes
+from seqpar.rules.shape import DTYPE_BYTES, AttnShape
+
+DEFAULT_BATCHES = 2  # seeded batches a plan deals and times (a run replays workload.batches)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a plan of lengths holds fixed: the distribution, tokens a step, the longest sequence
+    a step holds (seq_len), tokens a rank holds in a micro-batch, the batches drawn."""
+
+    dist: length_rules.Distribution
+    tokens: int
+    longest: int
+    capacity: int
+    batches: int = DEFAULT_BATCHES
+    seed: int = 0
+    window: int | None = None
+
+    @classmethod
+    def of(cls, spec: str, tokens: int, longest: int, capacity: int, **kw: Any) -> Workload:
+        return cls(length_rules.parse(spec), tokens, longest, capacity, **kw)
+
+    @cached_property
+    def draws(self) -> tuple[tuple[int, ...], ...]:
+        """The lengths of each batch (`rules.lengths.draw_batches`: what the runner draws)."""
+        return tuple(tuple(s.length for s in b) for b in length_rules.draw_batches(
+            self.dist, self.tokens, self.longest, self.seed, self.batches))
+
+    @property
+    def spec(self) -> str:
+        return self.dist.spec
+
+    def check(self, world: int) -> None:
+        """The rules of a plan's lengths, one line each: the capacity, the tokens a step (at
+        least the shortest sequence), the longest sequence drawn against the whole pool."""
+        require(self.capacity >= 1, "capacity", self.capacity, "must be a positive number of "
+                "tokens a rank holds in a micro-batch")
+        least = min(length_rules.shortest(self.dist), self.longest)
+        require(self.tokens >= least, "tokens-per-step", self.tokens,
+                f"must hold at least the shortest sequence ({least} tokens)")
+        longest = max(max(b) for b in self.draws)
+        require(longest <= world * self.capacity, "capacity", self.capacity,
+                f"a sequence of {longest} tokens is longer than the whole pool holds: {world} "
+                f"ranks x {self.capacity} tokens = {world * self.capacity}")
+
+
+def pairs_of(n: np.ndarray, window: int | None) -> np.ndarray:
+    """Visible pairs of causal sequences of n tokens (under a window, if any)."""
+    if window is None:
+        return n * (n + 1) / 2.0
+    w = np.minimum(n, window)
+    return w * (w + 1) / 2.0 + (n - w) * w
+
+
+def _fixed_s(c: Cluster, cfg: ModelConfig, d: int) -> float:
+    """Host seconds a micro-batch on d ranks costs whatever it holds: every layer's attention
+    call, and on d > 1 its ring steps (forward and backward); 0 on GPUs."""
+    return cfg.layers * 1e-6 * (c.call_us + (2 * (d - 1) * c.step_us if d > 1 else 0.0))
+
+
+def ring_link_s(net: Net, cfg: ModelConfig, dtype: str, d: int, tokens: int,
+                ranks_per_node: int) -> float:
+    """Seconds a ring of d ranks (the pool's first group of d) keeps its links busy carrying the
+    K,V of `tokens` tokens forward and K,V, dK, dV backward, every layer."""
+    group = pool_groups(net.world, d, ranks_per_node)[0]
+    pairs = [(group[i], group[(i + 1) % d]) for i in range(d)]
+    shard = tokens // d * 2 * cfg.kv_heads * cfg.head_dim * DTYPE_BYTES.get(dtype, 2)
+    return 3 * cfg.layers * (d - 1) * net.p2p(pairs, shard).seconds
+
+
+def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | None = None,
+              capacity: int = 2048, world: int | None = None, nodes: int = 1,
+              ranks_per_node: int | None = None) -> CostModel:
+    """The cost model a run's steps are dealt by (`rules.deal.CostModel`), from the planner's
+    rates for `cfg` on `cluster` (its kernel and GEMM rates; give it `with_kernel`'s cluster to
+    name the kernel): the attention per visible pair, forward + backward, every layer, at the
+    kernel's rate at large calls and its small-call curve; the GEMMs, element-wise work and head
+    per token at the rate of a micro-batch of `capacity` tokens a rank; per group size of a pool of
+    `world` ranks (`ranks_per_node` a node), a ring's K,V per token over the links the group
+    spans (`perf.net`), hidden under the attention; the host's fixed cost per micro-batch. The
+    algorithm's own costs refine it in the plan (`SizeRates`); the deal is the same for every
+    algorithm, so a sweep over algorithms compares them on one deal."""
+    pair = 4.0 * cfg.heads * cfg.head_dim * cfg.layers
+    rate = cluster.call_rate(dtype, 1e9, "causal")
+    attention = pair * (1.0 + BACKWARD_FLOPS * cluster.backward_slowdown(dtype)) / rate
+    g, _, ew, hd = layer_seconds(cluster, cfg, dtype, capacity)
+    linear = (3 * cfg.layers * (g + ew) + hd) / capacity
+    kv = 3 * cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * DTYPE_BYTES.get(dtype, 2)
+    comm_at: tuple[tuple[int, float], ...] = ()
+    if world is not None and world > 1:
+        rpn = ranks_per_node or max(1, world // nodes)
+        net = Net(cluster, world, max(1, world // rpn))
+        comm_at = tuple((d, ring_link_s(net, cfg, dtype, d, d * capacity, rpn) / (d * capacity))
+                        for d in pool_sizes(world) if d > 1)
+    return CostModel(attention=attention, linear=linear,
+                     comm=kv / (cluster.intra.bandwidth_gb_per_s * 1e9), window=window,
+                     comm_at=comm_at, overlap=True, half=float(cluster.kernel_half_tokens),
+                     fixed=_fixed_s(cluster, cfg, 1))
+
+
+@dataclass(frozen=True)
+class SizeRates:
+    """One attention configuration on a group of d ranks, every layer (see the module docstring)."""
+
+    size: int
+    attention: float   # seconds per effective pair on the busiest rank, forward + backward
+    link: float        # seconds per token the group's busiest link is busy
+    hidden: float      # rho: the share of the attention's compute the link time hides under
+    forward: float     # the forward's share of the attention's time (full checkpointing re-runs it)
+    fixed: float       # seconds per micro-batch
+    prediction: Prediction = field(compare=False)
+
+
+def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity: int,
+               name: str, options: dict[str, Any], layout: str, *, world: int, nodes: int,
+               window: int | None = None) -> SizeRates:
+    """`SizeRates` of (name, options, layout) on d of `world` ranks over `nodes` nodes, from the
+    attention scope's prediction of one full micro-batch (the host's fixed costs apart)."""
+    n = d * capacity
+    per_node = max(1, world // nodes)
+    shape = AttnShape(1, n, cfg.heads, cfg.kv_heads, cfg.head_dim, DTYPE_BYTES[dtype])
+    mask = masks.parse(f"window:{window}", n) if window is not None and window < n else None
+    bare = cluster.model_copy(update={"call_us": 0.0, "step_us": 0.0, "collective_us": 0.0})
+    p = predict(bare, name, shape, d, nodes=max(1, d // per_node), options=options,
+                layout=layout, dtype=dtype, mask=mask)
+    layers = cfg.layers
+    eff = float(pairs_of(np.array([float(n)]), window)[0]) * (
+        1.0 + cluster.kernel_half_tokens * d / n)
+    compute, total = p.compute_ms / 1e3, p.attention_ms / 1e3
+    busy = max(p.link_ms.values()) / 1e3 if d > 1 else 0.0
+    exposed = max(0.0, total - compute)
+    hidden = 1.0 if exposed <= 1e-9 * total else min(1.0, max(0.0, (busy - exposed) / compute))
+    fixed = _fixed_s(cluster, cfg, d)
+    return SizeRates(d, layers * compute / eff, layers * busy / n, hidden,
+                     p.forward_ms / max(p.attention_ms, 1e-12), fixed, replace(p))
+
+
+@dataclass
+class Table:
+    """The non-empty micro-batches of one deal as arrays, what every configuration's timing of
+    it shares (`Table.of`): size, tokens, effective pairs (the kernel's small calls counted),
+    visible pairs, pairs as the MFU conventions count them (n²/2 and n²), round, and the runs of
+    consecutive micro-batches on one group (`run`: each one's run; `groups`: each run's ranks)."""
+
+    deal: Deal
+    size: np.ndarray
+    tokens: np.ndarray
+    eff: np.ndarray
+    pairs: np.ndarray
+    causal: np.ndarray
+    square: np.ndarray
+    round: np.ndarray
+    run: np.ndarray
+    groups: list[tuple[int, ...]]
+
+    @classmethod
+    def of(cls, deal: Deal, half: float, window: int | None) -> Table:
+        lengths = np.asarray(deal.lengths, dtype=np.float64)
+        ms = [m for m in deal.micro if m.seqs]
+        size = np.array([m.size for m in ms], dtype=np.int64)
+        owner = np.repeat(np.arange(len(ms)), [len(m.seqs) for m in ms])
+        n = lengths[np.concatenate([np.asarray(m.seqs, dtype=np.int64) for m in ms])]
+        p = pairs_of(n, window)
+        k = len(ms)
+        groups: list[tuple[int, ...]] = []
+        run = np.empty(k, dtype=np.int64)
+        for i, m in enumerate(ms):
+            if not groups or groups[-1] != m.group:
+                groups.append(m.group)
+            run[i] = len(groups) - 1
+
+        def per(x: np.ndarray) -> np.ndarray:
+            return np.bincount(owner, x, k)
+
+        return cls(deal, size, per(n), per(p * (1.0 + half * size[owner] / n)), per(p),
+                   per(n * n / 2.0), per(n * n), np.array([m.round for m in ms], dtype=np.int64),
+                   run, groups)
+
+    @cached_property
+    def degrees(self) -> dict[int, int]:
+        return self.deal.degrees
+
+    @cached_property
+    def _disjoint(self) -> np.ndarray | None:
+        """Each run's group index when the groups used never overlap (a static deal), else
+        None."""
+        seen: dict[tuple[int, ...], int] = {}
+        ranks: set[int] = set()
+        for g in self.groups:
+            if g not in seen:
+                if ranks.intersection(g):
+                    return None
+                ranks.update(g)
+                seen[g] = len(seen)
+        return np.array([seen[g] for g in self.groups], dtype=np.int64)
+
+    @cached_property
+    def _members(self) -> tuple[list[tuple[int, ...]], np.ndarray, np.ndarray]:
+        """(the distinct groups, each rank's group, run -> group) of a disjoint deal."""
+        index = self._disjoint
+        assert index is not None
+        distinct = list(dict.fromkeys(self.groups))
+        rank_group = np.full(self.deal.pool, -1, dtype=np.int64)
+        for k, g in enumerate(distinct):
+            rank_group[list(g)] = k
+        return distinct, rank_group, index
+
+    @cached_property
+    def rank_pairs(self) -> np.ndarray:
+        """Each rank's share of the visible pairs (an even split over its group)."""
+        out = np.zeros(self.deal.pool)
+        per_run = np.bincount(self.run, self.pairs / self.size, len(self.groups))
+        for g, x in zip(self.groups, per_run.tolist(), strict=True):
+            out[list(g)] += x
+        return out
+
+    def schedule(self, seconds: np.ndarray) -> tuple[np.ndarray, float]:
+        """(busy seconds per rank, makespan) of the free schedule at these micro-batch seconds:
+        each starts when all its ranks are free, in the deal's order (`Deal._schedule`)."""
+        per_run = np.bincount(self.run, seconds, len(self.groups))
+        if self._disjoint is not None:  # groups never overlap: each runs its own micro-batches
+            distinct, rank_group, index = self._members
+            per_group = np.bincount(index, per_run, len(distinct))
+            busy = np.where(rank_group >= 0, per_group[rank_group], 0.0)
+            return busy, float(per_group.max(initial=0.0))
+        free = [0.0] * self.deal.pool
+        busy = np.zeros(self.deal.pool)
+        for g, s in zip(self.groups, per_run.tolist(), strict=True):
+            if len(g) == 1:
+                free[g[0]] += s
+            else:
+                t = max(free[r] for r in g) + s
+                for r in g:
+                    free[r] = t
+            busy[list(g)] += s
+        return busy, max(free, default=0.0)
+
+    def rounds(self, seconds: np.ndarray) -> np.ndarray:
+        """The longest micro-batch of each round (rounds no micro-batch fills: 0)."""
+        out = np.zeros(int(self.round.max()) + 1 if len(self.round) else 0)
+        np.maximum.at(out, self.round, seconds)
+        return out

@@ -1,0 +1,114 @@
+"""What a plan of lengths ranks: how a step's sequences are dealt (`Split`) and one configuration's
+predicted step (`LengthStep`: its parts, imbalance, degrees; `why_slower`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqpar.experiments.perf.policy import Policy
+
+PARTS = ("attention", "attention_comm", "other_compute", "recompute", "idle", "exposed_comm",
+         "optimizer")
+STATES = ("replicated", "dp_sp")  # what the runner's step of lengths holds: replicated or FSDP
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a step's sequences are dealt: `static` at SP degree `degree` with `packing`, or
+    `dynamic` (with `equal_counts`: every rank as many micro-batches, what FSDP needs)."""
+
+    policy: str
+    degree: int | None = None
+    packing: str = "best-fit"
+    equal_counts: bool = False
+
+    def label(self) -> str:
+        if self.policy == "static":
+            return f"static sp={self.degree} {self.packing}"
+        return "dynamic" + (" equal" if self.equal_counts else "")
+
+
+@dataclass
+class LengthStep:
+    """One configuration's predicted step of the distribution (the mean over the batches)."""
+
+    split: Split
+    algorithm: str
+    options: dict[str, Any]                       # as a trial asks for them (its largest group)
+    by_size: dict[int, tuple[str, dict[str, Any]]]  # what each group size runs
+    layout: str
+    policy: Policy
+    capacity: int
+    world: int
+    kernel: str
+    step_ms: float
+    tgs: float
+    mfu: float
+    mfu_unmasked_attention: float
+    hfu: float
+    imbalance: float        # max / mean attention FLOPs over ranks (the runner's load_imbalance)
+    busy_imbalance: float   # max / mean busy seconds over ranks
+    gap: float              # the deal's makespan over its lower bound (its own cost model)
+    micro_batches: float    # per rank, the mean
+    degrees: dict[int, float]  # group size -> sequences a step (the mean over the batches)
+    peak_mem_bytes: int
+    fits: bool
+    parts: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)
+    # the configurations with the same rates at every size (a layout or an option that changes
+    # nothing here): (options, layout) of each
+    alternatives: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+    @property
+    def sp_policy(self) -> str:
+        return self.split.policy
+
+    @property
+    def dp(self) -> int:
+        return self.world // self.split.degree if self.split.degree else 1
+
+    @property
+    def sp(self) -> int:
+        return self.split.degree or self.world
+
+    def json(self) -> dict[str, Any]:
+        return {"sp_policy": self.sp_policy, "packing": self.split.packing,
+                "capacity": self.capacity, "equal_counts": self.split.equal_counts,
+                "dp": self.dp, "sp": self.sp, "algorithm": self.algorithm,
+                "options": self.options, "layout": self.layout,
+                "options_by_size": {str(d): {"algorithm": n, "options": o}
+                                    for d, (n, o) in sorted(self.by_size.items())},
+                **self.policy.fields(), "kernel": self.kernel,
+                "micro_batches": round(self.micro_batches, 2),
+                "predicted": {"step_ms": round(self.step_ms, 3), "tgs": round(self.tgs, 2),
+                              "mfu": round(self.mfu, 4),
+                              "mfu_unmasked_attention": round(self.mfu_unmasked_attention, 4),
+                              "hfu": round(self.hfu, 4), "imbalance": round(self.imbalance, 4),
+                              "busy_imbalance": round(self.busy_imbalance, 4),
+                              "gap": round(self.gap, 4),
+                              "degrees": {str(d): n for d, n in self.degrees.items()},
+                              "peak_mem_bytes": self.peak_mem_bytes,
+                              "parts_ms": {k: round(v, 3) for k, v in self.parts.items()},
+                              "memory": self.memory},
+                "fits": self.fits}
+
+
+
+PART_NAMES = {"attention": "attention", "attention_comm": "attention comm",
+              "other_compute": "other compute", "recompute": "recompute", "idle": "idle",
+              "exposed_comm": "exposed comm", "optimizer": "optimizer"}
+
+
+def why_slower(s: LengthStep, best: LengthStep) -> str:
+    """Why `s` loses to `best`: memory when it does not fit, else the part that grew most."""
+    if not s.fits:
+        return f"no fit: {s.peak_mem_bytes / 1e9:.0f} GB"
+    if s is best:
+        return "best"
+    if s.step_ms <= best.step_ms * (1 + 5e-4):
+        return "ties #1"
+    extra = {k: s.parts[k] - best.parts[k] for k in s.parts}
+    part = max(extra, key=lambda k: extra[k])
+    return (f"+{100 * (s.step_ms / best.step_ms - 1):.0f}%: {PART_NAMES[part]} "
+            f"+{extra[part]:.3g} ms")
