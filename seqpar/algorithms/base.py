@@ -174,6 +174,23 @@ class Attention:
             q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
         return _Shell.apply(a, q, k, v).narrow(1, 0, held)
 
+    def positions(self, n: int, cu_seqlens: Sequence[int] | None = None,
+                  mask: masks.Mask | None = None) -> torch.Tensor:
+        """The token positions (sorted, int64) this rank holds in a call on N = n tokens with
+        these documents or this mask: the shards a call takes. The balanced layout deals by the
+        call's relation (its documents, causal or not, its window), which only the attention
+        knows: a model deals its inputs, labels and RoPE positions by this."""
+        a = self.algo
+        mask = mask if mask is not None else a.mask
+        cu = layouts.as_cu(cu_seqlens)
+        if mask is not None:
+            n, cu = mask.n, layouts.call_cu(a.world, mask.n, mask.cu)
+        if cu is not None:
+            cu = layouts.normal_cu(a.layout, a.world, n, cu)
+        relation = call_relation(a.layout, a.world, n, a.causal, cu, a.window, mask)
+        return torch.tensor(rank_positions(a.layout, a.rank, a.world, n, relation),
+                            dtype=torch.long)
+
     def expected_bytes(self, shape: AttnShape, cu_seqlens: Sequence[int] | None = None,
                        mask: masks.Mask | None = None) -> dict[str, int]:
         """The most bytes any rank sends per call on `shape` (with cu_seqlens or mask: that call's

@@ -45,6 +45,20 @@ def check(
                                                     "enough GPUs.")] = None,
     seed: Annotated[int | None, typer.Option(help="Input seed; default: fresh.")] = None,
     bench: Annotated[bool, typer.Option("--bench", help="Time the algorithms instead.")] = False,
+    lengths: Annotated[str | None, typer.Option(
+        "--lengths", help="A training step of sequences of these lengths (fixed:N, "
+        "lognormal:mean=M,sigma=S,min=A,max=B, file:PATH, text:PATH) instead of one attention "
+        "call: the tiny decoder under the static and the dynamic SP policy, every algorithm, "
+        "against the one-process model (docs/lengths.md). --seq-len caps a sequence; --world, "
+        "--algorithms, --layouts (in turn), --heads, --kv-heads, --head-dim, --device and --seed "
+        "apply; float64 always.")] = None,
+    capacity: Annotated[int | None, typer.Option(
+        "--capacity", help="With --lengths: tokens a rank holds in a micro-batch (default: the "
+        "longest sequence over the ranks, so the lengths need more than one group size).")
+    ] = None,
+    tokens_per_step: Annotated[int | None, typer.Option(
+        "--tokens-per-step", help="With --lengths: a step's tokens (default 4 x the pool's "
+        "capacity).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
 ) -> None:
     """Check every algorithm against the single-process float64 reference (exits 1 on a mismatch)."""
@@ -59,6 +73,10 @@ def check(
     chosen_layouts = _split(layouts_, "layouts", LAYOUTS)
     if bench:
         _print_bench(checking.bench(names, device, say=console.print))
+        return
+    if lengths is not None:
+        _check_lengths(checking, names, world, lengths, capacity, tokens_per_step, seq_len, heads,
+                       kv_heads, head_dim, chosen_layouts, device, seed, as_json)
         return
     chosen_masks = [masks.default_spec(m.strip(), seq_len) for m in mask.split(";" if "/" in mask
                                                                                     else ",")
@@ -80,6 +98,44 @@ def check(
     failed = sum(not res.ok for res in results)
     if failed:
         err_console.print(f"[red]{failed} case(s) failed[/red]")
+        raise typer.Exit(1)
+
+
+def _check_lengths(checking, names: list[str], world: int, lengths: str, capacity: int | None,
+                   tokens: int | None, seq_len: int, heads: int, kv_heads: int, head_dim: int,
+                   layouts: list[str], device: str | None, seed: int | None,
+                   as_json: bool) -> None:
+    """`check --lengths`: every algorithm's step under each SP policy against one process."""
+    from seqpar.experiments import steps  # torch: not for --help
+
+    require(capacity is None or capacity > 0, "capacity", capacity, "must be a positive number "
+            "of tokens a rank")
+    require(tokens is None or tokens > 0, "tokens-per-step", tokens, "must be positive")
+    cases, skipped = steps.check_cases(
+        names, world, lengths, capacity=capacity, tokens=tokens, longest=seq_len, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, layouts=layouts,
+        seed=seed if seed is not None else secrets.randbelow(2**31),
+        forms=checking.CHECK_FORMS)
+    require(bool(cases), "algorithms", ",".join(names),
+            "no step fits these shapes: " + "; ".join(dict.fromkeys(r for _, r in skipped)))
+    results = checking.check_steps(cases, world, device, say=err_console.print)
+    first = cases[0]
+    rows = [[r.case.algorithm + "".join(f" {k}={v}" for k, v in r.case.options),
+             r.case.sp_policy, r.case.layout,
+             f"{r.case.config().heads}/{r.case.config().kv_heads}",
+             " ".join(f"{d}:{n}" for d, n in r.degrees.items()),
+             "/".join(str(c) for c in r.counts), f"{r.loss_error:.1e}", f"{r.grad_error:.1e}",
+             "ok" if r.ok else "FAIL: " + "; ".join(r.failures)] for r in results]
+    rows += [[label.split()[0], label.split()[1], "-", label.split()[2][2:], "-", "-", "-", "-",
+              f"skipped: {why}"] for label, why in skipped]
+    display_table(f"seqpar check --lengths {lengths}: P={world}, capacity {first.capacity} a rank, "
+                  f"{first.tokens_per_step} tokens a step, float64",
+                  ["algorithm", "policy", "layout", "H/Hkv", "sequences by group size",
+                   "micro-batches a rank", "loss err", "max rel grad err", "status"],
+                  rows, as_json=as_json)
+    failed = sum(not r.ok for r in results)
+    if failed:
+        err_console.print(f"[red]{failed} step(s) failed[/red]")
         raise typer.Exit(1)
 
 

@@ -18,10 +18,11 @@ The planner's whole-step model refines each part; this is what the driver deals 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from seqpar.case import TrainCase
+from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
 from seqpar.experiments.clusters import Cluster
 from seqpar.rules import lengths as length_rules
@@ -94,3 +95,37 @@ def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: i
                      options=tuple(sorted((options or {}).items())))
     return dealt(base, lengths, tokens=tokens, batches=batches, policy=policy, packing=packing,
                  capacity=capacity, equal_counts=equal_counts, window=window)
+
+
+def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int | None,
+                tokens: int | None, longest: int, heads: int, kv_heads: int, head_dim: int,
+                layouts: Sequence[str], seed: int,
+                forms: Mapping[str, Callable[[int], dict[str, Any]]] | None = None,
+                ) -> tuple[list[TrainCase], list[tuple[str, str]]]:
+    """`seqpar check --lengths`: the tiny decoder (heads, kv_heads, head_dim; MHA and GQA) under
+    each policy for each algorithm, the layouts taken in turn, in float64. The capacity defaults
+    to the longest sequence over the pool (the longest needs every rank, the rest less: more than
+    one group size), the step's tokens to 4 x the pool's capacity. Returns the cases and, for the
+    ones that cannot run, (label, why)."""
+    dist = length_rules.parse(lengths, "lengths")
+    longest = min(length_rules.longest(dist), longest)
+    capacity = capacity or max(2, -(-longest // world))
+    tokens = tokens or 4 * world * capacity
+    cases, skipped = [], []
+    for i, name in enumerate(n for n in names if n != "local" or world == 1):
+        for j, policy in enumerate(("static", "dynamic")):
+            for kv in dict.fromkeys((heads, kv_heads)):
+                label = f"{name} {policy} H={heads}/{kv}"
+                options = forms[name](world) if forms and name in forms else {}
+                try:
+                    case = make_case(
+                        name, world, lengths, tokens, capacity, policy, seed=seed,
+                        layout=layouts[(i + j) % len(layouts)], options=options, longest=longest,
+                        overrides=(("vocab", 61), ("heads", heads), ("kv_heads", kv),
+                                   ("hidden", heads * head_dim), ("ffn", 48)))
+                    case.validate()
+                except ConfigError as err:
+                    skipped.append((label, str(err)))
+                    continue
+                cases.append(case)
+    return cases, skipped

@@ -9,7 +9,7 @@
     grads = net.full_grads()   # {name: full gradient}, identical on every rank, in every mode
 
 The model shards the batch itself: this rank's inputs are tokens[:, pos] and its next-token labels
-tokens[:, pos + 1], pos = `layouts.positions(layout, rank, world, N)` (the one source of truth for
+tokens[:, pos + 1], pos = `attend.positions(N, cu_seqlens)` (the one source of truth for
 which tokens a rank holds), so a label that sits in another rank's shard under zigzag or stripe is
 still the right one, and RoPE rotates every token by its global position. The loss is the mean
 cross-entropy over all batch x N predictions (averaged over the data-parallel replicas too).
@@ -44,7 +44,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from seqpar.algorithms import Mesh, build_attention
-from seqpar.algorithms.layouts import check_seq_len, positions
+from seqpar.algorithms.layouts import check_seq_len
 from seqpar.errors import require
 from seqpar.model import checkpointing, grads, head, init
 from seqpar.model import states as model_states
@@ -216,7 +216,7 @@ class Transformer(nn.Module):
         elif cu_seqlens is None:
             check_seq_len(self.layout, self.world, n)
         tokens = tokens.to(self.device)
-        pos = positions(self.layout, self.rank, self.world, n, cu_seqlens, self.mask).to(self.device)
+        pos = self.attend.positions(n, cu_seqlens, self.mask).to(self.device)
         return pos, tokens[:, pos], tokens[:, pos + 1]
 
     def hidden(self, tokens: torch.Tensor, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,7 +245,7 @@ class Transformer(nn.Module):
         group, RoPE turns each token by its place in its own sequence. Not normalised: a step
         divides by its tokens (`model.step`)."""
         n = pack.inputs.shape[1]
-        pos = positions(self.layout, sp.rank, sp.world, n, pack.cu).to(self.device)
+        pos = sp.attend.positions(n, pack.cu).to(self.device)
         inp = pack.inputs.to(self.device)[:, pos]
         labels = pack.labels.to(self.device)[:, pos]
         attend = functools.partial(sp.attend, cu_seqlens=pack.cu)

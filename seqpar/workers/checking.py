@@ -20,6 +20,7 @@ from seqpar.errors import ConfigError, SeqparError
 from seqpar.platform import localgang
 from seqpar.workers.measure import check as checker
 from seqpar.workers.measure import gang_measure
+from seqpar.workers.step_check import check_steps  # noqa: F401  (check --lengths)
 
 Say = Callable[[str], None]  # where progress goes (the CLI: stderr, so stdout is the table)
 
