@@ -107,11 +107,17 @@ def _sp_policies(preset: str) -> Sweep:
                                       "tokens_per_step": 4096, "batches": 2}),
                 {"plan": [{**p, "world": 2} for p in plans], "policy": POLICY_AXIS})
     # a 32-GPU pool over 4 nodes, an 8B model on a long tail up to 128K (capacity 8K a GPU:
-    # the static degree 16 holds the longest; dynamic groups from 1 to 32)
+    # the static degree 16 holds the longest; dynamic groups from 1 to 32), states sharded by
+    # FSDP over the pool (dynamic: every rank as many micro-batches)
     return (_train_base(preset, model="llama3.1-8b", plan={"world": 32, "nodes": 4,
                                                            "capacity": 8192},
                         workload={"seq_len": 131072, "tokens_per_step": 1048576, "batches": 2,
                                   "lengths": "lognormal:mean=4096,sigma=1.5,min=256,max=131072"},
-                        train={"checkpoint": "sc++", "states": "replicated"}),
-            {"plan": gpu_plans(16), "policy": [{**p, "train.dp": 2 if p["plan.sp_policy"] ==
-                                                "static" else 1} for p in POLICY_AXIS]})
+                        train={"checkpoint": "sc++"}),
+            {"plan": [{k: v for k, v in p.items() if k != "options"} |
+                      ({"options": {"dhp": 4}} if p["algorithm"] == "usp" else
+                       {"options": p["options"]} if "options" in p else {})
+                      for p in gpu_plans(16)],  # usp's dcp follows each group's size
+             "policy": [{**p, "train.dp": 2} if p["plan.sp_policy"] == "static" else
+                        {**p, "train.dp": 1, "plan.equal_counts": True}  # FSDP over the pool
+                        for p in POLICY_AXIS]})

@@ -3,6 +3,8 @@ DP x SP trial through the Ray rank workers with its metrics."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from seqpar.case import TrainCase, Trial
@@ -75,3 +77,37 @@ def test_dp2_training_trial_runs_on_ray(ray_runner):
     assert all(r.noise["wall_s"] > 0 for r in result.per_rank) and "noise_others_cpu_frac" in m
     losses = [r.extra["losses"] for r in result.per_rank]
     assert losses[0] == losses[1]  # the loss is averaged over the two replicas' batches
+
+
+@pytest.mark.parametrize("preset", ("cpu", "gpu-cluster"))
+def test_sp_policies_study_points_are_valid_steps_of_lengths(preset):
+    """Every point of sp-policies is a training trial with dealt batches, under each policy."""
+    points = STUDIES["sp-policies"].points(preset)
+    assert all(p.spec is not None for p in points), [str(p.error) for p in points]
+    cases = [p.spec.to_case() for p in points]
+    assert {c.sp_policy for c in cases} == {"static", "dynamic"}
+    assert {c.packing for c in cases if c.sp_policy == "static"} == {"best-fit", "cost-balanced"}
+    for c in cases:
+        assert c.lengths and len(c.batches) == 2 and c.world == c.batches[0].deal.pool
+
+
+@pytest.mark.ray
+def test_dynamic_training_trial_runs_on_ray(ray_runner):
+    """A step of variable-length sequences under the dynamic policy through the Ray rank workers:
+    the step's tokens, the policy's own numbers, the deal's group sizes."""
+    from seqpar.experiments.steps import make_case
+
+    case = dataclasses.replace(
+        make_case("ring", 2, "lognormal:mean=40,sigma=1.0,min=8,max=128", tokens=512,
+                  capacity=64, policy="dynamic", dtype="float32", batches=2),
+        warmup=1, iters=2)
+    result = ray_runner.run(Trial(case, "train-platform", timeout_s=300))
+    assert result.status == "FINISHED", result.cause
+    m = result.metrics
+    assert m["tokens_per_s"] == pytest.approx(512 / (m["step_ms"] / 1e3))
+    assert m["tgs"] == pytest.approx(m["tokens_per_s"] / 2)
+    assert m["busy_imbalance"] >= 1.0 and m["deal_gap"] >= 1.0 and m["idle_ms_max"] >= 0
+    sizes = {int(k.rsplit("_", 1)[1]) for k in m if k.startswith("seqs_on_group_")}
+    assert sizes == {d for b in case.batches for d in b.deal.degrees}
+    assert m.get("bytes_group_2", 0) > 0  # the pair's ring sent what the ledger booked
+    assert m["batch_spread"] >= 1.0
