@@ -7,8 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
-from seqpar.cli import options
 from seqpar.cli.display import console, display_table
+from seqpar.cli.plan_lengths import plan_lengths
+from seqpar.cli.plan_validate import validate as _validate
 from seqpar.errors import require
 from seqpar.experiments import clusters
 from seqpar.experiments.perf import pins
@@ -37,7 +38,8 @@ def plan(
     model: Annotated[str, Opt("--model", help="A model preset (llama3.1-8b, llama3.1-70b, "
                               "qwen2.5-14b, llama2-7b, ...), a YAML of ModelConfig's fields or a "
                               "Hugging Face config.json.")] = "llama2-7b",
-    seq_len: Annotated[int, Opt("--seq-len", help="Tokens in a sequence.")] = 131072,
+    seq_len: Annotated[int, Opt("--seq-len", help="Tokens in a sequence (with --lengths: the "
+                                "longest a step may hold).")] = 131072,
     world: Annotated[int, Opt("--world", "-P", help="Ranks: the SP group (attention, model "
                               "scope) or all GPUs, DP x SP (cluster scope).")] = 8,
     nodes: Annotated[int | None, Opt(
@@ -84,6 +86,19 @@ def plan(
     max_seq: Annotated[bool, Opt(
         "--max-seq", help="Per configuration, the longest sequence that fits in the device's "
         "memory (--seq-len is ignored).")] = False,
+    lengths: Annotated[str | None, Opt(
+        "--lengths", help="A step of variable-length sequences (cluster scope): fixed:N | "
+        "lognormal:mean=M,sigma=S,min=A,max=B | file:PATH | text:PATH (docs/planner.md).")] = None,
+    capacity: Annotated[int | None, Opt(
+        "--capacity", help="With --lengths: tokens a rank holds in a micro-batch (default: the "
+        "longest sequence, at most --seq-len).")] = None,
+    sp_policy: Annotated[str | None, Opt(
+        "--sp-policy", help="With --lengths: only static (one SP degree, packs) or dynamic (each "
+        "sequence on the smallest group that holds it).")] = None,
+    packing: Annotated[str | None, Opt(
+        "--packing", help="With --lengths: only best-fit or cost-balanced static packs.")] = None,
+    batches: Annotated[int, Opt(
+        "--batches", help="With --lengths: seeded batches dealt and timed (the mean).")] = 2,
 ) -> None:
     """Rank every valid configuration by predicted time or tokens per GPU per second; the
     longest sequence each fits (--max-seq); or --validate a finished sweep."""
@@ -95,9 +110,20 @@ def plan(
     if validate is not None:
         _validate(validate, c, as_json)
         return
-    check_counts(seq_len=seq_len, world=world, **({"nodes": nodes} if nodes is not None else {}))
-    if mask is not None:
-
+    check_counts(seq_len=seq_len, world=world, batches=batches,
+                 **({"nodes": nodes} if nodes is not None else {}))
+    if lengths is None:
+        given = next((f"--{k.replace('_', '-')}" for k, v in (("capacity", capacity), (
+            "sp_policy", sp_policy), ("packing", packing), ("batches", batches != 2)) if v), None)
+        require(given is None, given or "", True, "needs --lengths (a step of variable-length "
+                "sequences)")
+    else:
+        require(scope == "cluster", "scope", scope, "--lengths plans a step of the whole pool: "
+                "use --scope cluster (--sp D plans one static SP degree)")
+        require(not max_seq, "max-seq", True, "finds the longest single sequence; with "
+                "--lengths, --seq-len is the longest a step holds and --capacity what a rank "
+                "holds")
+    if mask is not None and lengths is None:
         require(not max_seq, "mask", mask, "--max-seq plans plain causal attention (a mask "
                 "is of one length)")
         masks.parse(mask, seq_len)  # a bad mask: one line, before any search
@@ -112,6 +138,13 @@ def plan(
         worlds = [s for s in range(1, world + 1) if world % s == 0 and (sp is None or s == sp)]
         pins.check([n for n in names if n != "local"], [w for w in worlds if w > 1] or worlds,
                    filters.options)
+        if lengths is not None:
+            check_counts(**({"capacity": capacity} if capacity is not None else {}),
+                         **({"tokens_per_step": tokens_per_step} if tokens_per_step else {}))
+            plan_lengths(c, model, lengths, seq_len, tokens_per_step, capacity, world, nodes,
+                         kernel=kernel, dtype=dtype, filters=filters, top=top, as_json=as_json,
+                         mask=mask, sp_policy=sp_policy, packing=packing, batches=batches)
+            return
         _cluster(c, model, seq_len, tokens_per_step, world, nodes, kernel, dtype, filters, top,
                  as_json, mask)
         return
@@ -337,45 +370,3 @@ def _option(key: str, values: list) -> str:
     text = "|".join(str(SHORT.get(v, v)) for v in values)
     name = KEYS.get(key, key)
     return f"{name}={text}" if name else text
-
-
-def _memory_cell(pair: tuple[float, float] | None) -> str:
-    if pair is None:
-        return ""
-    predicted, measured = pair
-    error = f" ({100 * (predicted - measured) / measured:+.0f}%)" if measured else ""
-    return f"{predicted / 1e6:.2f}/{measured / 1e6:.2f}{error}"
-
-
-def _validate(sweep_id: str, cluster, as_json: bool) -> None:
-
-    tracker = _reader(sweep_id)
-    checks = perf_plan.validate(((t.params, t.metrics) for t in tracker.trials(sweep_id)), cluster)
-    s = perf_plan.summary(checks)
-    memory = [k for k in ("state_bytes", "activation_bytes") if any(k in c.memory for c in checks)]
-    rows = [[c.label, f"{c.measured_ms:.2f}", f"{c.predicted_ms:.2f}", f"{100 * c.error:+.1f}%",
-             *(_memory_cell(c.memory.get(k)) for k in memory)]
-            for c in sorted(checks, key=lambda c: c.measured_ms)]
-    if as_json:
-        print(json.dumps({"cluster": cluster.name, "summary": s, "trials": [
-            {"label": c.label, "measured_ms": c.measured_ms, "predicted_ms": c.predicted_ms,
-             **{k: {"predicted": v[0], "measured": v[1]} for k, v in c.memory.items()}}
-            for c in checks]}, indent=1))
-        return
-    display_table(f"sweep {sweep_id} on {cluster.name}: predicted vs measured step",
-                  ["trial", "measured ms", "predicted ms", "error",
-                   *(f"{k.split('_')[0]}s MB pred/meas" for k in memory)], rows)
-    if s["trials"]:
-        console.print(f"median |error| {100 * s['median_abs_error']:.1f}% over {s['trials']} trials")
-        for group, regret in s["regret"].items():
-            console.print(f"  {group}: predicted best {s['predicted_best'][group]} is "
-                          f"{100 * regret:.1f}% off the measured best")
-
-
-def _reader(sweep_id: str) -> Any:
-    """The tracker holding `sweep_id`, or one line (exit 2) when it cannot: a store that does not
-    exist is not created (nor its lock, `options.tracker(existing=True)`), an id it does not hold
-    is refused."""
-    tracker = options.tracker(existing=True)
-    tracker.sweep(sweep_id, field="validate")
-    return tracker

@@ -38,6 +38,8 @@ from seqpar.rules import lengths as length_rules
 from seqpar.rules import masks
 from seqpar.rules.deal import CostModel, Deal
 from seqpar.rules.flops import BACKWARD_FLOPS
+from seqpar.rules.layouts import positions as layout_positions
+from seqpar.rules.lengths import boundaries
 from seqpar.rules.model import ModelConfig
 from seqpar.rules.pool import pool_groups, pool_sizes
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
@@ -282,3 +284,21 @@ class Table:
         out = np.zeros(int(self.round.max()) + 1 if len(self.round) else 0)
         np.maximum.at(out, self.round, seconds)
         return out
+
+
+def layout_rank_pairs(deal: Deal, layout: str, window: int | None = None) -> np.ndarray:
+    """Each rank's visible pairs as the runner deals each pack in `layout` (its documents' causal
+    pairs, under a window, at the positions each rank holds): what its attention kernels compute
+    (`Table.rank_pairs` splits each pack evenly instead; this walks every token, for a trial)."""
+    out = np.zeros(deal.pool)
+    for m in deal.micro:
+        if not m.seqs:
+            continue
+        cu = boundaries([deal.lengths[i] for i in m.seqs])
+        starts = np.asarray(cu[:-1])
+        for k, r in enumerate(m.group):
+            held = (np.arange(cu[-1]) if m.size == 1 else
+                    np.asarray(layout_positions(layout, k, m.size, cu[-1], cu)))
+            seen = held - starts[np.searchsorted(starts, held, side="right") - 1] + 1
+            out[r] += float((seen if window is None else np.minimum(seen, window)).sum())
+    return out

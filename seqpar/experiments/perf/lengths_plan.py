@@ -32,7 +32,14 @@ from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.api import attention_peak
 from seqpar.experiments.perf.fsdp import traffic
-from seqpar.experiments.perf.lengths import SizeRates, Table, Workload, deal_cost, size_rates
+from seqpar.experiments.perf.lengths import (
+    SizeRates,
+    Table,
+    Workload,
+    deal_cost,
+    layout_rank_pairs,
+    size_rates,
+)
 from seqpar.experiments.perf.lengths_step import PARTS, STATES, LengthStep, Split
 from seqpar.experiments.perf.policy import Filters, Policy, space, split_checkpoint
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
@@ -356,4 +363,7 @@ def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
                            for b in case.batches]
     by_size = {d: case.options_at(d) for d in case.group_sizes()}
     policy = _policy_of_case(case)[0]
-    return plan.step(split, case.algorithm, dict(case.options), case.layout, by_size, policy)
+    s = plan.step(split, case.algorithm, dict(case.options), case.layout, by_size, policy)
+    pairs = sum(layout_rank_pairs(b.deal, case.layout, case.window) for b in case.batches)
+    s.imbalance = float(pairs.max() / pairs.mean()) if pairs.mean() > 0 else 1.0
+    return s

@@ -12,6 +12,7 @@ from typing import Any
 from seqpar.errors import ConfigError, SeqparError, require
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf.api import Prediction, predict
+from seqpar.experiments.perf.lengths_plan import predict_case
 from seqpar.experiments.perf.policy import Filters
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.search import Result, check_counts, make_setup, search
@@ -145,6 +146,9 @@ class Check:
     group: str = ""  # trials that answer one question (same workload and shape): best is chosen here
     # a training trial's memory, {"state_bytes" | "activation_bytes": (predicted, measured)}
     memory: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # a trial of lengths: max / mean attention FLOPs over ranks, (predicted, measured
+    # load_imbalance)
+    imbalance: tuple[float, float] | None = None
 
     @property
     def error(self) -> float:
@@ -177,8 +181,11 @@ def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
             continue
         if spec.plan.algorithm not in algorithms.REGISTRY:
             continue
-        p = predict_trial(spec, emulated(spec, cluster))
         w, m = spec.workload, spec.model
+        if w.lengths is not None:
+            out.append(_lengths_check(spec, emulated(spec, cluster), metrics))
+            continue
+        p = predict_trial(spec, emulated(spec, cluster))
         group = f"N={w.seq_len} B={w.batch} H={m.heads}/{m.hkv} D={m.head_dim} {w.dtype} {w.mode}"
         memory = {}
         if spec.train is not None:
@@ -193,6 +200,17 @@ def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
 _MEMORY_PART = {"state": "states", "activation": "activations"}
 
 
+def _lengths_check(spec: Any, cluster: Cluster, metrics: Mapping[str, float]) -> Check:
+    """A trial of lengths: its step as dealt and run (`lengths_plan.predict_case`), and the
+    predicted FLOPs imbalance beside the measured `load_imbalance`."""
+    s = predict_case(spec.to_case(), cluster, max(1, spec.plan.nodes))
+    w = spec.workload
+    group = f"train {spec.train.model} {w.lengths} T={w.tokens_per_step} P={spec.plan.world} {w.dtype}"
+    measured = metrics.get("load_imbalance")
+    return Check(spec.label(), float(metrics["step_ms"]), s.step_ms, group,
+                 imbalance=None if measured is None else (s.imbalance, float(measured)))
+
+
 def summary(checks: Sequence[Check]) -> dict[str, Any]:
     """Median absolute error over the trials; per group of comparable trials (same workload and
     shape), the measured time of the predicted best over the measured best (the regret)."""
@@ -205,8 +223,11 @@ def summary(checks: Sequence[Check]) -> dict[str, Any]:
     for name, members in groups.items():
         pick = min(members, key=lambda c: c.predicted_ms)
         regrets[name] = (pick.label, pick.measured_ms / min(c.measured_ms for c in members) - 1)
+    paired = [c.imbalance for c in checks if c.imbalance is not None]
     return {"trials": len(checks),
             "median_abs_error": statistics.median(abs(c.error) for c in checks),
+            **({"imbalance_median_abs_error": statistics.median(
+                abs(p - m) / m for p, m in paired)} if paired else {}),
             "regret": {g: r for g, (_, r) in regrets.items()},
             "predicted_best": {g: label for g, (label, _) in regrets.items()},
             "max_regret": max(r for _, r in regrets.values())}
