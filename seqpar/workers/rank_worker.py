@@ -109,11 +109,11 @@ class RankWorker:
         return {"sweep": metrics.sweep_tag(self.gang_id), "trial": self._trial,
                 "rank": str(self.rank), **more}
 
-    def _set_phase(self, phase: str, keep_s: float | None = None) -> None:
+    def _set_phase(self, phase: str) -> None:
         with self._lock:
             self._phase, self._since = phase, time.monotonic()
         for p in metrics.PHASES:  # one series per phase: 1 for this one (none for a test hook's)
-            self._metrics.set("seqpar_rank_phase", float(p == phase), self._tags(phase=p), keep_s)
+            self._metrics.set("seqpar_rank_phase", float(p == phase), self._tags(phase=p))
 
     def _tick(self) -> None:
         self._iterations += 1
