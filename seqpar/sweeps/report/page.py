@@ -69,6 +69,15 @@ CAPTIONS = {
                       "per rank would give (with a core per rank; on an oversubscribed CPU an idle "
                       "rank lends its core, so imbalance costs less there), and the load imbalance "
                       "(max/mean FLOPs over ranks) beside the ideal 1.0.",
+    "sp_policies": "Steps of variable-length sequences: each SP policy's tokens per second per "
+                   "rank by algorithm (whiskers: the step's 95% interval), and the ranks' idle "
+                   "time a step (no micro-batch to run before the pool's last one ended).",
+    "length_distribution": "The sweep's length distribution: the lengths, and by length the share "
+                            "of the sequences, of their tokens and of their attention work (L²): "
+                            "a long tail holds much of the work in few sequences.",
+    "step_timeline": "One step of a trial, rank by rank: each micro-batch from its start to its "
+                     "end (the tick: its forward's end), coloured by its group's size and "
+                     "labelled by its sequences; disjoint groups run at the same time.",
     "window_savings": "Sliding window W against full causal: step time, attention FLOPs and bytes "
                       "as a fraction of full causal; the dashed line is the fraction of visible "
                       "(query, key) pairs.",

@@ -100,6 +100,9 @@ class TrialView:
     unstable: str | None = None  # why its step time cannot be trusted (tag seqpar.unstable)
     experiment_id: str = ""      # its MLflow experiment
     mask_spec: str | None = None  # workload.mask's compact form (any mask); None: causal/full
+    lengths: str | None = None    # workload.lengths (a step of sequences); None: one sequence
+    sp_policy: str | None = None  # with lengths: static | dynamic
+    packing: str | None = None    # with lengths, static: best-fit | cost-balanced
 
     @classmethod
     def of(cls, run: RunRecord) -> TrialView:
@@ -130,7 +133,8 @@ class TrialView:
             _opt_int(p, "workload.window"), docs, training, cores,
             tags.get("seqpar.device"), tags.get("seqpar.topology", "virtual"),
             tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics),
-            tags.get("seqpar.unstable"), run.experiment_id, _text(p, "workload.mask"))
+            tags.get("seqpar.unstable"), run.experiment_id, _text(p, "workload.mask"),
+            _text(p, "workload.lengths"), _text(p, "plan.sp_policy"), _text(p, "plan.packing"))
 
     @property
     def finished(self) -> bool:
@@ -142,6 +146,9 @@ class TrialView:
         words = [self.algorithm] + [f"{k}={v}" for k, v in self.options]
         if self.training is not None:
             words.append(self.training.label(self.world))
+        if self.lengths is not None:  # a step of sequences: its policy tells the trials apart
+            words.append("dynamic" if self.sp_policy == "dynamic" else
+                         f"static/{self.packing or 'best-fit'}")
         return " ".join(words)
 
     @property

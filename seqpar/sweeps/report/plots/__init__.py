@@ -10,6 +10,11 @@ from seqpar.sweeps.report.plots.accuracy import accuracy_figure, accuracy_series
 from seqpar.sweeps.report.plots.documents import varlen_figure
 from seqpar.sweeps.report.plots.lengths import vs_seq_len
 from seqpar.sweeps.report.plots.links import bytes_by_link, bytes_vs_analytic
+from seqpar.sweeps.report.plots.policies import (
+    distribution_figure,
+    policies_figure,
+    timeline_figure,
+)
 from seqpar.sweeps.report.plots.ranks import one_rank_rate, per_rank_figure, rank_breakdown
 from seqpar.sweeps.report.plots.scaling import scaling_figure, scaling_points, scaling_series
 from seqpar.sweeps.report.plots.training import train_figure
@@ -63,4 +68,23 @@ def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = N
     train = [t for t in ok if t.training is not None]
     if train:  # model training trials: what each configuration keeps and what it costs
         figs["train_memory_and_time"] = train_figure(train)
+    steps = [t for t in ok if t.lengths is not None]
+    if steps:  # steps of sequences dealt by an SP policy
+        figs["sp_policies"] = policies_figure(steps)
+        spread = distribution_figure(steps[0].lengths, steps[0].seq_len)
+        if spread is not None:
+            figs["length_distribution"] = spread
+        timelines = [(t, ranks) for t in steps for ranks in [timeline_of(details, t)] if ranks]
+        if timelines:
+            figs["step_timeline"] = timeline_figure(timelines[:MAX_TIMELINES])
     return figs
+
+
+MAX_TIMELINES = 3
+
+
+def timeline_of(details: dict[str, dict[str, Any]] | None, t: TrialView) -> list | None:
+    """Each rank's micro-batches of one step, from the trial's per_rank.json (None: not there)."""
+    ranks = ((details or {}).get(t.run_id) or {}).get("per_rank") or []
+    out = [r.get("extra", {}).get("varlen", {}).get("timeline") for r in ranks]
+    return out if out and all(x is not None for x in out) else None
