@@ -1,10 +1,10 @@
 """One optimizer step over a batch of whole sequences, dealt to sequence-parallel groups of a pool
 (`rules.deal`: static packs or the dynamic deal), exact whatever the deal.
 
-    pool = build_pool(...)                               # algorithms.mesh, once per trial
-    model = StepModel.build(net, pool, attention, layout)  # an attention per group of the pool
-    out = train_step(model, step, tokens_of, pool_rank)  # forward + backward of this rank's share
-    opt.step()
+    pool = build_pool(groups)                        # algorithms.mesh: once per trial, every rank
+    model = StepModel.build(net, pool, {size: (algorithm, options)}, layout)  # attention per group
+    out = train_step(model, deal, tokens_of, pool_rank)  # this rank's micro-batches, then the
+    opt.step()                                           # gradients summed over the pool
 
 Each rank runs its micro-batches (`Deal.of_rank`) in the deal's one global order: a micro-batch is
 a pack of whole sequences on one group, each sequence a document of the pack (attention stays
