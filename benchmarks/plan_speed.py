@@ -25,6 +25,12 @@ CASES = {
         ["plan", "--scope", "cluster", "--cluster", "h100-sxm", "--model", "llama3.1-8b",
          "--seq-len", "262144", "--world", "1024", "--nodes", "128", "--tokens-per-step",
          str(64 * 262144), "--top", "5"],
+    "cluster scope with lengths, G = 1,024 (256 nodes of 4), the 12-layer model, lognormal "
+    "1024/1.5 in 128-8192, capacity 2,048, 8M tokens a step":
+        ["plan", "--scope", "cluster", "--cluster", "h100-sxm", "--model",
+         str(Path(__file__).with_name("plan_lengths_model.yaml")), "--world", "1024", "--nodes",
+         "256", "--seq-len", "8192", "--lengths", "lognormal:mean=1024,sigma=1.5,min=128,max=8192",
+         "--capacity", "2048", "--tokens-per-step", str(4 * 1024 * 2048), "--top", "5"],
     "cluster scope, G = 64 (8 nodes), Llama-3.1-8B, 256K tokens, 2M a step":
         ["plan", "--scope", "cluster", "--cluster", "h100-sxm", "--model", "llama3.1-8b",
          "--seq-len", "262144", "--world", "64", "--nodes", "8", "--tokens-per-step",

@@ -78,8 +78,11 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     _why(steps, c)
     console.print(f"kernel rates: {plan.kernel_source}", soft_wrap=False, overflow="fold")
     if plan.skipped:
-        console.print("not planned: " + "; ".join(f"{k}: {v}" for k, v in plan.skipped.items()),
-                      soft_wrap=False, overflow="fold")
+        why: dict[str, list[str]] = {}
+        for split, reason in plan.skipped.items():
+            why.setdefault(reason, []).append(split.removeprefix("static sp="))
+        console.print("static SP degrees not planned: " + "; ".join(
+            f"{', '.join(d)}: {r}" for r, d in why.items()), soft_wrap=False, overflow="fold")
 
 
 def _label(s: LengthStep) -> str:

@@ -407,7 +407,7 @@ def test_plan_lengths_gives_each_policy_and_its_imbalance():
 def test_plan_lengths_says_why_the_best_wins(monkeypatch):
     text = _table(monkeypatch, *LENGTHS, "--top", "5")
     assert "best: dynamic" in text and "vs best static" in text and "idle" in text
-    assert "not planned: static sp=1" in text  # 8,192 tokens do not fit 1 x 2,048
+    assert "static SP degrees not planned: 1, 2: the longest" in text  # 8,192 > 2 x 2,048
 
 
 @pytest.mark.parametrize(("extra", "starts", "says"), [

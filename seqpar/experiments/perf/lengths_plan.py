@@ -135,8 +135,8 @@ class LengthPlan:
                 if sp is not None and d != sp:
                     continue
                 if d * self.work.capacity < longest:
-                    self.skipped[f"static sp={d}"] = (f"a sequence of {longest} tokens does not "
-                                                      f"fit {d} x {self.work.capacity}")
+                    self.skipped[f"static sp={d}"] = (f"the longest sequence ({longest} tokens) "
+                                                      f"does not fit d x {self.work.capacity}")
                     continue
                 out += [Split("static", d, p) for p in packings]
         if "dynamic" in policies:
@@ -304,7 +304,7 @@ class LengthPlan:
         best, worse = float("inf"), 0
         for split in self.splits(policies, packings, filters.sp):
             if split.policy == "static" and worse >= 2 and not every:
-                self.skipped[split.label()] = "slower at the two SP degrees below it"
+                self.skipped[f"static sp={split.degree}"] = "slower at the two SP degrees below"
                 continue
             mine = self._split(split, filters)
             out += mine

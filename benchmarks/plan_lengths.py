@@ -1,0 +1,76 @@
+"""Issue 30's planner numbers: a long-tailed length distribution on 4 to 64 H100s (4 a node), each
+SP policy's best predicted step, the dynamic/static speedup and what the difference is made of.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_lengths.py [--tokens 1048576] [--batches 4]
+
+Workload: lengths lognormal mean 1024, sigma 1.5, 128-8192 tokens; capacity 2,048 tokens a rank
+(a static SP group needs 4 ranks for the longest sequence); `--tokens` a step (default 1M, the same
+at every P); the 12-layer decoder of benchmarks/plan_lengths_model.yaml (hidden 2048, 16 heads and
+kv heads, ffn 8192, vocab 131072); h100-sxm's rates (flash2), `--nodes` = P / 4. Each policy's row
+is its best configuration (algorithm, SP degree, states and checkpointing) by TGS; the parts are the
+mean rank's, in ms: at attention kernels, ac its exposed communication, oc other compute, rc
+recompute, id idle (waiting on the slowest rank), cm FSDP past the rounds and the gradient
+all-reduce, op optimizer. The same as `seqpar plan --scope cluster --lengths ...` (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from seqpar.experiments import clusters
+from seqpar.experiments.perf.lengths import Workload
+from seqpar.experiments.perf.lengths_plan import LengthPlan
+from seqpar.experiments.perf.lengths_step import PARTS, LengthStep
+
+MODEL = str(Path(__file__).with_name("plan_lengths_model.yaml"))
+LENGTHS = "lognormal:mean=1024,sigma=1.5,min=128,max=8192"
+SHORT = dict(zip(PARTS, ("at", "ac", "oc", "rc", "id", "cm", "op"), strict=True))
+
+
+def kind(s: LengthStep) -> str:
+    if s.sp_policy == "static":
+        return f"static {s.split.packing}"
+    return "dynamic" + (" equal counts" if s.split.equal_counts else "")
+
+
+def row(s: LengthStep) -> str:
+    where = " ".join(f"{SHORT[k]} {v:.1f}" for k, v in s.parts.items())
+    sp = f"sp={s.sp}" if s.sp_policy == "static" else "sizes " + "/".join(map(str, s.degrees))
+    return (f"{kind(s):26} {s.step_ms:9.1f} ms {s.tgs:9,.0f} TGS  {s.algorithm:9} {sp:13} "
+            f"{s.policy.label():18} imb {s.imbalance:.3f} busy {s.busy_imbalance:.3f} | {where}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=2 ** 20)
+    ap.add_argument("--batches", type=int, default=4)
+    a = ap.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
+    print(f"{LENGTHS}, capacity 2048 a rank, {a.tokens:,} tokens a step, {a.batches} batches, "
+          f"{MODEL}, h100-sxm (flash2), 4 GPUs a node")
+    for p in (4, 8, 16, 32, 64):
+        t0 = time.perf_counter()
+        work = Workload.of(LENGTHS, a.tokens, 8192, 2048, batches=a.batches)
+        plan = LengthPlan.make(clusters.load("h100-sxm"), MODEL, work, p, max(1, p // 4))
+        best: dict[str, LengthStep] = {}
+        for s in plan.search():
+            if s.fits:
+                best.setdefault(kind(s), s)
+        print(f"\nP = {p} ({time.perf_counter() - t0:.2f} s to plan)")
+        for s in best.values():
+            print("  " + row(s))
+        dyn = best["dynamic"]
+        static = min((s for k, s in best.items() if k.startswith("static")),
+                     key=lambda s: s.step_ms)
+        diff = ", ".join(f"{SHORT[k]} {static.parts[k] - dyn.parts[k]:+.1f}" for k in PARTS
+                         if abs(static.parts[k] - dyn.parts[k]) >= 0.05)
+        print(f"  dynamic / best static ({kind(static)} sp={static.sp}): speedup "
+              f"{static.step_ms / dyn.step_ms:.3f}x; static - dynamic: {diff} ms")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
