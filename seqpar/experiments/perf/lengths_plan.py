@@ -47,7 +47,7 @@ from seqpar.experiments.perf.search import attention_space, pareto
 from seqpar.experiments.perf.step import Setup, _optimizer_seconds, _policy_of_case, layer_seconds
 from seqpar.rules import algorithms
 from seqpar.rules import lengths as length_rules
-from seqpar.rules.deal import POLICIES, deal
+from seqpar.rules.deal import POLICIES, CostModel, deal
 from seqpar.rules.flops import BACKWARD_FLOPS, gemm_flops, step_flops
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import ModelConfig, load
@@ -86,7 +86,8 @@ class LengthPlan:
         return max(1, self.world // self.nodes)
 
     @cached_property
-    def cost(self):  # noqa: ANN201 (rules.deal.CostModel)
+    def cost(self) -> CostModel:
+        """The cost model every split is dealt by (`deal_cost`: the driver's)."""
         return deal_cost(self.cfg, self.cluster, self.dtype, window=self.work.window,
                          capacity=self.work.capacity, world=self.world,
                          ranks_per_node=self.per_node)
