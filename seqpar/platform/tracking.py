@@ -294,7 +294,8 @@ class Tracker(Artifacts):
         self.client.set_terminated(run_id, status=status)
         self.log_dict(run_id, detail, "per_rank.json")
         latest = {k: float(v) for k, v in metrics.items() if v is not None}
-        latest.update({k: float(v[-1]) for k, v in (series or {}).items() if len(v)})  # as read
+        latest.update({k: float(v[-1]) for k, v in {**(series or {}), **(by_rank or {})}.items()
+                       if len(v)})  # as the store reads it back: the value at the last step
         return RunRecord(run_id, name, status, run.info.start_time,
                          {k: str(v) for k, v in params.items()}, latest, run_tags,
                          parent.info.experiment_id)

@@ -178,6 +178,7 @@ def test_a_full_tmpfs_leaves_the_trial_finished_with_its_metrics_and_names_the_f
     assert "No space left on device" in missing.error
 
 
+@pytest.mark.slow  # the same one-line warning as a full store (the test above), at the start
 def test_an_unwritable_artifact_root_is_one_line_and_the_sweep_runs(
         ray_runner, tmpfs, fresh_store):
     root = tmpfs("ro,size=64k")
