@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from seqpar.errors import require
@@ -248,9 +248,16 @@ def deal(lengths: Sequence[int], pool: int, capacity: int, policy: str, cost: Co
         require(packing == "best-fit", "packing", packing,
                 "cost-balanced packing is a static policy's (dynamic places by cost already)")
         micro, bound = _dynamic(lengths, pool, capacity, cost, ranks_per_node, any_size)
-    if equal_counts or policy == "static":
+    if policy == "static":
         micro = _rounds(micro, pool)
-    return Deal(policy, packing, pool, capacity, lengths, tuple(micro), equal_counts, bound)
+    free = Deal(policy, packing, pool, capacity, lengths, tuple(micro), False, bound)
+    return in_rounds(free) if equal_counts else free
+
+
+def in_rounds(d: Deal) -> Deal:
+    """A dynamic deal with equal counts: the same micro-batches in rounds (what `deal` with
+    `equal_counts` gives)."""
+    return replace(d, micro=tuple(_rounds(d.micro, d.pool)), equal_counts=True)
 
 
 def _static(lengths: tuple[int, ...], pool: int, capacity: int, degree: int, packing: str,

@@ -39,7 +39,8 @@ def test_the_plan_deals_with_the_runners_function():
                      ranks_per_node=4)
     assert cost == plan.cost
     for split, extra in ((Split("dynamic"), {}), (Split("static", 4, "cost-balanced"),
-                                                  {"degree": 4, "packing": "cost-balanced"})):
+                                                  {"degree": 4, "packing": "cost-balanced"}),
+                         (Split("dynamic", equal_counts=True), {"equal_counts": True})):
         for lengths, table in zip(plan.work.draws, plan.tables(split), strict=True):
             assert table.deal == deal(lengths, 8, 2048, split.policy, cost, ranks_per_node=4,
                                       **extra)

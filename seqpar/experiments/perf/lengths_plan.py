@@ -47,7 +47,7 @@ from seqpar.experiments.perf.search import attention_space, pareto
 from seqpar.experiments.perf.step import Setup, _optimizer_seconds, _policy_of_case, layer_seconds
 from seqpar.rules import algorithms
 from seqpar.rules import lengths as length_rules
-from seqpar.rules.deal import POLICIES, CostModel, deal
+from seqpar.rules.deal import POLICIES, CostModel, deal, in_rounds
 from seqpar.rules.flops import BACKWARD_FLOPS, gemm_flops, step_flops
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import ModelConfig, load
@@ -101,13 +101,17 @@ class LengthPlan:
         """Each batch's deal under `split` (`rules.deal.deal`, the runner's), as a Table."""
         got = self._tables.get(split)
         if got is None:
-            extra: dict[str, Any] = ({"degree": split.degree} if split.policy == "static"
-                                     else {"equal_counts": split.equal_counts})
-            got = self._tables[split] = [
-                Table.of(deal(lengths, self.world, self.work.capacity, split.policy, self.cost,
-                              packing=split.packing, ranks_per_node=self.per_node, **extra),
-                         self.cluster.kernel_half_tokens, self.work.window)
-                for lengths in self.work.draws]
+            half, window = self.cluster.kernel_half_tokens, self.work.window
+            if split.equal_counts:  # the free deal's micro-batches in rounds (`deal` does so)
+                free = self.tables(Split("dynamic"))
+                got = [Table.of(in_rounds(t.deal), half, window) for t in free]
+            else:
+                extra = {"degree": split.degree} if split.policy == "static" else {}
+                got = [Table.of(deal(lengths, self.world, self.work.capacity, split.policy,
+                                     self.cost, packing=split.packing,
+                                     ranks_per_node=self.per_node, **extra), half, window)
+                       for lengths in self.work.draws]
+            self._tables[split] = got
         return got
 
     def rates(self, d: int, name: str, options: dict[str, Any], layout: str) -> SizeRates:
