@@ -84,7 +84,8 @@ def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: i
               equal_counts: bool = False, dp: int = 1, window: int | None = None,
               options: dict[str, Any] | None = None, longest: int | None = None,
               overrides: tuple[tuple[str, int], ...] = (), dtype: str = "float64",
-              checkpoint: str = "none", fused_head: bool = False) -> TrainCase:
+              checkpoint: str = "none", fused_head: bool = False,
+              any_size: bool = False) -> TrainCase:
     """A float64 training case of `world` ranks with its batches dealt (`dealt`): what `seqpar
     check --lengths` and the tests build."""
     sp = world if policy == "dynamic" else world // dp
@@ -94,7 +95,7 @@ def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: i
                      checkpoint=checkpoint, fused_head=fused_head,
                      options=tuple(sorted((options or {}).items())))
     return dealt(base, lengths, tokens=tokens, batches=batches, policy=policy, packing=packing,
-                 capacity=capacity, equal_counts=equal_counts, window=window)
+                 capacity=capacity, equal_counts=equal_counts, window=window, any_size=any_size)
 
 
 def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int | None,

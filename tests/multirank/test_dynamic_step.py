@@ -68,6 +68,17 @@ def test_step_matches_one_process(gang, seed, algorithm, policy, world, gqa):
 
 
 @pytest.mark.multirank
+def test_groups_of_any_size_match_one_process(gang, seed):
+    """ByteScale's groups of any size (plan.group_sizes: any): a group of 3 in a pool of 4."""
+    case = make_case("ring", 4, "lognormal:mean=14,sigma=0.4,min=2,max=24", tokens=80, capacity=6,
+                     policy="dynamic", seed=seed % 1000, any_size=True, overrides=shape(4, True),
+                     longest=24)
+    assert 3 in {m.size for b in case.batches for m in b.deal.micro if m.seqs}
+    got = step_check.compare(case, gang.run(step_check.rank_run, case), step_check.reference(case))
+    assert got.ok, got.failures
+
+
+@pytest.mark.multirank
 def test_disjoint_groups_run_at_the_same_time(gang, seed):
     """Two groups of two ranks each run their micro-batches at once: the intervals overlap in
     wall time (one host: one clock). A policy that ran the groups one after another fails."""
