@@ -117,3 +117,29 @@ def test_bench_times_every_algorithm_against_local(session_gang, monkeypatch, ca
     assert "each algorithm at P=1 against local" in out and "ring at P=2 against local" in out
     for row in ("local, 1 thread", "local, 2 threads", "ring P=2, 1 thread each"):
         assert row in out
+
+
+def test_check_lengths_runs_both_policies_and_exits_0_with_json(session_gang, monkeypatch, capsys):
+    """`seqpar check --lengths`: each algorithm's step under the static and the dynamic policy
+    against one process; the default capacity makes the dynamic deal use more than one size."""
+    code, out, err = seqpar(monkeypatch, capsys, "check", "-P", "2", "--algorithms", "ring",
+                            "--heads", "4", "--kv-heads", "2", "--head-dim", "4", "--seed", "5",
+                            "--lengths", "lognormal:mean=8,sigma=1,min=2,max=24", "--json")
+    assert code == 0, out + err
+    rows = json.loads(out)
+    assert {(r["policy"], r["H/Hkv"]) for r in rows} == {
+        (p, h) for p in ("static", "dynamic") for h in ("4/4", "4/2")}
+    assert all(r["status"] == "ok" and float(r["max rel grad err"]) < 1e-8 for r in rows), rows
+    dynamic = next(r for r in rows if r["policy"] == "dynamic")
+    assert dynamic["sequences by group size"].startswith("1:") and " 2:" in dynamic[
+        "sequences by group size"]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--lengths", "lognormal:mean=8,sigma=1,min=30,max=24"], "min=30 must be at most max=24"),
+    (["--lengths", "fixed:64", "--capacity", "8"], "longer than the whole pool holds"),
+    (["--lengths", "fixed:8", "--capacity", "0"], "capacity=0"),
+])
+def test_check_lengths_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, says):
+    code, out, err = seqpar(monkeypatch, capsys, "check", "-P", "2", *args)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
