@@ -163,7 +163,8 @@ class TrialRunner:
             result.setup_s = time.perf_counter() - start
             return result
         try:
-            self._run_on(gang, result, start, metrics.trial_tag(tag or trial.case.label()))
+            name = metrics.ascii_tag(tag) if tag else metrics.trial_tag(trial.case.label())
+            self._run_on(gang, result, start, name)
         except BaseException:  # Ctrl-C or a driver-side error: no gang outlives the trial
             gang.kill()
             raise

@@ -60,7 +60,10 @@ def test_a_running_trial_shows_its_phase_and_iterations_and_every_series_reads_b
     from ray.util.state import list_tasks
 
     # the shared gang of 2 (tests/platform/test_frozen_rank.py takes it over from here)
-    gang, tag = gang_id, metrics.trial_tag(f"ring dashboard · {seed}", "0123456789ab")
+    # a label longer than a tag keeps (the hash must survive the cut), with a character Ray refuses
+    label = f"{slow_ring(seed).label()} · dashboard test {seed}"
+    gang, tag = gang_id, metrics.trial_tag(label, "0123456789ab")
+    assert len(tag) > 48 and tag.endswith(" 0123456789ab")
     trial = Trial(slow_ring(seed), gang, links={"intra": LinkModel(latency_s=0.05)})
     out: dict[str, object] = {}
     thread = threading.Thread(target=lambda: out.update(r=ray_runner.run(trial, tag=tag)))
@@ -115,3 +118,9 @@ def test_a_running_trial_shows_its_phase_and_iterations_and_every_series_reads_b
         series = next(s for s in metrics.SERIES.values() if s.exported == x.name)
         assert set(series.tags) <= set(x.tags), (x.name, x.tags)
         assert x.tags["sweep"] == gang and x.tags["rank"] in ("0", "1")
+
+
+def test_trial_tags_are_ascii_short_and_keep_the_hash():
+    tag = metrics.trial_tag("ulysses P=4 zigzag causal · docs=3 N=4096 H=8/8 bfloat16 ×2 é", "ab12")
+    assert tag.isascii() and tag.endswith(" ab12") and len(tag) <= 48 + 5
+    assert metrics.sweep_tag("sweep-1a2b3c4d") == "1a2b3c4d" and metrics.sweep_tag("mine") == "mine"
