@@ -7,12 +7,11 @@ same from its sections).
     case = make_case("ring", 4, "lognormal:mean=10,sigma=1,min=2,max=40", tokens=96, capacity=8,
                      policy="dynamic")
 
-Per visible (query, key) pair of causal attention, forward and backward, over every layer:
-4·H·D FLOPs forward, 2.5x that backward (`rules.flops`), at the cluster's attention rate. Per
-token: the blocks' GEMMs and the LM head, 3x their forward FLOPs, at the GEMM rate. Per token on a
-group of d > 1 ranks: the K,V a ring carries, 2·Hkv·D elements a layer forward and twice that
-backward, times (d - 1) / d, at one GPU's intra-node bandwidth (not overlapped: an upper bound).
-The planner's whole-step model refines each part; this is what the driver deals a run's step by.
+The cost model is the planner's (`experiments/perf/lengths.py: deal_cost`): the attention per
+visible pair at the kernel's rate and its small-call curve, the GEMMs, element-wise work and head
+per token, a ring's K,V per token over the links each group size spans, the fixed cost of a
+micro-batch; `seqpar plan --lengths` deals with the same function, so a run and its plan deal
+alike (the cluster file `local` for a run here: `dealt(cluster=)`).
 """
 
 from __future__ import annotations
@@ -25,28 +24,18 @@ from seqpar.case import TrainCase
 from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
 from seqpar.experiments.clusters import Cluster
+from seqpar.experiments.perf.lengths import deal_cost
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import CostModel, check_lengths, plan_batches
-from seqpar.rules.flops import BACKWARD_FLOPS, gemm_flops, head_flops
 from seqpar.rules.model import ModelConfig
-from seqpar.rules.shape import DTYPE_BYTES
 
 
-def _rate(table: dict[str, float], dtype: str) -> float:
-    """TFLOP/s for `dtype`, else the table's first (a CPU file measures one dtype)."""
-    tflops = table.get(dtype) or next(iter(table.values()), 1.0)
-    return tflops * 1e12
-
-
-def cost_model(cfg: ModelConfig, cluster: Cluster, dtype: str, window: int | None = None
-               ) -> CostModel:
-    """The deal's cost model for `cfg` on `cluster` (see the module docstring)."""
-    pair = cfg.layers * 4.0 * cfg.heads * cfg.head_dim * (1 + BACKWARD_FLOPS)
-    token = 3.0 * (cfg.layers * gemm_flops(cfg, 1) + head_flops(cfg, 1))
-    kv_bytes = cfg.layers * 3 * 2 * cfg.kv_heads * cfg.head_dim * DTYPE_BYTES.get(dtype, 2)
-    return CostModel(attention=pair / _rate(cluster.attention_tflops, dtype),
-                     linear=token / _rate(cluster.gemm_tflops, dtype),
-                     comm=kv_bytes / (cluster.intra.bandwidth_gb_per_s * 1e9), window=window)
+def cost_model(cfg: ModelConfig, cluster: Cluster, dtype: str, window: int | None = None, *,
+               capacity: int = 2048, world: int | None = None,
+               ranks_per_node: int | None = None) -> CostModel:
+    """The deal's cost model for `cfg` on `cluster`: the planner's (`perf.lengths.deal_cost`)."""
+    return deal_cost(cfg, cluster, dtype, window=window, capacity=capacity, world=world,
+                     ranks_per_node=ranks_per_node)
 
 
 def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: int = 2,
@@ -68,7 +57,8 @@ def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: 
     tokens = tokens or max(world * capacity, case.seq_len)
     check_lengths([min(length_rules.longest(dist), case.seq_len)], world, capacity, policy,
                   case.sp if policy == "static" else None)
-    cost = cost_model(case.config(), clusters.load(cluster), case.dtype, window)
+    cost = cost_model(case.config(), clusters.load(cluster), case.dtype, window,
+                      capacity=capacity, world=world, ranks_per_node=ranks_per_node)
     extra: dict[str, Any] = ({"degree": case.sp} if policy == "static" else
                              {"equal_counts": equal_counts, "any_size": any_size})
     planned = plan_batches(dist, tokens, case.seq_len, case.seed, batches, world, capacity,
