@@ -140,9 +140,10 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
     display_comparison(cmp)
     print_compare_link(tracker, cmp.trials)
     skipped = f", {outcome.resumed} already done" if outcome.resumed else ""
+    missing = f" ({len(tracker.missing)} missing: listed above)" if tracker.missing else ""
     console.print(f"sweep id {outcome.sweep_id} (experiment {plan.experiment!r}): "
                   f"{len(outcome.trials)} run{skipped}, {len(outcome.failed)} failed; "
-                  f"plots and per-rank JSON are MLflow artifacts")
+                  f"plots and per-rank JSON are MLflow artifacts{missing}")
     if outcome.failed:
         console.print(f"re-run the failed trials with `{again} --resume {outcome.sweep_id}`")
         raise typer.Exit(1)
