@@ -68,9 +68,14 @@ def test_a_sweep_job_whose_driver_is_killed_leaves_no_rank_and_resume_finishes_o
         ray_head, tmp_path):
     from seqpar.platform.tracking import Tracker
 
-    (tmp_path / "sweep.yaml").write_text(json.dumps(SWEEP))
+    work = tmp_path / "work"  # what --working-dir uploads: the sweep file
+    work.mkdir()
+    (work / "sweep.yaml").write_text(json.dumps(SWEEP))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    entry = ["--", str(BIN / "seqpar"), "--tracking-uri", uri, "sweep", str(tmp_path / "sweep.yaml")]
+    # as the manual writes it: the working dir, the ranks' variables, the job's metadata
+    entry = ["--working-dir", str(work),
+             "--runtime-env-json", json.dumps({"env_vars": {"NCCL_SOCKET_IFNAME": "lo"}}),
+             "--", str(BIN / "seqpar"), "--tracking-uri", uri, "sweep", "sweep.yaml"]
     submitted = job(ray_head, "submit", "--no-wait", "--submission-id", "sweep-1",
                     "--metadata-json", json.dumps(METADATA), *entry)
     assert submitted.returncode == 0, submitted.stderr[-2000:]
