@@ -39,8 +39,11 @@ def tracker(settings: Settings | None = None, existing: bool = False) -> Tracker
     return Tracker((settings or Settings.of()).tracking_uri, existing=existing)
 
 
-def trial_runner(settings: Settings | None = None, device: str | None = None) -> TrialRunner:
-    """A Ray TrialRunner on the settings' --address (an embedded local Ray by default)."""
+def trial_runner(settings: Settings | None = None, device: str | None = None,
+                 job_metadata: dict[str, str] | None = None) -> TrialRunner:
+    """A Ray TrialRunner on the settings' --address (an embedded local Ray by default); its Ray job
+    labelled with `job_metadata` (`ray list jobs --detail`)."""
     from seqpar.workers.trial import TrialRunner  # torch and Ray: only for a command that runs
 
-    return TrialRunner((settings or Settings.of()).address, device=device)
+    return TrialRunner((settings or Settings.of()).address, device=device,
+                       job_metadata=job_metadata)

@@ -3,7 +3,6 @@ Ray, log every trial to MLflow, and print the comparison table."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -121,10 +120,8 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
     if resume is not None:  # an unknown id is bad input: say so before Ray starts
         tracker = options.tracker(settings)
         tracker.sweep(resume)
-    # Ray started (or joined) here first, with the sweep's job metadata; the runner shares it
-    ray_job = connection.connect(settings.address,
-                                 metadata=connection.job_metadata(plan.name, plan.study))
-    with contextlib.closing(ray_job), options.trial_runner(settings, device=device) as trials:
+    metadata = connection.job_metadata(plan.name, plan.study)  # the Ray job's labels
+    with options.trial_runner(settings, device=device, job_metadata=metadata) as trials:
         tracker = tracker or options.tracker(settings)  # once the cluster answers: a failed start
         console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")
         _print_dashboard()

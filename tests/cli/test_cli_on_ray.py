@@ -51,7 +51,7 @@ class Cli:
 def cli(ray_runner, monkeypatch, capsys, tmp_path, fresh_store) -> Cli:
     # the commands run on the shared Ray instead of starting (and stopping) their own
     monkeypatch.setattr(options, "trial_runner",
-                        lambda settings=None, device=None: contextlib.nullcontext(ray_runner))
+                        lambda settings=None, device=None, **_: contextlib.nullcontext(ray_runner))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "two.yaml").write_text(TWO_TRIALS)
     return Cli(monkeypatch, capsys, fresh_store)
