@@ -66,7 +66,8 @@ def test_two_distributions_with_one_mean_cost_their_own_sequences(tmp_path):
     spread.write_text("256\n1792\n")  # mean 1,024
     fixed = plan_of("fixed:1024", capacity=2048)
     mixed = plan_of(f"file:{spread}", capacity=2048)
-    assert np.mean([x for b in mixed.work.draws for x in b]) == pytest.approx(1024, rel=0.05)
+    # ~256 sequences a step drawn from two lengths: the mean within 3 standard errors of 1,024
+    assert np.mean([x for b in mixed.work.draws for x in b]) == pytest.approx(1024, rel=0.15)
     f = fixed.search(Filters(algorithm="ring"), ("dynamic",))[0]
     m = mixed.search(Filters(algorithm="ring"), ("dynamic",))[0]
     assert set(f.degrees) == set(m.degrees) == {1}  # every sequence on one rank: no SP at all
