@@ -62,14 +62,16 @@ class Training:
     seq_fraction: str | None
     fused_head: bool
     vocab: str | None
+    states: str = "replicated"
 
     def label(self, world: int) -> str:
         ckpt = self.checkpoint
-        if "sequence" in ckpt:
+        if "sequence" in ckpt or ckpt == "seq-attn":
             ckpt += f"({self.seq_fraction})"
         head = " fused-head" if self.fused_head else ""
         vocab = f" V={self.vocab}" if self.vocab is not None else ""
-        return f"SP={world // max(self.dp, 1)} DP={self.dp} ckpt={ckpt}{head}{vocab}"
+        states = f" {self.states}" if self.states != "replicated" else ""
+        return f"SP={world // max(self.dp, 1)} DP={self.dp} ckpt={ckpt}{head}{vocab}{states}"
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class TrialView:
     lengths: str | None = None    # workload.lengths (a step of sequences); None: one sequence
     sp_policy: str | None = None  # with lengths: static | dynamic
     packing: str | None = None    # with lengths, static: best-fit | cost-balanced
+    equal_counts: bool = False    # with lengths, dynamic: every rank as many micro-batches
 
     @classmethod
     def of(cls, run: RunRecord) -> TrialView:
@@ -118,7 +121,7 @@ class TrialView:
         if "train.model" in p:
             training = Training(p["train.model"], _int(p, "train.dp"), p.get("train.checkpoint", ""),
                                 p.get("train.seq_fraction"), p.get("train.fused_head") == "True",
-                                _text(p, "train.vocab"))
+                                _text(p, "train.vocab"), p.get("train.states") or "replicated")
         try:
             cores = int(tags["seqpar.cpu_count"])
         except (KeyError, ValueError):
@@ -134,7 +137,8 @@ class TrialView:
             tags.get("seqpar.device"), tags.get("seqpar.topology", "virtual"),
             tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics),
             tags.get("seqpar.unstable"), run.experiment_id, _text(p, "workload.mask"),
-            _text(p, "workload.lengths"), _text(p, "plan.sp_policy"), _text(p, "plan.packing"))
+            _text(p, "workload.lengths"), _text(p, "plan.sp_policy"), _text(p, "plan.packing"),
+            p.get("plan.equal_counts") == "True")
 
     @property
     def finished(self) -> bool:
@@ -147,8 +151,8 @@ class TrialView:
         if self.training is not None:
             words.append(self.training.label(self.world))
         if self.lengths is not None:  # a step of sequences: its policy tells the trials apart
-            words.append("dynamic" if self.sp_policy == "dynamic" else
-                         f"static/{self.packing or 'best-fit'}")
+            words.append(("dynamic" + ("/equal-counts" if self.equal_counts else ""))
+                         if self.sp_policy == "dynamic" else f"static/{self.packing or 'best-fit'}")
         return " ".join(words)
 
     @property
