@@ -35,9 +35,9 @@ def shape(world: int, gqa: bool) -> tuple[tuple[str, int], ...]:
 def build(algorithm: str, world: int, policy: str, gqa: bool, k: int, seed: int):
     """Case k of the design: its layout rotates; every third one FSDP over the pool (equal
     counts; at P = 8, 8 ranks on 2 cores, in make test-full only), cost-balanced packing on odd
-    static ones, DP = 2 on one static in four, a window on one case in five."""
+    static ones, DP = 2 on one static in four (P > 2), a window on one case in five."""
     fsdp = k % 3 == 0 and (FULL or world <= 4)
-    dp = 2 if policy == "static" and world % 2 == 0 and k % 4 == 1 else 1
+    dp = 2 if policy == "static" and world % 2 == 0 and world > 2 and k % 4 == 1 else 1
     return make_case(
         algorithm, world, f"lognormal:mean=9,sigma=1.0,min=2,max={CAPACITY * world // dp}",
         tokens=20 * world, capacity=CAPACITY, policy=policy, seed=seed % 1000,
