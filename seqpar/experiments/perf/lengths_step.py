@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seqpar.experiments.perf.policy import Policy
+from seqpar.experiments.perf.why import why_slower as _why
 
 PARTS = ("attention", "attention_comm", "other_compute", "recompute", "idle", "exposed_comm",
          "optimizer")
@@ -94,21 +95,6 @@ class LengthStep:
                 "fits": self.fits}
 
 
-
-PART_NAMES = {"attention": "attention", "attention_comm": "attention comm",
-              "other_compute": "other compute", "recompute": "recompute", "idle": "idle",
-              "exposed_comm": "exposed comm", "optimizer": "optimizer"}
-
-
 def why_slower(s: LengthStep, best: LengthStep) -> str:
-    """Why `s` loses to `best`: memory when it does not fit, else the part that grew most."""
-    if not s.fits:
-        return f"no fit: {s.peak_mem_bytes / 1e9:.0f} GB"
-    if s is best:
-        return "best"
-    if s.step_ms <= best.step_ms * (1 + 5e-4):
-        return "ties #1"
-    extra = {k: s.parts[k] - best.parts[k] for k in s.parts}
-    part = max(extra, key=lambda k: extra[k])
-    return (f"+{100 * (s.step_ms / best.step_ms - 1):.0f}%: {PART_NAMES[part]} "
-            f"+{extra[part]:.3g} ms")
+    """Why `s` loses to `best` (`perf.why`), the grown part in ms."""
+    return _why(s, best, unit="ms")

@@ -28,6 +28,7 @@ from seqpar.experiments.perf.api import Prediction, attention_peak
 from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space, split_checkpoint
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.step import Setup, Step, step
+from seqpar.experiments.perf.why import why_slower  # noqa: F401  (cli/plan.py's)
 from seqpar.rules import algorithms, masks
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
@@ -330,23 +331,3 @@ def with_alternatives(result: Result, s: Step) -> list[Step]:
     """`s` and the configurations equal to it (other layouts or options with its prediction)."""
     return [s] + [replace(s, attention=replace(s.attention, options=o, layout=lay))
                   for o, lay in result.alternatives.get(id(s), [])]
-
-
-PART_NAMES = {"attention": "attention", "attention_comm": "attention comm",
-              "other_compute": "other compute", "recompute": "recompute",
-              "exposed_comm": "exposed comm", "optimizer": "optimizer"}
-
-
-def why_slower(s: Step, best: Step) -> str:
-    """Why `s` loses to `best` (one search: same ranks, same tokens a step, so step times compare):
-    memory when it does not fit, else the part of the step that grew most."""
-    if not s.fits:
-        return f"no fit: {s.peak_mem_bytes / 1e9:.0f} GB"
-    if s is best:
-        return "best"
-    if s.step_ms <= best.step_ms * (1 + 5e-4):
-        return "ties #1"
-    extra = {k: s.parts[k] - best.parts[k] for k in s.parts}
-    part = max(extra, key=lambda k: extra[k])
-    return f"+{100 * (s.step_ms / best.step_ms - 1):.0f}%: {PART_NAMES[part]} " \
-           f"+{extra[part] / 1e3:.2g}s"
