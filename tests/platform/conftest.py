@@ -6,20 +6,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-import psutil
 import pytest
 
 from tests import resources
+from tests.ray_head import BIN, child_env, local_ray_head
 
 GANG = "platform-tests"  # one gang id: consecutive tests reuse one gang of 4
 
@@ -78,11 +75,7 @@ cluster.shutdown()
 """
 
 
-def subprocess_env() -> dict[str, str]:
-    """This environment without what would point a child at another Ray or MLflow store, or fix
-    its authentication mode (each child must find its cluster's own)."""
-    return {k: v for k, v in os.environ.items()
-            if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "RAY_AUTH_MODE")}
+subprocess_env = child_env  # this environment less what would point a child at another Ray
 
 
 @dataclass
@@ -132,62 +125,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 # -- a `ray start --head` of our own (module scope) ---------------------------------------------
-BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_head():
-    """A `ray start --head --block` of our own: its address, and its process tree killed after."""
-    temp = tempfile.mkdtemp(prefix="sp-ray-")  # short: Ray's socket paths must fit 107 bytes
-    port, client_port, dashboard = free_port(), free_port(), free_port()
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-         f"--temp-dir={temp}", "--include-dashboard=true", f"--dashboard-port={dashboard}",
-         f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={client_port}",
-         f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-         "--disable-usage-stats"],
-        env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
-    ours: dict[tuple[int, float], psutil.Process] = {}
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # up when the GCS answers and the raylet's agents exist
-            ours.update({(p.pid, p.create_time()): p
-                         for p in psutil.Process(head.pid).children(recursive=True)})
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                up = any("RuntimeEnvAgent" in " ".join(p.cmdline()) for p in ours.values()
-                         if p.is_running())
-            except OSError:
-                up = False
-            if up:
-                break
-            assert head.poll() is None and time.monotonic() < deadline, "ray start failed"
-            time.sleep(0.5)
-        time.sleep(2)
-        yield {"gcs": f"127.0.0.1:{port}", "client": f"ray://127.0.0.1:{client_port}",
-               "dashboard": f"http://127.0.0.1:{dashboard}"}
-    finally:
-        ours.update({(p.pid, p.create_time()): p
-                     for p in psutil.Process(head.pid).children(recursive=True)}
-                    if head.poll() is None else {})
-        head.send_signal(signal.SIGTERM)  # `ray start --block` stops its own processes
-        try:
-            head.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        _, alive = psutil.wait_procs([p for p in ours.values() if p.is_running()], timeout=10)
-        for p in alive:  # only what this head started
-            p.kill()
-        shutil.rmtree(temp, ignore_errors=True)
-
-
+    """A local head of our own (tests/ray_head.py): its addresses, its process tree killed after."""
+    with local_ray_head("sp-ray-", cpus=2) as head:
+        yield head
 
 
 def ray_cli(*args: str, token: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
