@@ -99,12 +99,19 @@ class _Shell(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        saved, state = ctx.saved_tensors, ctx.state
-        ctx.state = None
-        # autograd may run backward on another thread (CUDA), where forward's context is not set
-        with ledger.backward_of(ctx.ledgers):
-            grads = ctx.algo.backward(dout.contiguous(), saved, state)
-        return (None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))
+        return (None, *algorithm_backward(ctx, dout))
+
+
+def algorithm_backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) of an autograd Function whose forward kept the algorithm, its state, the
+    active ledgers, the inputs' dtypes and the saved tensors on `ctx` (`_Shell`, and the model's
+    checkpointing modes that run an algorithm themselves)."""
+    saved, state = ctx.saved_tensors, ctx.state
+    ctx.state = None
+    # autograd may run backward on another thread (CUDA), where forward's context is not set
+    with ledger.backward_of(ctx.ledgers):
+        grads = ctx.algo.backward(dout.contiguous(), saved, state)
+    return tuple(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True))
 
 
 def shape_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> AttnShape:

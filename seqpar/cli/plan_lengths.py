@@ -55,7 +55,7 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     window = window_of(mask)
     check_filters(filters, sp_policy, packing)
     dist = length_rules.parse(lengths, "lengths")
-    capacity = capacity if capacity is not None else min(seq_len, length_rules.longest(dist))
+    capacity = capacity if capacity is not None else min(seq_len, dist.high)
     tokens = tokens or world * capacity
     work = Workload(dist, tokens, seq_len, capacity, batches, window=window)
     work.check(world)

@@ -193,7 +193,7 @@ class Workload(_Strict):
         except ConfigError as err:
             raise _rule(err.field, err.value, err.rule) from None
         assert dist is not None
-        shortest = length_rules.shortest(dist)
+        shortest = dist.low
         if self.tokens_per_step is not None and self.tokens_per_step < min(shortest, self.seq_len):
             raise _rule("workload.tokens_per_step", self.tokens_per_step,
                         f"must hold at least the shortest sequence ({min(shortest, self.seq_len)} "

@@ -94,11 +94,14 @@ class ParallelPlan(_Strict):
         "power-of-two", description="dynamic groups: powers of two and the pool (Megatron-LM), or "
                                     "any size (ByteScale)")
 
-    @property
-    def varlen_defaults(self) -> bool:
-        """Whether every field of a step of lengths is at its default (old specs' hashes)."""
-        return (self.sp_policy, self.packing, self.capacity, self.equal_counts,
-                self.group_sizes) == ("static", "best-fit", None, False, "power-of-two")
+    def changed_varlen_field(self) -> str | None:
+        """The first field of a step of lengths not at its default (None: all are, so old specs
+        keep their hashes)."""
+        return next((k for k in VARLEN_PLAN_FIELDS
+                     if getattr(self, k) != type(self).model_fields[k].default), None)
+
+
+VARLEN_PLAN_FIELDS = ("sp_policy", "packing", "capacity", "equal_counts", "group_sizes")
 
 
 # ConfigError fields from algorithms.check -> where they live in an ExperimentSpec
@@ -131,10 +134,8 @@ class ExperimentSpec(_Strict):
             raise _rule("workload.lengths", self.workload.lengths,
                         "a step of variable-length sequences trains a model: it needs a train "
                         "section")
-        if self.workload.lengths is None and not self.plan.varlen_defaults:
-            changed = next(k for k in ("sp_policy", "packing", "capacity", "equal_counts",
-                                       "group_sizes")
-                           if getattr(self.plan, k) != ParallelPlan.model_fields[k].default)
+        changed = self.plan.changed_varlen_field()
+        if self.workload.lengths is None and changed is not None:
             raise _rule(f"plan.{changed}", getattr(self.plan, changed),
                         "needs workload.lengths (a step of variable-length sequences)")
         if self.train is not None:
@@ -196,8 +197,8 @@ class ExperimentSpec(_Strict):
         if w.lengths is None:
             late |= {"lengths", "tokens_per_step", "batches"}
         exclude["workload"] = late
-        if self.plan.varlen_defaults:
-            exclude["plan"] = {"sp_policy", "packing", "capacity", "equal_counts", "group_sizes"}
+        if self.plan.changed_varlen_field() is None:
+            exclude["plan"] = set(VARLEN_PLAN_FIELDS)
         if self.train is not None and not self.train.tiled:
             exclude["train"] = {"tiled"}
         data = self.model_dump(mode="json", exclude=exclude)
@@ -242,8 +243,7 @@ class ExperimentSpec(_Strict):
 
 
 def _train_case(spec: ExperimentSpec) -> TrainCase:
-    t, w, p = spec.train, spec.workload, spec.plan
-    assert t is not None
+    w, p = spec.workload, spec.plan
     case = _plain_train_case(spec)
     if w.lengths is None:
         return case

@@ -55,7 +55,7 @@ def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: 
     world = case.world
     capacity = capacity or -(-case.seq_len // case.sp)
     tokens = tokens or max(world * capacity, case.seq_len)
-    check_lengths([min(length_rules.longest(dist), case.seq_len)], world, capacity, policy,
+    check_lengths([min(dist.high, case.seq_len)], world, capacity, policy,
                   case.sp if policy == "static" else None)
     cost = cost_model(case.config(), clusters.load(cluster), case.dtype, window,
                       capacity=capacity, world=world, ranks_per_node=ranks_per_node)
@@ -99,7 +99,7 @@ def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int
     one group size), the step's tokens to 4 x the pool's capacity. Returns the cases and, for the
     ones that cannot run, (label, why)."""
     dist = length_rules.parse(lengths, "lengths")
-    longest = min(length_rules.longest(dist), longest)
+    longest = min(dist.high, longest)
     capacity = capacity or max(2, -(-longest // world))
     tokens = tokens or 4 * world * capacity
     cases, skipped = [], []

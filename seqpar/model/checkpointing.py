@@ -40,7 +40,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from seqpar.algorithms import layouts, ledger
-from seqpar.algorithms.base import Algorithm, call_relation
+from seqpar.algorithms.base import Algorithm, algorithm_backward, call_relation
 from seqpar.errors import require
 from seqpar.rules.flops import recomputed_tokens
 from seqpar.rules.memory import CHECKPOINT_MODES, check_seq_attn, prefix_layout, uses_fraction
@@ -224,8 +224,4 @@ class _SeqAttn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        saved, state = ctx.saved_tensors, ctx.state
-        ctx.state = None
-        with ledger.backward_of(ctx.ledgers):
-            grads = ctx.algo.backward(dout.contiguous(), saved, state)
-        return (None, None, None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))
+        return (None, None, None, *algorithm_backward(ctx, dout))

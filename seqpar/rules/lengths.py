@@ -54,6 +54,16 @@ class Fixed:
         return (self.n,)
 
     @property
+    def low(self) -> int:
+        """The shortest sequence it gives (every distribution has low and high)."""
+        return self.n
+
+    @property
+    def high(self) -> int:
+        """The longest sequence it gives."""
+        return self.n
+
+    @property
     def spec(self) -> str:
         return f"fixed:{self.n}"
 
@@ -99,6 +109,14 @@ class Empirical:
 
     def sample(self) -> tuple[int, ...]:
         return self.lengths
+
+    @property
+    def low(self) -> int:
+        return min(self.lengths)
+
+    @property
+    def high(self) -> int:
+        return max(self.lengths)
 
     @property
     def spec(self) -> str:
@@ -181,24 +199,6 @@ def _text_lengths(path: Path, spec: str, field: str) -> tuple[int, ...]:
     docs = text_documents(path.read_text(encoding="utf-8"))
     require(bool(docs), field, spec, "the text holds no document")
     return tuple(len(d) for d in docs)
-
-
-def longest(dist: Distribution) -> int:
-    """The longest sequence the distribution can give."""
-    if isinstance(dist, Fixed):
-        return dist.n
-    if isinstance(dist, LogNormal):
-        return dist.high
-    return max(dist.lengths)
-
-
-def shortest(dist: Distribution) -> int:
-    """The shortest sequence the distribution can give."""
-    if isinstance(dist, Fixed):
-        return dist.n
-    if isinstance(dist, LogNormal):
-        return dist.low
-    return min(dist.lengths)
 
 
 def draw_batches(dist: Distribution, tokens: int, longest: int, seed: int, count: int

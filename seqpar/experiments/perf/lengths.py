@@ -79,7 +79,7 @@ class Workload:
         least the shortest sequence), the longest sequence drawn against the whole pool."""
         require(self.capacity >= 1, "capacity", self.capacity, "must be a positive number of "
                 "tokens a rank holds in a micro-batch")
-        least = min(length_rules.shortest(self.dist), self.longest)
+        least = min(self.dist.low, self.longest)
         require(self.tokens >= least, "tokens-per-step", self.tokens,
                 f"must hold at least the shortest sequence ({least} tokens)")
         longest = max(max(b) for b in self.draws)
