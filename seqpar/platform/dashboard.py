@@ -86,8 +86,9 @@ def sweep_progress(actors: list[Any], running: dict[str, str], samples: list[Sam
                    ) -> list[dict[str, Any]]:
     """Each sweep with rank actors alive: its name (the actors' repr), its trials done / failed /
     pending (the driver's `seqpar_sweep_trials`), the trial in flight (the name of the ranks'
-    running task) and each rank's phase and iterations (`seqpar_rank_phase`,
-    `seqpar_trial_iterations`). A series not exported yet reads as None."""
+    running task, or until Ray's state API lists it, the trial their phase series name) and each
+    rank's phase and iterations (`seqpar_rank_phase`, `seqpar_trial_iterations`). A series not
+    exported yet reads as None."""
     by_sweep: dict[str, dict[str, Any]] = {}
     for a in actors:
         gang, _, rank = (a.name or "").removeprefix("seqpar:").rpartition(":rank-")
@@ -103,6 +104,13 @@ def sweep_progress(actors: list[Any], running: dict[str, str], samples: list[Sam
         s["in_flight"] = s["in_flight"] or trial
         s["ranks"][int(rank)] = {"rank": int(rank), "phase": None, "iterations": None,
                                  "trial": trial}
+    # Ray's state API lists a task as RUNNING a second or more after it starts (task events are
+    # batched); the ranks' own phase series name the trial they run from its first phase
+    for x in samples:
+        s = by_sweep.get(x.tags.get("sweep", ""))
+        if (s is not None and s["in_flight"] is None and x.name == "ray_seqpar_rank_phase"
+                and x.value == 1 and x.tags.get("trial", NO_TRIAL) != NO_TRIAL):
+            s["in_flight"] = x.tags["trial"]
     for x in samples:
         s = by_sweep.get(x.tags.get("sweep", ""))
         if s is None:
