@@ -102,8 +102,13 @@ def test_a_running_trial_shows_its_phase_and_iterations_and_every_series_reads_b
     reprs = {a.name: a.repr_name for a in cluster.seqpar_actors(detail=True)}
     for r in range(2):
         assert reprs[cluster.actor_name(gang, r)] == f"RankWorker(sweep={gang}, rank={r}/2)"
-    tasks = list_tasks(address=cluster._state_address(), filters=[("name", "=", tag)],
-                       raise_on_missing_output=False)
+    deadline = time.monotonic() + 15  # Ray's task events reach the state API in batches
+    while True:
+        tasks = list_tasks(address=cluster._state_address(), filters=[("name", "=", tag)],
+                           raise_on_missing_output=False)
+        if len(tasks) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert {t.func_or_class_name for t in tasks} == {"RankWorker.run_trial"} and len(tasks) == 2
     # after it: every rank series of this trial, read back with its tags, its phases zeroed
     deadline = time.monotonic() + 15
