@@ -150,7 +150,7 @@ class TrainCase:
     iters: int = 3
     seed: int = 0
     lr: float = 1e-3
-    states: str = "replicated"       # replicated | fsdp (FSDP2 over the DP x SP world)
+    states: str = "replicated"       # replicated | fsdp (FSDP2 over DP x SP) | zero1 (moments)
     master_dtype: str | None = None  # fp32 master weights for a bf16 model: "float32"
     offload: tuple[str, ...] | bool = ()  # to host: optimizer, params, activations (CUDA only)
     text: str | None = None          # a UTF-8 text file: byte tokens, documents packed (None: random)

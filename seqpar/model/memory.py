@@ -81,7 +81,8 @@ def state_breakdown(net: nn.Module, optimizer: torch.optim.Optimizer | None = No
            "grads": sum(_nbytes(p.grad) for p in params if p.grad is not None),
            "optimizer": 0}
     if optimizer is not None:
-        out["optimizer"] = sum(_nbytes(v) for state in optimizer.state.values()
+        local = getattr(optimizer, "optim", optimizer)  # ZeRO-1's: the moments of this rank's share
+        out["optimizer"] = sum(_nbytes(v) for state in local.state.values()
                                for v in state.values() if isinstance(v, torch.Tensor))
     return out
 

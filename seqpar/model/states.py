@@ -1,10 +1,17 @@
-"""Model states — parameters, gradients, optimizer moments — replicated or sharded with torch FSDP2.
+"""Model states — parameters, gradients, optimizer moments — replicated, sharded with torch FSDP2,
+or the optimizer's moments alone sharded (ZeRO-1).
 
     policy = StatePolicy(states="fsdp", master_dtype=torch.float32, offload=("params",))
     policy.check(compute_dtype, device)          # one-line ConfigErrors before anything is built
     shard_model(net, blocks, mesh, policy, compute_dtype, dp)
+    opt = optimizer(net.parameters(), policy, group, lr=1e-3)   # AdamW, or ZeRO-1's over `group`
 
 `replicated` keeps every state on every rank (gradients all-reduced by the model itself).
+`zero1` does too, but each rank keeps AdamW's moments of its share of the parameters only and
+updates those (torch's ZeroRedundancyOptimizer, which then broadcasts each updated parameter from
+the rank that owns it): the moments are two thirds of the states of an fp32 model, and a step of
+lengths, whose ranks run different numbers of micro-batches, cannot use FSDP's per-layer gathers
+but can shard these.
 `fsdp` shards them over the whole DP x SP world, one FSDP unit per transformer block plus the root
 (embedding, final norm, head), as torchtitan does over dp_shard x cp. With a `master_dtype` the
 sharded parameters (what an optimizer updates) are in that dtype and FSDP2's MixedPrecisionPolicy
@@ -21,19 +28,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from seqpar.errors import require
 from seqpar.rules import memory as memory_rules
-
-STATES = ("replicated", "fsdp")
+from seqpar.rules.memory import STATES
 
 
 @dataclass(frozen=True)
 class StatePolicy:
     """Where the model states live and in which dtype (the runner and the planner read this)."""
 
-    states: str = "replicated"                 # replicated | fsdp
+    states: str = "replicated"                 # STATES
     master_dtype: torch.dtype | None = None    # None: parameters in the compute dtype
     offload: tuple[str, ...] = ()              # drawn from OFFLOAD (CUDA only); True: FSDP2's
 
@@ -104,3 +111,17 @@ def assign(p: torch.Tensor, value: torch.Tensor) -> None:
 
         value = distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
     p.copy_(value)
+
+
+def optimizer(params: Iterable[nn.Parameter], policy: StatePolicy,
+              group: dist.ProcessGroup | None, lr: float) -> torch.optim.Optimizer:
+    """AdamW over `params`; under zero1 torch's ZeroRedundancyOptimizer of AdamW over `group` (the
+    ranks whose gradients are already summed alike: the DP x SP world, or a step's pool), each rank
+    holding the moments of its share (`rules.memory.zero1_partition`)."""
+    params = list(params)
+    if policy.states != "zero1" or group is None or dist.get_world_size(group) == 1:
+        return torch.optim.AdamW(params, lr=lr)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=group,
+                                   lr=lr)

@@ -3,7 +3,7 @@
     net = Transformer(cfg, attention="ring", layout="zigzag", group=sp_group, checkpoint="sc++",
                       fused_head=True, seed=0, dtype=torch.bfloat16, master_dtype=torch.float32,
                       states="fsdp", device="cuda")
-    opt = torch.optim.AdamW(net.parameters())   # the master weights (sharded under fsdp)
+    opt = net.optimizer(lr=1e-3)   # AdamW over the master weights (sharded under fsdp)
     loss = net.loss(tokens)    # the FULL (batch, N + 1) batch, identical on every rank
     loss.backward()
     grads = net.full_grads()   # {name: full gradient}, identical on every rank, in every mode
@@ -192,6 +192,14 @@ class Transformer(nn.Module):
         self.reset_parameters(seed)
         reduced = not sharded and (group is not None or dp_group is not None)
         self.sync = grads.GradSync(self.parameters(), group, dp_group, self.dp) if reduced else None
+        # the ranks ZeRO-1 shares the moments over: those whose gradients are reduced alike
+        zero1 = states_policy.states == "zero1" and (reduced or shard_group is not None)
+        self.states_group = (shard_mesh(mesh, group, dp_group, device, shard_group).get_group()
+                             if zero1 else None)
+
+    def optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """AdamW over the parameters, ZeRO-1's under states='zero1' (`model.states.optimizer`)."""
+        return model_states.optimizer(self.parameters(), self.policy, self.states_group, lr)
 
     def w(self, p: torch.Tensor) -> torch.Tensor:
         return p if p.dtype == self.dtype else p.to(self.dtype)

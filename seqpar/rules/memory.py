@@ -28,7 +28,9 @@ CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence", "seq-at
 # the sequence layout only (usp, ulysses, the double ring, allgather and WallFacer keep regrouped
 # copies of their own)
 SEQ_ATTN_ALGORITHMS = ("ring", "burst", "local")
-STATES = ("replicated", "fsdp")
+# replicated: every state on every rank; fsdp: all of them sharded (FSDP2); zero1: the optimizer's
+# moments sharded, parameters and gradients replicated (ZeRO stage 1, torch's ZeroRedundancyOptimizer)
+STATES = ("replicated", "fsdp", "zero1")
 OFFLOADS = ("optimizer", "params", "activations")
 
 # NCCL's buffers per connection of a communicator (nccl src/init.cc, defaults): the Simple
@@ -59,7 +61,7 @@ def offload_tuple(offload: bool | Sequence[str] | None) -> tuple[str, ...]:
 class TrainPolicy:
     """Everything but the shapes that decides a training step's memory."""
 
-    states: str = "replicated"          # replicated | fsdp
+    states: str = "replicated"          # STATES
     master_dtype: str | None = None     # None: parameters in the compute dtype
     offload: tuple[str, ...] = ()       # drawn from OFFLOADS (True: optimizer and params, FSDP2's)
     checkpoint: str = "none"            # CHECKPOINT_MODES
@@ -167,16 +169,29 @@ def _sharded_numel(cfg: ModelConfig, shards: int) -> int:
     return cfg.layers * blocks + rest
 
 
+@lru_cache(maxsize=1024)
+def zero1_partition(cfg: ModelConfig, shards: int) -> tuple[int, ...]:
+    """Elements whose optimizer moments each of `shards` ranks holds under zero1: torch's
+    ZeroRedundancyOptimizer deals whole parameters, largest first, each to the rank holding the
+    fewest elements so far (the lowest such rank on a tie)."""
+    held = [0] * shards
+    for shape in sorted(param_shapes(cfg).values(), key=numel, reverse=True):
+        held[held.index(min(held))] += numel(shape)
+    return tuple(held)
+
+
 def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: int
                      ) -> dict[str, int]:
     """Bytes of model states one rank holds under AdamW: parameters (master dtype, or the compute
-    dtype), their gradients, two moments; sharded over `shards` ranks under fsdp. `device` is what
+    dtype), their gradients, two moments; sharded over `shards` ranks under fsdp (rank 0's), the
+    moments alone under zero1 (the rank holding the most: `zero1_partition`). `device` is what
     stays on the accelerator, `host` what offload 'params' moved (FSDP2's CPU offload: the
     parameters, their gradients and the moments that step beside them; `check_offload`)."""
     stored = ELEM[policy.master_dtype or dtype]
     n = shards if policy.states == "fsdp" else 1
     count = _sharded_numel(cfg, n)
-    out = {"params": count * stored, "grads": count * stored, "optimizer": 2 * count * stored}
+    moments = max(zero1_partition(cfg, shards)) if policy.states == "zero1" else count
+    out = {"params": count * stored, "grads": count * stored, "optimizer": 2 * moments * stored}
     total = out["params"] + out["grads"] + out["optimizer"]
     hosted = "params" in policy.offload
     out["device"] = 0 if hosted else total

@@ -24,9 +24,11 @@ import torch.distributed as dist
 from seqpar.algorithms.mesh import build_pool
 from seqpar.case import TrainCase
 from seqpar.model import Transformer
+from seqpar.model.memory import state_bytes
+from seqpar.model.states import full
 from seqpar.model.step import StepModel, pack_of, train_step
 from seqpar.platform import localgang
-from seqpar.workers.measure.varlen import build, pool_groups, tokens_of
+from seqpar.workers.measure.varlen import build, pool_groups, run_batches, tokens_of
 
 LOSS_TOLERANCE, GRAD_TOLERANCE = 1e-10, 1e-8  # float64: the model's exactness tests' bounds
 Say = Callable[[str], None]
@@ -54,6 +56,19 @@ def rank_run(env: Any, case: TrainCase) -> list[tuple[float, dict[str, torch.Ten
 def rank_timeline(env: Any, case: TrainCase) -> list[tuple[tuple[int, ...], float, float]] | None:
     """Every micro-batch of the first batch this gang rank ran: (group, wall-clock start, end)."""
     return _on_pool(env, case, _timeline)
+
+
+def rank_trained(env: Any, case: TrainCase) -> tuple[dict[str, torch.Tensor], int] | None:
+    """This gang rank's full parameters after an optimizer step on each batch of the case (the
+    runner's own `run_batches` and the model's optimizer), and the state bytes it held."""
+    return _on_pool(env, case, _trained)
+
+
+def _trained(model: StepModel, case: TrainCase, rank: int, device: torch.device):
+    opt = model.net.optimizer(case.lr)
+    run_batches(model, case, rank, opt, device)
+    held = state_bytes(model.net, opt)
+    return {k: full(p).detach().cpu().clone() for k, p in model.net.named_parameters()}, held
 
 
 def _losses_and_grads(model: StepModel, case: TrainCase, rank: int, device: torch.device):

@@ -4,7 +4,8 @@
 - every timestamp of a step follows a device sync (on CUDA the clock would see the enqueue);
 - a training trial passes its device and its node map down to the ranks' measurement;
 - fp32 master weights let a bf16 model's norm weights move where pure bf16 rounds the update away;
-- FSDP-sharded states follow the one-process float64 trajectory, and state_bytes shrink with them.
+- FSDP-sharded states and ZeRO-1's sharded moments follow the one-process float64 trajectory, and
+  state_bytes shrink with them (ZeRO-1's: exactly its partition's).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 from seqpar.algorithms.comm import LinkModel
 from seqpar.case import TrainCase
 from seqpar.model.memory import state_breakdown
+from seqpar.rules.memory import zero1_partition
+from seqpar.rules.model import param_shapes
 from seqpar.workers.measure import train
 
 TINY = TrainCase(algorithm="local", sp=1, layout="contiguous", seq_len=32, warmup=1, iters=2)
@@ -86,13 +89,13 @@ def test_master_weights_let_bf16_norm_weights_move():
     assert moved.min() > 0 and moved.max() < 1e-2
 
 
-def _fsdp_losses(env, case: TrainCase):
+def _sharded_losses(env, case: TrainCase):
     out = train.train_steps(case, env.rank, env.group(case.sp))
-    return out.losses, out.summary["state_bytes"]
+    return out.losses, out.summary["state_bytes"], env.rank
 
 
 @pytest.mark.multirank
-def test_fsdp_training_follows_the_one_process_trajectory(gang):
+def test_fsdp_and_zero1_training_follow_the_one_process_trajectory(gang):
     case = TrainCase(algorithm="ring", sp=2, layout="zigzag", model="tiny",
                      model_overrides=(("vocab", 61), ("hidden", 32), ("ffn", 48)), seq_len=16,
                      batch=2, dtype="float64", checkpoint="sc++", fused_head=True,
@@ -100,12 +103,19 @@ def test_fsdp_training_follows_the_one_process_trajectory(gang):
     ref = train.train_steps(dataclasses.replace(case, algorithm="local", sp=1, layout="contiguous"),
                             0, None)
     whole = state_breakdown(train.build(case, None))["params"]
-    for fsdp in (dataclasses.replace(case, states="fsdp"),):
-        for losses, held in gang.run(_fsdp_losses, fsdp, size=2):
+    share = zero1_partition(case.config(), 2)
+    assert sum(share) * 8 == whole and min(share) > 0
+    for states in ("fsdp", "zero1"):
+        for losses, held, rank in gang.run(_sharded_losses, dataclasses.replace(case, states=states),
+                                           size=2):
             for a, b in zip(losses, ref.losses, strict=True):
-                assert abs(a - b) < 1e-10, (losses, ref.losses)
-            # half the parameters (and their gradients and two moments) on each of two ranks
-            assert held == pytest.approx(4 * whole / 2, rel=0.05)
+                assert abs(a - b) < 1e-10, (states, losses, ref.losses)
+            if states == "fsdp":  # half the parameters (their gradients, two moments) a rank
+                assert held == pytest.approx(4 * whole / 2, rel=0.05)
+            else:  # every parameter and gradient, the moments of the rank's share (and
+                # AdamW's step count, a 4-byte scalar per parameter)
+                steps = held - 2 * whole - 2 * share[rank] * 8
+                assert 0 < steps <= 4 * len(param_shapes(case.config())) and steps % 4 == 0
 
 
 def test_the_activation_meter_reads_the_cuda_allocator_on_a_gpu(monkeypatch):

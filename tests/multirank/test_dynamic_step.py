@@ -94,3 +94,28 @@ def test_disjoint_groups_run_at_the_same_time(gang, seed):
                                                                      min(s for s, _ in b))
     assert overlap > 0.5 * min(max(e for _, e in a) - min(s for s, _ in a),
                                max(e for _, e in b) - min(s for s, _ in b)), spans
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("policy", POLICIES)
+def test_zero1_steps_as_replicated_states_do_and_holds_its_share_of_the_moments(gang, seed, policy):
+    """ZeRO-1 (`train.states: zero1`, the optimizer's moments sharded over the pool) on a pool of
+    3 (a partition that is not even): after an optimizer step on each of two batches every rank
+    holds the parameters replicated states reach, and AdamW's moments of its share only."""
+    from seqpar.rules.memory import zero1_partition
+
+    cases = {states: make_case("ring", 3, "lognormal:mean=9,sigma=1.0,min=2,max=18", tokens=60,
+                               capacity=CAPACITY, policy=policy, seed=seed % 1000, batches=2,
+                               states=states, overrides=shape(3, True), longest=18)
+             for states in ("replicated", "zero1")}
+    (want, whole), *_ = gang.run(step_check.rank_trained, cases["replicated"])
+    share = zero1_partition(cases["zero1"].config(), 3)
+    for rank, got in enumerate(r for r in gang.run(step_check.rank_trained, cases["zero1"])
+                               if r is not None):
+        params, held = got
+        moved = max((params[k] - want[k]).abs().max().item() for k in want)
+        assert moved < 1e-12, (rank, moved)
+        # replicated: params, grads, two moments of every element (float64) and AdamW's 4-byte
+        # step count of every parameter; zero1: the moments and counts of its share only
+        steps = held - (whole - 2 * 8 * sum(share) - 4 * len(want)) - 2 * 8 * share[rank]
+        assert 0 < steps < 4 * len(want) and steps % 4 == 0, (rank, held, whole, share)

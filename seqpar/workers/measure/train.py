@@ -112,7 +112,7 @@ def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
     SP) the groups come from it; `node_of_rank` classes the ledger's links."""
     device = torch.device(device)
     net = build(case, sp_group, dp_group, mesh, device)
-    opt = torch.optim.AdamW(net.parameters(), lr=case.lr)
+    opt = net.optimizer(case.lr)
     losses: list[float] = []
     held: list[int] = []
 

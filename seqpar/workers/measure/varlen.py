@@ -103,7 +103,7 @@ def measure_steps(case: TrainCase, rank: int, device: torch.device, *,
     """This rank's record of a training trial with lengths (see the module docstring)."""
     pool = build_pool(pool_groups(case, nodes), nodes=nodes, links=links)
     model = build(case, pool, device)
-    opt = torch.optim.AdamW(model.net.parameters(), lr=case.lr)
+    opt = model.net.optimizer(case.lr)
     passes: list[list[tuple[float, StepResult]]] = []
     held: list[int] = []
 
