@@ -65,9 +65,10 @@ def plan(
         "placement (usp: head-first | context-first; wallfacer: collective-intra | p2p-intra), "
         "team_size, ranks_per_node; a partial pin resolves the rest (dhp=4 at P=32: dcp=8).")
     ] = None,
-    states: Annotated[str | None, Opt(help="Only: dp_sp | sp | node | replicated (model states "
-                                      "sharded over every rank, the SP group, a node, or "
-                                      "nowhere).")] = None,
+    states: Annotated[str | None, Opt(help="Only: dp_sp | sp | node | replicated | zero1 (model "
+                                      "states sharded over every rank, the SP group, a node, or "
+                                      "nowhere; zero1: AdamW's moments alone over every rank, "
+                                      "ZeRO-1).")] = None,
     checkpoint: Annotated[str | None, Opt(help="Only: none | full | sc++ | seq:F | sc++,seq:F | "
                                           "seq-attn:F (BurstEngine's sequence-level selective "
                                           "checkpointing, prefix F).")] = None,
@@ -237,9 +238,9 @@ def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, 
                   + (f"; {dominated} dominated: a listed one beats each on everything a step "
                      "depends on" if dominated else "") + "; --json lists each). Step parts: at "
                   "attention kernels, ac the attention's exposed communication, oc other compute, "
-                  "rc recompute, cm other exposed communication (FSDP, DP), op optimizer. Policy: "
-                  "+fh fused head, off: offloaded optimizer/params/activations, +tile tiled MLP "
-                  "and loss")
+                  "rc recompute, cm other exposed communication (FSDP, DP, zero1), op optimizer. "
+                  "Policy: +fh fused head, off: offloaded optimizer/params/activations, +tile "
+                  "tiled MLP and loss")
 
 
 def nothing_fits(steps: list, c, title: str, result: Any = None, per_node: int = 1) -> str:

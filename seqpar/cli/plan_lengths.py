@@ -41,7 +41,8 @@ def check_filters(filters: Filters, sp_policy: str | None, packing: str | None) 
     require(not (packing == "cost-balanced" and sp_policy == "dynamic"), "packing", packing,
             "cost-balanced packing is a static policy's (dynamic places by cost already)")
     require(filters.states is None or filters.states in STATES, "states", filters.states,
-            "a step of lengths holds its states replicated or FSDP over the pool (dp_sp)")
+            "a step of lengths holds its states replicated or FSDP over the pool (dp_sp), or "
+            "zero1 (AdamW's moments alone sharded over it)")
     require(not filters.offload, "offload", ",".join(filters.offload or ()),
             "a plan of lengths offloads nothing (none)")
     require(filters.checkpoint is None or split_checkpoint(filters.checkpoint)[0] != "seq-attn",
@@ -114,11 +115,12 @@ def _table(steps: list[LengthStep], title: str, top: int) -> None:
                   rows, highlight_row=0, compact=True,
                   wrap=("SP policy", "options", "policy", "vs #1"))
     console.print("SP policy: static DPxSP bf (best-fit packs) | cb (cost-balanced, WLB-LLM); "
-                  "dynamic (the group sizes it uses; eq: equal micro-batch counts, FSDP). Step "
+                  "dynamic (the group sizes it uses; eq: equal micro-batch counts, FSDP's; "
+                  "replicated and zero1 states need none). Step "
                   "parts: at attention kernels, ac its exposed communication, oc other compute, rc "
                   "recompute, id idle (waiting on the slowest rank: the imbalance), cm FSDP past "
-                  "the rounds and the gradient all-reduce, op optimizer. imbal: max / mean "
-                  "attention FLOPs over ranks (the runner's load_imbalance)")
+                  "the rounds, the gradient all-reduce and zero1's broadcast, op optimizer. "
+                  "imbal: max / mean attention FLOPs over ranks (the runner's load_imbalance)")
 
 
 def _why(steps: list[LengthStep], c: Any) -> None:

@@ -101,17 +101,23 @@ def test_steps_add_up_and_rank_dynamic_over_static_on_a_long_tail():
     assert best["dynamic"].parts["attention_comm"] < best["static"].parts["attention_comm"]
 
 
-def test_fsdp_under_the_dynamic_policy_needs_equal_counts():
+def test_fsdp_under_the_dynamic_policy_needs_equal_counts_and_zero1_does_not():
     # FSDP gathers every layer over the pool on every forward: the runner refuses it under the
-    # dynamic policy unless every rank runs as many micro-batches; the plan keeps to that
+    # dynamic policy unless every rank runs as many micro-batches; replicated states and zero1
+    # (the moments sharded, no gathers) run the free deal; the plan keeps to that
     plan = plan_of(world=4)
     seen = set()
     for s in plan.search(Filters(algorithm="ring")):
         if s.sp_policy == "dynamic":
-            assert s.policy.states == ("dp_sp" if s.split.equal_counts else "replicated")
+            assert (s.policy.states == "dp_sp") == s.split.equal_counts, s.policy
         seen.add((s.sp_policy, s.split.equal_counts, s.policy.states))
-    assert seen >= {("dynamic", False, "replicated"), ("dynamic", True, "dp_sp"),
-                    ("static", False, "replicated"), ("static", False, "dp_sp")}
+    assert seen >= {("dynamic", False, "replicated"), ("dynamic", False, "zero1"),
+                    ("dynamic", True, "dp_sp"), ("static", False, "replicated"),
+                    ("static", False, "zero1"), ("static", False, "dp_sp")}
+    only = plan.search(Filters(algorithm="ring", states="zero1"), ("dynamic",))
+    assert only and {(s.split.equal_counts, s.policy.states) for s in only} == {(False, "zero1")}
+    fsdp = plan.search(Filters(algorithm="ring", states="dp_sp"), ("dynamic",))
+    assert fsdp and {s.split.equal_counts for s in fsdp} == {True}  # FSDP: equal counts only
 
 
 def test_validate_pairs_the_predicted_imbalance_with_load_imbalance():

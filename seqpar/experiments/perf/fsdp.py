@@ -1,6 +1,7 @@
 """A training step's traffic besides the attention's: FSDP's gathers and reduce-scatters of a block
-and of the root (embedding, head, final norm), and the data-parallel reduction of what FSDP did not
-reduce, over the groups each states choice names (`Policy.states`). Each is a `net.Cost`: its time
+and of the root (embedding, head, final norm), the data-parallel reduction of what FSDP did not
+reduce, over the groups each states choice names (`Policy.states`), and zero1's broadcast of the
+updated parameters from the ranks that own them, after the optimizer. Each is a `net.Cost`: its time
 and how long it keeps each link class busy, which the step adds to the attention's own busy time
 on the same links (`step.step`).
 """
@@ -24,6 +25,9 @@ class Traffic:
     root: float          # the root's gather + reduce-scatter, once a micro-step
     reduce: Cost         # one block's data-parallel all-reduce (last micro-step)
     reduce_root: float
+    # zero1: every updated parameter broadcast from its owner after AdamW, once a step (torch's
+    # ZeroRedundancyOptimizer posts them all at once: an all-gather of the parameters' bytes)
+    update: Cost = NONE
 
     def busy(self, link: str, last: bool = False) -> float:
         """Seconds a block's traffic keeps `link` busy: two gathers (forward, and again for
@@ -63,14 +67,17 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
         return net.collective(groups(per_node, dp, sp, over), nbytes)
 
     over = {"dp_sp": "all", "sp": "sp", "node": "node"}.get(policy.states, "all")
-    sharded = policy.states != "replicated"
+    sharded = policy.states in ("dp_sp", "sp", "node")  # FSDP's gathers and reduce-scatters
     gather = coll(over, shards, block, e, 1) if sharded else NONE
     scatter = coll(over, shards, block, stored, 1) if sharded else NONE
     root_s = (coll(over, shards, root, e, 1).seconds + coll(over, shards, root, stored, 1).seconds
               if sharded else 0.0)
-    if policy.states == "replicated":
+    update = NONE
+    if policy.states in ("replicated", "zero1"):
         reduce = coll("all", dp * sp, block, stored, 2)
         reduce_root = coll("all", dp * sp, root, stored, 2)
+        if policy.states == "zero1":
+            update = coll("all", dp * sp, cfg.layers * block + root, stored, 1)
     elif policy.states == "sp":
         reduce = coll("dp", dp, block // sp, stored, 2)
         reduce_root = coll("dp", dp, root // sp, stored, 2)
@@ -80,4 +87,4 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
         reduce_root = coll("nodes", nodes, root // shards, stored, 2)
     else:
         reduce = reduce_root = NONE
-    return Traffic(gather, scatter, root_s, reduce, reduce_root.seconds)
+    return Traffic(gather, scatter, root_s, reduce, reduce_root.seconds, update)

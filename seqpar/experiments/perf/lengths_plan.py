@@ -6,17 +6,18 @@ timed on those micro-batches with its own rates (`perf.lengths`), ranked by TGS.
     plan = LengthPlan.make(cluster, "llama3.1-8b", work, world=64, nodes=16)
     steps = plan.search()        # LengthStep per (split, attention configuration, states)
 
-A step (`LengthStep`) = the deal's free-schedule makespan (replicated states: each rank runs its
-micro-batches as soon as its group is free) or its rounds (FSDP over the pool: every round waits
-for its longest micro-batch and FSDP's gathers and reduce-scatters of the round), + the gradient
-all-reduce over the pool once a step (replicated) + AdamW. Its parts, in ms, sum to the step:
-`attention`, `attention_comm`, `other_compute`, `recompute` (each the mean rank's), `idle` (what
-the mean rank waits: the imbalance), `exposed_comm` (FSDP's time past the rounds, the gradient
-reduction), `optimizer`. `imbalance` is max / mean of the ranks' attention FLOPs (the runner's
+A step (`LengthStep`) = the deal's free-schedule makespan (replicated or zero1 states: each rank
+runs its micro-batches as soon as its group is free) or its rounds (FSDP over the pool: every round
+waits for its longest micro-batch and FSDP's gathers and reduce-scatters of the round), + the
+gradient all-reduce over the pool once a step (replicated, zero1) + AdamW (zero1: over its share,
+then the parameters' broadcast). Its parts, in ms, sum to the step: `attention`,
+`attention_comm`, `other_compute`, `recompute` (each the mean rank's), `idle` (what the mean rank
+waits: the imbalance), `exposed_comm` (FSDP's time past the rounds, the gradient reduction,
+zero1's broadcast), `optimizer`. `imbalance` is max / mean of the ranks' attention FLOPs (the runner's
 `load_imbalance`), `busy_imbalance` of their busy seconds, `gap` the deal's own makespan over its
-lower bound. Training policies: states replicated or FSDP over the pool (the dynamic policy with
-equal micro-batch counts), the checkpoint modes but seq-attn, the fused head, tiling; per states
-the fastest that fits (no offload).
+lower bound. Training policies: states replicated, zero1 (AdamW's moments sharded over the pool)
+or FSDP over the pool (the dynamic policy with equal micro-batch counts), the checkpoint modes but
+seq-attn, the fused head, tiling; per states the fastest that fits (no offload).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from seqpar.experiments.perf.lengths import (
     size_rates,
 )
 from seqpar.experiments.perf.lengths_step import PARTS, STATES, LengthStep, Split
-from seqpar.experiments.perf.policy import Filters, Policy, space, split_checkpoint
+from seqpar.experiments.perf.policy import REPLICATED, Filters, Policy, space, split_checkpoint
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.search import attention_space, pareto
 from seqpar.experiments.perf.step import Setup, _optimizer_seconds, _policy_of_case, layer_seconds
@@ -176,7 +177,7 @@ class LengthPlan:
         found = [p for p in space(filters, dp, ((),), (False, True), self.world // dp,
                                   self.per_node)
                  if p.states in STATES and not p.checkpoint.startswith("seq-attn")
-                 and (p.states == "replicated" or split.policy == "static" or split.equal_counts)
+                 and (p.states in REPLICATED or split.policy == "static" or split.equal_counts)
                  and (p.states == "dp_sp" or not split.equal_counts)]
         return sorted(found, key=lambda p: (p.states, self._recompute(p), p.fused_head))
 
@@ -231,7 +232,8 @@ class LengthPlan:
                                              policy, train)
         round_comm = layers * max(comm.busy(k) for k in ("intra", "inter")) if fsdp else 0.0
         edges = comm.gather.seconds + comm.scatter.seconds + comm.root
-        reduce = 0.0 if fsdp else layers * comm.reduce.seconds + comm.reduce_root
+        reduce = 0.0 if fsdp else layers * comm.reduce.seconds + comm.reduce_root + (
+            comm.update.seconds)  # zero1's broadcast of the updated parameters
         optimizer = _optimizer_seconds(self.setup, cfg, policy, train, self.world, 1)
         tables = self.tables(split)
         totals = dict.fromkeys(PARTS, 0.0)

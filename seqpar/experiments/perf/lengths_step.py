@@ -11,7 +11,9 @@ from seqpar.experiments.perf.why import why_slower as _why
 
 PARTS = ("attention", "attention_comm", "other_compute", "recompute", "idle", "exposed_comm",
          "optimizer")
-STATES = ("replicated", "dp_sp")  # what the runner's step of lengths holds: replicated or FSDP
+# what the runner's step of lengths holds: replicated, FSDP over the pool, or zero1 (the moments
+# alone sharded over it: no per-layer gathers, so no equal micro-batch counts needed)
+STATES = ("replicated", "dp_sp", "zero1")
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ wallfacer keeps its team's C shards (3CA), allgather its gathered K,V. A step wi
     PM = M_{m+o} + (L + 1) A + held        ring: (L + 4) A, wallfacer: (L + 3C + 1) A
 
 A training step (--scope model | cluster) is counted the way the runner holds it (`step_memory`,
-from `seqpar.rules.memory`): model states by the policy (replicated, or FSDP-sharded over the
-ranks it names; master dtype; offload; AdamW), the activations this decoder keeps per checkpoint
-mode (none, full, sc++ (LoongTrain §5.2), sequence(f), sc++ + sequence, seq-attn(f) (BurstEngine
-§3.2: out and lse of the tokens after the prefix); tiled MLP and loss; activations offloaded), and
-the largest transient working set on top: one block's recompute and backward beside the
-attention's own peak, or the head's logits; FSDP's gathered blocks; NCCL's buffers, one set per
-communicator.
+from `seqpar.rules.memory`): model states by the policy (replicated, FSDP-sharded over the ranks it
+names, or zero1's moments alone over all; master dtype; offload; AdamW), the activations this
+decoder keeps per checkpoint mode (none, full, sc++ (LoongTrain §5.2), sequence(f), sc++ +
+sequence, seq-attn(f) (BurstEngine §3.2: out and lse of the tokens after the prefix); tiled MLP and
+loss; activations offloaded), and the largest transient working set on top: one block's recompute
+and backward beside the attention's own peak, or the head's logits; FSDP's gathered blocks; NCCL's
+buffers, one set per communicator.
 """
 
 from __future__ import annotations
@@ -115,9 +115,11 @@ AXES = {"usp": 2, "double_ring": 2, "wallfacer": 2, "burst": 2}
 
 def communicators(name: str, sp: int, dp: int, states: str, per_node: int = 1) -> int:
     """Communicators one rank holds: the attention's axes, the states' sharding group, and the
-    group that reduces gradients over the ranks the states are not sharded over."""
+    group that reduces gradients over the ranks the states are not sharded over (zero1: one group,
+    DP x SP, reduces the gradients and broadcasts the updated parameters)."""
     attention = 0 if sp == 1 else 1 + AXES.get(name, 0)
-    shards = {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp), "replicated": 1}[states]
+    shards = {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp), "replicated": 1,
+              "zero1": 1}[states]
     return attention + (shards > 1) + (dp * sp // shards > 1)
 
 

@@ -2,16 +2,18 @@
 mode, the fused LM head, offload to host memory and tiling — each its own field, and the space of
 them a search walks (narrowed by the user's filters).
 
-`states`: `dp_sp` shards them over every rank (FSDP over DP x SP, torchtitan's and LoongTrain §5.1's
-hybrid ZeRO over data x sequence ranks), `sp` over the sequence-parallel group only (replicated over
-DP: HSDP), `node` over the GPUs of a node (replicated across nodes: AMSP's partial sharding, which
-LoongTrain §5.1 adopts), `replicated` nowhere. `checkpoint`: none, full, sc++ (LoongTrain §5.2),
-seq:F (the runner's `sequence`: the token-wise layers of the first F of a rank's tokens recomputed,
-the attention kept whole), sc++,seq:F, seq-attn:F (BurstEngine §3.2's sequence-level selective
-checkpointing: the block recomputed, the attention re-run for the prefix of F·N tokens, out and lse
-of the rest kept; ring, burst or local attention over stripe, or zigzag at F = 1/2). `offload`:
-drawn from optimizer, params, activations. `tiled`: the tiled MLP and loss (ALST). Mixed precision
-keeps fp32 master weights for a 16-bit compute dtype, as a real run does.
+`states`: `dp_sp` shards them over every rank (FSDP over DP x SP, torchtitan's and LoongTrain
+§5.1's hybrid ZeRO over data x sequence ranks), `sp` over the sequence-parallel group only
+(replicated over DP: HSDP), `node` over the GPUs of a node (replicated across nodes: AMSP's partial
+sharding, which LoongTrain §5.1 adopts), `replicated` nowhere, `zero1` AdamW's moments alone over
+every rank (ZeRO-1: parameters and gradients replicated, torch's ZeroRedundancyOptimizer).
+`checkpoint`: none, full, sc++ (LoongTrain §5.2), seq:F (the runner's `sequence`: the token-wise
+layers of the first F of a rank's tokens recomputed, the attention kept whole), sc++,seq:F,
+seq-attn:F (BurstEngine §3.2's sequence-level selective checkpointing: the block recomputed, the
+attention re-run for the prefix of F·N tokens, out and lse of the rest kept; ring, burst or local
+attention over stripe, or zigzag at F = 1/2). `offload`: drawn from optimizer, params, activations.
+`tiled`: the tiled MLP and loss (ALST). Mixed precision keeps fp32 master weights for a 16-bit
+compute dtype, as a real run does.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 from seqpar.errors import ConfigError, require
 from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy, check_seq_attn
 
-STATES = ("dp_sp", "sp", "node", "replicated")
+STATES = ("dp_sp", "sp", "node", "replicated", "zero1")
+REPLICATED = ("replicated", "zero1")  # parameters and gradients whole on every rank
 CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5", "seq-attn:0.5")
 FORMS = "none, full, sc++, seq:F, sc++,seq:F or seq-attn:F (0 <= F <= 1)"
 # offload sets a search tries (each a list drawn from OFFLOADS)
@@ -55,9 +58,9 @@ class Policy:
         return _train(self, dtype)
 
     def shards(self, dp: int, sp: int, per_node: int = 1) -> int:
-        """Ranks the states are sharded over."""
+        """Ranks the states are sharded over (zero1: the moments' ranks)."""
         return {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp),
-                "replicated": 1}[self.states]
+                "replicated": 1, "zero1": dp * sp}[self.states]
 
     def runs(self, algorithm: str, layout: str, world: int, seq_len: int,
              causal: bool = True) -> bool:
@@ -89,7 +92,8 @@ class Policy:
 @lru_cache(maxsize=4096)
 def _train(policy: Policy, dtype: str) -> TrainPolicy:
     mode, fraction = split_checkpoint(policy.checkpoint)
-    return TrainPolicy(states="replicated" if policy.states == "replicated" else "fsdp",
+    states = policy.states if policy.states in REPLICATED else "fsdp"
+    return TrainPolicy(states=states,
                        master_dtype="float32" if ELEM[dtype] < 4 else None,
                        offload=policy.offload, checkpoint=mode, seq_fraction=fraction,
                        fused_head=policy.fused_head, tiled=policy.tiled)
@@ -162,9 +166,11 @@ def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tupl
           = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), sp: int = 1,
           per_node: int = 1) -> list[Policy]:
     """Every policy the filters leave for a DP x SP split; a states choice that shards over the
-    same ranks as another (`sp` at DP = 1, `node` on one node or with SP = a node) is left out."""
+    same ranks as another (`sp` at DP = 1, `node` on one node or with SP = a node, `zero1` on one
+    rank: replicated) is left out."""
     f = filters
-    same = {"sp": dp == 1, "node": not 1 < per_node < dp * sp or per_node == sp}
+    same = {"sp": dp == 1, "node": not 1 < per_node < dp * sp or per_node == sp,
+            "zero1": dp * sp == 1}
     states = [f.states] if f.states else [s for s in STATES if not same.get(s, False)]
     checkpoints = [f.checkpoint] if f.checkpoint else list(CHECKPOINTS)
     fused = [f.fused_head] if f.fused_head is not None else [False, True]
@@ -172,4 +178,4 @@ def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tupl
     tiles = [f.tiled] if f.tiled is not None else list(tiled)
     return [Policy(s, c, h, o, t) for s, c, h, o, t in
             itertools.product(states, checkpoints, fused, offloads, tiles)
-            if s != "replicated" or "params" not in o]  # 'params' moves sharded states only
+            if s not in REPLICATED or "params" not in o]  # 'params' moves FSDP's states only

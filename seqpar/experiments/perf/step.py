@@ -23,9 +23,11 @@ Per block and micro-step, on one rank of s = N / SP tokens:
   host link's time of offloaded parameters and activations. The first gather and last
   reduce-scatter of a micro-step are exposed, as are the root's (embedding, head, norm).
 Once per step: the data-parallel reduction of what FSDP did not reduce (an all-reduce over DP for
-`sp` states, over all ranks for replicated ones) in the last micro-step's blocks, and AdamW
+`sp` states, over all ranks for replicated and zero1 ones) in the last micro-step's blocks, and AdamW
 (memory-bound: 7 state reads and writes per parameter at HBM bandwidth, or at the host's memory
-bandwidth when the optimizer is offloaded, its gradients and parameters crossing the host link).
+bandwidth when the optimizer is offloaded, its gradients and parameters crossing the host link);
+under zero1 AdamW over the most-loaded rank's share (`rules.memory.zero1_partition`), then the
+updated parameters' broadcast from their owners (an all-gather's bytes, exposed).
 
 The LM head and loss: 3 x 2·tokens·d·V at the GEMM rate plus the logits' element-wise passes.
 TGS = tokens per step / (step time x ranks); `mfu`, `mfu_unmasked_attention` and `hfu` as
@@ -44,7 +46,7 @@ from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.api import Prediction, predict, predict_spec
 from seqpar.experiments.perf.fsdp import traffic
 from seqpar.experiments.perf.net import Net
-from seqpar.experiments.perf.policy import Policy, name_of
+from seqpar.experiments.perf.policy import REPLICATED, Policy, name_of
 from seqpar.experiments.perf.rates import gemm_rate
 from seqpar.rules import masks
 from seqpar.rules.flops import causal_pairs, conventions, head_flops, recomputed_flops
@@ -54,6 +56,7 @@ from seqpar.rules.memory import (
     block_bytes,
     predicted_states,
     prefix_layout,
+    zero1_partition,
 )
 from seqpar.rules.model import ModelConfig, block_numel, block_shapes
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
@@ -261,7 +264,7 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     micro_last = layers * last + hd + edges + comm.reduce_root
     m = setup.micro_batches(dp)
     optimizer = _optimizer_seconds(setup, cfg, policy, train, dp, sp)
-    seconds = (m - 1) * micro + micro_last + optimizer
+    seconds = (m - 1) * micro + micro_last + optimizer + comm.update.seconds
 
     parts = {"attention": m * layers * a_kernel, "attention_comm": m * layers * (a_all - a_kernel),
              "other_compute": m * (layers * 3 * (g + ew) + hd),
@@ -330,7 +333,9 @@ def _optimizer_seconds(setup: Setup, cfg: ModelConfig, policy: Policy, train: Tr
                        dp: int, sp: int) -> float:
     c = setup.cluster
     stored = ELEM[train.master_dtype or setup.dtype]
-    numel = params(cfg) / policy.shards(dp, sp, setup.per_node)
+    shards = policy.shards(dp, sp, setup.per_node)
+    # zero1: the rank with the largest share of whole parameters steps last
+    numel = max(zero1_partition(cfg, shards)) if train.states == "zero1" else params(cfg) / shards
     nbytes = ADAM_PASSES * stored * numel
     if "optimizer" in train.offload and c.host_memory_gb_per_s and c.host_link_gb_per_s:
         crossing = 0.0 if "params" in train.offload else 2 * stored * numel  # grads out, params in
@@ -350,8 +355,8 @@ def _policy_of_case(case: Any) -> tuple[Policy, TrainPolicy]:
     offload = case.offload if isinstance(case.offload, tuple | list) else \
         (("optimizer", "params") if case.offload else ())
     tiled = bool(getattr(case, "tiled", False))
-    policy = Policy("replicated" if case.states == "replicated" else "dp_sp", ck, case.fused_head,
-                    tuple(offload), tiled)
+    states = case.states if case.states in REPLICATED else "dp_sp"  # fsdp: over DP x SP
+    policy = Policy(states, ck, case.fused_head, tuple(offload), tiled)
     train = TrainPolicy(states=case.states, master_dtype=case.master_dtype, offload=tuple(offload),
                         checkpoint=case.checkpoint, seq_fraction=case.seq_fraction,
                         fused_head=case.fused_head, tiled=tiled)
