@@ -3,14 +3,16 @@ SP policy's best predicted step, the dynamic/static speedup and what the differe
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_lengths.py [--tokens 1048576] [--batches 4]
 
-Workload: lengths lognormal mean 1024, sigma 1.5, 128-8192 tokens; capacity 2,048 tokens a rank
-(a static SP group needs 4 ranks for the longest sequence); `--tokens` a step (default 1M, the same
-at every P); the 12-layer decoder of benchmarks/plan_lengths_model.yaml (hidden 2048, 16 heads and
-kv heads, ffn 8192, vocab 131072); h100-sxm's rates (flash2), `--nodes` = P / 4. Each policy's row
-is its best configuration (algorithm, SP degree, states and checkpointing) by TGS; the parts are the
-mean rank's, in ms: at attention kernels, ac its exposed communication, oc other compute, rc
-recompute, id idle (waiting on the slowest rank), cm FSDP past the rounds and the gradient
-all-reduce, op optimizer. The same as `seqpar plan --scope cluster --lengths ...` (docs/planner.md).
+Workload: lengths lognormal mean 1024, sigma 1.5, 128-8192 tokens; capacity 2,048 tokens a rank (a
+static SP group needs 4 ranks for the longest sequence); `--tokens` a step (default 1M, the same at
+every P); each policy's best, then the dynamic policy's best under each states choice (replicated,
+zero1: AdamW's moments sharded over the pool, dp_sp: FSDP with equal counts); the 12-layer decoder
+of benchmarks/plan_lengths_model.yaml (hidden 2048, 16 heads and kv heads, ffn 8192, vocab 131072);
+h100-sxm's rates (flash2), `--nodes` = P / 4. Each policy's row is its best configuration
+(algorithm, SP degree, states and checkpointing) by TGS; the parts are the mean rank's, in ms: at
+attention kernels, ac its exposed communication, oc other compute, rc recompute, id idle (waiting
+on the slowest rank), cm FSDP past the rounds, the gradient all-reduce and zero1's broadcast, op
+optimizer. The same as `seqpar plan --scope cluster --lengths ...` (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def kind(s: LengthStep) -> str:
 def row(s: LengthStep) -> str:
     where = " ".join(f"{SHORT[k]} {v:.1f}" for k, v in s.parts.items())
     sp = f"sp={s.sp}" if s.sp_policy == "static" else "sizes " + "/".join(map(str, s.degrees))
-    return (f"{kind(s):26} {s.step_ms:9.1f} ms {s.tgs:9,.0f} TGS  {s.algorithm:9} {sp:13} "
-            f"{s.policy.label():18} imb {s.imbalance:.3f} busy {s.busy_imbalance:.3f} | {where}")
+    return (f"{kind(s):26} {s.step_ms:9.1f} ms {s.tgs:9,.0f} TGS {s.peak_mem_bytes / 1e9:5.1f} GB "
+            f" {s.algorithm:9} {sp:13} {s.policy.label():18} imb {s.imbalance:.3f} busy "
+            f"{s.busy_imbalance:.3f} | {where}")
 
 
 def main() -> None:
@@ -56,12 +59,18 @@ def main() -> None:
         work = Workload.of(LENGTHS, a.tokens, 8192, 2048, batches=a.batches)
         plan = LengthPlan.make(clusters.load("h100-sxm"), MODEL, work, p, max(1, p // 4))
         best: dict[str, LengthStep] = {}
+        states: dict[str, LengthStep] = {}  # the best dynamic step of each states choice
         for s in plan.search():
             if s.fits:
                 best.setdefault(kind(s), s)
+                if s.sp_policy == "dynamic":
+                    states.setdefault(s.policy.states, s)
         print(f"\nP = {p} ({time.perf_counter() - t0:.2f} s to plan)")
         for s in best.values():
             print("  " + row(s))
+        print("  dynamic, the best of each states choice (dp_sp: FSDP, equal counts):")
+        for s in sorted(states.values(), key=lambda s: s.step_ms):
+            print("    " + row(s))
         dyn = best["dynamic"]
         static = min((s for k, s in best.items() if k.startswith("static")),
                      key=lambda s: s.step_ms)
