@@ -2,6 +2,7 @@
 SP policy's best predicted step, the dynamic/static speedup and what the difference is made of.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_lengths.py [--tokens 1048576] [--batches 4]
+        [--model llama3.1-8b]
 
 Workload: lengths lognormal mean 1024, sigma 1.5, 128-8192 tokens; capacity 2,048 tokens a rank (a
 static SP group needs 4 ranks for the longest sequence); `--tokens` a step (default 1M, the same at
@@ -50,14 +51,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=2 ** 20)
     ap.add_argument("--batches", type=int, default=4)
+    ap.add_argument("--model", default=MODEL, help="another decoder (a preset or a file)")
     a = ap.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
     print(f"{LENGTHS}, capacity 2048 a rank, {a.tokens:,} tokens a step, {a.batches} batches, "
-          f"{MODEL}, h100-sxm (flash2), 4 GPUs a node")
+          f"{a.model}, h100-sxm (flash2), 4 GPUs a node")
     for p in (4, 8, 16, 32, 64):
         t0 = time.perf_counter()
         work = Workload.of(LENGTHS, a.tokens, 8192, 2048, batches=a.batches)
-        plan = LengthPlan.make(clusters.load("h100-sxm"), MODEL, work, p, max(1, p // 4))
+        plan = LengthPlan.make(clusters.load("h100-sxm"), a.model, work, p, max(1, p // 4))
         best: dict[str, LengthStep] = {}
         states: dict[str, LengthStep] = {}  # the best dynamic step of each states choice
         for s in plan.search():
