@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
 from seqpar.experiments.perf import plan as perf_plan
 from seqpar.experiments.perf.fsdp import traffic
@@ -59,6 +60,8 @@ def test_the_search_offers_zero1_where_it_is_its_own_choice():
     mine = [p for p in space(dp=RNG.choice([1, 2]), sp=4, per_node=4) if p.states == "zero1"]
     assert mine and all("params" not in p.offload for p in mine)  # FSDP2's offload only
     assert all(p.train("bfloat16").states == "zero1" for p in mine)
+    with pytest.raises(ConfigError, match="'params' moves FSDP's sharded states"):
+        Filters(states="zero1", offload=("optimizer", "params"))  # one line, not an empty search
 
 
 def test_zero1_traffic_is_the_replicated_all_reduce_and_one_all_gather_of_the_parameters():

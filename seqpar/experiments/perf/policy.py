@@ -157,6 +157,9 @@ class Filters:
         if self.offload is not None:
             require(all(o in OFFLOADS for o in self.offload), "offload", list(self.offload),
                     f"must be a list drawn from {', '.join(OFFLOADS)} (none for [])")
+            require(self.states not in REPLICATED or "params" not in self.offload, "offload",
+                    ",".join(self.offload), f"'params' moves FSDP's sharded states (FSDP2's CPU "
+                    f"offload): not with states {self.states}")
         for name in ("dp", "sp"):
             value = getattr(self, name)
             require(value is None or value >= 1, name, value, "must be at least 1")
