@@ -57,7 +57,8 @@ def _check_steps(out: dict, world: int, tokens: int, seq_len: int) -> list[dict]
     for c in configs:
         assert set(c) == STEP_KEYS
         assert c["dp"] * c["sp"] == world and c["micro_batches"] * c["dp"] * seq_len == tokens
-        assert c["states"] in ("dp_sp", "sp", "node", "replicated") and isinstance(c["offload"], list)
+        assert c["states"] in ("dp_sp", "sp", "node", "replicated", "zero1")
+        assert isinstance(c["offload"], list)
         assert isinstance(c["fused_head"], bool) and isinstance(c["tiled"], bool)
         p = c["predicted"]
         assert set(p) >= {"step_ms", "tgs", "mfu", "mfu_unmasked_attention", "hfu",
@@ -79,9 +80,10 @@ def test_plan_model_scope_gives_each_configuration_its_own_fields():
     out = plan_json("--cluster", "burst-a800", "--model", "llama2-7b", "--seq-len", "131072",
                     "--world", "16", "--scope", "model")
     configs = _check_steps(out, 16, 131072, 131072)
-    # one SP group over 2 nodes: states sharded over it, over each node, or not at all
+    # one SP group over 2 nodes: states sharded over it, over each node, or not at all, or the
+    # moments alone over it (zero1)
     assert {c["dp"] for c in configs} == {1}
-    assert {c["states"] for c in configs} == {"dp_sp", "node", "replicated"}
+    assert {c["states"] for c in configs} == {"dp_sp", "node", "replicated", "zero1"}
     best = configs[0]["predicted"]
     assert best["parts_ms"]["attention"] > 0.3 * best["step_ms"]
     assert 0 < best["mfu"] < 1
@@ -96,7 +98,7 @@ def test_plan_cluster_scope_searches_dp_x_sp_splits():
     # SP within a node or over whole nodes; DP takes the rest, with whole micro-batches
     assert [(s["dp"], s["sp"]) for s in out["splits"]] == [(8, 2), (4, 4), (2, 8), (1, 16)]
     assert {c["sp"] for c in configs} == {2, 4, 8, 16}
-    assert {c["states"] for c in configs} == {"dp_sp", "sp", "node", "replicated"}
+    assert {c["states"] for c in configs} == {"dp_sp", "sp", "node", "replicated", "zero1"}
     assert {tuple(c["offload"]) for c in configs} >= {(), ("activations",)}
     assert out["kernel_source"].startswith("flash2: FlashAttention-3 (Shah et al. 2024")
 
@@ -356,7 +358,7 @@ def test_plan_cluster_scope_defaults_to_one_sequence_per_replica():
 def test_plan_help_names_every_states_choice_and_seq_attn():
     result = CliRunner().invoke(app, ["plan", "--help"], env={"COLUMNS": "200"})
     text = " ".join(result.output.split())
-    assert "dp_sp | sp | node | replicated" in text and "seq-attn:F" in text
+    assert "dp_sp | sp | node | replicated | zero1" in text and "seq-attn:F" in text
 
 
 def test_plan_says_which_limit_nothing_fits_and_the_least_memory_in_one_unit():
