@@ -108,7 +108,9 @@ def _sp_policies(preset: str) -> Sweep:
                 {"plan": [{**p, "world": 2} for p in plans], "policy": POLICY_AXIS})
     # a 32-GPU pool over 4 nodes, an 8B model on a long tail up to 128K (capacity 8K a GPU:
     # the static degree 16 holds the longest; dynamic groups from 1 to 32), states sharded by
-    # FSDP over the pool (dynamic: every rank as many micro-batches)
+    # FSDP over the pool (dynamic: every rank as many micro-batches), and dynamic with ZeRO-1's
+    # moments sharded over the pool instead (no equal counts; full checkpointing: with whole
+    # parameters and gradients sc++ at 8K tokens a rank is predicted at 92 GB of an A100's 80)
     return (_train_base(preset, model="llama3.1-8b", plan={"world": 32, "nodes": 4,
                                                            "capacity": 8192},
                         workload={"seq_len": 131072, "tokens_per_step": 1048576, "batches": 2,
@@ -118,6 +120,7 @@ def _sp_policies(preset: str) -> Sweep:
                       ({"options": {"dhp": 4}} if p["algorithm"] == "usp" else
                        {"options": p["options"]} if "options" in p else {})
                       for p in gpu_plans(16)],  # usp's dcp follows each group's size
-             "policy": [{**p, "train.dp": 2} if p["plan.sp_policy"] == "static" else
-                        {**p, "train.dp": 1, "plan.equal_counts": True}  # FSDP over the pool
-                        for p in POLICY_AXIS]})
+             "policy": [{**p, "train.dp": 2} for p in POLICY_AXIS[:2]] + [
+                 {**POLICY_AXIS[2], "train.dp": 1, "plan.equal_counts": True},  # FSDP over the pool
+                 {**POLICY_AXIS[2], "train.dp": 1, "train.states": "zero1",
+                  "train.checkpoint": "full"}]})
