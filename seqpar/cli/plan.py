@@ -100,6 +100,10 @@ def plan(
         "--packing", help="With --lengths: only best-fit or cost-balanced static packs.")] = None,
     batches: Annotated[int, Opt(
         "--batches", help="With --lengths: seeded batches dealt and timed (the mean).")] = 2,
+    group_sizes: Annotated[str | None, Opt(
+        "--group-sizes", help="With --lengths: the dynamic policy's groups, power-of-two "
+        "(Megatron-LM's, the default) or any (ByteScale's), as the sweep's plan.group_sizes."
+    )] = None,
 ) -> None:
     """Rank every valid configuration by predicted time or tokens per GPU per second; the
     longest sequence each fits (--max-seq); or --validate a finished sweep."""
@@ -115,7 +119,8 @@ def plan(
                  **({"nodes": nodes} if nodes is not None else {}))
     if lengths is None:
         given = next((f"--{k.replace('_', '-')}" for k, v in (("capacity", capacity), (
-            "sp_policy", sp_policy), ("packing", packing), ("batches", batches != 2)) if v), None)
+            "sp_policy", sp_policy), ("packing", packing), ("batches", batches != 2),
+            ("group_sizes", group_sizes)) if v), None)
         require(given is None, given or "", True, "needs --lengths (a step of variable-length "
                 "sequences)")
     else:
@@ -144,7 +149,8 @@ def plan(
                          **({"tokens_per_step": tokens_per_step} if tokens_per_step else {}))
             plan_lengths(c, model, lengths, seq_len, tokens_per_step, capacity, world, nodes,
                          kernel=kernel, dtype=dtype, filters=filters, top=top, as_json=as_json,
-                         mask=mask, sp_policy=sp_policy, packing=packing, batches=batches)
+                         mask=mask, sp_policy=sp_policy, packing=packing, batches=batches,
+                         group_sizes=group_sizes)
             return
         _cluster(c, model, seq_len, tokens_per_step, world, nodes, kernel, dtype, filters, top,
                  as_json, mask)

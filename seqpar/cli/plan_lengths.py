@@ -10,7 +10,13 @@ from seqpar.cli.display import console, display_table
 from seqpar.errors import require
 from seqpar.experiments.perf.lengths import Workload
 from seqpar.experiments.perf.lengths_plan import LengthPlan
-from seqpar.experiments.perf.lengths_step import PARTS, STATES, LengthStep, why_slower
+from seqpar.experiments.perf.lengths_step import (
+    GROUP_SIZES,
+    PARTS,
+    STATES,
+    LengthStep,
+    why_slower,
+)
 from seqpar.experiments.perf.policy import Filters, split_checkpoint
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import PACKINGS, POLICIES
@@ -32,7 +38,8 @@ def window_of(mask: str | None) -> int | None:
     return int(rest)
 
 
-def check_filters(filters: Filters, sp_policy: str | None, packing: str | None) -> None:
+def check_filters(filters: Filters, sp_policy: str | None, packing: str | None,
+                  group_sizes: str | None = None) -> None:
     """What a plan of lengths can search, one line each."""
     require(sp_policy is None or sp_policy in POLICIES, "sp-policy", sp_policy,
             f"must be one of {', '.join(POLICIES)}")
@@ -40,6 +47,10 @@ def check_filters(filters: Filters, sp_policy: str | None, packing: str | None) 
             f"must be one of {', '.join(PACKINGS)}")
     require(not (packing == "cost-balanced" and sp_policy == "dynamic"), "packing", packing,
             "cost-balanced packing is a static policy's (dynamic places by cost already)")
+    require(group_sizes is None or group_sizes in GROUP_SIZES, "group-sizes", group_sizes,
+            f"must be one of {', '.join(GROUP_SIZES)} (the sweep's plan.group_sizes)")
+    require(not (group_sizes == "any" and sp_policy == "static"), "group-sizes", group_sizes,
+            "sizes the dynamic policy's groups; the static policy runs one SP degree (--sp D)")
     require(filters.states is None or filters.states in STATES, "states", filters.states,
             "a step of lengths holds its states replicated or FSDP over the pool (dp_sp), or "
             "zero1 (AdamW's moments alone sharded over it)")
@@ -52,9 +63,11 @@ def check_filters(filters: Filters, sp_policy: str | None, packing: str | None) 
 def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | None,
                  capacity: int | None, world: int, nodes: int, *, kernel: str, dtype: str,
                  filters: Filters, top: int, as_json: bool, mask: str | None,
-                 sp_policy: str | None, packing: str | None, batches: int) -> None:
+                 sp_policy: str | None, packing: str | None, batches: int,
+                 group_sizes: str | None = None) -> None:
     window = window_of(mask)
-    check_filters(filters, sp_policy, packing)
+    check_filters(filters, sp_policy, packing, group_sizes)
+    sizes = group_sizes or GROUP_SIZES[0]
     dist = length_rules.parse(lengths, "lengths")
     capacity = capacity if capacity is not None else min(seq_len, dist.high)
     tokens = tokens or world * capacity
@@ -62,11 +75,14 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     work.check(world)
     plan = LengthPlan.make(c, model, work, world, nodes, dtype=dtype, kernel=kernel)
     steps = plan.search(filters, (sp_policy,) if sp_policy else POLICIES,
-                        (packing,) if packing else PACKINGS, every=top == 0)
+                        (packing,) if packing else PACKINGS, every=top == 0, group_sizes=sizes)
+    if not steps and plan.unrunnable:  # what the runner refuses: a group size it cannot run
+        raise next(iter(plan.unrunnable.values()))
     head = {"cluster": c.name, "memory_gb": c.memory_gb, "scope": "cluster", "model": model,
             "kernel": kernel, "kernel_source": plan.kernel_source, "world": world,
             "nodes": nodes, "seq_len": seq_len, "lengths": dist.spec, "tokens_per_step": tokens,
             "capacity": capacity, "batches": batches, "mask": mask or "causal",
+            "group_sizes": sizes,
             "skipped": plan.skipped, "dominated": plan.dominated,
             "fitting": sum(s.fits for s in steps)}
     if as_json:
@@ -78,6 +94,8 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     _table(steps, title, top)
     _why(steps, c)
     console.print(f"kernel rates: {plan.kernel_source}", soft_wrap=False, overflow="fold")
+    for err in plan.unrunnable.values():  # the runner refuses such a trial in this line
+        console.print(f"not planned: {err}", soft_wrap=False, overflow="fold")
     if plan.skipped:
         why: dict[str, list[str]] = {}
         for split, reason in plan.skipped.items():
@@ -89,7 +107,8 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
 def _label(s: LengthStep) -> str:
     if s.sp_policy == "static":
         return f"static {s.dp}x{s.sp} {SHORT[s.split.packing]}"
-    return "dynamic" + (" eq" if s.split.equal_counts else "") + " " + "/".join(
+    return "dynamic" + (" eq" if s.split.equal_counts else "") + (
+        " any" if s.split.any_size else "") + " " + "/".join(
         str(d) for d in s.degrees)
 
 
@@ -115,7 +134,8 @@ def _table(steps: list[LengthStep], title: str, top: int) -> None:
                   rows, highlight_row=0, compact=True,
                   wrap=("SP policy", "options", "policy", "vs #1"))
     console.print("SP policy: static DPxSP bf (best-fit packs) | cb (cost-balanced, WLB-LLM); "
-                  "dynamic (the group sizes it uses; eq: equal micro-batch counts, FSDP's; "
+                  "dynamic (the group sizes it uses; any: groups of any size, --group-sizes any; "
+                  "eq: equal micro-batch counts, FSDP's; "
                   "replicated and zero1 states need none). Step "
                   "parts: at attention kernels, ac its exposed communication, oc other compute, rc "
                   "recompute, id idle (waiting on the slowest rank: the imbalance), cm FSDP past "
@@ -153,4 +173,5 @@ def _why(steps: list[LengthStep], c: Any) -> None:
 def _kind(s: LengthStep) -> str:
     if s.sp_policy == "static":
         return f"static {s.split.packing}"
-    return "dynamic" + (" equal counts" if s.split.equal_counts else "")
+    return "dynamic" + (" equal counts" if s.split.equal_counts else "") + (
+        " any size" if s.split.any_size else "")

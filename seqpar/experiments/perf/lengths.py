@@ -96,6 +96,13 @@ def pairs_of(n: np.ndarray, window: int | None) -> np.ndarray:
     return w * (w + 1) / 2.0 + (n - w) * w
 
 
+def span(d: int, world: int, nodes: int) -> int:
+    """Nodes the pool's first group of d ranks spans (`rules.pool.pool_groups`: inside a node
+    where it fits one, else ranks 0..d-1): ceil(d / ranks a node), what its rates are timed on
+    (`ring_link_s` times the same group)."""
+    return -(-d // max(1, world // nodes))
+
+
 def _fixed_s(c: Cluster, cfg: ModelConfig, d: int) -> float:
     """Host seconds a micro-batch on d ranks costs whatever it holds: every layer's attention
     call, and on d > 1 its ring steps (forward and backward); 0 on GPUs."""
@@ -114,14 +121,15 @@ def ring_link_s(net: Net, cfg: ModelConfig, dtype: str, d: int, tokens: int,
 
 def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | None = None,
               capacity: int = 2048, world: int | None = None, nodes: int = 1,
-              ranks_per_node: int | None = None) -> CostModel:
+              ranks_per_node: int | None = None, any_size: bool = False) -> CostModel:
     """The cost model a run's steps are dealt by (`rules.deal.CostModel`), from the planner's
     rates for `cfg` on `cluster` (its kernel and GEMM rates; give it `with_kernel`'s cluster to
     name the kernel): the attention per visible pair, forward + backward, every layer, at the
     kernel's rate at large calls and its small-call curve; the GEMMs, element-wise work and head
     per token at the rate of a micro-batch of `capacity` tokens a rank; per group size of a pool of
-    `world` ranks (`ranks_per_node` a node), a ring's K,V per token over the links the group
-    spans (`perf.net`), hidden under the attention; the host's fixed cost per micro-batch. The
+    `world` ranks (`ranks_per_node` a node; every size from 1 to the pool with `any_size`,
+    `rules.pool.pool_sizes`), a ring's K,V per token over the links the group spans (`perf.net`),
+    hidden under the attention; the host's fixed cost per micro-batch. The
     algorithm's own costs refine it in the plan (`SizeRates`); the deal is the same for every
     algorithm, so a sweep over algorithms compares them on one deal."""
     pair = 4.0 * cfg.heads * cfg.head_dim * cfg.layers
@@ -135,7 +143,7 @@ def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | N
         rpn = ranks_per_node or max(1, world // nodes)
         net = Net(cluster, world, max(1, world // rpn))
         comm_at = tuple((d, ring_link_s(net, cfg, dtype, d, d * capacity, rpn) / (d * capacity))
-                        for d in pool_sizes(world) if d > 1)
+                        for d in pool_sizes(world, any_size) if d > 1)
     return CostModel(attention=attention, linear=linear,
                      comm=kv / (cluster.intra.bandwidth_gb_per_s * 1e9), window=window,
                      comm_at=comm_at, overlap=True, half=float(cluster.kernel_half_tokens),
@@ -161,11 +169,10 @@ def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity:
     """`SizeRates` of (name, options, layout) on d of `world` ranks over `nodes` nodes, from the
     attention scope's prediction of one full micro-batch (the host's fixed costs apart)."""
     n = d * capacity
-    per_node = max(1, world // nodes)
     shape = AttnShape(1, n, cfg.heads, cfg.kv_heads, cfg.head_dim, DTYPE_BYTES[dtype])
     mask = masks.parse(f"window:{window}", n) if window is not None and window < n else None
     bare = cluster.model_copy(update={"call_us": 0.0, "step_us": 0.0, "collective_us": 0.0})
-    p = predict(bare, name, shape, d, nodes=max(1, d // per_node), options=options,
+    p = predict(bare, name, shape, d, nodes=span(d, world, nodes), options=options,
                 layout=layout, dtype=dtype, mask=mask)
     layers = cfg.layers
     eff = float(pairs_of(np.array([float(n)]), window)[0]) * (

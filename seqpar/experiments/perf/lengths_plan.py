@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from seqpar.errors import ConfigError
+from seqpar.errors import ConfigError, require
 from seqpar.experiments.clusters import Cluster
 from seqpar.experiments.perf import memory
 from seqpar.experiments.perf.api import attention_peak
@@ -40,8 +40,9 @@ from seqpar.experiments.perf.lengths import (
     deal_cost,
     layout_rank_pairs,
     size_rates,
+    span,
 )
-from seqpar.experiments.perf.lengths_step import PARTS, STATES, LengthStep, Split
+from seqpar.experiments.perf.lengths_step import GROUP_SIZES, PARTS, STATES, LengthStep, Split
 from seqpar.experiments.perf.policy import REPLICATED, Filters, Policy, space, split_checkpoint
 from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.experiments.perf.search import attention_space, pareto
@@ -69,6 +70,8 @@ class LengthPlan:
     kernel: str = DEFAULT_KERNEL
     kernel_source: str = ""
     skipped: dict[str, str] = field(default_factory=dict)  # split -> why it was not planned
+    # algorithm -> why it cannot run at a group size the deal uses (the runner's refusal)
+    unrunnable: dict[str, ConfigError] = field(default_factory=dict)
     _tables: dict[Split, list[Table]] = field(default_factory=dict, repr=False)
     _rates: dict[tuple, SizeRates] = field(default_factory=dict, repr=False)
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
@@ -89,9 +92,17 @@ class LengthPlan:
     @cached_property
     def cost(self) -> CostModel:
         """The cost model every split is dealt by (`deal_cost`: the driver's)."""
-        return deal_cost(self.cfg, self.cluster, self.dtype, window=self.work.window,
-                         capacity=self.work.capacity, world=self.world,
-                         ranks_per_node=self.per_node)
+        return self.cost_of(False)
+
+    def cost_of(self, any_size: bool) -> CostModel:
+        """`cost`, with a ring's rates at every group size under `any_size` (`deal_cost`)."""
+        key = ("cost", any_size)
+        if key not in self._memo:
+            self._memo[key] = deal_cost(self.cfg, self.cluster, self.dtype,
+                                        window=self.work.window, capacity=self.work.capacity,
+                                        world=self.world, ranks_per_node=self.per_node,
+                                        any_size=any_size)
+        return self._memo[key]
 
     @cached_property
     def setup(self) -> Setup:
@@ -104,12 +115,13 @@ class LengthPlan:
         if got is None:
             half, window = self.cluster.kernel_half_tokens, self.work.window
             if split.equal_counts:  # the free deal's micro-batches in rounds (`deal` does so)
-                free = self.tables(Split("dynamic"))
+                free = self.tables(Split("dynamic", any_size=split.any_size))
                 got = [Table.of(in_rounds(t.deal), half, window) for t in free]
             else:
-                extra = {"degree": split.degree} if split.policy == "static" else {}
+                extra = ({"degree": split.degree} if split.policy == "static" else
+                         {"any_size": split.any_size})
                 got = [Table.of(deal(lengths, self.world, self.work.capacity, split.policy,
-                                     self.cost, packing=split.packing,
+                                     self.cost_of(split.any_size), packing=split.packing,
                                      ranks_per_node=self.per_node, **extra), half, window)
                        for lengths in self.work.draws]
             self._tables[split] = got
@@ -130,8 +142,10 @@ class LengthPlan:
 
     # ------------------------------------------------------------------------------ the search
     def splits(self, policies: tuple[str, ...] = POLICIES, packings: tuple[str, ...] =
-               ("best-fit", "cost-balanced"), sp: int | None = None) -> list[Split]:
-        """Every split the filters leave whose groups hold the longest sequence drawn."""
+               ("best-fit", "cost-balanced"), sp: int | None = None, any_size: bool = False
+               ) -> list[Split]:
+        """Every split the filters leave whose groups hold the longest sequence drawn (the
+        dynamic ones of any group size with `any_size`)."""
         longest = max(max(b) for b in self.work.draws)
         out = []
         if "static" in policies:
@@ -146,7 +160,8 @@ class LengthPlan:
                     continue
                 out += [Split("static", d, p) for p in packings]
         if "dynamic" in policies:
-            out += [Split("dynamic"), Split("dynamic", equal_counts=True)]
+            out += [Split("dynamic", any_size=any_size),
+                    Split("dynamic", equal_counts=True, any_size=any_size)]
         return out
 
     def configs(self, split: Split, filters: Filters, layouts: tuple[str, ...]
@@ -166,7 +181,9 @@ class LengthPlan:
                     by_size = {d: (LOCAL, {}) if d == 1 else options_at(
                         name, d, options, self.cfg.heads, self.cfg.kv_heads, self.cfg.head_dim)
                         for d in sizes}
-                except ConfigError:
+                except ConfigError as err:
+                    if err.field == "sp_group":  # a size it cannot run: the runner refuses it
+                        self.unrunnable.setdefault(name, err)
                     continue
                 out.append((name, dict(options), layout, by_size))
         return out
@@ -205,7 +222,7 @@ class LengthPlan:
         train, worst = policy.train(self.dtype), {"peak": -1}
         for d, (name, options) in by_size.items():
             shape, dp = self.shape(d), self.world // d
-            peak = attention_peak(name, shape, d, options, max(1, d // self.per_node))
+            peak = attention_peak(name, shape, d, options, span(d, self.world, self.nodes))
             comms = (memory.communicators(name, d, dp, policy.states, self.per_node)
                      + len(by_size) - 1) if self.cluster.cores is None else 0
             got = memory.step_memory(name, shape, d, options, self.cfg, train, peak, self.dtype,
@@ -301,15 +318,18 @@ class LengthPlan:
 
     def search(self, filters: Filters = Filters(), policies: tuple[str, ...] = POLICIES,
                packings: tuple[str, ...] = ("best-fit", "cost-balanced"),
-               every: bool = False) -> list[LengthStep]:
+               every: bool = False, group_sizes: str = GROUP_SIZES[0]) -> list[LengthStep]:
         """Every split, attention configuration and states choice (the fastest policy of it that
         fits, else its most frugal), fitting ones first by TGS, then the rest by memory. Static
         degrees go up from the smallest that holds the longest sequence and stop after two in a
         row whose best step is slower than the best so far (a larger group trains the same
-        micro-batches a replica with more communication); `every` searches every degree."""
+        micro-batches a replica with more communication); `every` searches every degree.
+        `group_sizes` (`GROUP_SIZES`): the dynamic policy's, as the sweep's field names them."""
+        require(group_sizes in GROUP_SIZES, "group-sizes", group_sizes,
+                f"must be one of {', '.join(GROUP_SIZES)} (the sweep's plan.group_sizes)")
         out: list[LengthStep] = []
         best, worse = float("inf"), 0
-        for split in self.splits(policies, packings, filters.sp):
+        for split in self.splits(policies, packings, filters.sp, group_sizes == "any"):
             if split.policy == "static" and worse >= 2 and not every:
                 self.skipped[f"static sp={split.degree}"] = "slower at the two SP degrees below"
                 continue

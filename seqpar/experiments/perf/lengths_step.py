@@ -14,22 +14,33 @@ PARTS = ("attention", "attention_comm", "other_compute", "recompute", "idle", "e
 # what the runner's step of lengths holds: replicated, FSDP over the pool, or zero1 (the moments
 # alone sharded over it: no per-layer gathers, so no equal micro-batch counts needed)
 STATES = ("replicated", "dp_sp", "zero1")
+# the dynamic policy's group sizes, the sweep's words (`plan.group_sizes`): powers of two and the
+# pool (Megatron-LM's rule), or any size from 1 to the pool (ByteScale's)
+GROUP_SIZES = ("power-of-two", "any")
 
 
 @dataclass(frozen=True)
 class Split:
     """How a step's sequences are dealt: `static` at SP degree `degree` with `packing`, or
-    `dynamic` (with `equal_counts`: every rank as many micro-batches, what FSDP needs)."""
+    `dynamic` (with `equal_counts`: every rank as many micro-batches, what FSDP needs; with
+    `any_size`: groups of any size, else powers of two and the pool)."""
 
     policy: str
     degree: int | None = None
     packing: str = "best-fit"
     equal_counts: bool = False
+    any_size: bool = False
+
+    @property
+    def group_sizes(self) -> str | None:
+        """The dynamic policy's group sizes in the sweep's words (None: static)."""
+        return None if self.policy == "static" else GROUP_SIZES[self.any_size]
 
     def label(self) -> str:
         if self.policy == "static":
             return f"static sp={self.degree} {self.packing}"
-        return "dynamic" + (" equal" if self.equal_counts else "")
+        return "dynamic" + (" equal" if self.equal_counts else "") + (
+            " any" if self.any_size else "")
 
 
 @dataclass
@@ -78,6 +89,7 @@ class LengthStep:
     def json(self) -> dict[str, Any]:
         return {"sp_policy": self.sp_policy, "packing": self.split.packing,
                 "capacity": self.capacity, "equal_counts": self.split.equal_counts,
+                "group_sizes": self.split.group_sizes,
                 "dp": self.dp, "sp": self.sp, "algorithm": self.algorithm,
                 "options": self.options, "layout": self.layout,
                 "options_by_size": {str(d): {"algorithm": n, "options": o}
