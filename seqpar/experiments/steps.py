@@ -32,10 +32,11 @@ from seqpar.rules.model import ModelConfig
 
 def cost_model(cfg: ModelConfig, cluster: Cluster, dtype: str, window: int | None = None, *,
                capacity: int = 2048, world: int | None = None,
-               ranks_per_node: int | None = None) -> CostModel:
-    """The deal's cost model for `cfg` on `cluster`: the planner's (`perf.lengths.deal_cost`)."""
+               ranks_per_node: int | None = None, any_size: bool = False) -> CostModel:
+    """The deal's cost model for `cfg` on `cluster`: the planner's (`perf.lengths.deal_cost`;
+    with `any_size` a group's communication rate at every size, not only the powers of two)."""
     return deal_cost(cfg, cluster, dtype, window=window, capacity=capacity, world=world,
-                     ranks_per_node=ranks_per_node)
+                     ranks_per_node=ranks_per_node, any_size=any_size)
 
 
 def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: int = 2,
@@ -58,7 +59,8 @@ def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: 
     check_lengths([min(dist.high, case.seq_len)], world, capacity, policy,
                   case.sp if policy == "static" else None)
     cost = cost_model(case.config(), clusters.load(cluster), case.dtype, window,
-                      capacity=capacity, world=world, ranks_per_node=ranks_per_node)
+                      capacity=capacity, world=world, ranks_per_node=ranks_per_node,
+                      any_size=any_size and policy == "dynamic")
     extra: dict[str, Any] = ({"degree": case.sp} if policy == "static" else
                              {"equal_counts": equal_counts, "any_size": any_size})
     planned = plan_batches(dist, tokens, case.seq_len, case.seed, batches, world, capacity,

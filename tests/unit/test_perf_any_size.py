@@ -21,7 +21,9 @@ from seqpar.experiments.perf.lengths_plan import LengthPlan
 from seqpar.experiments.perf.lengths_step import GROUP_SIZES, Split
 from seqpar.experiments.perf.policy import Filters
 from seqpar.experiments.spec import ParallelPlan
+from seqpar.experiments.steps import make_case
 from seqpar.rules.deal import plan_batches
+from seqpar.rules.lengths import parse
 from seqpar.rules.pool import options_at, pool_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,3 +125,18 @@ def test_group_sizes_needs_lengths():
     result = CliRunner().invoke(app, ["plan", "--scope", "cluster", "--group-sizes", "any"])
     assert isinstance(result.exception, ConfigError)
     assert str(result.exception).startswith("--group-sizes=True: needs --lengths")
+
+
+def test_a_runs_any_size_deal_is_the_planners():
+    """The driver deals a trial with `plan.group_sizes: any` by the cost model the planner's
+    `--group-sizes any` uses (a ring's rates at every size; without them a size that is not a
+    power of two fell back to the intra-node rate and the two deals differed)."""
+    lengths, seed = "lognormal:mean=10,sigma=1,min=2,max=40", random.randrange(1000)
+    case = make_case("ring", 6, lengths, tokens=200, capacity=8, policy="dynamic", seed=seed,
+                     dtype="float32", any_size=True, longest=40, batches=2)
+    cost = deal_cost(case.config(), clusters.load("local"), "float32", capacity=8, world=6,
+                     any_size=True)
+    want = plan_batches(parse(lengths, "lengths"), 200, 40, seed, 2, 6, 8, "dynamic", cost,
+                        any_size=True)
+    assert [b.deal for b in case.batches] == [b.deal for b in want]
+    assert {m.size for b in want for m in b.deal.micro if m.seqs} - set(pool_sizes(6))
