@@ -164,6 +164,7 @@ class TrainCase:
     packing: str = "best-fit"        # best-fit | cost-balanced (static)
     capacity: int = 0                # tokens per rank a micro-batch may hold
     equal_counts: bool = False       # dynamic: every rank as many micro-batches (FSDP needs it)
+    any_size: bool = False           # dynamic: groups of any size (plan.group_sizes: any)
     window: int | None = None        # a causal sliding window inside each sequence
     batches: tuple[Batch, ...] = ()  # the replayed batches and their deals, made on the driver
 
@@ -283,7 +284,8 @@ class TrainCase:
         head += f" master={self.master_dtype}" if self.master_dtype else ""
         if self.lengths:
             head += f" {self.sp_policy}" + (f"/{self.packing}" if self.sp_policy == "static"
-                                             else "") + f" {self.lengths} T={self.tokens_per_step}"
+                                             else " any-size" if self.any_size else "")
+            head += f" {self.lengths} T={self.tokens_per_step}"
         ckpt = self.checkpoint + (f"({self.seq_fraction})" if uses_fraction(self.checkpoint) else "")
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "

@@ -67,6 +67,7 @@ def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: 
                            policy, cost, packing=packing, ranks_per_node=ranks_per_node, **extra)
     return dataclasses.replace(case, lengths=lengths, tokens_per_step=tokens, sp_policy=policy,
                                packing=packing, capacity=capacity, equal_counts=equal_counts,
+                               any_size=any_size and policy == "dynamic",
                                window=window, batches=planned)
 
 

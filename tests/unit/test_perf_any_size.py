@@ -17,7 +17,7 @@ from seqpar.cli.app import app
 from seqpar.errors import ConfigError
 from seqpar.experiments import clusters
 from seqpar.experiments.perf.lengths import Workload, deal_cost
-from seqpar.experiments.perf.lengths_plan import LengthPlan
+from seqpar.experiments.perf.lengths_plan import LengthPlan, predict_case
 from seqpar.experiments.perf.lengths_step import GROUP_SIZES, Split
 from seqpar.experiments.perf.policy import Filters
 from seqpar.experiments.spec import ParallelPlan
@@ -140,3 +140,6 @@ def test_a_runs_any_size_deal_is_the_planners():
                         any_size=True)
     assert [b.deal for b in case.batches] == [b.deal for b in want]
     assert {m.size for b in want for m in b.deal.micro if m.seqs} - set(pool_sizes(6))
+    # the trial says so, and `seqpar plan --validate` predicts it as an any-size step
+    assert case.any_size and "any-size" in case.label()
+    assert predict_case(case, clusters.load("local")).json()["group_sizes"] == "any"

@@ -385,7 +385,7 @@ def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
     plan = LengthPlan.make(cluster, case.config(), work, case.world, nodes, dtype=case.dtype,
                            kernel=cluster.kernel or DEFAULT_KERNEL)
     split = Split(case.sp_policy, case.sp if case.sp_policy == "static" else None, case.packing,
-                  case.equal_counts)
+                  case.equal_counts, case.any_size)
     plan._tables[split] = [Table.of(b.deal, plan.cluster.kernel_half_tokens, case.window)
                            for b in case.batches]
     by_size = {d: case.options_at(d) for d in case.group_sizes()}
