@@ -83,7 +83,9 @@ def test_inter_node_link_emulation_makes_the_ring_slower_on_2x2_than_on_1x4(
     slow, fast = split.metrics["step_ms"], flat.metrics["step_ms"]
     assert message_ms == pytest.approx(20.0)
     assert slow >= 7 * message_ms * 0.95              # overlapped: 3 + 4 messages on the path
-    assert slow <= 0.9 * 10 * message_ms, slow        # serialised: 10 messages, ruled out
+    # serialised: 10 messages beside the compute (the 1x4 step's, whose messages are free): ruled
+    # out, however slow a loaded host makes the compute
+    assert slow <= 0.9 * 10 * message_ms + fast, (slow, fast)
     assert slow > 1.5 * fast, (slow, fast)
 
 
