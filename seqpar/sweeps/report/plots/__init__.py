@@ -37,9 +37,10 @@ def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = N
     if errs:
         figs["accuracy_vs_world"] = accuracy_figure(errs)
         ok = [t for t in ok if "err_max" not in t.metrics]  # one pass each: no timing plots
-    if len({t.seq_len for t in ok}) > 1:
+    if len({t.seq_len for t in ok if "tokens_per_s" in t.metrics}) > 1:
         figs["throughput_vs_seq_len"] = vs_seq_len(
             ok, "tokens_per_s", "throughput (band: 95% interval; hollow: unstable)", "tokens/s")
+    if len({t.seq_len for t in ok if "peak_mem_bytes" in t.metrics}) > 1:
         figs["memory_vs_seq_len"] = vs_seq_len(ok, "peak_mem_bytes", "peak memory per rank",
                                                "MiB", 1 / 2**20, mark=False)
     points = scaling_points(ok)
