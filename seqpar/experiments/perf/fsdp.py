@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqpar.experiments.perf.net import Cost, Net
-from seqpar.experiments.perf.policy import Policy
+from seqpar.experiments.perf.policy import REPLICATED, Policy
 from seqpar.rules.memory import ELEM, TrainPolicy
 from seqpar.rules.model import ModelConfig, block_numel
 
@@ -67,13 +67,13 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
         return net.collective(groups(per_node, dp, sp, over), nbytes)
 
     over = {"dp_sp": "all", "sp": "sp", "node": "node"}.get(policy.states, "all")
-    sharded = policy.states in ("dp_sp", "sp", "node")  # FSDP's gathers and reduce-scatters
+    sharded = policy.states not in REPLICATED  # FSDP's gathers and reduce-scatters
     gather = coll(over, shards, block, e, 1) if sharded else NONE
     scatter = coll(over, shards, block, stored, 1) if sharded else NONE
     root_s = (coll(over, shards, root, e, 1).seconds + coll(over, shards, root, stored, 1).seconds
               if sharded else 0.0)
     update = NONE
-    if policy.states in ("replicated", "zero1"):
+    if not sharded:
         reduce = coll("all", dp * sp, block, stored, 2)
         reduce_root = coll("all", dp * sp, root, stored, 2)
         if policy.states == "zero1":
