@@ -20,9 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.lengths import deal_cost
-from seqpar.experiments.perf.rates import with_kernel
+from seqpar.planner import clusters
+from seqpar.planner.lengths import deal_cost
+from seqpar.planner.rates import with_kernel
 from seqpar.rules.deal import deal
 from seqpar.rules.lengths import draw_batches, parse
 from seqpar.rules.model import load

@@ -23,10 +23,10 @@ also shows the paper's own TGS converted by each convention (`paper TGS ->`), wh
 
 from __future__ import annotations
 
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.policy import Filters, Policy
-from seqpar.experiments.perf.search import make_setup, search
-from seqpar.experiments.perf.step import step
+from seqpar.planner import clusters
+from seqpar.planner.policy import Filters, Policy
+from seqpar.planner.search import make_setup, search
+from seqpar.planner.step import step
 from seqpar.rules import flops
 from seqpar.rules.model import load
 

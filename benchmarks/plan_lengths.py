@@ -28,10 +28,10 @@ import os
 import time
 from pathlib import Path
 
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.lengths import Workload
-from seqpar.experiments.perf.lengths_plan import LengthPlan
-from seqpar.experiments.perf.lengths_step import PARTS, LengthStep
+from seqpar.planner import clusters
+from seqpar.planner.lengths import Workload
+from seqpar.planner.lengths_plan import LengthPlan
+from seqpar.planner.lengths_step import PARTS, LengthStep
 
 MODEL = str(Path(__file__).with_name("plan_lengths_model.yaml"))
 LENGTHS = "lognormal:mean=1024,sigma=1.5,min=128,max=8192"

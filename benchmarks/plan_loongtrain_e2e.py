@@ -19,9 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.policy import Filters
-from seqpar.experiments.perf.search import make_setup, search
+from seqpar.planner import clusters
+from seqpar.planner.policy import Filters
+from seqpar.planner.search import make_setup, search
 from seqpar.rules.model import ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))

@@ -2,7 +2,7 @@
 docs/performance.md, Table 2: 8 x H100 96 GB HBM2e, FSDP over all 8 x CP 1/2/4/8, local batch 1
 so 262,144 tokens a step, full activation checkpointing; published with torch.compile + Float8).
 
-Every rate is a datasheet's or a kernel microbenchmark's (`seqpar.experiments.perf.rates`, the
+Every rate is a datasheet's or a kernel microbenchmark's (`seqpar.planner.rates`, the
 `torchtitan-h100` cluster); nothing is fitted to this table. The what-if columns separate what the
 remaining error is made of: the 500 W power limit (torchtitan: "the actual peak TFLOPs number is
 between SXM and NVL"; the NVL's 835 of the SXM's 989 TFLOP/s scales every rate) and Float8 on the
@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.policy import Filters
-from seqpar.experiments.perf.search import make_setup, search
-from seqpar.experiments.perf.step import PARTS
+from seqpar.planner import clusters
+from seqpar.planner.policy import Filters
+from seqpar.planner.search import make_setup, search
+from seqpar.planner.step import PARTS
 
 # (FSDP, CP, sequence length, TPS/GPU, memory GiB), torchtitan docs/performance.md Table 2
 PUBLISHED = [(8, 1, 32768, 3890, 83.9), (4, 2, 65536, 2540, 84.2), (2, 4, 131072, 1071, 84.0),

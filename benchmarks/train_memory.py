@@ -13,7 +13,6 @@ import gc
 import torch
 
 from seqpar.algorithms.base import AttnShape
-from seqpar.experiments.perf.memory import attention_held
 from seqpar.model import CHECKPOINT_MODES, ModelConfig, Transformer
 from seqpar.model.memory import (
     AllocationMeter,
@@ -22,6 +21,7 @@ from seqpar.model.memory import (
     predicted_states,
     state_bytes,
 )
+from seqpar.planner.memory import attention_held
 from seqpar.platform.localgang import LocalGang
 
 MODELS = {"tiny": ModelConfig.preset("tiny"),

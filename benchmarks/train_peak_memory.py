@@ -1,7 +1,7 @@
 """The memory rule on the tiny decoder (one CPU rank, `local`): the peak over the timed steps (the rule
 every mode follows now: after a warm step) beside the old training rule (one metered step that was
 the first when warmup was 1: AdamW's moments created inside it), the bytes of states the rank holds,
-and the planner's prediction of a step's peak (`experiments.perf.predict_trial` on the `local`
+and the planner's prediction of a step's peak (`planner.predict_trial` on the `local`
 cluster). On CPU a peak is the resident high-water mark above the start of its region: the timed
 steps start with the states already resident, the first step does not.
 
@@ -15,10 +15,11 @@ import statistics
 
 import torch
 
+from seqpar import planner
 from seqpar.case import TrainCase
-from seqpar.experiments import clusters, perf
 from seqpar.experiments.spec import ExperimentSpec
 from seqpar.model.config import ModelConfig
+from seqpar.planner import clusters
 from seqpar.workers.measure import train
 from seqpar.workers.measure.meters import MemoryMeter
 
@@ -55,7 +56,7 @@ def main() -> None:
             "model": {"heads": cfg.heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim},
             "plan": {"algorithm": "local", "world": 1, "layout": "contiguous"},
             "workload": {"seq_len": n, "warmup": 1, "iters": 3}, "train": {"model": "tiny"}})
-        predicted = perf.predict_trial(spec, local).peak_mem_bytes
+        predicted = planner.predict_trial(spec, local).peak_mem_bytes
         print(f"| {n} | {statistics.median(r.loop.memory.peak_bytes for r in new) / MIB:.1f} | "
               f"{statistics.median(old) / MIB:.1f} | {new[0].levers['state_bytes'] / MIB:.1f} | "
               f"{predicted / MIB:.1f} |")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from seqpar.cli.display import console, display_table
-from seqpar.experiments import clusters
+from seqpar.planner import clusters
 
 
 def calibrate(

@@ -11,12 +11,11 @@ from seqpar.cli.display import console, display_table
 from seqpar.cli.plan_lengths import plan_lengths
 from seqpar.cli.plan_validate import validate as _validate
 from seqpar.errors import require
-from seqpar.experiments import clusters
-from seqpar.experiments.perf import pins
-from seqpar.experiments.perf import plan as perf_plan
-from seqpar.experiments.perf.maxseq import max_seq
-from seqpar.experiments.perf.policy import Filters
-from seqpar.experiments.perf.search import (
+from seqpar.planner import clusters, pins
+from seqpar.planner import plan as perf_plan
+from seqpar.planner.maxseq import max_seq
+from seqpar.planner.policy import Filters
+from seqpar.planner.search import (
     check_counts,
     make_setup,
     offload_names,
@@ -24,7 +23,7 @@ from seqpar.experiments.perf.search import (
     why_slower,
     with_alternatives,
 )
-from seqpar.experiments.perf.step import PARTS
+from seqpar.planner.step import PARTS
 from seqpar.rules import algorithms, masks
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS

@@ -8,16 +8,16 @@ from typing import Any
 
 from seqpar.cli.display import console, display_table
 from seqpar.errors import require
-from seqpar.experiments.perf.lengths import Workload
-from seqpar.experiments.perf.lengths_plan import LengthPlan
-from seqpar.experiments.perf.lengths_step import (
+from seqpar.planner.lengths import Workload
+from seqpar.planner.lengths_plan import LengthPlan
+from seqpar.planner.lengths_step import (
     GROUP_SIZES,
     PARTS,
     STATES,
     LengthStep,
     why_slower,
 )
-from seqpar.experiments.perf.policy import Filters, split_checkpoint
+from seqpar.planner.policy import Filters, split_checkpoint
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import PACKINGS, POLICIES
 

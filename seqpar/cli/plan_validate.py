@@ -7,7 +7,7 @@ from typing import Any
 
 from seqpar.cli import options
 from seqpar.cli.display import console, display_table
-from seqpar.experiments.perf import plan as perf_plan
+from seqpar.planner import plan as perf_plan
 
 
 def _memory_cell(pair: tuple[float, float] | None) -> str:
@@ -28,8 +28,11 @@ def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
     """Predicted vs measured for every trial of a finished sweep (and, for trials of lengths, the
     predicted imbalance beside the measured load_imbalance)."""
 
+    from seqpar.experiments.spec import specs_of  # torch: only when validating
+
     tracker = _reader(sweep_id)
-    checks = perf_plan.validate(((t.params, t.metrics) for t in tracker.trials(sweep_id)), cluster)
+    checks = perf_plan.validate(specs_of((t.params, t.metrics) for t in tracker.trials(sweep_id)),
+                                cluster)
     s = perf_plan.summary(checks)
     memory = [k for k in ("state_bytes", "activation_bytes") if any(k in c.memory for c in checks)]
     paired = any(c.imbalance is not None for c in checks)

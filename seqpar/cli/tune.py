@@ -9,9 +9,9 @@ import typer
 from seqpar.cli import options
 from seqpar.cli.display import console, display_table
 from seqpar.cli.sweep import execute
-from seqpar.experiments import clusters
-from seqpar.experiments.perf import plan as perf_plan
-from seqpar.experiments.perf.search import check_counts
+from seqpar.planner import clusters
+from seqpar.planner import plan as perf_plan
+from seqpar.planner.search import check_counts
 
 
 def tune(
@@ -49,8 +49,11 @@ def tune(
 
 def _ranking(sweep_id: str, cluster: str = "local") -> None:
     """Measured ranking by tokens/s, with the performance model's prediction next to each."""
+    from seqpar.experiments.spec import specs_of
+
     trials = [t for t in options.tracker().trials(sweep_id) if "tokens_per_s" in t.metrics]
-    checks = perf_plan.validate(((t.params, t.metrics) for t in trials), clusters.load(cluster))
+    checks = perf_plan.validate(specs_of((t.params, t.metrics) for t in trials),
+                                clusters.load(cluster))
     predicted = {c.label: c.predicted_ms for c in checks}
     rows = []
     for t in sorted(trials, key=lambda t: -t.metrics["tokens_per_s"]):

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from seqpar import planner
 from seqpar.errors import ConfigError, require
-from seqpar.experiments import clusters, perf
 from seqpar.experiments.grid import Point, expand
 from seqpar.experiments.mask_studies import _masks, _sparse
 from seqpar.experiments.sweep_bases import (  # noqa: F401  (the names studies are built from)
@@ -38,6 +38,7 @@ from seqpar.experiments.train_studies import (
     _sp_policies,
     _text,
 )
+from seqpar.planner import clusters
 
 # metrics where less is better (by prefix); every other metric (tokens/s, TGS, MFU, TFLOP/s) is
 # better higher. The one table the comparison and the sweep's headline read.
@@ -77,7 +78,7 @@ def fitting(points: list[Point], cluster: str) -> list[Point]:
     out = []
     for p in points:
         if p.spec is not None:
-            peak = perf.predict_trial(p.spec, c).peak_mem_bytes
+            peak = planner.predict_trial(p.spec, c).peak_mem_bytes
             if peak > c.memory_gb * 1e9:
                 why = (f"predicted peak {peak / 1e9:.1f} GB per rank exceeds the {c.memory_gb:g} GB "
                        f"of a {cluster} device")

@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
 from seqpar.errors import ConfigError
-from seqpar.experiments import clusters
+from seqpar.planner import clusters
 from seqpar.rules import lengths as length_rules
 from seqpar.rules import masks
 from seqpar.rules.lengths import boundaries, split_total

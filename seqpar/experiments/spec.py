@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
@@ -25,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.case import Case, TrainCase, Trial
-from seqpar.errors import ConfigError
+from seqpar.errors import ConfigError, SeqparError
 from seqpar.experiments.sections import (  # noqa: F401  (re-exported: the spec's sections)
     ClusterTwin,
     Documents,
@@ -324,3 +325,39 @@ def config_error(err: ValidationError, where: str = "") -> ConfigError:
     if where:
         field = f"{where}: {field}"
     return ConfigError(field, value, rule)
+
+
+def _param_value(text: str) -> Any:
+    """A param as MLflow stores it (str(value)) back to the value."""
+    if text in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[text]
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def spec_of_params(params: Mapping[str, str]) -> ExperimentSpec:
+    """Rebuild an ExperimentSpec from a trial's flat MLflow params (plan.options.dhp, ...)."""
+    data: dict[str, Any] = {}
+    for key, text in params.items():
+        parts = key.split(".")
+        if parts[0] not in ("model", "plan", "workload", "env", "train"):
+            continue
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = _param_value(text)
+    data.get("model", {}).pop("preset", None)
+    return ExperimentSpec.parse(data)
+
+
+def specs_of(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
+             ) -> Iterator[tuple[ExperimentSpec, Mapping[str, float]]]:
+    """(params, metrics) of logged trials -> (ExperimentSpec, metrics), the ones whose params no
+    longer make a valid spec (an older seqpar's) left out: what `planner.plan.validate` takes."""
+    for params, metrics in trials:
+        try:
+            yield spec_of_params(params), metrics
+        except SeqparError:
+            continue

@@ -7,7 +7,7 @@ same from its sections).
     case = make_case("ring", 4, "lognormal:mean=10,sigma=1,min=2,max=40", tokens=96, capacity=8,
                      policy="dynamic")
 
-The cost model is the planner's (`experiments/perf/lengths.py: deal_cost`): the attention per
+The cost model is the planner's (`planner/lengths.py: deal_cost`): the attention per
 visible pair at the kernel's rate and its small-call curve, the GEMMs, element-wise work and head
 per token, a ring's K,V per token over the links each group size spans, the fixed cost of a
 micro-batch; `seqpar plan --lengths` deals with the same function, so a run and its plan deal
@@ -22,9 +22,9 @@ from typing import Any
 
 from seqpar.case import TrainCase
 from seqpar.errors import ConfigError
-from seqpar.experiments import clusters
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf.lengths import deal_cost
+from seqpar.planner import clusters
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.lengths import deal_cost
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import CostModel, check_lengths, plan_batches
 from seqpar.rules.model import ModelConfig

@@ -2,6 +2,6 @@
 
 What an algorithm *is* — its rank grid, route, byte and FLOP counts, block plans, the layouts'
 position maths, the masks' geometry, the model's shapes and the memory it predicts — lives here, so
-`seqpar.algorithms` executes these rules and `seqpar.experiments.perf` predicts from them without
+`seqpar.algorithms` executes these rules and `seqpar.planner` predicts from them without
 importing torch. Nothing here imports any other part of seqpar but `seqpar.errors`.
 """

@@ -26,7 +26,7 @@ A micro-batch's cost on d ranks (`CostModel`): its attention (attention x visibl
 sequence / d: the sum of L² over documents, not the square of the pack; a short sequence's calls
 at the kernel's lower rate with `half`), its SP communication (comm x tokens x (d - 1) / d, or the
 planner's rate per group size `comm_at`; hidden under the attention with `overlap`), linear x
-tokens / d and `fixed` (the planner's rates: `experiments.perf.lengths.deal_cost`). The lower
+tokens / d and `fixed` (the planner's rates: `planner.lengths.deal_cost`). The lower
 bound is max(the rank-seconds any packing needs / pool, the longest single micro-batch a sequence
 needs); `gap` is the makespan over it, so the optimum is at most that far away. Packing:
 `rules.packing`.

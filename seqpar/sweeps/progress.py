@@ -23,7 +23,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
-from seqpar.experiments import clusters, perf
+from seqpar import planner
+from seqpar.planner import clusters
 from seqpar.platform import cluster
 
 GANG_START_S = 3.0  # a trial's fixed cost beside its iterations (gang reuse, rendezvous, logging)
@@ -35,7 +36,7 @@ def predicted_s(spec: Any) -> float | None:
     try:
         where = clusters.load("local" if spec.env.device in ("cpu", "auto") else
                               "loongtrain-a100")
-        step_s = perf.predict_spec(spec, where).attention_ms / 1e3
+        step_s = planner.predict_spec(spec, where).attention_ms / 1e3
         w = spec.workload
         return GANG_START_S + step_s * (w.warmup + 1 + w.iters)
     except Exception:  # a spec the model cannot predict: an ETA is never worth a failed sweep

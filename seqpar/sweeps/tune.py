@@ -32,7 +32,7 @@ def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal:
                 prune: int | None = None, cluster: str = "local",
                 dtype: str = "float32") -> SweepPlan:
     """The tuning space as a sweep (experiment 'tune'); `prune` keeps the K points the performance
-    model (experiments.perf) ranks fastest on `cluster` and skips the rest with their prediction as
+    model (planner) ranks fastest on `cluster` and skips the rest with their prediction as
     the reason."""
     require(prune is None or prune >= 1, "prune", prune, "must be at least 1")
     require(world >= 1, "world", world, "must be at least 1")
@@ -56,10 +56,11 @@ def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal:
 
 def predicted_ms(points: list[Point], cluster: str) -> dict[int, float]:
     """id(point) -> the performance model's attention time (fwd [+ bwd]) on `cluster`, valid points."""
-    from seqpar.experiments import clusters, perf
+    from seqpar import planner
+    from seqpar.planner import clusters
 
     c = clusters.load(cluster)
-    return {id(p): perf.predict_spec(p.spec, c).attention_ms for p in points if p.spec is not None}
+    return {id(p): planner.predict_spec(p.spec, c).attention_ms for p in points if p.spec is not None}
 
 
 def pruned(points: list[Point], keep: int, cluster: str) -> list[Point]:

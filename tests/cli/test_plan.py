@@ -208,10 +208,10 @@ def test_tune_prune_keeps_exactly_the_models_top_k():
 
 
 def test_validate_rebuilds_specs_from_flat_params_and_scores():
-    from seqpar.experiments import clusters
-    from seqpar.experiments.perf import plan as perf_plan
-    from seqpar.experiments.perf import predict_spec
     from seqpar.experiments.registry import STUDIES
+    from seqpar.experiments.spec import specs_of
+    from seqpar.planner import clusters, predict_spec
+    from seqpar.planner import plan as perf_plan
 
     local = clusters.load("local")
     trials = []
@@ -221,7 +221,7 @@ def test_validate_rebuilds_specs_from_flat_params_and_scores():
         params = {k: str(v) for k, v in p.spec.flat().items()}  # as MLflow stores them
         pred = predict_spec(p.spec, perf_plan.emulated(p.spec, local)).attention_ms
         trials.append((params, {"step_ms": pred * 1.1}))
-    checks = perf_plan.validate(trials, local)
+    checks = perf_plan.validate(specs_of(trials), local)
     assert len(checks) == len(trials) >= 4
     s = perf_plan.summary(checks)
     assert abs(s["median_abs_error"] - (1 - 1 / 1.1)) < 1e-6
@@ -254,8 +254,8 @@ def test_plan_table_merges_identical_configurations_and_fits_120_columns(monkeyp
 
 
 def test_plan_rows_are_configurations_with_identical_predictions():
-    from seqpar.experiments import clusters
-    from seqpar.experiments.perf import plan as perf_plan
+    from seqpar.planner import clusters
+    from seqpar.planner import plan as perf_plan
     from seqpar.sweeps.tune import option_space
 
     space = [(n, o) for n in ("ulysses", "usp", "ring") for o in option_space(n, 16)]
@@ -281,8 +281,8 @@ def test_plan_model_scope_table_has_step_time_and_policy(monkeypatch):
 def test_plan_model_scope_ranks_states_and_heads_and_finds_burstengines_14b_fits():
     """BurstEngine's 14B at 256K tokens on 8 x A800 80 GB: configurations fit once states are
     sharded; replicated states (16 bytes a parameter, 223 GB) never fit."""
-    from seqpar.experiments import clusters
-    from seqpar.experiments.perf import plan as perf_plan
+    from seqpar.planner import clusters
+    from seqpar.planner import plan as perf_plan
 
     ranked = perf_plan.rank(clusters.load("burst-a800"), "14b", 262144, 8,
                             [("ring", {}), ("ulysses", {})], scope="model")

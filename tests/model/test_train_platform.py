@@ -45,8 +45,9 @@ def test_bad_train_sections_name_their_field(train, model, field):
 def test_training_studies_have_only_valid_points(name, preset):
     """Every point is a valid training trial that fits its device by the planner's arithmetic, or
     is skipped with that arithmetic; on GPUs with the states and precision a real run uses."""
-    from seqpar.experiments import clusters, perf
+    from seqpar import planner
     from seqpar.experiments.registry import MEMORY_CLUSTER
+    from seqpar.planner import clusters
 
     points = STUDIES[name].points(preset)
     kept = [p for p in points if p.spec is not None]
@@ -57,7 +58,7 @@ def test_training_studies_have_only_valid_points(name, preset):
     for p in kept:
         case = p.spec.to_case()
         assert isinstance(case, TrainCase)
-        assert perf.predict_trial(p.spec, cluster).peak_mem_bytes <= cluster.memory_gb * 1e9
+        assert planner.predict_trial(p.spec, cluster).peak_mem_bytes <= cluster.memory_gb * 1e9
         if preset == "gpu-cluster":
             assert (case.states, case.master_dtype, case.dtype) == ("fsdp", "float32", "bfloat16")
 

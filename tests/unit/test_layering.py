@@ -118,6 +118,8 @@ FORBIDDEN = {
     "model": {"platform", "workers", "experiments", "sweeps", "cli", "peers", "-ray", "-mlflow",
               "-typer", "-rich"},
     "platform": {"workers", "experiments", "sweeps", "cli"},
+    "planner": {"algorithms", "model", "peers", "platform", "workers", "experiments", "sweeps", "cli",
+                "-torch", "-ray", "-mlflow", "-typer", "-rich"},
     "experiments": {"workers", "platform", "sweeps", "cli", "-ray", "-mlflow"},
     "workers": {"experiments", "sweeps", "cli"},
     "sweeps": {"cli"},

@@ -15,13 +15,13 @@ from typer.testing import CliRunner
 
 from seqpar.cli.app import app
 from seqpar.errors import ConfigError
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.lengths import Workload, deal_cost
-from seqpar.experiments.perf.lengths_plan import LengthPlan, predict_case
-from seqpar.experiments.perf.lengths_step import GROUP_SIZES, Split
-from seqpar.experiments.perf.policy import Filters
 from seqpar.experiments.spec import ParallelPlan
 from seqpar.experiments.steps import make_case
+from seqpar.planner import clusters
+from seqpar.planner.lengths import Workload, deal_cost
+from seqpar.planner.lengths_plan import LengthPlan, predict_case
+from seqpar.planner.lengths_step import GROUP_SIZES, Split
+from seqpar.planner.policy import Filters
 from seqpar.rules.deal import plan_batches
 from seqpar.rules.lengths import parse
 from seqpar.rules.pool import options_at, pool_sizes

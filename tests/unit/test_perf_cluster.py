@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.experiments import clusters
-from seqpar.experiments.clusters import KernelRate
-from seqpar.experiments.perf import rates
-from seqpar.experiments.perf.policy import Filters, Policy
-from seqpar.experiments.perf.search import make_setup, pareto, search, splits
-from seqpar.experiments.perf.step import step
+from seqpar.planner import clusters, rates
+from seqpar.planner.clusters import KernelRate
+from seqpar.planner.policy import Filters, Policy
+from seqpar.planner.search import make_setup, pareto, search, splits
+from seqpar.planner.step import step
 
 RNG = random.Random()
 H100 = clusters.load("h100-sxm")
@@ -109,8 +108,8 @@ def test_the_kernel_sets_the_attention_rate_and_a_measured_one_comes_first():
 
 
 def test_a_training_trial_is_predicted_by_the_same_step():
-    from seqpar.experiments.perf.step import Step, predict_trial
     from seqpar.experiments.spec import ExperimentSpec
+    from seqpar.planner.step import Step, predict_trial
 
     spec = ExperimentSpec.parse({
         "model": {"heads": 4, "kv_heads": 2, "head_dim": 16},

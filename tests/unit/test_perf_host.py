@@ -10,11 +10,12 @@ import importlib
 
 import pytest
 
+from seqpar import planner
 from seqpar.algorithms.base import AttnShape
-from seqpar.experiments import clusters, perf
-from seqpar.experiments.clusters import ADD_PASSES, MEMORY_EFFICIENCY, MERGE_PASSES, Cluster, Link
-from seqpar.experiments.perf import calibrate, kernel
-from seqpar.experiments.perf import schedule as schedule_module
+from seqpar.planner import clusters, kernel
+from seqpar.planner import schedule as schedule_module
+from seqpar.planner.clusters import ADD_PASSES, MEMORY_EFFICIENCY, MERGE_PASSES, Cluster, Link
+from seqpar.sweeps.calibrate import compute as calibrate
 
 FREE = Link(bandwidth_gb_per_s=1e9, latency_us=0.0)
 SHAPE = AttnShape(1, 1024, 8, 8, 32, 4)
@@ -29,7 +30,7 @@ def host(**update) -> Cluster:
 
 
 def ms(cluster: Cluster, name: str, world: int, layout: str = "zigzag", **options) -> float:
-    return perf.predict(cluster, name, SHAPE, world, options=options, layout=layout,
+    return planner.predict(cluster, name, SHAPE, world, options=options, layout=layout,
                         dtype="float32").attention_ms
 
 
@@ -114,7 +115,7 @@ def test_a_measured_kernel_table_sets_each_calls_rate():
 
 def test_merges_and_accumulation_add_to_ring_compute():
     cheap, dear = host(cores=None), host(cores=None, merge_gb_per_s=0.1, copy_gb_per_s=0.1)
-    fwd = [perf.predict(c, "ring", SHAPE, 4, dtype="float32").forward_ms for c in (cheap, dear)]
+    fwd = [planner.predict(c, "ring", SHAPE, 4, dtype="float32").forward_ms for c in (cheap, dear)]
     whole = [ms(c, "ring", 4) for c in (cheap, dear)]
     assert fwd[1] > fwd[0] * 1.5 and whole[1] - fwd[1] > whole[0] - fwd[0]
 
@@ -133,16 +134,16 @@ def test_a_ring_costs_each_kind_of_block_once_whatever_its_size(world):
 
     a100 = clusters.load("loongtrain-a100")
     shape = AttnShape(1, 64 * world, 32, 32, 128, 2)
-    predict_module = importlib.import_module("seqpar.experiments.perf.job")
+    predict_module = importlib.import_module("seqpar.planner.job")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernel, "block_seconds", counting)
         mp.setattr(predict_module, "_SHARED", {})
-        perf.predict(a100, "ring", shape, world, nodes=2)
+        planner.predict(a100, "ring", shape, world, nodes=2)
         assert len(calls) == 3  # forward and backward meet the same three blocks
-        perf.predict(a100, "double_ring", shape, world, nodes=2, options={"inner_ring": 4})
+        planner.predict(a100, "double_ring", shape, world, nodes=2, options={"inner_ring": 4})
         assert len(calls) == 3  # the double ring met the ring's blocks: none computed again
         calls.clear()
-        perf.predict(a100, "usp", shape, world, nodes=2, options={"dhp": 4})
+        planner.predict(a100, "usp", shape, world, nodes=2, options={"dhp": 4})
         assert len(calls) == 3
 
 
@@ -152,7 +153,7 @@ def test_rings_marked_same_blocks_do_meet_the_same_blocks(name, options):
     """The shortcut is exact: evaluating every ring gives the same prediction."""
     a100 = clusters.load("loongtrain-a100")
     shape = AttnShape(1, 65536, 32, 32, 128, 2)
-    fast = perf.predict(a100, name, shape, 8, nodes=2, options=options, layout="contiguous")
+    fast = planner.predict(a100, name, shape, 8, nodes=2, options=options, layout="contiguous")
     real = schedule_module.schedule
 
     def every_ring(*args, **kw):
@@ -163,9 +164,9 @@ def test_rings_marked_same_blocks_do_meet_the_same_blocks(name, options):
         return s
 
     with pytest.MonkeyPatch.context() as mp:
-        predict_module = importlib.import_module("seqpar.experiments.perf.predict")
+        predict_module = importlib.import_module("seqpar.planner.predict")
         mp.setattr(predict_module, "schedule", every_ring)
-        slow = perf.predict(a100, name, shape, 8, nodes=2, options=options, layout="contiguous")
+        slow = planner.predict(a100, name, shape, 8, nodes=2, options=options, layout="contiguous")
     assert slow.attention_ms == pytest.approx(fast.attention_ms, rel=1e-12)
 
 
@@ -182,7 +183,7 @@ def test_fixed_costs_recover_what_the_tiny_cases_spent():
     free = known.model_copy(update={"cores": None})
     shape = AttnShape(1, calibrate.STEP_TOKENS, calibrate.HEADS, calibrate.HEADS,
                       calibrate.HEAD_DIM, 4)
-    tiny = {name: perf.predict(free, name, shape, 1 if name == "local" else 2, layout="contiguous",
+    tiny = {name: planner.predict(free, name, shape, 1 if name == "local" else 2, layout="contiguous",
                                dtype="float32").attention_ms / 1e3 for name in calibrate.TINY}
     found = calibrate.fixed_costs(known.model_copy(
         update={"call_us": 0.0, "step_us": 0.0, "collective_us": 0.0}), tiny)

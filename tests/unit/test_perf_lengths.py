@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqpar.experiments import clusters
-from seqpar.experiments.perf import plan as perf_plan
-from seqpar.experiments.perf.lengths import Workload, deal_cost, layout_rank_pairs
-from seqpar.experiments.perf.lengths_plan import LengthPlan, predict_case
-from seqpar.experiments.perf.lengths_step import PARTS, Split
-from seqpar.experiments.perf.policy import Filters
-from seqpar.experiments.spec import ExperimentSpec
+from seqpar.experiments.spec import ExperimentSpec, specs_of
 from seqpar.experiments.steps import make_case
+from seqpar.planner import clusters
+from seqpar.planner import plan as perf_plan
+from seqpar.planner.lengths import Workload, deal_cost, layout_rank_pairs
+from seqpar.planner.lengths_plan import LengthPlan, predict_case
+from seqpar.planner.lengths_step import PARTS, Split
+from seqpar.planner.policy import Filters
 from seqpar.rules.deal import deal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def test_validate_pairs_the_predicted_imbalance_with_load_imbalance():
                          "tokens_per_step": 512}, "train": {"model": "tiny"}})
         params = {k: str(v) for k, v in spec.flat().items()}  # as MLflow stores them
         trials.append((params, {"step_ms": 50.0, "load_imbalance": 1.1}))
-    checks = perf_plan.validate(trials, clusters.load("local"))
+    checks = perf_plan.validate(specs_of(trials), clusters.load("local"))
     assert len(checks) == 2 and all(c.imbalance is not None for c in checks)
     for c in checks:
         assert 1.0 <= c.imbalance[0] < 1.5 and c.imbalance[1] == 1.1

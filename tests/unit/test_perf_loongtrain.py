@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from seqpar import planner
 from seqpar.algorithms.base import AttnShape
-from seqpar.experiments import clusters, perf
+from seqpar.planner import clusters
 
 TABLE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "loongtrain_table4_mha.csv"
 
@@ -47,7 +48,7 @@ def table4() -> dict[tuple[str, int], list[tuple[int, float, float]]]:
             continue
         n, dhp = int(row["seq_len"]), int(row["dhp"])
         shape = AttnShape(1, n, 32, 32, 128, 2)  # LLaMA2-7B attention, bf16
-        p = perf.predict(cluster, "usp", shape, 64, nodes=8, layout="zigzag",
+        p = planner.predict(cluster, "usp", shape, 64, nodes=8, layout="zigzag",
                          options={"dhp": dhp, "placement": row["placement"]})
         cols.setdefault((row["placement"], n), []).append((dhp, float(row["ms"]), p.attention_ms))
     return cols

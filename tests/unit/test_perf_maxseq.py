@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from seqpar import algorithms
 from seqpar.cli.app import app
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.maxseq import max_seq, peak_at
-from seqpar.experiments.perf.plan import model_shape
+from seqpar.planner import clusters
+from seqpar.planner.maxseq import max_seq, peak_at
+from seqpar.planner.plan import model_shape
 
 RNG = random.Random()
 
@@ -82,7 +82,7 @@ def test_plan_max_seq_json_and_table():
 def test_activation_offload_and_tiling_lengthen_the_longest_sequence():
     """Llama-3.1-8B on 8 H100 80 GB: offloading activations and tiling the MLP and loss (ALST)
     fit longer sequences than the same policy without them, never shorter ones."""
-    from seqpar.experiments.perf.policy import Filters
+    from seqpar.planner.policy import Filters
 
     cluster = clusters.load("h100-sxm")
     space = [("ulysses", {}), ("ring", {})]

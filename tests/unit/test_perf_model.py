@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from seqpar import algorithms
+from seqpar import algorithms, planner
 from seqpar.algorithms.base import AttnShape
-from seqpar.experiments import clusters, perf
-from seqpar.experiments.perf import memory
-from seqpar.experiments.perf.schedule import P2P, Collective, RingStage, phase_bytes, schedule
+from seqpar.planner import clusters, memory
+from seqpar.planner.schedule import P2P, Collective, RingStage, phase_bytes, schedule
 
 GIB = 2 ** 30
 A100 = clusters.load("loongtrain-a100")
@@ -130,11 +129,11 @@ def test_overlap_first_and_last_steps_are_exposed():
     shape = AttnShape(1, 8192, 8, 8, 64, 2)
     free_link = A100.model_copy(update={"intra": clusters.Link(bandwidth_gb_per_s=1e9,
                                                               latency_us=0)})
-    p = perf.predict(free_link, "ring", shape, 8)
+    p = planner.predict(free_link, "ring", shape, 8)
     assert p.attention_ms == pytest.approx(p.compute_ms, rel=1e-6)
     fast = A100.model_copy(update={"attention_tflops": {"bfloat16": 1e9},
                                    "kernel_half_tokens": 0, "memory_gb_per_s": 1e12})
-    p = perf.predict(fast, "ring", shape, 8)
+    p = planner.predict(fast, "ring", shape, 8)
     msg = 2 * 8 * shape.unit(8)
     link = fast.intra
     expect = 7 * link.seconds(msg) + 7 * link.seconds(msg + 2 * msg) + link.seconds(2 * msg)
@@ -144,7 +143,7 @@ def test_overlap_first_and_last_steps_are_exposed():
 def test_contention_on_shared_nics_slows_head_first():
     """LoongTrain Table 4: at dcp = 32 head-first puts two ring senders on one NIC."""
     shape = AttnShape(1, 131072, 32, 32, 128, 2)
-    hf, cf = (perf.predict(A100, "usp", shape, 64, nodes=8, options={"dhp": 2, "placement": pl})
+    hf, cf = (planner.predict(A100, "usp", shape, 64, nodes=8, options={"dhp": 2, "placement": pl})
               for pl in ("head-first", "context-first"))
     assert hf.exposed_ms["inter"] > 1.8 * cf.exposed_ms["inter"]
 
@@ -153,7 +152,7 @@ def test_causal_imbalance_contiguous_vs_zigzag():
     shape = AttnShape(1, 65536, 8, 8, 128, 2)
     fast_links = A100.model_copy(update={"intra": clusters.Link(bandwidth_gb_per_s=1e9),
                                          "memory_gb_per_s": 1e12})  # the kernels alone
-    contiguous, zigzag = (perf.predict(fast_links, "ring", shape, 8, layout=lay)
+    contiguous, zigzag = (planner.predict(fast_links, "ring", shape, 8, layout=lay)
                           for lay in ("contiguous", "zigzag"))
     assert contiguous.compute_ms / zigzag.compute_ms == pytest.approx(2 * 8 / 9, rel=0.05)
 
@@ -162,21 +161,21 @@ def test_small_blocks_run_slower():
     shape = AttnShape(1, 16384, 8, 8, 128, 2)
     kernels = A100.model_copy(update={"memory_gb_per_s": 1e12})  # the kernels alone
     eager = kernels.model_copy(update={"kernel_half_tokens": 0})
-    slow, ideal = perf.predict(kernels, "ring", shape, 64), perf.predict(eager, "ring", shape, 64)
+    slow, ideal = planner.predict(kernels, "ring", shape, 64), planner.predict(eager, "ring", shape, 64)
     assert slow.compute_ms > 1.5 * ideal.compute_ms
 
 
 def test_wallfacer_holds_3c_activations_and_memory_rises():
     shape = AttnShape(1, 65536, 32, 32, 128, 2)
-    one, four = (perf.predict(A100, "wallfacer", shape, 64, options={"team_size": c}).peak_mem_bytes
+    one, four = (planner.predict(A100, "wallfacer", shape, 64, options={"team_size": c}).peak_mem_bytes
                  for c in (1, 4))
     assert four > one
 
 
 def test_checkpoint_policies_trade_memory_for_recompute():
-    from seqpar.experiments.perf.policy import Policy
-    from seqpar.experiments.perf.search import make_setup
-    from seqpar.experiments.perf.step import step
+    from seqpar.planner.policy import Policy
+    from seqpar.planner.search import make_setup
+    from seqpar.planner.step import step
 
     setup = make_setup(A100, "llama2-7b", 131072, 131072, 16, 2)
     p = setup.attention(16, "usp", {"dhp": 8}, "zigzag")

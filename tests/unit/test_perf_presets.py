@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from seqpar.experiments import clusters, perf
+from seqpar import planner
 from seqpar.experiments.grid import expand
 from seqpar.experiments.registry import MEMORY_CLUSTER, STUDIES, fitting
+from seqpar.planner import clusters
 
 
 def test_gpu_throughput_preset_skips_local_at_1m_tokens_by_arithmetic():
@@ -27,7 +28,7 @@ def test_a_smaller_device_keeps_only_the_points_that_fit_it_and_says_why(study, 
     side or misreported the arithmetic fails here)."""
     a100 = clusters.load(MEMORY_CLUSTER["gpu-cluster"])
     raw = expand(*STUDIES[study].sweep("gpu-cluster"))
-    peaks = {p.spec.hash: perf.predict_trial(p.spec, a100).peak_mem_bytes for p in raw if p.spec}
+    peaks = {p.spec.hash: planner.predict_trial(p.spec, a100).peak_mem_bytes for p in raw if p.spec}
     gb = sorted(peaks.values())[len(peaks) // 2] / 1e9
     half = tmp_path / "half.yaml"
     half.write_text(a100.model_copy(update={"name": "half", "memory_gb": gb}).to_yaml())
@@ -68,8 +69,8 @@ def test_local_cluster_ships_measured():
 
 
 def test_validation_predicts_on_the_trials_emulated_links():
-    from seqpar.experiments.perf.plan import emulated
     from seqpar.experiments.spec import ExperimentSpec
+    from seqpar.planner.plan import emulated
 
     spec = ExperimentSpec.parse({
         "model": "tiny", "plan": {"algorithm": "ring", "world": 4, "nodes": 2},
@@ -80,5 +81,5 @@ def test_validation_predicts_on_the_trials_emulated_links():
     c = emulated(spec, local)
     assert (c.inter.latency_us, c.inter.bandwidth_gb_per_s) == (50.0, 1.0)
     assert not c.shared_links and c.attention_tflops == local.attention_tflops
-    slow = perf.predict_spec(spec, c)
-    assert slow.attention_ms > perf.predict_spec(spec, local).attention_ms
+    slow = planner.predict_spec(spec, c)
+    assert slow.attention_ms > planner.predict_spec(spec, local).attention_ms

@@ -81,7 +81,7 @@ def _row(p: Any) -> list[Any]:
 def _cluster(name: str) -> Any:
     """The cluster as recorded (presets and the calibrated local host may be re-measured later:
     this test is about the model, not the numbers it is given)."""
-    from seqpar.experiments import clusters
+    from seqpar.planner import clusters
 
     if FIXTURE.exists():
         return clusters.Cluster.model_validate(json.loads(FIXTURE.read_text())["clusters"][name])
@@ -89,7 +89,7 @@ def _cluster(name: str) -> Any:
 
 
 def predictions(case: tuple) -> list[list[Any]]:
-    from seqpar.experiments.perf import plan
+    from seqpar.planner import plan
 
     cluster, model, seq_len, world, nodes, scope, dtype, causal, every = case
     ranked = plan.rank(_cluster(cluster), model, seq_len, world, _space(world, every),
@@ -134,7 +134,7 @@ def test_the_recorded_table_covers_every_algorithm_and_both_scopes():
 
 
 if __name__ == "__main__" and "--record" in sys.argv:
-    from seqpar.experiments import clusters
+    from seqpar.planner import clusters
 
     FIXTURE.unlink(missing_ok=True)
     used = {c[0]: clusters.load(c[0]).model_dump(mode="json") for c in CASES}

@@ -10,10 +10,10 @@ from seqpar import algorithms
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError
-from seqpar.experiments import clusters
-from seqpar.experiments.perf.predict import Job
-from seqpar.experiments.perf.ring import sources
-from seqpar.experiments.perf.schedule import RingStage, schedule
+from seqpar.planner import clusters
+from seqpar.planner.predict import Job
+from seqpar.planner.ring import sources
+from seqpar.planner.schedule import RingStage, schedule
 from seqpar.rules.groups import NestedRing
 
 

@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from seqpar.experiments import clusters
-from seqpar.experiments.perf import plan as perf_plan
-from seqpar.experiments.perf.policy import Policy
-from seqpar.experiments.perf.search import make_setup
-from seqpar.experiments.perf.step import step
+from seqpar.planner import clusters
+from seqpar.planner import plan as perf_plan
+from seqpar.planner.policy import Policy
+from seqpar.planner.search import make_setup
+from seqpar.planner.step import step
 
 RNG = random.Random()
 A100 = clusters.load("loongtrain-a100")
@@ -102,8 +102,8 @@ def test_seq_attn_runs_where_a_prefix_is_global_and_nowhere_else():
     assert not seq_attn.runs("ring", "contiguous", 8, 65536)
     assert seq_attn.runs("local", "contiguous", 1, 65536)
     setup = make_setup(A100, "llama2-7b", 65536, 65536, 8, 1)
-    from seqpar.experiments.perf.policy import Filters
-    from seqpar.experiments.perf.search import search
+    from seqpar.planner.policy import Filters
+    from seqpar.planner.search import search
 
     result = search(setup, Filters(dp=1, sp=8, checkpoint="seq-attn:0.5"))
     assert {(s.algorithm, s.layout) for s in result.ranked} <= {

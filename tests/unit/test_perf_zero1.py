@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.experiments import clusters
-from seqpar.experiments.perf import plan as perf_plan
-from seqpar.experiments.perf.fsdp import traffic
-from seqpar.experiments.perf.lengths import Workload
-from seqpar.experiments.perf.lengths_plan import LengthPlan
-from seqpar.experiments.perf.memory import communicators
-from seqpar.experiments.perf.policy import Filters, Policy, space
-from seqpar.experiments.perf.search import make_setup
-from seqpar.experiments.perf.step import predict_trial, step
-from seqpar.experiments.spec import ExperimentSpec
+from seqpar.experiments.spec import ExperimentSpec, specs_of
+from seqpar.planner import clusters
+from seqpar.planner import plan as perf_plan
+from seqpar.planner.fsdp import traffic
+from seqpar.planner.lengths import Workload
+from seqpar.planner.lengths_plan import LengthPlan
+from seqpar.planner.memory import communicators
+from seqpar.planner.policy import Filters, Policy, space
+from seqpar.planner.search import make_setup
+from seqpar.planner.step import predict_trial, step
 from seqpar.rules.memory import ELEM, zero1_partition
 
 RNG = random.Random()
@@ -128,5 +128,5 @@ def test_a_zero1_trial_is_predicted_and_validated_as_zero1():
                     lengths="lognormal:mean=32,sigma=1.5,min=4,max=128")
     trials = [({k: str(v) for k, v in s.flat().items()}, {"step_ms": 40.0})  # as MLflow has them
               for s in (spec, dynamic)]
-    checks = perf_plan.validate(trials, clusters.load("local"))
+    checks = perf_plan.validate(specs_of(trials), clusters.load("local"))
     assert len(checks) == 2 and all(c.predicted_ms > 0 for c in checks)

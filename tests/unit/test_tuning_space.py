@@ -38,9 +38,8 @@ def test_cost_model_prunes_to_the_k_fastest_and_says_why():
 
 
 def test_cost_model_ranks_by_compute_and_the_slowest_link():
-    from seqpar.experiments import clusters
-    from seqpar.experiments.perf import predict_spec
     from seqpar.experiments.spec import ExperimentSpec
+    from seqpar.planner import clusters, predict_spec
 
     def spec(algorithm: str, nodes: int = 1, kv: int = 32) -> ExperimentSpec:
         return ExperimentSpec.parse({"model": {"preset": "llama2-7b", "kv_heads": kv},

@@ -41,13 +41,13 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
-from seqpar.experiments.clusters import MEMORY_EFFICIENCY, Cluster
-from seqpar.experiments.perf import memory
-from seqpar.experiments.perf.api import Prediction, predict, predict_spec
-from seqpar.experiments.perf.fsdp import traffic
-from seqpar.experiments.perf.net import Net
-from seqpar.experiments.perf.policy import REPLICATED, Policy, name_of
-from seqpar.experiments.perf.rates import gemm_rate
+from seqpar.planner import memory
+from seqpar.planner.api import Prediction, predict, predict_spec
+from seqpar.planner.clusters import MEMORY_EFFICIENCY, Cluster
+from seqpar.planner.fsdp import traffic
+from seqpar.planner.net import Net
+from seqpar.planner.policy import REPLICATED, Policy, name_of
+from seqpar.planner.rates import gemm_rate
 from seqpar.rules import masks
 from seqpar.rules.flops import causal_pairs, conventions, head_flops, recomputed_flops
 from seqpar.rules.memory import (

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from seqpar.errors import ConfigError, require
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf import memory
-from seqpar.experiments.perf.api import attention_peak
-from seqpar.experiments.perf.fsdp import traffic
-from seqpar.experiments.perf.lengths import (
+from seqpar.planner import memory
+from seqpar.planner.api import attention_peak
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.fsdp import traffic
+from seqpar.planner.lengths import (
     SizeRates,
     Table,
     Workload,
@@ -42,11 +42,11 @@ from seqpar.experiments.perf.lengths import (
     size_rates,
     span,
 )
-from seqpar.experiments.perf.lengths_step import GROUP_SIZES, PARTS, STATES, LengthStep, Split
-from seqpar.experiments.perf.policy import REPLICATED, Filters, Policy, space, split_checkpoint
-from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
-from seqpar.experiments.perf.search import attention_space, pareto
-from seqpar.experiments.perf.step import Setup, _optimizer_seconds, _policy_of_case, layer_seconds
+from seqpar.planner.lengths_step import GROUP_SIZES, PARTS, STATES, LengthStep, Split
+from seqpar.planner.policy import REPLICATED, Filters, Policy, space, split_checkpoint
+from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
+from seqpar.planner.search import attention_space, pareto
+from seqpar.planner.step import Setup, _optimizer_seconds, _policy_of_case, layer_seconds
 from seqpar.rules import algorithms
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import POLICIES, CostModel, deal, in_rounds

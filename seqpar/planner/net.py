@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from seqpar.experiments.clusters import Cluster
+from seqpar.planner.clusters import Cluster
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqpar.errors import require
-from seqpar.experiments.clusters import Cluster, KernelRate
+from seqpar.planner.clusters import Cluster, KernelRate
 
 KERNELS = ("flash2", "flash3", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 DEFAULT_KERNEL = "flash2"  # what `make gpu-check`'s install runs (flash-attn 2)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seqpar.experiments.perf.net import Cost, Net
-from seqpar.experiments.perf.policy import REPLICATED, Policy
+from seqpar.planner.net import Cost, Net
+from seqpar.planner.policy import REPLICATED, Policy
 from seqpar.rules.memory import ELEM, TrainPolicy
 from seqpar.rules.model import ModelConfig, block_numel
 

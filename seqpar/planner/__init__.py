@@ -1,7 +1,7 @@
 """The performance model: time, traffic and memory of a configuration on a cluster we may not have.
 
-    from seqpar.experiments import perf
-    p = perf.predict(clusters.load("loongtrain-a100"), "usp", shape, world=64, nodes=8,
+    from seqpar import planner
+    p = planner.predict(clusters.load("loongtrain-a100"), "usp", shape, world=64, nodes=8,
                      options={"dhp": 8, "placement": "context-first"}, layout="zigzag")
     p.attention_ms, p.bytes_inter, p.peak_mem_bytes, p.bottleneck
 
@@ -15,7 +15,7 @@ policies, ranked by TGS), `plan` (--scope attention, --validate), `maxseq` (--ma
 
 from __future__ import annotations
 
-from seqpar.experiments.perf.api import Prediction, predict, predict_spec
-from seqpar.experiments.perf.step import predict_trial
+from seqpar.planner.api import Prediction, predict, predict_spec
+from seqpar.planner.step import predict_trial
 
 __all__ = ["Prediction", "predict", "predict_spec", "predict_trial"]

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 
 from seqpar.algorithms.kernels import attend, attend_backward, attention_flops
-from seqpar.experiments.clusters import Cluster, Link
+from seqpar.planner.clusters import Cluster, Link
 
 BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
 MASKS = ("causal", "full")
@@ -143,7 +143,7 @@ def fixed_costs(cluster: Cluster, tiny: dict[str, float]) -> Cluster:
     per iteration less the model's prediction of it with the costs found before it, over its
     calls, steps or collectives."""
     from seqpar.algorithms.base import AttnShape
-    from seqpar.experiments.perf.api import predict
+    from seqpar.planner.api import predict
 
     free = Link(bandwidth_gb_per_s=1e9, latency_us=0.0)
     shape = AttnShape(1, STEP_TOKENS, HEADS, HEADS, HEAD_DIM, 4)
@@ -200,7 +200,7 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
 def with_host_links(cluster: Cluster, link: Link, transport_bytes_per_s: float,
                     per_message_s: float, tiny: dict[str, float]) -> Cluster:
     """`cluster` with the local link, the transport's CPU cost and the fixed host costs found from
-    the TINY cases' CPU per iteration (what `seqpar.sweeps.calibrate.host_links` measures)."""
+    the TINY cases' CPU per iteration (what `seqpar.sweeps.calibrate.ranks.host_links` measures)."""
     return fixed_costs(cluster.model_copy(update={
         "intra": link, "inter": link, "transport_gb_per_s": round(transport_bytes_per_s / 1e9, 3),
         "message_us": round(per_message_s * 1e6, 1)}), tiny)

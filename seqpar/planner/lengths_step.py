@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqpar.experiments.perf.policy import Policy
-from seqpar.experiments.perf.why import why_slower as _why
+from seqpar.planner.policy import Policy
+from seqpar.planner.why import why_slower as _why
 
 PARTS = ("attention", "attention_comm", "other_compute", "recompute", "idle", "exposed_comm",
          "optimizer")

@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 
 from seqpar.errors import ConfigError, require
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf import memory, pins
-from seqpar.experiments.perf.api import Prediction, attention_peak
-from seqpar.experiments.perf.policy import OFFLOAD_SETS, Filters, Policy, space, split_checkpoint
-from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
-from seqpar.experiments.perf.step import Setup, Step, step
-from seqpar.experiments.perf.why import why_slower  # noqa: F401  (cli/plan.py's)
+from seqpar.planner import memory, pins
+from seqpar.planner.api import Prediction, attention_peak
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.policy import OFFLOAD_SETS, Filters, Policy, space, split_checkpoint
+from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
+from seqpar.planner.step import Setup, Step, step
+from seqpar.planner.why import why_slower  # noqa: F401  (cli/plan.py's)
 from seqpar.rules import algorithms, masks
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS

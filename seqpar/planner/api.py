@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf import memory
-from seqpar.experiments.perf.predict import Job, attention
-from seqpar.experiments.perf.schedule import schedule
+from seqpar.planner import memory
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.predict import Job, attention
+from seqpar.planner.schedule import schedule
 from seqpar.rules import masks
 from seqpar.rules.shape import AttnShape
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from seqpar.experiments.perf.schedule import RingStage, Schedule
+from seqpar.planner.schedule import RingStage, Schedule
 from seqpar.rules.algorithms import usp
 from seqpar.rules.algorithms.ulysses import kv_replicas
 from seqpar.rules.memory import (

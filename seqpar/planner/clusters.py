@@ -96,7 +96,7 @@ class Cluster(_Strict):
         "forward's, attention_tflops)")
     causal_rate_ratio: float = Field(1.0, gt=0, description="a causal call's rate over an unmasked "
                                      "one's at large blocks (FlashAttention-3 Fig. 4)")
-    gpu: str | None = Field(None, description="the device in seqpar.experiments.perf.rates' tables "
+    gpu: str | None = Field(None, description="the device in seqpar.planner.rates' tables "
                             "(h100, h200, a100): documented kernel and GEMM rates by shape")
     kernel: str | None = Field(None, description="the attention kernel attention_tflops describes "
                                "(None: flash2)")

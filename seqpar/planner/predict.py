@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from seqpar.experiments.perf.job import Job, Timing
-from seqpar.experiments.perf.net import Cost
-from seqpar.experiments.perf.ring import ring_time
-from seqpar.experiments.perf.schedule import (
+from seqpar.planner.job import Job, Timing
+from seqpar.planner.net import Cost
+from seqpar.planner.ring import ring_time
+from seqpar.planner.schedule import (
     P2P,
     Collective,
     Kernel,

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seqpar.experiments.perf.net import ByIdentity, Cost
-from seqpar.experiments.perf.schedule import RingStage
+from seqpar.planner.net import ByIdentity, Cost
+from seqpar.planner.schedule import RingStage
 
 if TYPE_CHECKING:
-    from seqpar.experiments.perf.job import Job, Timing
+    from seqpar.planner.job import Job, Timing
 
 
 @lru_cache(maxsize=64)

@@ -1,7 +1,7 @@
 """`seqpar calibrate`'s measurements that need ranks, and the whole calibration: the link between
 two local gloo ranks (a ping-pong: wall latency and bandwidth, CPU per message and per byte) and
 the CPU per iteration of the tiny cases, folded into the compute rates
-`seqpar.experiments.perf.calibrate` measures on one thread (see its docstring for the method).
+`seqpar.sweeps.calibrate.compute` measures on one thread (see its docstring for the method).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import torch
 import torch.distributed as dist
 
 from seqpar.case import Case
-from seqpar.experiments.clusters import Cluster, KernelRate, Link
-from seqpar.experiments.perf.calibrate import (
+from seqpar.planner.clusters import Cluster, KernelRate, Link
+from seqpar.platform.localgang import LocalGang
+from seqpar.rules.flops import BACKWARD_FLOPS, attention_flops
+from seqpar.sweeps.calibrate.compute import (
     HEAD_DIM,
     HEADS,
     PING_SIZES,
@@ -25,8 +27,6 @@ from seqpar.experiments.perf.calibrate import (
     measure,
     with_host_links,
 )
-from seqpar.platform.localgang import LocalGang
-from seqpar.rules.flops import BACKWARD_FLOPS, attention_flops
 from seqpar.workers.measure import measure as measure_case
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf import kernel
-from seqpar.experiments.perf.net import Cost, Net
+from seqpar.planner import kernel
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.net import Cost, Net
 from seqpar.rules import masks
 from seqpar.rules.shape import AttnShape
 

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from seqpar.errors import require
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf.api import Prediction, predict
-from seqpar.experiments.perf.net import Net
-from seqpar.experiments.perf.step import layer_seconds
+from seqpar.planner.api import Prediction, predict
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.net import Net
+from seqpar.planner.step import layer_seconds
 from seqpar.rules import lengths as length_rules
 from seqpar.rules import masks
 from seqpar.rules.deal import CostModel, Deal

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from seqpar.experiments.clusters import Cluster
+from seqpar.planner.clusters import Cluster
 from seqpar.rules import blocks, layouts, masks
 from seqpar.rules.algorithms import call_relation
 from seqpar.rules.flops import attention_flops

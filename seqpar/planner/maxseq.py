@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from seqpar.errors import ConfigError, require
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf import memory
-from seqpar.experiments.perf.api import attention_peak
-from seqpar.experiments.perf.plan import Space, model_shape
-from seqpar.experiments.perf.policy import Filters, Policy
-from seqpar.experiments.perf.policy import space as policy_space
+from seqpar.planner import memory
+from seqpar.planner.api import attention_peak
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.plan import Space, model_shape
+from seqpar.planner.policy import Filters, Policy
+from seqpar.planner.policy import space as policy_space
 from seqpar.rules import algorithms
 from seqpar.rules.layouts import LAYOUTS, chunk_count
 from seqpar.rules.shape import AttnShape

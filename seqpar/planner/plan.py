@@ -3,20 +3,19 @@ held against a finished sweep's measurements (`seqpar plan --validate`)."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from seqpar.errors import ConfigError, SeqparError, require
-from seqpar.experiments.clusters import Cluster
-from seqpar.experiments.perf.api import Prediction, predict
-from seqpar.experiments.perf.lengths_plan import predict_case
-from seqpar.experiments.perf.policy import Filters
-from seqpar.experiments.perf.rates import DEFAULT_KERNEL, with_kernel
-from seqpar.experiments.perf.search import Result, check_counts, make_setup, search
-from seqpar.experiments.perf.step import predict_trial, shape_of
+from seqpar.errors import ConfigError, require
+from seqpar.planner.api import Prediction, predict
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.lengths_plan import predict_case
+from seqpar.planner.policy import Filters
+from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
+from seqpar.planner.search import Result, check_counts, make_setup, search
+from seqpar.planner.step import predict_trial, shape_of
 from seqpar.rules import algorithms, masks
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import load, presets
@@ -111,33 +110,6 @@ def equivalents(ranked: Sequence[Prediction]) -> list[list[Prediction]]:
 
 
 # ------------------------------------------------------------------------------- validation
-def _value(text: str) -> Any:
-    """A param as MLflow stores it (str(value)) back to the value."""
-    if text in ("None", "True", "False"):
-        return {"None": None, "True": True, "False": False}[text]
-    try:
-        return json.loads(text)
-    except (TypeError, ValueError):
-        return text
-
-
-def spec_of_params(params: Mapping[str, str]) -> Any:
-    """Rebuild an ExperimentSpec from a trial's flat MLflow params (plan.options.dhp, ...)."""
-    from seqpar.experiments.spec import ExperimentSpec
-
-    data: dict[str, Any] = {}
-    for key, text in params.items():
-        parts = key.split(".")
-        if parts[0] not in ("model", "plan", "workload", "env", "train"):
-            continue
-        node = data
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = _value(text)
-    data.get("model", {}).pop("preset", None)
-    return ExperimentSpec.parse(data)
-
-
 @dataclass
 class Check:
     label: str
@@ -161,23 +133,19 @@ def emulated(spec: Any, cluster: Cluster) -> Cluster:
     links = spec.env.emulated_links(spec.workload.dtype)
     if not links:
         return cluster
-    from seqpar.experiments.clusters import Link
+    from seqpar.planner.clusters import Link
 
     return cluster.model_copy(update={
         k: Link(bandwidth_gb_per_s=v.bandwidth_gb_per_s, latency_us=v.latency_us)
         for k, v in links.items()} | {"nics_per_node": cluster.gpus_per_node, "shared_links": False})
 
 
-def validate(trials: Iterable[tuple[Mapping[str, str], Mapping[str, float]]],
-             cluster: Cluster) -> list[Check]:
-    """(params, metrics) of finished trials -> predicted vs measured step time."""
+def validate(trials: Iterable[tuple[Any, Mapping[str, float]]], cluster: Cluster) -> list[Check]:
+    """(ExperimentSpec, metrics) of finished trials -> predicted vs measured step time (the specs
+    rebuilt from MLflow's params by `experiments.spec.specs_of`)."""
     out = []
-    for params, metrics in trials:
+    for spec, metrics in trials:
         if "step_ms" not in metrics:
-            continue
-        try:
-            spec = spec_of_params(params)
-        except SeqparError:
             continue
         if spec.plan.algorithm not in algorithms.REGISTRY:
             continue
