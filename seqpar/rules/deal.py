@@ -26,7 +26,9 @@ A micro-batch's cost on d ranks (`CostModel`): its attention (attention x visibl
 sequence / d: the sum of L² over documents, not the square of the pack; a short sequence's calls
 at the kernel's lower rate with `half`), its SP communication (comm x tokens x (d - 1) / d, or the
 planner's rate per group size `comm_at`; hidden under the attention with `overlap`), linear x
-tokens / d and `fixed` (the planner's rates: `planner.lengths.deal_cost`). The lower
+tokens / d and the host's issue of a micro-batch on d ranks, `fixed_of(d)` (added to the device's
+time on a CPU, overlapping it on a GPU: `host_overlaps`; the planner's rates and counts:
+`planner.lengths.deal_cost`). The lower
 bound is max(the rank-seconds any packing needs / pool, the longest single micro-batch a sequence
 needs); `gap` is the makespan over it, so the optimum is at most that far away. Packing:
 `rules.packing`.
@@ -47,6 +49,7 @@ from seqpar.rules.packing import balanced, best_fit, split_to_multiple
 from seqpar.rules.pool import pool_groups, pool_sizes, smallest_size
 
 POLICIES = ("static", "dynamic")
+DEGREES = ("smallest", "cost")  # the dynamic policy's group sizes: Megatron-LM's rule, or by cost
 PACKINGS = ("best-fit", "cost-balanced")
 
 
@@ -61,7 +64,10 @@ class CostModel:
     comm_at: tuple[tuple[int, float], ...] = ()  # (d, seconds per token) in place of comm's
     overlap: bool = False      # the communication runs under the attention (a ring's)
     half: float = 0.0          # a call's query tokens (n / d) at which the kernel runs at half rate
-    fixed: float = 0.0         # seconds a micro-batch costs whatever it holds
+    fixed: float = 0.0         # seconds a micro-batch costs whatever it holds (the host's issue)
+    fixed_at: tuple[tuple[int, float], ...] = ()  # (d, seconds) in place of fixed's on d ranks
+    host_overlaps: bool = False  # the host issues while the device runs (a GPU): a micro-batch
+    #                              lasts the longer of the two, not their sum
 
     def pairs(self, n: int) -> int:
         """Visible pairs of one causal sequence of n tokens (under the window, if any)."""
@@ -85,11 +91,24 @@ class CostModel:
         """One sequence's attention seconds on each of d ranks."""
         return self.attention * self.pairs(n) * (1.0 + self.half * d / n) / d
 
+    @cached_property
+    def _fixed_at(self) -> dict[int, float]:
+        return dict(self.fixed_at)
+
+    def fixed_of(self, d: int) -> float:
+        """Seconds the host spends issuing a micro-batch on d ranks, whatever it holds."""
+        return self._fixed_at.get(d, self.fixed)
+
+    def device(self, attn: float, tokens: int, d: int) -> float:
+        """The device's seconds of a micro-batch of `tokens` tokens on d ranks whose attention
+        takes `attn` (the host's issue apart)."""
+        comm = self.comm_of(d) * tokens
+        return (max(attn, comm) if self.overlap else attn + comm) + self.linear * tokens / d
+
     def of(self, attn: float, tokens: int, d: int) -> float:
         """Seconds of a micro-batch of `tokens` tokens on d ranks whose attention takes `attn`."""
-        comm = self.comm_of(d) * tokens
-        return ((max(attn, comm) if self.overlap else attn + comm) + self.linear * tokens / d
-                + self.fixed)
+        device, host = self.device(attn, tokens, d), self.fixed_of(d)
+        return max(device, host) if self.host_overlaps else device + host
 
     def seconds(self, lengths: Sequence[int], d: int) -> float:
         return self.of(sum(self.attention_s(n, d) for n in lengths), sum(lengths), d)
@@ -108,10 +127,12 @@ class CostModel:
             one.append(got[1])
         return att, one
 
-    def floor(self, attn: float, tokens: int, d: int) -> float:
+    def floor(self, attn: float, tokens: int, d: int, packs: int = 0) -> float:
         """Rank-seconds that sequences of `tokens` tokens and attention `attn` on d ranks cost
-        however they are packed (a lower bound: the fixed cost and the overlap do not add up)."""
-        return d * (self.of(attn, tokens, d) - self.fixed)
+        however they are packed into at least `packs` micro-batches (a lower bound: the overlap
+        does not add up; the host's issue adds, or bounds it where it overlaps the device's)."""
+        device, host = d * self.device(attn, tokens, d), packs * d * self.fixed_of(d)
+        return max(device, host) if self.host_overlaps else device + host
 
 
 @dataclass(frozen=True)
@@ -229,13 +250,19 @@ def check_lengths(lengths: Sequence[int], pool: int, capacity: int, policy: str,
 
 def deal(lengths: Sequence[int], pool: int, capacity: int, policy: str, cost: CostModel, *,
          degree: int | None = None, packing: str = "best-fit", equal_counts: bool = False,
-         ranks_per_node: int | None = None, any_size: bool = False) -> Deal:
+         ranks_per_node: int | None = None, any_size: bool = False,
+         degrees: str = "smallest") -> Deal:
     """The step's deal (see the module docstring). `degree`: the static SP degree (dividing the
-    pool); `ranks_per_node`: groups that fit a node stay in one."""
+    pool); `ranks_per_node`: groups that fit a node stay in one; `degrees` (dynamic): each
+    sequence on the smallest group that holds it, or sizes chosen by the predicted makespan
+    (`cost`)."""
     lengths = tuple(int(n) for n in lengths)
     require(bool(lengths) and all(n >= 1 for n in lengths), "lengths", list(lengths)[:8],
             "must be positive sequence lengths")
     require(packing in PACKINGS, "packing", packing, f"must be one of {', '.join(PACKINGS)}")
+    require(degrees in DEGREES, "degrees", degrees, f"must be one of {', '.join(DEGREES)}")
+    require(degrees == "smallest" or policy == "dynamic", "degrees", degrees,
+            "chooses the group sizes of the dynamic policy (a static one has one degree)")
     if policy == "static":
         degree = pool if degree is None else degree
         require(isinstance(degree, int) and degree >= 1 and pool % degree == 0, "degree", degree,
@@ -247,7 +274,8 @@ def deal(lengths: Sequence[int], pool: int, capacity: int, policy: str, cost: Co
     else:
         require(packing == "best-fit", "packing", packing,
                 "cost-balanced packing is a static policy's (dynamic places by cost already)")
-        micro, bound = _dynamic(lengths, pool, capacity, cost, ranks_per_node, any_size)
+        micro, bound = _dynamic(lengths, pool, capacity, cost, ranks_per_node, any_size,
+                                degrees)
     if policy == "static":
         micro = _rounds(micro, pool)
     free = Deal(policy, packing, pool, capacity, lengths, tuple(micro), False, bound)
@@ -284,7 +312,7 @@ def _static(lengths: tuple[int, ...], pool: int, capacity: int, degree: int, pac
         slots[r] += 1
     micro.sort(key=lambda m: (m.round, m.group))
     packs = -(-sum(lengths) // room)  # at least this many micro-batches, each paying `fixed`
-    work = cost.floor(sum(att), sum(lengths), degree) + packs * degree * cost.fixed
+    work = cost.floor(sum(att), sum(lengths), degree, packs)
     return micro, max(work / pool, max(one))
 
 
@@ -306,9 +334,71 @@ def _deal_packs(per_bin: Sequence[float], dp: int, share: int, balanced: bool) -
 
 
 def _dynamic(lengths: tuple[int, ...], pool: int, capacity: int, cost: CostModel,
-             rpn: int | None, any_size: bool) -> tuple[list[MicroBatch], float]:
+             rpn: int | None, any_size: bool, degrees: str = "smallest"
+             ) -> tuple[list[MicroBatch], float]:
     sizes = pool_sizes(pool, any_size)
     size_of = [smallest_size(n, capacity, sizes) or pool for n in lengths]  # one holds it
+    micro, bound = _placed(lengths, pool, capacity, cost, rpn, size_of)
+    if degrees == "smallest":
+        return micro, bound
+    got = _by_cost(lengths, pool, capacity, cost, rpn, sizes, size_of, micro)
+    if any_size:  # powers of two by cost are candidates too: any size never loses to them
+        two = _dynamic(lengths, pool, capacity, cost, rpn, False, degrees)
+        if _makespan(two[0], pool) < _makespan(got[0], pool):
+            return two[0], min(got[1], two[1])
+    return got
+
+
+def _makespan(micro: Sequence[MicroBatch], pool: int) -> float:
+    free = [0.0] * pool
+    for m in micro:
+        t = max(free[r] for r in m.group) + m.seconds
+        for r in m.group:
+            free[r] = t
+    return max(free, default=0.0)
+
+
+# `degrees: cost`: passes over the sequences, each widening the few whose work is largest by one
+# size when the step's predicted makespan falls (the smallest-fit deal is the first candidate,
+# so it never loses to it in this model)
+COST_PASSES = 4
+COST_TRIES = 8
+
+
+def _by_cost(lengths: tuple[int, ...], pool: int, capacity: int, cost: CostModel,
+             rpn: int | None, sizes: Sequence[int], size_of: list[int],
+             micro: list[MicroBatch]) -> tuple[list[MicroBatch], float]:
+    """Group sizes by the predicted makespan (greedy: see COST_PASSES), and the lower bound over
+    every size each sequence may take: max(the least rank-seconds any sizes need / pool, the
+    longest sequence alone on its best size)."""
+    best, span = list(size_of), _makespan(micro, pool)
+    wider = {d: next((e for e in sizes if e > d), None) for d in sizes}
+    for _ in range(COST_PASSES):
+        _, one = cost.each(lengths, best)
+        improved = False
+        for i in sorted(range(len(lengths)), key=lambda i: -one[i])[:COST_TRIES]:
+            d = wider[best[i]]
+            if d is None:
+                continue
+            trial = best[:i] + [d] + best[i + 1:]
+            got, _ = _placed(lengths, pool, capacity, cost, rpn, trial)
+            s = _makespan(got, pool)
+            if s < span * (1 - 1e-9):
+                best, span, micro, improved = trial, s, got, True
+        if not improved:
+            break
+    floor = alone = 0.0
+    for i, n in enumerate(lengths):
+        options = [d for d in sizes if d >= size_of[i]]
+        floor += min(cost.floor(cost.attention_s(n, d), n, d) for d in options)
+        alone = max(alone, min(cost.of(cost.attention_s(n, d), n, d) for d in options))
+    return micro, max(floor / pool, alone)
+
+
+def _placed(lengths: tuple[int, ...], pool: int, capacity: int, cost: CostModel,
+            rpn: int | None, size_of: Sequence[int]) -> tuple[list[MicroBatch], float]:
+    """Each sequence on a group of its size `size_of[i]`: the list scheduler (see the module
+    docstring), and its lower bound."""
     att, one = cost.each(lengths, size_of)
     by_size: dict[int, list[int]] = {}  # largest size first, longest work first
     for i in sorted(range(len(lengths)), key=lambda i: (size_of[i], one[i]), reverse=True):
@@ -328,8 +418,8 @@ def _dynamic(lengths: tuple[int, ...], pool: int, capacity: int, cost: CostModel
             for r in groups[k]:
                 free[r] = t
         tokens = sum(lengths[i] for i in members)
-        work += (cost.floor(sum(att[i] for i in members), tokens, size)
-                 + -(-tokens // (size * capacity)) * size * cost.fixed)
+        work += cost.floor(sum(att[i] for i in members), tokens, size,
+                           -(-tokens // (size * capacity)))
     micro = []
     for g in sorted(assigned, key=lambda g: (-len(g), g)):
         for b in best_fit(assigned[g], lengths, len(g) * capacity):

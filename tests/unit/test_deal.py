@@ -161,3 +161,36 @@ def test_packing_keeps_the_scans_rules_ties_included():
         split = packing.split_to_multiple(packs, dp, lengths)
         assert sorted(i for p in split for i in p) == sorted(range(len(lengths)))
         assert len(split) % dp == 0 or all(len(p) == 1 for p in split)
+
+
+def test_degrees_by_cost_never_lose_to_the_smallest_nor_any_size_to_powers_of_two():
+    """In the deal's own model: `degrees: cost` keeps the smallest-fit deal as a candidate, and
+    any size by cost the powers of two by cost; its lower bound stays below its makespan; and on
+    some step it wins (a long sequence spread wider)."""
+    cost = CostModel(attention=2e-12, linear=4e-8, comm=1e-9, fixed=2e-3, overlap=True)
+    gains = []
+    for seed in range(60):
+        r = random.Random(seed)
+        pool, cap = r.choice([1, 2, 3, 4, 8, 12, 64, 1024]), r.choice([512, 2048])
+        lengths = [min(pool * cap, max(1, int(r.lognormvariate(6.5, 1.4))))
+                   for _ in range(r.randint(1, 30))]
+        by = {}
+        for any_size in (False, True):
+            small = deal(lengths, pool, cap, "dynamic", cost, any_size=any_size)
+            by[any_size] = wide = deal(lengths, pool, cap, "dynamic", cost, any_size=any_size,
+                                       degrees="cost")
+            assert wide.makespan <= small.makespan * (1 + 1e-9)
+            assert wide.lower_bound <= wide.makespan * (1 + 1e-9)
+            assert sorted(i for m in wide.micro for i in m.seqs) == list(range(len(lengths)))
+            gains.append(small.makespan / wide.makespan)
+        assert by[True].makespan <= by[False].makespan * (1 + 1e-9)
+    assert max(gains) > 1.05
+
+
+def test_degrees_refuse_an_unknown_rule_and_a_static_policy():
+    from seqpar.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="degrees"):
+        deal([100, 200], 2, 256, "dynamic", CostModel(), degrees="widest")
+    with pytest.raises(ConfigError, match="degrees"):
+        deal([100, 200], 2, 256, "static", CostModel(), degree=2, degrees="cost")
