@@ -1,0 +1,275 @@
+"""What the host issues for the runner's step, from a table counted by running the real code
+(`ops_table.json`, written by `python -m seqpar.workers.measure.optable --write`; a test recounts
+a sample and fails when the code and the table disagree). No torch.
+
+    a = attention("ring", 8, layout="zigzag", mask="causal", phase="backward")
+    b = block("full", "backward")        # a layer outside its attention
+    s = step(params=219, optimizer="foreach", states="replicated", world=8)
+    host_ops = (a + b).total_ops(KERNEL_OPS["flash2"]["backward"]) * layers
+
+What counts (the counter's rule, `workers.measure.opcount`): an aten operation that would launch a
+kernel on a GPU (views, metadata and uninitialised allocations do not; a fill does); an attention
+kernel call (one entry of the kernel engines: one flash-attn call) apart from the ops inside it,
+which `KERNEL_OPS` charges per backend; a collective (all_to_all, all_gather, reduce_scatter,
+all_reduce, broadcast) or a point-to-point send or receive of the communication layer, whatever the
+backend does under it; a host wait on the device (.item(), nonzero, boolean indexing, a barrier;
+the step's end is `step`'s).
+
+How each count scales (the laws, all in the table):
+- attention: per group size d, count(d) = a + b * (d - 1), derived at d = 2 and 4 and checked at
+  3 and 8 (`law_holds`); exact (measured) where the table has the size. A ring issues b per ring
+  step; documents: count = a + b * docs per document of a pack (measured at 2 and 4 documents);
+  a window is measured at W = N / 8 (its skipped blocks depend on W / N: elsewhere approximate).
+  Masks the table has no row for are counted as causal. Options other than the defaults are not
+  measured: their default's count is returned (`measured` says whether a key is in the table).
+- block: per layer, constant in d and N (token-wise ops); a checkpoint mode's recompute is in its
+  backward, and `attention_reruns(checkpoint)` says how many attention forwards a layer's backward
+  runs again (full: 1; seq-attn: its prefix's, counted as 1).
+- micro: once a micro-batch outside its layers (embedding, rotary tables, final norm, LM head and
+  loss; the fused head at one tile).
+- step: once a step: AdamW a + b * tensors (foreach: constant on the CPU; on a GPU a foreach op
+  launches one kernel per chunk of tensors, not counted here), the gradient reduction (replicated:
+  one all-reduce per tensor, or per bucket; zero1: a broadcast per tensor after the step; fsdp: an
+  all-gather per unit forward, an all-gather and a reduce-scatter per unit backward, the root
+  unit's too), the loss's all-reduce over the group, and the host wait at the step's end.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+TABLE_PATH = Path(__file__).with_name("ops_table.json")
+PHASES = ("forward", "backward")
+MASK_KINDS = ("causal", "full", "documents", "window")
+# flash-attn's launches per call, from its API (csrc/flash_attn/flash_api.cpp, hopper/flash_api.cpp):
+# FA2 forward: one kernel (split-KV adds a combine kernel only for decoding); backward: the
+# dot(dO, O) preprocess, the dq accumulator's zero fill, the main kernel and the dq conversion,
+# plus the sum of dk and dv over each kv group under GQA (two). FA3 backward: preprocess (with the
+# dq_accum clear), main, dq postprocess, and dk/dv postprocess under GQA.
+FLASH_LAUNCHES = {"flash2": {"forward": 1.0, "backward": 4.0},
+                  "flash3": {"forward": 1.0, "backward": 3.0}}
+
+
+@dataclass(frozen=True)
+class Issue:
+    """What the host issues."""
+
+    ops: float = 0.0           # aten operations that launch work (outside attention kernel calls)
+    kernel_calls: float = 0.0  # attention kernel calls (forward or backward), charged per backend
+    collectives: float = 0.0   # collectives issued (all_to_all, all_gather, all_reduce, ...)
+    messages: float = 0.0      # point-to-point sends + receives posted
+    syncs: float = 0.0         # host waits on the device
+
+    def __add__(self, other: Issue) -> Issue:
+        return Issue(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def __mul__(self, k: float) -> Issue:
+        return Issue(*(getattr(self, f.name) * k for f in fields(self)))
+
+    __rmul__ = __mul__
+
+    def total_ops(self, ops_per_kernel_call: float) -> float:
+        """Operations launched, the kernel calls' own at `ops_per_kernel_call` each."""
+        return self.ops + self.kernel_calls * ops_per_kernel_call
+
+
+def _issue(counts: dict[str, float]) -> Issue:
+    return Issue(**{f.name: float(counts.get(f.name, 0.0)) for f in fields(Issue)})
+
+
+@lru_cache(maxsize=1)
+def table() -> dict[str, Any]:
+    """The generated table (see the module docstring)."""
+    return json.loads(TABLE_PATH.read_text())
+
+
+def attention_key(algorithm: str, d: int, layout: str, mask: str, docs: int = 1) -> str:
+    return f"{algorithm}|{d}|{layout}|{mask}|{docs}"
+
+
+def law_key(algorithm: str, layout: str, mask: str, docs: int = 1) -> str:
+    return f"{algorithm}|{layout}|{mask}|{docs}"
+
+
+def _kind(mask: str, docs: int) -> tuple[str, int]:
+    kind = mask.split(":", 1)[0]
+    if kind == "documents" and docs <= 1:
+        return "causal", 1
+    if kind not in MASK_KINDS:
+        return "causal", 1
+    return kind, docs if kind == "documents" else 1
+
+
+def measured(algorithm: str, d: int, layout: str = "zigzag", mask: str = "causal",
+             docs: int = 1) -> bool:
+    """Whether the table holds this call as counted (not extrapolated)."""
+    kind, docs = _kind(mask, docs)
+    row = table()["attention"].get(attention_key(algorithm, d, _layout(layout, d), kind, docs))
+    return isinstance(row, dict)
+
+
+def _layout(layout: str, d: int) -> str:
+    return "contiguous" if d == 1 else layout
+
+
+def _counts(algorithm: str, d: int, layout: str, kind: str, docs: int, phase: str) -> dict:
+    t = table()
+    row = t["attention"].get(attention_key(algorithm, d, _layout(layout, d), kind, docs))
+    if isinstance(row, dict):
+        return row[phase]
+    if d == 1:
+        row = t["attention"].get(attention_key("local", 1, "contiguous", kind, docs))
+        if isinstance(row, dict):
+            return row[phase]
+    law = t["laws"].get(law_key(algorithm, layout, kind, docs))
+    if law is None:
+        reason = row if isinstance(row, str) else "not in the table"
+        raise KeyError(f"attention {algorithm} d={d} {layout} {kind} docs={docs}: {reason}")
+    return {f: a + b * (d - 1) for f, (a, b) in law["law"][phase].items()}
+
+
+def attention(algorithm: str, d: int, *, layout: str = "zigzag", mask: str = "causal",
+              options: dict | None = None, docs: int = 1, phase: str = "forward") -> Issue:
+    """One attention call of one layer, one micro-batch, on a group of d ranks (the busiest
+    rank's count; phase 'forward' | 'backward'). `options` other than the defaults are not
+    measured: the defaults' count (see the module docstring)."""
+    del options
+    kind, docs = _kind(mask, docs)
+    if kind != "documents" or docs in (2, 4):
+        return _issue(_counts(algorithm, d, layout, kind, docs, phase))
+    two, four = (_counts(algorithm, d, layout, kind, n, phase) for n in (2, 4))
+    return _issue({f: two[f] + (four[f] - two[f]) / 2 * (docs - 2) for f in two})
+
+
+def attention_kernel_ops(algorithm: str, d: int, *, layout: str = "zigzag",
+                         mask: str = "causal", docs: int = 1, phase: str = "forward") -> float:
+    """The aten ops inside this call's kernel calls as counted on the CPU (torch-cpu-flash)."""
+    kind, docs = _kind(mask, docs)
+    return float(_counts(algorithm, d, layout, kind, max(docs, 1) if kind == "documents" else 1,
+                         phase)["kernel_ops"])
+
+
+def block(checkpoint: str = "none", phase: str = "forward") -> Issue:
+    """One decoder block outside its attention (norms, projections, RoPE, SwiGLU, residuals; the
+    recompute of the checkpoint mode counted in backward)."""
+    return _issue(table()["blocks"][checkpoint][phase])
+
+
+def attention_reruns(checkpoint: str = "none") -> float:
+    """Attention forwards a layer's backward runs again under `checkpoint` (full, seq-attn)."""
+    return float(table()["blocks"][checkpoint]["attention_forwards_in_backward"])
+
+
+def layer(algorithm: str, d: int, *, checkpoint: str = "none", phase: str = "forward",
+          **call: Any) -> Issue:
+    """One layer of one micro-batch: its block, its attention call and, in backward, the
+    attention forwards its checkpoint mode re-runs. `call`: `attention`'s keywords."""
+    out = block(checkpoint, phase) + attention(algorithm, d, phase=phase, **call)
+    if phase == "backward":
+        out = out + attention(algorithm, d, phase="forward", **call) * attention_reruns(checkpoint)
+    return out
+
+
+def micro(phase: str = "forward", *, fused_head: bool = False) -> Issue:
+    """What a micro-batch issues outside its layers: embedding, rotary tables, final norm, head
+    and loss (fused: at one tile)."""
+    return _issue(table()["micro"]["fused" if fused_head else "unfused"][phase])
+
+
+def optimizer(params: int, kind: str = "foreach") -> Issue:
+    """AdamW's step over `params` parameter tensors ('foreach' or 'per-parameter'), zero_grad
+    included."""
+    law = table()["optimizer"][kind]["law"]
+    return _issue({f: a + b * params for f, (a, b) in law.items()})
+
+
+def reduction(params: int, *, states: str = "replicated", buckets: int | None = None,
+              world: int = 1, layers: int | None = None) -> Issue:
+    """The gradient reduction of a step over `world` ranks: replicated, one all-reduce per
+    parameter tensor (seqpar's GradSync) or per bucket (`buckets`); zero1 the same, its broadcasts
+    being `step`'s; fsdp per unit (`layers` + the root) an all-gather forward, an all-gather and a
+    reduce-scatter backward, with FSDP2's copies (`layers` default: the tiny model's tensors per
+    layer, 9)."""
+    if world <= 1:
+        return Issue()
+    if states in ("replicated", "zero1"):
+        return Issue(collectives=float(params if buckets is None else buckets))
+    row = _states_row("fsdp", world)
+    units = (params - 3) / 9 if layers is None else layers
+    per = _issue(row["layer"]["forward"]) + _issue(row["layer"]["backward"])
+    root = _issue(row["fixed"]["forward"]) + _issue(row["fixed"]["backward"])
+    return per * units + root + Issue(collectives=-1.0)  # the loss's all-reduce is step's
+
+
+def _states_row(states: str, world: int) -> dict:
+    rows = table()["steps"]
+    sizes = sorted(int(k.split("|")[1]) for k in rows if k.startswith(states + "|"))
+    near = min(sizes, key=lambda s: abs(s - world))
+    return rows[f"{states}|{near}"]
+
+
+def step(params: int, *, optimizer: str = "foreach", states: str = "replicated",
+         buckets: int | None = None, world: int = 1, layers: int | None = None,
+         micro_batches: int = 1, fused_head: bool = False) -> Issue:
+    """Once a step: AdamW over `params` tensors (ZeRO-1: the shard's update and a broadcast per
+    tensor), the gradient reduction (`reduction`), the loss's all-reduce over the group, the
+    micro-batches' head and loss (`micro`, forward and backward) and the host wait at its end."""
+    kind = optimizer
+    out = reduction(params, states=states, buckets=buckets, world=world, layers=layers)
+    if states == "zero1" and world > 1:
+        law = _states_row("zero1", world)["optimizer"]
+        out = out + _issue({f: a + b * params for f, (a, b) in law.items()})
+    else:
+        out = out + globals()["optimizer"](params, kind)
+    if world > 1:
+        out = out + _issue(_states_row("replicated", world)["fixed"]["forward"])  # the loss's
+    heads = micro("forward", fused_head=fused_head) + micro("backward", fused_head=fused_head)
+    return out + heads * micro_batches + Issue(syncs=1.0)
+
+
+def _kernel_ops() -> dict[str, dict[str, float]]:
+    measured_ops = table()["kernels"]
+    out = {"math": measured_ops["math|causal"], "torch-cpu-flash": measured_ops["torch|causal"]}
+    out.update({k: dict(v) for k, v in FLASH_LAUNCHES.items()})
+    return out
+
+
+class _Lazy(dict):
+    """KERNEL_OPS, read from the table on first use (importing this module reads no file)."""
+
+    def _load(self) -> None:
+        if not super().__len__():
+            super().update(_kernel_ops())
+
+    def __getitem__(self, key: str) -> dict[str, float]:
+        self._load()
+        return super().__getitem__(key)
+
+    def __iter__(self):
+        self._load()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._load()
+        return super().__len__()
+
+    def items(self):
+        self._load()
+        return super().items()
+
+    def keys(self):
+        self._load()
+        return super().keys()
+
+    def get(self, key, default=None):
+        self._load()
+        return super().get(key, default)
+
+
+# backend -> {"forward": ops per kernel call, "backward": ...}: math and torch-cpu-flash measured
+# on the CPU (causal), flash2 / flash3 the launches of flash-attn's API (FLASH_LAUNCHES)
+KERNEL_OPS: dict[str, dict[str, float]] = _Lazy()
