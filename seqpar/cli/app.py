@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str | None, str]] = {
     "tune": ("tune", "tune", "Experiments"),
     "compare": ("compare", "compare", "Results"),
     "plan": ("plan", "plan", "Experiments"),
+    "lengths": ("lengths", "lengths", "Experiments"),
     "calibrate": ("calibrate", "calibrate", "Experiments"),
     "report": ("report", "report", "Results"),
 }

@@ -7,7 +7,11 @@
 Compact forms: `fixed:N`; `lognormal:mean=M,sigma=S,min=A,max=B` (L = clip(LogNormal(ln M - S²/2,
 S), A, B), rounded: the unclipped mean is M); `file:PATH` (one length a line, or a JSON list of
 integers: a corpus's own lengths, drawn uniformly with replacement); `text:PATH` (the documents of
-a UTF-8 text file, split at blank lines, one token a byte, read in file order and wrapping).
+a UTF-8 text file, split at blank lines, one token a byte, read in file order and wrapping);
+`corpus:SOURCE?tokenizer=TOK&column=text&limit=N` (a corpus's documents through its tokenizer,
+drawn as `file:`; column and limit optional). The rules only parse the corpus form (`CorpusRef`):
+the tokenizing is seqpar.corpus's, handed in as `corpus=` (a function returning the file of
+lengths, cached by digests), so this floor reads a file of lengths and nothing else.
 
 A step is `tokens` tokens of whole sequences: sequences are drawn one after another until they
 hold `tokens`; the last one is cut to the tokens still missing, so every step holds exactly
@@ -30,7 +34,9 @@ from pathlib import Path
 
 from seqpar.errors import ConfigError, require
 
-FORMS = ("fixed:N", "lognormal:mean=M,sigma=S,min=A,max=B", "file:PATH", "text:PATH")
+FORMS = ("fixed:N", "lognormal:mean=M,sigma=S,min=A,max=B", "file:PATH", "text:PATH",
+         "corpus:SOURCE?tokenizer=TOK&column=text")
+CORPUS_KEYS = ("tokenizer", "column", "limit")
 TEXT_SEPARATOR = "\n\n"
 
 
@@ -92,13 +98,29 @@ class LogNormal:
 
 
 @dataclass(frozen=True)
+class CorpusRef:
+    """The `corpus:` form: a corpus, its tokenizer, the text column and how many documents to read
+    (None: all). `body` is the form after `corpus:`, canonical (keys in one order)."""
+
+    source: str
+    tokenizer: str
+    column: str = "text"
+    limit: int | None = None
+
+    @property
+    def body(self) -> str:
+        query = f"tokenizer={self.tokenizer}&column={self.column}"
+        return f"{self.source}?{query}" + (f"&limit={self.limit}" if self.limit else "")
+
+
+@dataclass(frozen=True)
 class Empirical:
-    """Lengths read from a file (`file:`, drawn uniformly with replacement) or the documents of a
-    text (`text:`, in file order, wrapping)."""
+    """Lengths read from a file (`file:`, and a corpus's tokenized lengths, `corpus:`: drawn
+    uniformly with replacement) or the documents of a text (`text:`, in file order, wrapping)."""
 
     lengths: tuple[int, ...]
     path: str
-    kind: str  # file | text
+    kind: str  # file | text | corpus
 
     def draw(self, rng: random.Random, index: int) -> Sequence:
         if self.kind == "text":
@@ -136,10 +158,12 @@ def text_documents(text: str, separator: str = TEXT_SEPARATOR) -> list[bytes]:
     return [d.encode("utf-8") for d in (p.strip() for p in text.split(separator)) if d]
 
 
-def parse(spec: str, field: str = "lengths",
-          resolve: Callable[[str], str] | None = None) -> Distribution:
+def parse(spec: str, field: str = "lengths", resolve: Callable[[str], str] | None = None,
+          corpus: Callable[[CorpusRef, str], str] | None = None) -> Distribution:
     """The distribution of a compact form; a bad one raises ConfigError(field, spec, rule) in one
-    line. `resolve` maps a path as written to the file to read (e.g. `shipped:NAME`)."""
+    line. `resolve` maps a path as written to the file to read (e.g. `shipped:NAME`); `corpus`
+    gives a `corpus:` form's file of lengths, one a line in corpus order (seqpar.corpus.cache.
+    lengths_file: tokenized once, then cached), given the form and the field to blame."""
     require(isinstance(spec, str) and ":" in spec, field, spec, f"must be one of {', '.join(FORMS)}")
     kind, _, body = spec.partition(":")
     if kind == "fixed":
@@ -155,7 +179,37 @@ def parse(spec: str, field: str = "lengths",
                 f"{path})")
         read = _file_lengths if kind == "file" else _text_lengths
         return Empirical(read(path, spec, field), body, kind)
+    if kind == "corpus":
+        ref = corpus_ref(spec, field)
+        require(corpus is not None, field, spec, "a corpus is tokenized by seqpar.corpus, not "
+                "here: give it where seqpar reads lengths (seqpar plan --lengths, a sweep's "
+                "workload.lengths) or write its lengths with seqpar lengths --out and use file:PATH")
+        assert corpus is not None
+        path = Path(corpus(ref, field))
+        return Empirical(_file_lengths(path, spec, field), ref.body, "corpus")
     raise ConfigError(field, spec, f"must be one of {', '.join(FORMS)}")
+
+
+def corpus_ref(spec: str, field: str = "lengths") -> CorpusRef:
+    """The parts of `corpus:SOURCE?tokenizer=TOK&column=C&limit=N` (column: text; limit: none),
+    checked for form only (the paths are checked where they are read)."""
+    body = spec.removeprefix("corpus:")
+    source, q, query = body.partition("?")
+    rule = "corpus:SOURCE?tokenizer=TOK[&column=C][&limit=N] takes tokenizer=, column=, limit=, once"
+    require(bool(source) and q == "?", field, spec, rule)
+    values: dict[str, str] = {}
+    for part in query.split("&"):
+        key, eq, value = part.partition("=")
+        require(eq == "=" and key in CORPUS_KEYS and key not in values and bool(value), field,
+                spec, rule)
+        values[key] = value
+    require("tokenizer" in values, field, spec, "corpus: needs its tokenizer: "
+            "corpus:SOURCE?tokenizer=TOK (a tokenizer.json or a folder holding one)")
+    limit = values.get("limit")
+    require(limit is None or (limit.isdigit() and int(limit) >= 1), field, spec,
+            f"limit={limit} must be a positive number of documents")
+    return CorpusRef(source, values["tokenizer"], values.get("column", "text"),
+                     int(limit) if limit is not None else None)
 
 
 def _lognormal(spec: str, body: str, field: str) -> LogNormal:
