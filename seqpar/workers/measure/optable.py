@@ -333,6 +333,16 @@ def build_table(gang, log=print) -> dict[str, Any]:
     return table
 
 
+def dumps(table: dict[str, Any]) -> str:
+    """The table as JSON, one row a line (a regenerated table's diff reads row by row)."""
+    def rows(d: dict) -> str:
+        return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}"
+                                  for k, v in sorted(d.items())) + "\n }"
+    parts = [f" {json.dumps(k)}: " + (rows(v) if isinstance(v, dict) else json.dumps(v))
+             for k, v in sorted(table.items())]
+    return "{\n" + ",\n".join(parts) + "\n}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {rules_ops.TABLE_PATH}")
@@ -342,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     with LocalGang(8, sizes=(1, 2, 3, 4), device="cpu") as gang:
         table = build_table(gang, log=lambda m: print(m, file=sys.stderr))
-    text = json.dumps(table, indent=1, sort_keys=True)
+    text = dumps(table)
     if args.write:
         Path(rules_ops.TABLE_PATH).write_text(text + "\n")
         print(f"wrote {rules_ops.TABLE_PATH}", file=sys.stderr)
