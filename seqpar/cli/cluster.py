@@ -1,5 +1,6 @@
 """`seqpar cluster status`: the Ray cluster's nodes (CPUs, GPUs, memory), the running gangs and each
-running sweep's progress (trials done of the total, the trial in flight, its ranks' phases and
+running sweep's progress (trials done of the total, trials a minute and the time left, the trial in
+flight, its ranks' phases and
 iterations: the state API and the metrics, platform.dashboard.sweep_progress)."""
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ def status(
         return
     display_table("seqpar gangs", ["gang", "ranks", "actors (rank@node:state)"],
                   [[g["gang"], g["ranks"], " ".join(g["actors"])] for g in info["gangs"]])
-    rows = [[s["sweep"], s["name"] or "?", _trials(s["trials"]), s["in_flight"] or "-",
+    rows = [[s["sweep"], s["name"] or "?", _trials(s["trials"]), _pace(s), s["in_flight"] or "-",
              " ".join(_rank(r) for r in s["ranks"])] for s in info["sweeps"]]
     if rows:
-        display_table("seqpar sweeps", ["sweep", "name", "trials", "in flight",
+        display_table("seqpar sweeps", ["sweep", "name", "trials", "pace, left", "in flight",
                                         "ranks (rank:phase:iterations)"], rows)
 
 
@@ -58,6 +59,18 @@ def _trials(counts: dict[str, int] | None) -> str:
     total = sum(counts.values())
     failed = f", {counts['failed']} failed" if counts.get("failed") else ""
     return f"{counts.get('done', 0)}/{total} done{failed}"
+
+
+def _pace(s: dict) -> str:
+    """`9.5/min, 1:43:10 left` (the driver's series), `-` before its first trial ends."""
+    per_min, left = s.get("per_min"), s.get("left_s")
+    if per_min is None:
+        return "-"
+    text = f"{per_min:.1f}/min"
+    if left is not None:
+        whole = int(round(left))
+        text += f", {whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d} left"
+    return text
 
 
 def _rank(r: dict) -> str:

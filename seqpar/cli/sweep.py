@@ -133,9 +133,12 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
             console.print("[yellow]interrupted[/yellow]; continue with "
                           f"`{again} --resume <sweep id>` (see `seqpar compare`)")
             raise typer.Exit(130) from None
+    from seqpar.sweeps.report.digest import screen
+
     cmp = report.table(outcome.sweep.title, outcome.views(), plan.headline)
+    cmp = screen(cmp, again=f"seqpar compare --sweep {outcome.sweep_id}")
     display_comparison(cmp)
-    print_compare_link(tracker, cmp.trials)
+    print_compare_link(tracker, cmp.trials)  # a long sweep's: the winners shown
     skipped = f", {outcome.resumed} already done" if outcome.resumed else ""
     missing = f" ({len(tracker.missing)} missing: listed above)" if tracker.missing else ""
     console.print(f"sweep id {outcome.sweep_id} (experiment {plan.experiment!r}): "

@@ -79,13 +79,15 @@ def how_to_look(actor_prefix: str) -> list[str]:
     return lines
 
 
+PACE = {"ray_seqpar_sweep_trials_per_min": "per_min", "ray_seqpar_sweep_left_s": "left_s"}
 REPR = re.compile(r"RankWorker\(sweep=(?P<sweep>.*), rank=(?P<rank>\d+)/(?P<world>\d+)\)")
 
 
 def sweep_progress(actors: list[Any], running: dict[str, str], samples: list[Sample]
                    ) -> list[dict[str, Any]]:
     """Each sweep with rank actors alive: its name (the actors' repr), its trials done / failed /
-    pending (the driver's `seqpar_sweep_trials`), the trial in flight (the name of the ranks'
+    pending (the driver's `seqpar_sweep_trials`), its pace and time left (`per_min`, `left_s`:
+    `seqpar_sweep_trials_per_min`, `seqpar_sweep_left_s`), the trial in flight (the name of the ranks'
     running task, or until Ray's state API lists it, the trial their phase series name) and each
     rank's phase and iterations (`seqpar_rank_phase`, `seqpar_trial_iterations`). A series not
     exported yet reads as None."""
@@ -98,7 +100,8 @@ def sweep_progress(actors: list[Any], running: dict[str, str], samples: list[Sam
         match = REPR.fullmatch(a.repr_name or "")
         name = match["sweep"].removesuffix(tag).strip() if match else ""
         s = by_sweep.setdefault(tag, {"sweep": tag, "gang": gang, "name": name, "trials": None,
-                                      "in_flight": None, "ranks": {}})
+                                      "per_min": None, "left_s": None, "in_flight": None,
+                                      "ranks": {}})
         s["name"] = s["name"] or name
         trial = running.get(a.actor_id)
         s["in_flight"] = s["in_flight"] or trial
@@ -117,6 +120,9 @@ def sweep_progress(actors: list[Any], running: dict[str, str], samples: list[Sam
             continue
         if x.name == "ray_seqpar_sweep_trials":
             s["trials"] = {**(s["trials"] or {}), x.tags.get("status", "?"): int(x.value)}
+            continue
+        if x.name in PACE:
+            s[PACE[x.name]] = x.value
             continue
         rank = s["ranks"].get(int(x.tags.get("rank", -1)))
         if rank is None or x.tags.get("trial") != (rank["trial"] or s["in_flight"] or NO_TRIAL):

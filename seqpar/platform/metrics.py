@@ -11,7 +11,8 @@ tests read every series back from an endpoint.
 
     ranks (workers.rank_worker)   seqpar_trial_iterations, seqpar_rank_phase while a trial runs;
                                   the results when it ends (step, tokens/s, peak memory, bytes)
-    driver (sweeps.runner)        seqpar_sweep_trials: done | failed | pending of the sweep
+    driver (sweeps.runner)        seqpar_sweep_trials: done | failed | pending of the sweep; its
+                                  pace (seqpar_sweep_trials_per_min) and time left (seqpar_sweep_left_s)
 
 A Grafana dashboard of them ships beside this module (`GRAFANA_DASHBOARD`, Ray's JSON format).
 
@@ -48,6 +49,7 @@ RESULT_TAGS = ("gang", "sweep", "trial", "algorithm", "rank")
 PROGRESS_TAGS = ("sweep", "trial", "rank")
 PHASE_TAGS = ("sweep", "trial", "rank", "phase")
 SWEEP_TAGS = ("sweep", "status")
+PACE_TAGS = ("sweep",)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,10 @@ SERIES = {s.name: s for s in (
            "1 for the phase the rank is in, 0 for the others"),
     Series("seqpar_sweep_trials", "gauge", SWEEP_TAGS,
            "trials of the sweep by status (done, failed, pending)"),
+    Series("seqpar_sweep_trials_per_min", "gauge", PACE_TAGS,
+           "trials the sweep's driver ran a minute (this session)"),
+    Series("seqpar_sweep_left_s", "gauge", PACE_TAGS,
+           "the sweep's estimated time left, seconds"),
 )}
 
 

@@ -24,6 +24,13 @@ server that refuses) is recorded in `Tracker.missing` instead of raised: the cal
 lists them at the end. A failure to log the measurements themselves ends the run FAILED (never
 RUNNING) before it propagates.
 
+At scale a trial costs the store the same at trial 5,000 as at trial 5: one `create_run` (its tags),
+its params and metrics in as few `log_batch` calls as MLflow's limits allow (100 params, 1,000
+entities a batch), its status, its per_rank.json; the sweep's experiment is looked up once, not per
+trial, and MLflow's per-run artifact repository (a queue and a thread pool each, cached for 1,024
+runs) is let go once the trial's artifact is written. A sweep's trials come back with one paged
+search on `seqpar.sweep_id` (`trials`: what `--resume` skips), whatever the sweep's size.
+
 This module knows runs, params, metrics and tags; it never sees an experiment spec (the platform
 does not import experiments or sweeps), so callers hand it flat dicts.
 """
@@ -55,6 +62,8 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"  # MLflow 3's UI: runs view, not the GenAI traces view
 HASH_TAG = "seqpar.spec_hash"
 KIND_TAG = "seqpar.kind"  # "sweep" | "trial"
+LINK_TAG = "seqpar.trials_by"  # on a sweep whose trials all carry SWEEP_TAG (no older nesting)
+PAGE = 5000  # runs a search reads a page (MLflow's SQL store allows up to 50,000)
 
 
 def default_uri(workdir: str | Path | None = None) -> str:
@@ -176,6 +185,7 @@ class Tracker(Artifacts):
             raise ConfigError("tracking-uri", self.uri,
                               "holds no MLflow store (no such file): run `seqpar sweep` first")
         self.missing: list[MissingArtifact] = []  # artifacts that could not be written
+        self._experiment_of: dict[str, str] = {}  # sweep id -> its experiment id (asked once)
         try:
             if existing:
                 self.client = MlflowClient(tracking_uri=self.uri)
@@ -236,9 +246,17 @@ class Tracker(Artifacts):
         """A parent run for a sweep; its run id is the sweep id."""
         exp_id = self.experiment_id(experiment)
         run = self.client.create_run(exp_id, run_name=name,
-                                     tags={**environment_tags(), **tags, KIND_TAG: "sweep"})
+                                     tags={**environment_tags(), **tags, KIND_TAG: "sweep",
+                                           LINK_TAG: SWEEP_TAG})
         self._log(run.info.run_id, params=params)
+        self._experiment_of[run.info.run_id] = exp_id
         return run.info.run_id
+
+    def _sweep_experiment(self, sweep_id: str) -> str:
+        """The experiment id of a sweep's parent run, asked of the store once per sweep."""
+        if sweep_id not in self._experiment_of:
+            self._experiment_of[sweep_id] = self.client.get_run(sweep_id).info.experiment_id
+        return self._experiment_of[sweep_id]
 
     def sweep(self, sweep_id: str, field: str = "resume") -> RunRecord:
         """The sweep's parent run; a ConfigError naming `field` (the option that gave the id) when
@@ -277,12 +295,12 @@ class Tracker(Artifacts):
         steps 1..n so MLflow draws them as curves; `by_rank` per-rank values, logged with steps
         0..P-1 (the rank); `start_time_ms` (epoch ms) makes the run's duration in the UI the
         trial's, not the logging's."""
-        parent = self.client.get_run(sweep_id)
+        experiment_id = self._sweep_experiment(sweep_id)
         run_tags = {**environment_tags(), **tags, SWEEP_TAG: sweep_id, HASH_TAG: spec_hash,
                     KIND_TAG: "trial"}
         if cause:
             run_tags["seqpar.cause"] = cause[:4000]  # a traceback's last lines; tags hold 8000
-        run = self.client.create_run(parent.info.experiment_id, run_name=name, tags=run_tags,
+        run = self.client.create_run(experiment_id, run_name=name, tags=run_tags,
                                      start_time=start_time_ms)
         run_id = run.info.run_id
         try:
@@ -293,21 +311,25 @@ class Tracker(Artifacts):
             raise
         self.client.set_terminated(run_id, status=status)
         self.log_dict(run_id, detail, "per_rank.json")
+        _forget_artifact_repo(run_id)
         latest = {k: float(v) for k, v in metrics.items() if v is not None}
         latest.update({k: float(v[-1]) for k, v in {**(series or {}), **(by_rank or {})}.items()
                        if len(v)})  # as the store reads it back: the value at the last step
         return RunRecord(run_id, name, status, run.info.start_time,
-                         {k: str(v) for k, v in params.items()}, latest, run_tags,
-                         parent.info.experiment_id)
+                         {k: str(v) for k, v in params.items()}, latest, run_tags, experiment_id)
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run (a trial superseded by its rerun on resume)."""
         self.client.delete_run(run_id)
 
     def trials(self, sweep_id: str) -> list[RunRecord]:
+        """Every trial run of a sweep, newest first: one paged search (a sweep from before its
+        trials were linked by tag, one more for the nested ones)."""
         parent = self.client.get_run(sweep_id)
         exp = [parent.info.experiment_id]
-        runs = {r.run_id: r for tag in (SWEEP_TAG, PARENT_TAG)
+        links = (SWEEP_TAG,) if parent.data.tags.get(LINK_TAG) == SWEEP_TAG else (
+            SWEEP_TAG, PARENT_TAG)
+        runs = {r.run_id: r for tag in links
                 for r in self._search(exp, f"tags.`{tag}` = '{sweep_id}'")}
         return sorted(runs.values(), key=lambda r: -r.start_time)
 
@@ -357,10 +379,21 @@ class Tracker(Artifacts):
 
     # ---------------------------------------------------------------------------- helpers
     def _search(self, exp_ids: list[str], filter_string: str,
-                max_results: int = 5000) -> list[RunRecord]:
-        runs = self.client.search_runs(exp_ids, filter_string, max_results=max_results,
-                                       order_by=["attributes.start_time DESC"])
-        return [_record(r) for r in runs]
+                max_results: int | None = None) -> list[RunRecord]:
+        """The runs matching `filter_string`, newest first: every page of them (at most
+        `max_results`)."""
+        out: list[RunRecord] = []
+        token = None
+        while max_results is None or len(out) < max_results:
+            want = PAGE if max_results is None else min(PAGE, max_results - len(out))
+            page = self.client.search_runs(exp_ids, filter_string, max_results=want,
+                                           order_by=["attributes.start_time DESC"],
+                                           page_token=token)
+            out += [_record(r) for r in page]
+            token = page.token
+            if not token:
+                break
+        return out
 
     def _log(self, run_id: str, params: dict[str, Any] | None = None,
              metrics: Mapping[str, float] | None = None,
@@ -375,5 +408,29 @@ class Tracker(Artifacts):
                for step, v in enumerate(values, start=1)]
         ms += [Metric(k, float(v), now, rank) for k, values in (by_rank or {}).items()
                for rank, v in enumerate(values)]
-        for i in range(0, max(len(ps), len(ms)), 100):  # MLflow takes 100 params per batch
-            self.client.log_batch(run_id, metrics=ms[i:i + 100], params=ps[i:i + 100])
+        for batch_ps, batch_ms in batches(ps, ms):
+            self.client.log_batch(run_id, metrics=batch_ms, params=batch_ps)
+
+
+PARAMS_PER_BATCH, ENTITIES_PER_BATCH = 100, 1000  # MLflow's log_batch limits
+
+
+def batches(params: list[Any], metrics: list[Any]) -> Iterator[tuple[list[Any], list[Any]]]:
+    """Params and metrics in as few `log_batch` calls as MLflow takes: at most 100 params and
+    1,000 entities (params and metrics together) a call; one call for a typical trial."""
+    p = m = 0
+    while p < len(params) or m < len(metrics):
+        take_p = params[p:p + PARAMS_PER_BATCH]
+        take_m = metrics[m:m + ENTITIES_PER_BATCH - len(take_p)]
+        yield take_p, take_m
+        p, m = p + len(take_p), m + len(take_m)
+
+
+def _forget_artifact_repo(run_id: str) -> None:
+    """Let MLflow drop the artifact repository it cached for a run once its artifacts are
+    written: each holds a queue and a thread pool, kept for the last 1,024 runs (a long sweep's
+    driver grew by them). MLflow makes a new one if the run is written again."""
+    with contextlib.suppress(Exception):  # a private cache: a later MLflow may have none
+        from mlflow.tracking._tracking_service import utils as tracking_utils
+
+        tracking_utils._artifact_repos_cache.pop(run_id, None)

@@ -1,5 +1,5 @@
-"""What a running sweep shows: trials done/total (and how many were unstable), elapsed, ETA, and the
-current trial's phase.
+"""What a running sweep shows: trials done/total (and how many were unstable), the pace in trials a
+minute, elapsed, ETA, and the current trial's phase.
 
     live = SweepProgress(console, trials=[p.spec for p in todo], gang_id=gang_id)
     with live:
@@ -15,6 +15,7 @@ The current trial's phase and iterations done are rank 0's heartbeat (`rendezvou
 
 from __future__ import annotations
 
+import collections
 import statistics
 import threading
 import time
@@ -27,6 +28,7 @@ from seqpar import planner
 from seqpar.planner import clusters
 from seqpar.platform import cluster
 
+LONG_SWEEP = 50    # trials from which each trial's line ends with the count, pace and time left
 GANG_START_S = 3.0  # a trial's fixed cost beside its iterations (gang reuse, rendezvous, logging)
 
 
@@ -44,15 +46,28 @@ def predicted_s(spec: Any) -> float | None:
 
 
 class Eta:
-    """Remaining seconds of a sweep from predictions calibrated by the trials done so far."""
+    """Remaining seconds of a sweep from predictions calibrated by the trials done so far; O(1)
+    a trial whatever the sweep's size (the calibration: the median of the last RECENT trials)."""
+
+    RECENT = 200
 
     def __init__(self, predictions: list[float | None]):
-        self.pending = list(predictions)
-        self.ratios: list[float] = []
-        self.durations: list[float] = []
+        self.pending = collections.deque(predictions)
+        self.unknown = sum(p is None for p in predictions)  # pending trials it cannot predict
+        self.predicted = sum(p for p in predictions if p is not None)  # their predictions' sum
+        self.ratios: collections.deque[float] = collections.deque(maxlen=self.RECENT)
+        self.durations: collections.deque[float] = collections.deque(maxlen=self.RECENT)
+        self.done_n = 0
 
     def done(self, seconds: float) -> None:
-        predicted = self.pending.pop(0) if self.pending else None
+        predicted = None
+        if self.pending:
+            predicted = self.pending.popleft()
+            if predicted is None:
+                self.unknown -= 1
+            else:
+                self.predicted -= predicted
+        self.done_n += 1
         self.durations.append(seconds)
         if predicted:
             self.ratios.append(seconds / predicted)
@@ -60,9 +75,9 @@ class Eta:
     def remaining_s(self) -> float | None:
         if not self.pending:
             return 0.0
-        if all(p is not None for p in self.pending) and (self.ratios or not self.durations):
+        if self.unknown == 0 and (self.ratios or not self.durations):
             scale = statistics.median(self.ratios) if self.ratios else 1.0
-            return scale * sum(p for p in self.pending if p is not None)
+            return scale * max(0.0, self.predicted)
         if self.durations:
             return statistics.mean(self.durations) * len(self.pending)
         return None
@@ -80,14 +95,16 @@ class SweepProgress:
     False."""
 
     def __init__(self, console: Console, specs: list[Any], gang_id: str, enabled: bool = True,
-                 poll_s: float = 1.0):
+                 poll_s: float = 1.0, done: int = 0):
+        """`done`: trials a resumed sweep had finished before (counted in the total)."""
         self.enabled, self.gang_id, self.poll_s = enabled, gang_id, poll_s
+        self.before, self.total = done, done + len(specs)
         self.eta = Eta([predicted_s(s) for s in specs])
         self._t0 = time.monotonic()
         self._trial_t0: float | None = None
         self.bar = Progress(TextColumn("{task.fields[left]}"), BarColumn(bar_width=20),
                             TextColumn("{task.fields[right]}"), console=console, transient=True)
-        self.task = self.bar.add_task("", total=len(specs), left=f"trials 0/{len(specs)}",
+        self.task = self.bar.add_task("", total=len(specs), left=f"trials {done}/{self.total}",
                                       right=self._overall())
         self.trial = self.bar.add_task("", total=None, left="", right="", visible=False)
         self._stop = threading.Event()
@@ -107,12 +124,30 @@ class SweepProgress:
             self.bar.stop()
 
     def _overall(self) -> str:
-        """Elapsed and ETA; the ETA counts down while a trial runs (never below 0)."""
+        """Pace, elapsed and ETA; the ETA counts down while a trial runs (never below 0)."""
         now = time.monotonic()
         left = self.eta.remaining_s()
         if left is not None and self._trial_t0 is not None:
             left = max(0.0, left - (now - self._trial_t0))
-        return f"elapsed {_clock(now - self._t0)}  ETA {_clock(left)}"
+        rate = self.rate_per_min()
+        pace = f"{rate:.1f} trials/min  " if rate is not None else ""
+        return f"{pace}elapsed {_clock(now - self._t0)}  ETA {_clock(left)}"
+
+    def rate_per_min(self) -> float | None:
+        """Trials this session ran a minute (None before the first ends)."""
+        ran = len(self.eta.durations)
+        elapsed = time.monotonic() - self._t0
+        return 60.0 * ran / elapsed if ran and elapsed > 0 else None
+
+    def count(self) -> str:
+        """`[12/1000 done, 9.5/min, 1:43:10 left]` for a trial's line in a long sweep (its
+        progress without a live bar: a pipe, a CI log); '' for a short one (LONG_SWEEP trials)."""
+        if self.total < LONG_SWEEP:
+            return ""
+        rate = self.rate_per_min()
+        pace = f", {rate:.1f}/min" if rate is not None else ""
+        return (f"[{self.before + len(self.eta.durations)}/{self.total} done{pace}, "
+                f"{_clock(self.eta.remaining_s())} left]")
 
     def start_trial(self, spec: Any, label: str) -> None:
         w = spec.workload
@@ -131,10 +166,10 @@ class SweepProgress:
         self.eta.done(seconds)
         self._trial_t0 = None
         self.unstable += unstable
-        done = int(self.bar.tasks[0].completed) + 1
+        done = self.before + int(self.bar.tasks[0].completed) + 1
         shaky = f", {self.unstable} unstable" if self.unstable else ""
         self.bar.update(self.task, advance=1,
-                        left=f"trials {done}/{self.bar.tasks[0].total:g}{shaky}",
+                        left=f"trials {done}/{self.total}{shaky}",
                         right=self._overall())
 
     def _show(self, phase: str) -> None:

@@ -25,6 +25,12 @@ brings them back), so the sweep holds one run per trial.
 Ctrl-C marks the sweep KILLED and leaves it resumable; so does any error, whose line names the
 `--resume` id.
 
+Memory stays bounded by what the report needs, whatever the sweep's size: once a trial is logged
+the driver keeps its `TrialView` (the numbers and intervals the comparison, the report and the
+figures read), not its ranks' records, its run's params or its per_rank.json, except for the few
+trials whose per-rank breakdown or timeline the report draws (`plots.detail_candidates`, at most
+a dozen). A resumed sweep reads its earlier trials back with one search.
+
 Artifacts (per-rank JSON, figures, the page, the sweep file) that cannot be written cost nothing
 else: the first is a warning naming where it was to go and why, the sweep goes on with every trial
 FINISHED as measured (its per-rank medians are in the run itself), and the end lists what is missing
@@ -55,6 +61,7 @@ from seqpar.platform import metrics
 from seqpar.platform.tracking import HASH_TAG, RunRecord, Tracker, environment_tags
 from seqpar.sweeps import report
 from seqpar.sweeps.progress import SweepProgress
+from seqpar.sweeps.report.plots import detail_candidates
 from seqpar.sweeps.report.view import SweepView, TrialView
 from seqpar.sweeps.spec import SweepPlan
 from seqpar.workers.trial import TrialResult, TrialRunner
@@ -62,6 +69,8 @@ from seqpar.workers.trial import TrialResult, TrialRunner
 
 @dataclass
 class TrialOutcome:
+    """A trial as it ends (what `on_trial_end` sees): its whole result and its run as logged."""
+
     point: Point
     result: TrialResult
     run: RunRecord     # the run as it was logged
@@ -72,12 +81,31 @@ class TrialOutcome:
         return self.run.run_id
 
 
+@dataclass(frozen=True)
+class KeptTrial:
+    """What the sweep keeps of a trial once it is logged: its view (the report's numbers)."""
+
+    point: Point
+    view: TrialView
+    attempts: int
+    failure: str | None  # the FailureKind's value when it FAILED
+
+    @property
+    def run_id(self) -> str:
+        return self.view.run_id
+
+    @property
+    def status(self) -> str:
+        return self.view.status
+
+
 @dataclass
 class SweepOutcome:
     sweep: SweepView
-    trials: list[TrialOutcome] = field(default_factory=list)
-    resumed: int = 0                                      # trials skipped: already FINISHED
-    earlier: list[RunRecord] = field(default_factory=list)  # their runs, read back once
+    trials: list[KeptTrial] = field(default_factory=list)
+    resumed: int = 0                                        # trials skipped: already FINISHED
+    earlier: list[TrialView] = field(default_factory=list)  # theirs, read back once
+    kept: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id -> per_rank.json
 
     @property
     def sweep_id(self) -> str:
@@ -88,20 +116,35 @@ class SweepOutcome:
         return self.sweep.experiment
 
     @property
-    def failed(self) -> list[TrialOutcome]:
-        return [t for t in self.trials if t.result.status != "FINISHED"]
-
-    @property
-    def runs(self) -> list[RunRecord]:
-        """Every trial run of the sweep: this session's as logged, and a resume's earlier ones."""
-        return [t.run for t in self.trials] + self.earlier
+    def failed(self) -> list[KeptTrial]:
+        return [t for t in self.trials if t.status != "FINISHED"]
 
     def views(self) -> list[TrialView]:
-        return report.trials(self.runs)
+        """Every trial of the sweep: this session's as logged, and a resume's earlier ones."""
+        return [t.view for t in self.trials] + self.earlier
 
     def details(self) -> dict[str, dict[str, Any]]:
-        """run id -> per_rank.json of this session's trials (in memory)."""
-        return {t.run_id: t.result.to_dict() for t in self.trials}
+        """run id -> per_rank.json of the trials whose breakdown the report draws (in memory)."""
+        return dict(self.kept)
+
+
+class DetailKeeper:
+    """The per_rank.json of the trials the report's per-rank figures use (`detail_candidates`:
+    at most a dozen), kept as the sweep runs; every other trial's is only in the store."""
+
+    def __init__(self) -> None:
+        self.views: list[TrialView] = []
+        self.details: dict[str, dict[str, Any]] = {}
+
+    def offer(self, view: TrialView, result: TrialResult) -> None:
+        if not view.finished or view.world < 2:
+            return
+        wanted = {t.run_id for t in detail_candidates([*self.views, view])}
+        if view.run_id not in wanted:
+            return
+        self.views = [t for t in [*self.views, view] if t.run_id in wanted]
+        self.details = {k: v for k, v in self.details.items() if k in wanted}
+        self.details[view.run_id] = result.to_dict()
 
 
 def _sweep_params(plan: SweepPlan) -> dict[str, Any]:
@@ -215,7 +258,12 @@ def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, resu
                              start_time_ms=int((time.time() - result.setup_s - result.run_s) * 1e3))
 
 
-def _line(result: TrialResult, label: str, attempts: int) -> str:
+def _line(result: TrialResult, label: str, attempts: int, count: str = "") -> str:
+    """The trial's line; `count` (a long sweep's `[12/1000]`) at its end."""
+    return _text(result, label, attempts) + (f"  [dim]{count}[/dim]" if count else "")
+
+
+def _text(result: TrialResult, label: str, attempts: int) -> str:
     if result.status != "FINISHED":
         return (f"[red]✗[/red] {escape(label)}  FAILED after {attempts} attempt(s): "
                 f"{escape(str(result.cause))}")
@@ -245,7 +293,10 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
     for r in earlier:
         if r.status != "FINISHED" and HASH_TAG in r.tags:
             stale.setdefault(r.tags[HASH_TAG], []).append(r.run_id)
-    outcome = SweepOutcome(sweep, earlier=[r for r in earlier if r.tags.get(HASH_TAG) in done])
+    outcome = SweepOutcome(sweep, earlier=report.trials(
+        r for r in earlier if r.tags.get(HASH_TAG) in done))
+    del earlier  # the views are what the report reads
+    keeper = DetailKeeper()
     todo = [p for p in plan.trials if p.spec is not None and p.spec.hash not in done]
     outcome.resumed = len(plan.trials) - len(todo)
     todo.sort(key=lambda p: p.spec.plan.world if p.spec else 0)  # stable: one gang per size
@@ -254,7 +305,8 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                   f'metrics tagged sweep="{metrics.sweep_tag(gang_id)}"', highlight=False,
                   soft_wrap=True)
     counts = TrialCounts(metrics.sweep_tag(gang_id), outcome.resumed, len(todo))
-    live = SweepProgress(console, [p.spec for p in todo], gang_id, enabled=progress)
+    live = SweepProgress(console, [p.spec for p in todo], gang_id, enabled=progress,
+                         done=outcome.resumed)
     try:
         with live:
             for point in todo:
@@ -269,11 +321,15 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                 for old in stale.pop(point.spec.hash if point.spec else "", []):
                     tracker.delete_run(old)  # this trial's run is now `run`
                 trial = TrialOutcome(point, result, run, attempts)
-                outcome.trials.append(trial)
-                counts.ended(result.ok)
-                console.print(_line(result, label, attempts), highlight=False)
+                view = TrialView.of(run)
+                keeper.offer(view, result)
+                outcome.trials.append(KeptTrial(point, view, attempts, result.failure and
+                                                result.failure.value))
+                counts.ended(result.ok, live.rate_per_min(), live.eta.remaining_s())
+                console.print(_line(result, label, attempts, live.count()), highlight=False)
                 if on_trial_end is not None:
                     on_trial_end(trial)
+                del trial, result, run  # the ranks' records: only in the store from here
     except BaseException as err:
         counts.close()
         with contextlib.suppress(Exception):  # the store itself may be what failed
@@ -285,6 +341,7 @@ def run_sweep(plan: SweepPlan, *, tracker: Tracker, runner: TrialRunner, retries
                           soft_wrap=True)
         raise
     counts.close()
+    outcome.kept = keeper.details
     _finish(tracker, outcome, console)
     artifacts.check()
     artifacts.summary(sweep.sweep_id)
@@ -300,10 +357,17 @@ class TrialCounts:
         self.publisher = metrics.Publisher() if _ray_up() else None
         self._publish()
 
-    def ended(self, ok: bool) -> None:
+    def ended(self, ok: bool, per_min: float | None = None, left_s: float | None = None) -> None:
+        """A trial ended; with the sweep's pace (trials a minute) and the time left, when known
+        (`seqpar cluster status` shows them)."""
         self.counts["done" if ok else "failed"] += 1
         self.counts["pending"] -= 1
         self._publish()
+        if self.publisher is not None:
+            for name, value in (("seqpar_sweep_trials_per_min", per_min),
+                                ("seqpar_sweep_left_s", left_s)):
+                if value is not None:
+                    self.publisher.set(name, value, {"sweep": self.sweep})
 
     def _publish(self) -> None:
         if self.publisher is not None:
@@ -364,9 +428,12 @@ class MissingArtifacts:
 def _finish(tracker: Tracker, outcome: SweepOutcome, console: Console) -> None:
     details = outcome.details()
     try:
-        if outcome.earlier:  # a resumed sweep's earlier trials: their details from the store
-            details.update(report.per_rank_details(tracker, report.trials(outcome.earlier)))
-        report.log_summary(tracker, outcome.sweep, outcome.views(), details)
+        views = outcome.views()
+        if outcome.earlier:  # a resumed sweep's earlier trials: the wanted details from the store
+            earlier = {t.run_id for t in outcome.earlier}
+            details.update(report.per_rank_details(
+                tracker, [t for t in detail_candidates(views) if t.run_id in earlier]))
+        report.log_summary(tracker, outcome.sweep, views, details)
     except Exception as err:  # a plot must never cost the sweep its results
         console.print(f"[yellow]plots skipped:[/yellow] {type(err).__name__}: {escape(str(err))}")
     tracker.end_sweep(outcome.sweep_id, "FINISHED", failed=str(len(outcome.failed)))

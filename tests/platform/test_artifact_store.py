@@ -186,7 +186,7 @@ def test_an_unwritable_artifact_root_is_one_line_and_the_sweep_runs(
     outcome = run_sweep(plan_of("read-only", ["ring"]), tracker=Tracker(fresh_store),
                         runner=ray_runner, progress=False, console=console)
     text = console.file.getvalue()
-    assert [t.result.status for t in outcome.trials] == ["FINISHED"]
+    assert [t.status for t in outcome.trials] == ["FINISHED"]
     (warning,) = [ln for ln in text.splitlines() if "warning:" in ln]
     assert str(root) in warning and "Read-only file system" in warning, warning
     assert "Traceback" not in text

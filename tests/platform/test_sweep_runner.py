@@ -36,8 +36,11 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
     plan = spec.parse(MINI)
     seen: list[int] = []
 
+    logged_runs = {}
+
     def count_logged(trial) -> None:  # the trial is in MLflow before the next one starts
         seen.append(len(tracker.trials(trial_sweep[0])))
+        logged_runs[trial.run_id] = trial.run
 
     trial_sweep: list[str] = []
     original = tracker.start_sweep
@@ -66,8 +69,10 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
         assert tracker.artifacts(run.run_id) == ["per_rank.json"]
         assert run.tags["seqpar.kernel"] == run.params["trial.kernel"] == "torch-cpu-flash"
         assert run.tags["seqpar.gemm_dtype"] == "float32"
-        logged = next(t.run for t in outcome.trials if t.run_id == run.run_id)
+        logged = logged_runs[run.run_id]
         assert logged.metrics == run.metrics and logged.params == run.params  # as it was logged
+        kept = next(t.view for t in outcome.trials if t.run_id == run.run_id)
+        assert kept.metrics == run.metrics  # what the sweep keeps: the view, not the record
     path = tracker.client.download_artifacts(runs[0].run_id, "per_rank.json", str(tmp_path))
     detail = json.loads(open(path).read())
     assert len(detail["per_rank"]) == 2 and detail["status"] == "FINISHED"

@@ -22,10 +22,28 @@ from seqpar.sweeps.report.plots.windows import visible_fraction, window_figure, 
 from seqpar.sweeps.report.table import sort_key
 from seqpar.sweeps.report.view import TrialView
 
-__all__ = ["accuracy_series", "figures", "rank_breakdown", "scaling_series", "visible_fraction",
-           "window_savings"]
+__all__ = ["accuracy_series", "detail_candidates", "figures", "rank_breakdown", "scaling_series",
+           "visible_fraction", "window_savings"]
 
 MAX_RANK_PANELS = 12
+MAX_TIMELINES = 3
+
+
+def _timed(runs: list[TrialView]) -> list[TrialView]:
+    """The finished trials the timing figures draw (an accuracy trial is one pass: not timed)."""
+    return [t for t in runs if t.finished and "err_max" not in t.metrics]
+
+
+def detail_candidates(runs: list[TrialView]) -> list[TrialView]:
+    """The trials whose per_rank.json the figures read, whatever the sweep's size: the first
+    MAX_RANK_PANELS multi-rank trials by algorithm and shape (the per-rank breakdown) and the first
+    MAX_TIMELINES steps of sequences (their timelines). The runner keeps only these in memory and
+    the report downloads only these."""
+    ok = _timed(runs)
+    ordered = sorted((t for t in ok if t.world >= 2), key=lambda t: (t.algorithm, sort_key(t)))
+    steps = [t for t in ok if t.lengths is not None][:MAX_TIMELINES]
+    chosen = {t.run_id: t for t in [*ordered[:MAX_RANK_PANELS], *steps]}
+    return list(chosen.values())
 
 
 def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -54,7 +72,7 @@ def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = N
         figs["bytes_measured_vs_analytic"] = bytes_vs_analytic(analytic)
     if details:
         rate = one_rank_rate(ok)
-        ordered = sorted(ok, key=lambda t: (t.algorithm, sort_key(t)))
+        ordered = sorted((t for t in ok if t.world >= 2), key=lambda t: (t.algorithm, sort_key(t)))
         items = [(t, parts) for t in ordered if t.run_id in details
                  for parts in [rank_breakdown(details[t.run_id], rate)] if parts]
         if items:
@@ -79,9 +97,6 @@ def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = N
         if timelines:
             figs["step_timeline"] = timeline_figure(timelines[:MAX_TIMELINES])
     return figs
-
-
-MAX_TIMELINES = 3
 
 
 def timeline_of(details: dict[str, dict[str, Any]] | None, t: TrialView) -> list | None:
