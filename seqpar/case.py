@@ -155,6 +155,8 @@ class TrainCase:
     offload: tuple[str, ...] | bool = ()  # to host: optimizer, params, activations (CUDA only)
     text: str | None = None          # a UTF-8 text file: byte tokens, documents packed (None: random)
     text_separator: str = "\n\n"     # what separates two documents of the text
+    corpus: str | None = None        # a corpus's token ids (seqpar.corpus.cache: KEY.ids, made on
+    corpus_vocab: int = 0            # the driver) and its tokenizer's vocabulary (None: no corpus)
     tiled: bool = False              # the MLP over token tiles, recomputed per tile (ALST)
     mask: str = ""                   # any attention mask, its compact form ("": causal)
     # a step of variable-length sequences (docs/lengths.md); "" = batch x seq_len tokens a replica
@@ -210,7 +212,8 @@ class TrainCase:
             require(not self.mask or relation is not None, "mask", self.mask,
                     "seq-attn splits causal attention, packed documents or a causal window only")
             check_seq_attn(self.algorithm, self.layout, self.seq_fraction, self.sp, self.seq_len,
-                           documents=self.text is not None or bool(relation and relation.cu),
+                           documents=self.text is not None or self.corpus is not None
+                           or bool(relation and relation.cu),
                            causal=relation.causal if relation is not None else True)
         require(self.master_dtype is None or self.master_dtype in DTYPES, "master_dtype",
                 self.master_dtype, f"must be one of {', '.join(DTYPES)} (or none)")
@@ -225,12 +228,26 @@ class TrainCase:
                 "cannot be given with text data (its packed documents are the relation)")
         if self.mask:
             self.attention_mask  # noqa: B018 (a bad mask: one line, before any rank starts)
+        if self.corpus is not None:
+            self._check_corpus(cfg)
         if self.lengths:
             self._check_lengths(cfg)
             return
         require(self.window is None, "window", self.window,
                 "a training trial takes a window with workload.lengths only")
         algorithms.check(self.algorithm, self.shape, self.sp, self.layout, True, **self.option_dict)
+
+    def _check_corpus(self, cfg: ModelConfig) -> None:
+        """A corpus's token ids as data: every id inside the model's vocabulary; as packed
+        documents (no lengths), the rules of text data."""
+        require(self.text is None, "text", self.text, "a trial trains on a text or a corpus, not both")
+        require(cfg.vocab >= self.corpus_vocab, "vocab", cfg.vocab, "must hold the tokenizer's "
+                f"vocabulary ({self.corpus_vocab} ids) to train on its corpus")
+        require(bool(self.lengths) or self.batch == 1, "batch", self.batch,
+                "must be 1 with corpus data (a batch row is one window of packed documents; "
+                "use train.dp for more rows)")
+        require(not self.mask, "mask", self.mask,
+                "cannot be given with corpus data (its packed documents are the relation)")
 
     def _check_lengths(self, cfg: ModelConfig) -> None:
         """The rules of a step of variable-length sequences (the batches are dealt already)."""

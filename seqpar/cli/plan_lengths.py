@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from seqpar.cli.display import console, display_table
+from seqpar.corpus.cache import lengths_file
 from seqpar.errors import require
 from seqpar.planner.lengths import Workload
 from seqpar.planner.lengths_plan import LengthPlan
@@ -68,7 +69,7 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     window = window_of(mask)
     check_filters(filters, sp_policy, packing, group_sizes)
     sizes = group_sizes or GROUP_SIZES[0]
-    dist = length_rules.parse(lengths, "lengths")
+    dist = length_rules.parse(lengths, "lengths", corpus=lengths_file)  # corpus: tokenized once
     capacity = capacity if capacity is not None else min(seq_len, dist.high)
     tokens = tokens or world * capacity
     work = Workload(dist, tokens, seq_len, capacity, batches, window=window)

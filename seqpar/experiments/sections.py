@@ -6,13 +6,23 @@ them together; pydantic, strict, a misspelt key is an error."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
+from seqpar.corpus.cache import lengths_file
 from seqpar.errors import ConfigError
 from seqpar.planner import clusters
 from seqpar.rules import lengths as length_rules
@@ -95,6 +105,38 @@ class TextSource(_Strict):
         return resolve_text(self.text)
 
 
+class CorpusSource(_Strict):
+    """A user's corpus as training data: its documents through its tokenizer (seqpar.corpus; the
+    model's vocabulary the tokenizer's unless train.vocab gives a larger one), packed into
+    sequences of seq_len as a text's are. Read and tokenized on the driver, once (cached)."""
+
+    corpus: str = Field(description="a .parquet/.jsonl/.arrow/.csv/.txt file, a folder of them or "
+                                    "a folder datasets.save_to_disk wrote (docs/lengths.md)")
+    tokenizer: str = Field(description="a tokenizer.json or a local folder holding one")
+    column: str = Field("text", min_length=1, description="the column holding the text")
+    limit: int | None = Field(None, gt=0, description="read only the first N documents")
+
+    @model_validator(mode="after")
+    def _readable(self) -> CorpusSource:
+        from seqpar.corpus.cache import open_corpus
+
+        try:
+            open_corpus(self.ref, "workload.data.corpus", tokenizer_field="workload.data.tokenizer",
+                        column_field="workload.data.column")
+        except ConfigError as err:
+            raise _rule(err.field, err.value, err.rule) from None
+        return self
+
+    @property
+    def ref(self) -> length_rules.CorpusRef:
+        return length_rules.CorpusRef(self.corpus, self.tokenizer, self.column, self.limit)
+
+
+def _data_kind(value: Any) -> str:
+    corpus = isinstance(value, CorpusSource) or (isinstance(value, dict) and "corpus" in value)
+    return "corpus" if corpus else "text"
+
+
 class Workload(_Strict):
     seq_len: int = Field(gt=0, description="tokens in the whole sequence N")
     batch: int = Field(1, gt=0)
@@ -109,15 +151,19 @@ class Workload(_Strict):
     documents: Documents | None = Field(None, description="packed documents (None: one)")
     window: int | None = Field(None, gt=0, description="sliding window W: query t sees keys "
                                                        "t-W+1..t (None: no window)")
-    data: TextSource | None = Field(None, description="train on text: {text: PATH} (training "
-                                                      "trials; None: seeded random tokens)")
+    data: Annotated[Annotated[TextSource, Tag("text")] | Annotated[CorpusSource, Tag("corpus")],
+                    Discriminator(_data_kind)] | None = Field(
+        None, description="train on text: {text: PATH} (bytes) or a corpus: {corpus: SOURCE, "
+                          "tokenizer: TOK, column: text} (training trials; None: seeded random "
+                          "tokens)")
     mask: str | dict[str, Any] | None = Field(
         None, description="any attention mask: a compact form (window:W, block_sparse:B:D, "
                           "prefix_lm:P, ...) or {kind: ..., ...} (docs/masks.md); it takes the "
                           "place of causal, documents and window")
     lengths: str | None = Field(
         None, description="a step of whole sequences of these lengths (docs/lengths.md): "
-                          "fixed:N | lognormal:mean=M,sigma=S,min=A,max=B | file:PATH | text:PATH; "
+                          "fixed:N | lognormal:mean=M,sigma=S,min=A,max=B | file:PATH | text:PATH "
+                          "| corpus:SOURCE?tokenizer=TOK&column=text; "
                           "seq_len is then the longest sequence a step may hold (longer ones are "
                           "cut to it); training trials only")
     tokens_per_step: int | None = Field(
@@ -170,7 +216,8 @@ class Workload(_Strict):
         resolve to the shipped files."""
         if self.lengths is None:
             return None
-        return length_rules.parse(self.lengths, "workload.lengths", resolve_text)
+        return length_rules.parse(self.lengths, "workload.lengths", resolve_text,
+                                  corpus=lengths_file)
 
     @property
     def mask_spec(self) -> str:
@@ -182,8 +229,11 @@ class Workload(_Strict):
     def _lengths_rules(self) -> None:
         """What combines with lengths (docs/lengths.md): a window inside each sequence; not
         documents (the sequences are the documents of each pack), a mask or text data (give a
-        text as lengths: text:PATH); the distribution's own parameters."""
+        text as lengths: text:PATH); a corpus as data only with its own documents as lengths;
+        the distribution's own parameters."""
         for name in ("documents", "mask", "data"):
+            if name == "data" and isinstance(self.data, CorpusSource):
+                continue
             if getattr(self, name) is not None:
                 raise _rule(f"workload.{name}", "given", "does not combine with workload.lengths "
                             "(the sequences are the packs' documents; a window may be given; a "
@@ -193,6 +243,10 @@ class Workload(_Strict):
         except ConfigError as err:
             raise _rule(err.field, err.value, err.rule) from None
         assert dist is not None
+        if isinstance(self.data, CorpusSource) and dist.spec != f"corpus:{self.data.ref.body}":
+            raise _rule("workload.lengths", self.lengths, "with a corpus as data, the sequences "
+                        f"are its documents: corpus:{self.data.ref.body} (or omit workload.data: "
+                        "corpus: lengths train on the corpus's own tokens)")
         shortest = dist.low
         if self.tokens_per_step is not None and self.tokens_per_step < min(shortest, self.seq_len):
             raise _rule("workload.tokens_per_step", self.tokens_per_step,

@@ -27,8 +27,10 @@ from pydantic_core import PydanticCustomError
 from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.case import Case, TrainCase, Trial
 from seqpar.errors import ConfigError, SeqparError
+from seqpar.experiments.corpora import train_on
 from seqpar.experiments.sections import (  # noqa: F401  (re-exported: the spec's sections)
     ClusterTwin,
+    CorpusSource,
     Documents,
     Environment,
     LinkSpec,
@@ -129,8 +131,9 @@ class ExperimentSpec(_Strict):
     @model_validator(mode="after")
     def _rules(self) -> ExperimentSpec:
         if self.train is None and self.workload.data is not None:
-            raise _rule("workload.data", self.workload.data.text,
-                        "text data trains a model: it needs a train section")
+            data = self.workload.data
+            raise _rule("workload.data", data.text if isinstance(data, TextSource) else data.corpus,
+                        "text or corpus data trains a model: it needs a train section")
         if self.train is None and self.workload.lengths is not None:
             raise _rule("workload.lengths", self.workload.lengths,
                         "a step of variable-length sequences trains a model: it needs a train "
@@ -259,7 +262,8 @@ def _train_case(spec: ExperimentSpec) -> TrainCase:
 def _plain_train_case(spec: ExperimentSpec) -> TrainCase:
     t, w, p = spec.train, spec.workload, spec.plan
     assert t is not None
-    return TrainCase(algorithm=p.algorithm, sp=p.world // t.dp, dp=t.dp, layout=p.layout,
+    text = w.data if isinstance(w.data, TextSource) else None
+    case = TrainCase(algorithm=p.algorithm, sp=p.world // t.dp, dp=t.dp, layout=p.layout,
                      model=t.model, model_overrides=t.overrides(), seq_len=w.seq_len, batch=w.batch,
                      dtype=w.dtype, checkpoint=t.checkpoint, seq_fraction=t.seq_fraction,
                      fused_head=t.fused_head, options=tuple(sorted(spec.options.items())),
@@ -267,8 +271,11 @@ def _plain_train_case(spec: ExperimentSpec) -> TrainCase:
                      master_dtype=t.master_dtype,
                      offload=tuple(t.offload) if isinstance(t.offload, list) else t.offload,
                      tiled=t.tiled, mask=w.mask_spec,
-                     text=w.data.path() if w.data is not None else None,
-                     text_separator=w.data.separator if w.data is not None else "\n\n")
+                     text=text.path() if text is not None else None,
+                     text_separator=text.separator if text is not None else "\n\n")
+    if isinstance(w.data, CorpusSource) and w.lengths is None:  # with lengths: dealt reads it
+        case, _ = train_on(case, w.data.ref, "workload.data.corpus")
+    return case
 
 
 _TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkpoint",

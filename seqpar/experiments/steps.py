@@ -21,7 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from seqpar.case import TrainCase
+from seqpar.corpus.cache import lengths_file
 from seqpar.errors import ConfigError
+from seqpar.experiments.corpora import train_on
 from seqpar.planner import clusters
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.lengths import deal_cost
@@ -49,8 +51,12 @@ def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: 
     `policy` with `cluster`'s rates (`rules.deal.plan_batches`), once, here on the driver.
     `capacity` defaults to seq_len over the static SP degree (a static group holds the longest
     sequence); `resolve` maps a path as written to the file read (shipped texts)."""
-    dist = length_rules.parse(lengths, "workload.lengths", resolve)
-    if isinstance(dist, length_rules.Empirical):  # the ranks read the file the driver resolved
+    dist = length_rules.parse(lengths, "workload.lengths", resolve, corpus=lengths_file)
+    if isinstance(dist, length_rules.Empirical) and dist.kind == "corpus":
+        # the ranks read the corpus's token ids; the lengths as a file (what the planner reads)
+        case, path = train_on(case, length_rules.corpus_ref(lengths), "workload.lengths")
+        lengths = f"file:{path}"
+    elif isinstance(dist, length_rules.Empirical):  # the ranks read the file the driver resolved
         path = resolve(dist.path) if resolve is not None else dist.path
         lengths = f"{dist.kind}:{path}"
     world = case.world
@@ -101,7 +107,7 @@ def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int
     to the longest sequence over the pool (the longest needs every rank, the rest less: more than
     one group size), the step's tokens to 4 x the pool's capacity. Returns the cases and, for the
     ones that cannot run, (label, why)."""
-    dist = length_rules.parse(lengths, "lengths")
+    dist = length_rules.parse(lengths, "lengths", corpus=lengths_file)
     longest = min(dist.high, longest)
     capacity = capacity or max(2, -(-longest // world))
     tokens = tokens or 4 * world * capacity

@@ -1,4 +1,5 @@
-"""Real text for training: bytes as tokens, documents packed into sequences with their boundaries.
+"""Real text for training: bytes as tokens (`TextData`) or a corpus's token ids (`CorpusData`, made
+by seqpar.corpus on the driver), documents packed into sequences with their boundaries.
 
     data = TextData.load("notes.txt", separator="\\n\\n")
     tokens, cu_seqlens = data.batch(step=3, seq_len=1024)   # (1, N + 1) int64, (0, ..., N)
@@ -17,6 +18,7 @@ import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from seqpar.errors import require
@@ -47,13 +49,53 @@ class TextData:
     def tokens(self) -> int:
         return int(self.stream.numel())
 
+    def tokens_at(self, start: int, count: int) -> torch.Tensor:
+        """`count` tokens of the stream from `start`, wrapping at its end (int64)."""
+        return self.stream[torch.arange(start, start + count) % self.tokens]
+
     def batch(self, step: int, seq_len: int) -> tuple[torch.Tensor, tuple[int, ...]]:
         """The step's (1, N + 1) window of the stream and its documents' boundaries over N."""
-        require(self.tokens > seq_len, "workload.seq_len", seq_len,
-                f"must be shorter than the text ({self.tokens} bytes)")
-        start = (step * seq_len) % (self.tokens - seq_len)
-        window = self.stream[start:start + seq_len + 1]
-        first = bisect.bisect_right(self.starts, start)
-        inside = [s - start for s in self.starts[first:] if s - start < seq_len]
-        cu = (0, *inside, seq_len)
-        return window[None, :], cu
+        return packed_window(self, step, seq_len, "bytes")
+
+
+@dataclass(frozen=True)
+class CorpusData:
+    """A corpus's token ids (uint32, memory-mapped: a rank reads the windows it trains on) and
+    where each document starts; the same stream interface as TextData."""
+
+    stream: np.ndarray             # every document's ids end to end (uint32, memory-mapped)
+    starts: tuple[int, ...]
+
+    @classmethod
+    def load(cls, ids_path: str | Path) -> CorpusData:
+        """KEY.ids and, beside it, KEY.lengths (one document's token count a line)."""
+        p = Path(ids_path)
+        require(p.is_file(), "workload.data.corpus", str(p), "its token ids are not there (they are "
+                "made on the driver; every node needs the same cache folder)")
+        lengths = np.loadtxt(p.with_suffix(".lengths"), dtype=np.int64, ndmin=1)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        return cls(np.memmap(p, dtype=np.uint32, mode="r"), tuple(int(s) for s in starts))
+
+    @property
+    def tokens(self) -> int:
+        return int(self.stream.size)
+
+    def tokens_at(self, start: int, count: int) -> torch.Tensor:
+        idx = np.arange(start, start + count) % self.tokens
+        return torch.from_numpy(self.stream[idx].astype(np.int64))
+
+    def batch(self, step: int, seq_len: int) -> tuple[torch.Tensor, tuple[int, ...]]:
+        return packed_window(self, step, seq_len, "tokens")
+
+
+def packed_window(data: TextData | CorpusData, step: int, seq_len: int, unit: str
+                  ) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """Step `step`'s (1, N + 1) window of the stream and its documents' boundaries over N."""
+    require(data.tokens > seq_len, "workload.seq_len", seq_len,
+            f"must be shorter than the {'text' if unit == 'bytes' else 'corpus'} ({data.tokens} {unit})")
+    start = (step * seq_len) % (data.tokens - seq_len)
+    window = data.tokens_at(start, seq_len + 1)
+    first = bisect.bisect_right(data.starts, start)
+    inside = [s - start for s in data.starts[first:] if s - start < seq_len]
+    cu = (0, *inside, seq_len)
+    return window[None, :], cu

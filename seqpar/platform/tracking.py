@@ -363,6 +363,14 @@ class Tracker(Artifacts):
         for key, value in tags.items():
             self.client.set_tag(run_id, key, value)
 
+    def log_datasets(self, run_id: str, datasets: Sequence[Mapping[str, Any]],
+                     context: str = "training") -> None:
+        """The data a run read, as MLflow dataset inputs (the runs table's Dataset column, the
+        compare view): each {name, digest, source, profile} (seqpar.corpus.cache.dataset_input),
+        built with mlflow.data and logged as mlflow.log_input logs one."""
+        if datasets:
+            self.client.log_inputs(run_id, datasets=[dataset_input(d, context) for d in datasets])
+
     def artifacts(self, run_id: str, path: str | None = None) -> list[str]:
         return [a.path for a in self.client.list_artifacts(run_id, path)]
 
@@ -434,3 +442,21 @@ def _forget_artifact_repo(run_id: str) -> None:
         from mlflow.tracking._tracking_service import utils as tracking_utils
 
         tracking_utils._artifact_repos_cache.pop(run_id, None)
+
+
+def dataset_input(d: Mapping[str, Any], context: str = "training") -> Any:
+    """One {name, digest, source, profile} as the DatasetInput mlflow.log_input makes of an
+    mlflow.data dataset: a local source, the digest given (not recomputed), the profile as JSON."""
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.data.sources import LocalArtifactDatasetSource
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    class _Profiled(MetaDataset):
+        @property
+        def profile(self) -> Any:
+            return d.get("profile")
+
+    source = LocalArtifactDatasetSource(Path(str(d["source"])).resolve().as_uri())
+    dataset = _Profiled(source, name=str(d["name"]), digest=str(d["digest"]))
+    return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])

@@ -56,6 +56,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from seqpar.errors import ConfigError
+from seqpar.experiments.corpora import dataset_inputs
 from seqpar.experiments.grid import Point
 from seqpar.platform import metrics
 from seqpar.platform.tracking import HASH_TAG, RunRecord, Tracker, environment_tags
@@ -251,11 +252,14 @@ def log_one(tracker: Tracker, sweep_id: str, plan: SweepPlan, point: Point, resu
     if result.ok and len(result.per_rank) > 1:  # the per-rank breakdown, beside the artifact
         by_rank = {"rank_step_ms": [r.median_step_ms() for r in result.per_rank],
                    "rank_flops": [float(sum(r.flops.values())) for r in result.per_rank]}
-    return tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=params,
-                             metrics=m, tags=tags, status=result.status,
-                             cause=result.cause, detail=result.to_dict(),
-                             series=m.series if result.ok else None, by_rank=by_rank,
-                             start_time_ms=int((time.time() - result.setup_s - result.run_s) * 1e3))
+    record = tracker.log_trial(sweep_id, name=spec.label(), spec_hash=spec.hash, params=params,
+                               metrics=m, tags=tags, status=result.status,
+                               cause=result.cause, detail=result.to_dict(),
+                               series=m.series if result.ok else None, by_rank=by_rank,
+                               start_time_ms=int((time.time() - result.setup_s - result.run_s)
+                                                 * 1e3))
+    tracker.log_datasets(record.run_id, dataset_inputs(spec.workload))  # the corpus it read
+    return record
 
 
 def _line(result: TrialResult, label: str, attempts: int, count: str = "") -> str:

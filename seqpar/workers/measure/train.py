@@ -36,7 +36,7 @@ from seqpar.case import TrainCase
 from seqpar.model import Transformer
 from seqpar.model import flops as model_flops
 from seqpar.model.memory import AllocationMeter, state_bytes
-from seqpar.model.text import TextData
+from seqpar.model.text import CorpusData, TextData
 from seqpar.platform.devices import peak_flops
 from seqpar.workers.measure.record import RankMeasurement, rank_record
 from seqpar.workers.measure.timing import Loop, iterate, sync
@@ -81,12 +81,19 @@ def _text(path: str, separator: str) -> TextData:
     return TextData.load(path, separator)
 
 
+@functools.lru_cache(maxsize=4)
+def _corpus(path: str) -> CorpusData:
+    return CorpusData.load(path)
+
+
 def batch_tokens(case: TrainCase, step: int, replica: int
                  ) -> tuple[torch.Tensor, tuple[int, ...] | None]:
     """The (batch, N + 1) batch of `replica` at `step`, the same on every SP rank, and its packed
     documents' boundaries (None for random tokens, drawn from the seed)."""
     if case.text is not None:
         return _text(case.text, case.text_separator).batch(step * case.dp + replica, case.seq_len)
+    if case.corpus is not None:
+        return _corpus(case.corpus).batch(step * case.dp + replica, case.seq_len)
     gen = torch.Generator().manual_seed(case.seed * 1_000_003 + step * 1_009 + replica)
     return torch.randint(0, case.config().vocab, (case.batch, case.seq_len + 1), generator=gen), None
 

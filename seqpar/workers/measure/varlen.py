@@ -32,7 +32,7 @@ from seqpar.case import TrainCase
 from seqpar.model import Transformer
 from seqpar.model.memory import state_bytes
 from seqpar.model.step import StepModel, StepResult, seeded_tokens, train_step
-from seqpar.model.text import TextData
+from seqpar.model.text import CorpusData, TextData
 from seqpar.rules.lengths import Sequence as Seq
 from seqpar.workers.measure.record import RankMeasurement, rank_record
 from seqpar.workers.measure.timing import iterate
@@ -70,14 +70,18 @@ def _text(path: str) -> TextData:
     return TextData.load(path)
 
 
+@functools.lru_cache(maxsize=4)
+def _corpus(path: str) -> CorpusData:
+    return CorpusData.load(path)
+
+
 def tokens_of(case: TrainCase, batch: int, seq: Seq) -> torch.Tensor:
     """The L + 1 tokens of one sequence: random (seeded by the trial, the batch and the draw) or,
-    for `text:` lengths, its document's bytes and the byte after it."""
-    if case.lengths.startswith("text:"):
-        data = _text(case.lengths.removeprefix("text:"))
-        start = data.starts[seq.source]
-        idx = torch.arange(start, start + seq.length + 1) % data.tokens
-        return data.stream[idx]
+    for `text:` lengths, its document's bytes and the byte after it (a corpus's: its ids)."""
+    if case.corpus is not None or case.lengths.startswith("text:"):
+        data = (_corpus(case.corpus) if case.corpus is not None else
+                _text(case.lengths.removeprefix("text:")))
+        return data.tokens_at(data.starts[seq.source], seq.length + 1)
     return seeded_tokens(case.seed, batch, seq, case.config().vocab)
 
 
