@@ -1,4 +1,5 @@
-"""`seqpar report SWEEP_ID [-o report.html]`: a sweep as one self-contained HTML page; with --log
+"""`seqpar report SWEEP_ID [-o report.html]`: a sweep as one self-contained HTML page (and every
+trial's row in report.csv beside it, which the page links); with --log
 (the default) its figures and the page go on the sweep's run again (after a sweep whose artifact
 store was full, once it has room)."""
 
@@ -34,16 +35,20 @@ def report(
         if latest is None:
             raise ConfigError("tracking-uri", tracker.uri, "holds no sweep yet; run `seqpar sweep`")
         sweep_id = latest.run_id
-    page, pngs = build_with_figures(tracker, sweep_id)
+    table = output.with_suffix(".csv")  # every trial, beside the page (which links it)
+    page, pngs, rows = build_with_figures(tracker, sweep_id, csv_name=table.name)
     try:
         output.write_text(page)
+        table.write_text(rows)
     except OSError as err:
         raise ConfigError("output", str(output), f"cannot be written ({err.strerror})") from None
     if log:
         for name, data in pngs.items():
             tracker.log_bytes(sweep_id, data, f"plots/{name}.png")
+        tracker.log_text(sweep_id, rows, table.name)
         tracker.log_text(sweep_id, page, "report.html")
-    console.print(f"wrote {output} ({len(page) / 1024:.0f} KiB) for sweep {sweep_id}")
+    console.print(f"wrote {output} ({len(page) / 1024:.0f} KiB) and {table.name} (every trial) "
+                  f"for sweep {sweep_id}")
     if tracker.missing:
         m = tracker.missing[0]
         console.print(f"[yellow]warning:[/yellow] {len(tracker.missing)} artifact(s) not stored on "

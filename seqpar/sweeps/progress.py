@@ -135,7 +135,7 @@ class SweepProgress:
 
     def rate_per_min(self) -> float | None:
         """Trials this session ran a minute (None before the first ends)."""
-        ran = len(self.eta.durations)
+        ran = self.eta.done_n
         elapsed = time.monotonic() - self._t0
         return 60.0 * ran / elapsed if ran and elapsed > 0 else None
 
@@ -146,7 +146,7 @@ class SweepProgress:
             return ""
         rate = self.rate_per_min()
         pace = f", {rate:.1f}/min" if rate is not None else ""
-        return (f"[{self.before + len(self.eta.durations)}/{self.total} done{pace}, "
+        return (f"[{self.before + self.eta.done_n}/{self.total} done{pace}, "
                 f"{_clock(self.eta.remaining_s())} left]")
 
     def start_trial(self, spec: Any, label: str) -> None:

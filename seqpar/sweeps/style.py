@@ -4,6 +4,7 @@ lengths as 2K/128K/1M, integer ticks for world sizes, and a mark for oversubscri
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,9 +37,18 @@ def tokens(n: float) -> str:
     return str(n)
 
 
+MAX_TICKS = 10
+
+
 def seq_len_axis(ax: Any, values: list[int]) -> None:
-    """A log2 x axis ticked at exactly the sequence lengths measured, labelled 2K/4K/..."""
+    """A log2 x axis ticked at the sequence lengths measured (at most MAX_TICKS of them, evenly
+    spread), labelled 2K/4K/..."""
     ticks = sorted(set(values))
+    if len(ticks) > MAX_TICKS:  # a long sweep's lengths: the measured ones nearest to evenly
+        lo, hi = math.log2(ticks[0]), math.log2(ticks[-1])
+        wanted = [2 ** (lo + (hi - lo) * i / (MAX_TICKS - 1)) for i in range(MAX_TICKS)]
+        ticks = sorted({min(ticks, key=lambda v, w=w: abs(math.log2(v / w))) for w in wanted})
+        # (spread points of the log axis: the labels stay apart)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [tokens(v) for v in ticks])
     ax.minorticks_off()

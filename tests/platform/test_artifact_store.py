@@ -131,7 +131,7 @@ def test_a_full_artifact_store_loses_no_measurement_and_report_draws_again(
     details = report.per_rank_details(tracker, report.trials(runs))
     assert sorted(d.get("source", "artifact") for d in details.values()) == [
         "artifact", "metrics", "metrics"]
-    page, pngs = report.build_with_figures(tracker, sweep_id)
+    page, pngs, _ = report.build_with_figures(tracker, sweep_id)
     assert "per_rank_breakdown" in pngs and "per_rank.json is missing for 2 trial(s)" in page
     # space is back: `seqpar report` stores the page and the figures on the sweep's run
     full_after.left = None

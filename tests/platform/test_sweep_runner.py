@@ -79,7 +79,7 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
     parent = tracker.sweep(outcome.sweep_id)
     assert parent.status == "FINISHED" and parent.tags["seqpar.headline"] == "tokens_per_s"
     assert set(tracker.artifacts(outcome.sweep_id)) == {"plan.json", "plots", "comparison.json",
-                                                       "report.html", "sweep"}
+                                                       "report.html", "report.csv", "sweep"}
     plots = {a.path for a in tracker.client.list_artifacts(outcome.sweep_id, "plots")}
     assert "plots/throughput_vs_seq_len.png" in plots and "plots/bytes_by_link.png" in plots
 

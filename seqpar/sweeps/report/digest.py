@@ -140,7 +140,8 @@ def _wins(cmp: Comparison, winners: list[int], keys: list[int], labels: list[tup
         return " ".join(f"{cmp.columns[k]}={v}" for k, v in zip(keys, labels[j], strict=True))
 
     out = []
-    for name, spans in sorted(runs.items(), key=lambda kv: -sum(b - a + 1 for a, b in kv[1])):
+    for name, spans in sorted(runs.items(), key=lambda kv: (-sum(b - a + 1 for a, b in kv[1]),
+                                                            kv[1][0][0])):
         won = sum(b - a + 1 for a, b in spans)
         text = ", ".join(label(a) if a == b else f"{label(a)}..{label(b)}" for a, b in spans[:3])
         more = f" (+{len(spans) - 3} more ranges)" if len(spans) > 3 else ""

@@ -5,7 +5,11 @@ commit).
     page = build(tracker, sweep_id)        # an old sweep, read back from MLflow
     Path("report.html").write_text(page)   # no external files: attach it to a PR or an appendix
 
-A finished sweep's page is rendered from memory (`render`, by `summary.log_summary`). A trial whose
+A finished sweep's page is rendered from memory (`render`, by `summary.log_summary`). A long sweep's
+page stays the size of its groups, not of its trials: its table is the digest (the winner of every
+group, the trials near it: `digest.digest`), every trial is in the CSV beside it (`CSV`, a link),
+and the figures aggregate (one line per configuration across lengths, a map of the winners where
+two axes vary). A trial whose
 per_rank.json artifact is missing (the artifact store was full) gets its per-rank breakdown from its
 own metrics, and the page says which trials that is, and which have no breakdown at all.
 """
@@ -21,8 +25,9 @@ from typing import Any
 from seqpar.experiments.registry import higher_is_better
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps import style
+from seqpar.sweeps.report.digest import SCREEN, csv_text, digest
 from seqpar.sweeps.report.headline import best_run, headline_metrics
-from seqpar.sweeps.report.plots import figures
+from seqpar.sweeps.report.plots import detail_candidates, figures
 from seqpar.sweeps.report.table import Comparison, metric_text, table
 from seqpar.sweeps.report.view import (
     SweepView,
@@ -47,6 +52,8 @@ tr.best td{background:#e6f4ea;font-weight:600}.over{color:#c00}.unstable{color:#
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}
 figcaption{font-size:.85em;color:#555}.meta{color:#555;font-size:.9em}
 """
+
+CSV = "report.csv"  # every trial's row, beside the page (an artifact of the sweep's run)
 
 CAPTIONS = {
     "throughput_vs_seq_len": "Tokens per second against sequence length; the band is the 95% "
@@ -78,6 +85,13 @@ CAPTIONS = {
     "step_timeline": "One step of a trial, rank by rank: each micro-batch from its start to its "
                      "end (the tick: its forward's end), coloured by its group's size and "
                      "labelled by its sequences; disjoint groups run at the same time.",
+    "bytes_vs_seq_len": "Bytes the whole gang sends per step against sequence length, one line per "
+                        "configuration (dashed: the inter-node share).",
+    "bytes_ratio_vs_seq_len": "Bytes one rank sends per step, measured by the ledger over the "
+                              "algorithm's formula, against sequence length (1.00: they agree).",
+    "winners_map": "The winner of each cell where two of the sweep's axes vary: its colour is the "
+                   "configuration with the best headline metric there (the legend), its text how "
+                   "far ahead of the runner-up it is.",
     "window_savings": "Sliding window W against full causal: step time, attention FLOPs and bytes "
                       "as a fraction of full causal; the dashed line is the fraction of visible "
                       "(query, key) pairs.",
@@ -129,10 +143,10 @@ def _stability(runs: list[TrialView]) -> list[str]:
 
 
 def _missing(runs: list[TrialView], details: dict[str, dict[str, Any]] | None) -> list[str]:
-    """What the page could not get of the trials' per-rank records, said plainly."""
+    """What the page could not get of the per-rank records its figures use, said plainly."""
     if details is None:
         return []
-    from_metrics, none = without_details(runs, details)
+    from_metrics, none = without_details(detail_candidates(runs), details)
     out = []
     if from_metrics:
         out.append(f"per_rank.json is missing for {len(from_metrics)} trial(s) (the artifact "
@@ -144,9 +158,25 @@ def _missing(runs: list[TrialView], details: dict[str, dict[str, Any]] | None) -
     return [f'<p class="meta" id="missing">{escape(text)}</p>' for text in out]
 
 
+def _comparison(cmp: Comparison, csv_name: str) -> list[str]:
+    """The comparison: every trial (SCREEN or fewer), else the winner of every group; the link to
+    the CSV of every trial when it is written beside the page."""
+    link = (f'<p class="meta">every trial ({len(cmp.rows)} rows, every column): '
+            f'<a href="{escape(csv_name)}" download>{escape(csv_name)}</a></p>' if csv_name else "")
+    shown = cmp if len(cmp.rows) <= SCREEN else digest(cmp, max_groups=None)
+    notes = [f'<p class="meta">{escape(n)}</p>' for n in shown.notes if not n.startswith(
+        ("every trial:", "  or --top"))] if shown is not cmp else []
+    return [f'<p class="meta">{escape(shown.title)}</p>',
+            _table(shown.columns, shown.rows, shown.best, table_id="comparison"),
+            *([f'<p class="meta">{escape(shown.legend)}</p>'] if shown.legend else []),
+            *notes, link]
+
+
 def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
-           pngs: dict[str, bytes], details: dict[str, dict[str, Any]] | None = None) -> str:
-    """The page for a sweep whose trials, comparison and figures (`png`) are already built."""
+           pngs: dict[str, bytes], details: dict[str, dict[str, Any]] | None = None,
+           csv_name: str = "") -> str:
+    """The page for a sweep whose trials, comparison and figures (`png`) are already built;
+    `csv_name`: the CSV of every trial written beside it ('': none, no link)."""
     metric = cmp.metric
     headline = headline_metrics(runs, metric)
     best = best_run(runs, metric)
@@ -169,9 +199,7 @@ def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
                                metric_text(metric, best_value)]]
                + [[k.split(".")[0], metric_text(metric, v)] for k, v in headline.items()
                   if not k.startswith("best.")], table_id="headline"),
-        "<h2>Comparison</h2>", f'<p class="meta">{escape(cmp.title)}</p>',
-        _table(cmp.columns, cmp.rows, cmp.best, table_id="comparison"),
-        *([f'<p class="meta">{escape(cmp.legend)}</p>'] if cmp.legend else []),
+        "<h2>Comparison</h2>", *_comparison(cmp, csv_name),
         *_stability(runs),
         "<h2>Plots</h2>",
     ]
@@ -192,15 +220,18 @@ def build(tracker: Tracker, sweep_id: str) -> str:
     return build_with_figures(tracker, sweep_id)[0]
 
 
-def build_with_figures(tracker: Tracker, sweep_id: str) -> tuple[str, dict[str, bytes]]:
-    """The page of an old sweep and its figures as PNGs (`seqpar report` logs them again)."""
+def build_with_figures(tracker: Tracker, sweep_id: str, csv_name: str = ""
+                       ) -> tuple[str, dict[str, bytes], str]:
+    """The page of an old sweep, its figures as PNGs (`seqpar report` logs them again) and the CSV
+    of every trial (`csv_name`: where the page links it)."""
     sweep = SweepView.read(tracker, sweep_id, "sweep_id")
     runs = trials(tracker.trials(sweep_id))
     cmp = table(sweep.title, runs, sweep.headline)
-    details = per_rank_details(tracker, runs)
-    figs = figures(runs, details)
+    details = per_rank_details(tracker, detail_candidates(runs))  # a dozen, not every trial's
+    figs = figures(runs, details, sweep.headline)
     try:
         pngs = {name: png(f) for name, f in figs.items()}
-        return render(sweep, runs, cmp=cmp, pngs=pngs, details=details), pngs
+        page = render(sweep, runs, cmp=cmp, pngs=pngs, details=details, csv_name=csv_name)
+        return page, pngs, csv_text(cmp)
     finally:
         style.close(figs.values())

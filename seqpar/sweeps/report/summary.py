@@ -9,6 +9,7 @@ from typing import Any
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps import style
 from seqpar.sweeps.report import page
+from seqpar.sweeps.report.digest import csv_text
 from seqpar.sweeps.report.headline import best_run, headline_metrics
 from seqpar.sweeps.report.plots import figures
 from seqpar.sweeps.report.table import table
@@ -27,13 +28,14 @@ def log_summary(tracker: Tracker, sweep: SweepView, runs: list[TrialView],
                                           "seqpar.best_run_id": best.run_id})
     cmp = table(sweep.title, runs, metric)
     tracker.log_table(sweep.sweep_id, cmp.columns, cmp.rows, "comparison.json")
-    figs = figures(runs, details)
+    csv_name = page.CSV if tracker.log_text(sweep.sweep_id, csv_text(cmp), page.CSV) else ""
+    figs = figures(runs, details, metric)
     try:
         pngs = {name: page.png(fig) for name, fig in figs.items()}
         for name, data in pngs.items():
             tracker.log_bytes(sweep.sweep_id, data, f"plots/{name}.png")
-        tracker.log_text(sweep.sweep_id, page.render(sweep, runs, cmp=cmp, pngs=pngs),
-                         "report.html")
+        tracker.log_text(sweep.sweep_id, page.render(sweep, runs, cmp=cmp, pngs=pngs,
+                                                     csv_name=csv_name), "report.html")
     finally:
         style.close(figs.values())
     return list(figs)

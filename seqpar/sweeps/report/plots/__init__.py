@@ -7,6 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from seqpar.sweeps.report.plots.accuracy import accuracy_figure, accuracy_series
+from seqpar.sweeps.report.plots.aggregate import (
+    MAX_BARS,
+    bytes_ratio_vs_seq_len,
+    bytes_vs_seq_len,
+    winners_map,
+)
 from seqpar.sweeps.report.plots.documents import varlen_figure
 from seqpar.sweeps.report.plots.lengths import vs_seq_len
 from seqpar.sweeps.report.plots.links import bytes_by_link, bytes_vs_analytic
@@ -46,9 +52,12 @@ def detail_candidates(runs: list[TrialView]) -> list[TrialView]:
     return list(chosen.values())
 
 
-def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = None,
+            metric: str = "tokens_per_s") -> dict[str, Any]:
     """The plots these trials support: name -> matplotlib Figure. `details` (run id -> the trial's
-    per_rank.json) adds the per-rank breakdown."""
+    per_rank.json) adds the per-rank breakdown; `metric`: the sweep's headline (the winners' map).
+    Past MAX_BARS trials the bar-a-trial figures become a line per configuration, so a figure's
+    size follows the sweep's configurations and lengths, not its trials."""
     figs: dict[str, Any] = {}
     ok = [t for t in runs if t.finished]
     errs = [t for t in ok if "err_max" in t.metrics]
@@ -64,12 +73,23 @@ def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = N
     points = scaling_points(ok)
     if points:
         figs["scaling_vs_world"] = scaling_figure(points)
+    many = len([t for t in ok if t.world > 1]) > MAX_BARS
     if any(k.startswith("bytes_") for t in ok for k in t.metrics):
-        figs["bytes_by_link"] = bytes_by_link(ok)
+        if many and len({t.seq_len for t in ok}) > 1:
+            figs["bytes_vs_seq_len"] = bytes_vs_seq_len(ok)
+        elif not many:
+            figs["bytes_by_link"] = bytes_by_link(ok)
     analytic = [t for t in ok if "bytes_analytic_per_rank" in t.metrics
                 and "bytes_total" in t.metrics and t.world > 1]
     if analytic:
-        figs["bytes_measured_vs_analytic"] = bytes_vs_analytic(analytic)
+        if len(analytic) <= MAX_BARS:
+            figs["bytes_measured_vs_analytic"] = bytes_vs_analytic(analytic)
+        elif len({t.seq_len for t in analytic}) > 1:
+            figs["bytes_ratio_vs_seq_len"] = bytes_ratio_vs_seq_len(analytic)
+    if len(ok) > MAX_BARS:
+        heat = winners_map(ok, metric)
+        if heat is not None:
+            figs["winners_map"] = heat
     if details:
         rate = one_rank_rate(ok)
         ordered = sorted((t for t in ok if t.world >= 2), key=lambda t: (t.algorithm, sort_key(t)))
