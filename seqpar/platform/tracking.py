@@ -457,6 +457,9 @@ def dataset_input(d: Mapping[str, Any], context: str = "training") -> Any:
         def profile(self) -> Any:
             return d.get("profile")
 
+        def to_dict(self) -> dict[str, str]:
+            return {**super().to_dict(), "profile": json.dumps(self.profile)}
+
     source = LocalArtifactDatasetSource(Path(str(d["source"])).resolve().as_uri())
     dataset = _Profiled(source, name=str(d["name"]), digest=str(d["digest"]))
     return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
