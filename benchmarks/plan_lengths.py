@@ -35,7 +35,7 @@ from seqpar.planner.lengths_step import PARTS, LengthStep
 
 MODEL = str(Path(__file__).with_name("plan_lengths_model.yaml"))
 LENGTHS = "lognormal:mean=1024,sigma=1.5,min=128,max=8192"
-SHORT = dict(zip(PARTS, ("at", "ac", "oc", "rc", "id", "cm", "op"), strict=True))
+SHORT = dict(zip(PARTS, ("at", "ac", "oc", "rc", "id", "cm", "op", "ho"), strict=True))
 
 
 def kind(s: LengthStep) -> str:

@@ -167,6 +167,10 @@ class TrainCase:
     capacity: int = 0                # tokens per rank a micro-batch may hold
     equal_counts: bool = False       # dynamic: every rank as many micro-batches (FSDP needs it)
     any_size: bool = False           # dynamic: groups of any size (plan.group_sizes: any)
+    degrees: str = "smallest"        # dynamic: group sizes, the smallest that holds or by cost
+    # algorithm "auto" (dynamic): what each group size runs, chosen on the driver by the planner:
+    # (size, algorithm, options as sorted (key, value) pairs)
+    algorithms_by_size: tuple[tuple[int, str, tuple[tuple[str, Any], ...]], ...] = ()
     window: int | None = None        # a causal sliding window inside each sequence
     batches: tuple[Batch, ...] = ()  # the replayed batches and their deals, made on the driver
 
@@ -230,6 +234,10 @@ class TrainCase:
             self.attention_mask  # noqa: B018 (a bad mask: one line, before any rank starts)
         if self.corpus is not None:
             self._check_corpus(cfg)
+        require(self.algorithm != pool_rules.AUTO or (bool(self.lengths)
+                                                      and self.sp_policy == "dynamic"),
+                "algorithm", self.algorithm, "chooses an algorithm per group size of the dynamic "
+                "policy: needs workload.lengths and plan.sp_policy dynamic")
         if self.lengths:
             self._check_lengths(cfg)
             return
@@ -273,8 +281,15 @@ class TrainCase:
         return tuple(sorted({m.size for b in self.batches for m in b.deal.micro}))
 
     def options_at(self, size: int, cfg: ModelConfig | None = None) -> tuple[str, dict[str, Any]]:
-        """(algorithm, options) a group of `size` runs (`rules.pool.options_at`)."""
+        """(algorithm, options) a group of `size` runs (`rules.pool.options_at`; under `auto`
+        the driver's choice for that size)."""
         c = cfg or self.config()
+        if self.algorithm == pool_rules.AUTO:
+            chosen = {d: (name, dict(opts)) for d, name, opts in self.algorithms_by_size}
+            require(size in chosen, "algorithm", self.algorithm, f"no algorithm was chosen for a "
+                    f"group of {size} ranks (the driver chooses one per size of the deal)")
+            name, options = chosen[size]
+            return pool_rules.options_at(name, size, options, c.heads, c.kv_heads, c.head_dim)
         return pool_rules.options_at(self.algorithm, size, self.option_dict, c.heads, c.kv_heads,
                                      c.head_dim)
 
@@ -302,6 +317,8 @@ class TrainCase:
         if self.lengths:
             head += f" {self.sp_policy}" + (f"/{self.packing}" if self.sp_policy == "static"
                                              else " any-size" if self.any_size else "")
+            head += " degrees=cost" if self.degrees == "cost" else ""
+            head += "".join(f" {d}:{name}" for d, name, _ in self.algorithms_by_size)
             head += f" {self.lengths} T={self.tokens_per_step}"
         ckpt = self.checkpoint + (f"({self.seq_fraction})" if uses_fraction(self.checkpoint) else "")
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)

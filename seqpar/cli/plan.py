@@ -27,6 +27,7 @@ from seqpar.planner.step import PARTS
 from seqpar.rules import algorithms, masks
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
+from seqpar.rules.pool import AUTO
 
 Opt = typer.Option
 
@@ -103,6 +104,10 @@ def plan(
         "--group-sizes", help="With --lengths: the dynamic policy's groups, power-of-two "
         "(Megatron-LM's, the default) or any (ByteScale's), as the sweep's plan.group_sizes."
     )] = None,
+    degrees: Annotated[str | None, Opt(
+        "--degrees", help="With --lengths: the dynamic policy's group sizes, smallest (each "
+        "sequence on the smallest group that holds it, the default) or cost (larger groups "
+        "where the step's predicted makespan falls), as the sweep's plan.degrees.")] = None,
 ) -> None:
     """Rank every valid configuration by predicted time or tokens per GPU per second; the
     longest sequence each fits (--max-seq); or --validate a finished sweep."""
@@ -119,7 +124,7 @@ def plan(
     if lengths is None:
         given = next((f"--{k.replace('_', '-')}" for k, v in (("capacity", capacity), (
             "sp_policy", sp_policy), ("packing", packing), ("batches", batches != 2),
-            ("group_sizes", group_sizes)) if v), None)
+            ("group_sizes", group_sizes), ("degrees", degrees)) if v), None)
         require(given is None, given or "", True, "needs --lengths (a step of variable-length "
                 "sequences)")
     else:
@@ -128,6 +133,9 @@ def plan(
         require(not max_seq, "max-seq", True, "finds the longest single sequence; with "
                 "--lengths, --seq-len is the longest a step holds and --capacity what a rank "
                 "holds")
+    require(algorithm != AUTO or (lengths is not None and sp_policy != "static"), "algorithm",
+            algorithm, "chooses an algorithm per group size of the dynamic policy: needs "
+            "--lengths (and not --sp-policy static)")
     if mask is not None and lengths is None:
         require(not max_seq, "mask", mask, "--max-seq plans plain causal attention (a mask "
                 "is of one length)")
@@ -141,15 +149,16 @@ def plan(
     names = [n for n in algorithms.REGISTRY if algorithm is None or n == algorithm]
     if scope == "cluster":
         worlds = [s for s in range(1, world + 1) if world % s == 0 and (sp is None or s == sp)]
-        pins.check([n for n in names if n != "local"], [w for w in worlds if w > 1] or worlds,
-                   filters.options)
+        if algorithm != AUTO:
+            pins.check([n for n in names if n != "local"], [w for w in worlds if w > 1] or worlds,
+                       filters.options)
         if lengths is not None:
             check_counts(**({"capacity": capacity} if capacity is not None else {}),
                          **({"tokens_per_step": tokens_per_step} if tokens_per_step else {}))
             plan_lengths(c, model, lengths, seq_len, tokens_per_step, capacity, world, nodes,
                          kernel=kernel, dtype=dtype, filters=filters, top=top, as_json=as_json,
                          mask=mask, sp_policy=sp_policy, packing=packing, batches=batches,
-                         group_sizes=group_sizes)
+                         group_sizes=group_sizes, degrees=degrees)
             return
         _cluster(c, model, seq_len, tokens_per_step, world, nodes, kernel, dtype, filters, top,
                  as_json, mask)
@@ -234,7 +243,7 @@ def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, 
                      s.policy.label(), f"{s.step_ms / 1e3:.2f}", f"{s.tgs:,.0f}",
                      f"{s.peak_mem_bytes / 1e9:.1f}", where, why_slower(s, best)])
     display_table(title, ["#", "dp x\nsp", "algorithm", "options", "layout", "policy", "step\ns",
-                          "TGS", "mem\nGB", "at/ac/oc/rc/cm/op\n% of step", "vs #1"],
+                          "TGS", "mem\nGB", "at/ac/oc/rc/cm/op/ho\n% of step", "vs #1"],
                   rows, highlight_row=0, compact=True, wrap=("options", "layout", "policy", "vs #1"))
     dominated = len(steps) - len(kept)
     console.print(f"{len(fitting)} of {len(steps)} timed configurations fit in {c.name}'s "
@@ -243,7 +252,8 @@ def _steps(steps: list, title: str, c, top: int, as_json: bool, head: dict[str, 
                   + (f"; {dominated} dominated: a listed one beats each on everything a step "
                      "depends on" if dominated else "") + "; --json lists each). Step parts: at "
                   "attention kernels, ac the attention's exposed communication, oc other compute, "
-                  "rc recompute, cm other exposed communication (FSDP, DP, zero1), op optimizer. "
+                  "rc recompute, cm other exposed communication (FSDP, DP, zero1), op optimizer, ho "
+                  "the host's issue the device does not hide (host-bound: it sets the pace). "
                   "Policy: +fh fused head, off: offloaded optimizer/params/activations, +tile "
                   "tiled MLP and loss")
 

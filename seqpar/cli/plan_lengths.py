@@ -20,7 +20,7 @@ from seqpar.planner.lengths_step import (
 )
 from seqpar.planner.policy import Filters, split_checkpoint
 from seqpar.rules import lengths as length_rules
-from seqpar.rules.deal import PACKINGS, POLICIES
+from seqpar.rules.deal import DEGREES, PACKINGS, POLICIES
 
 SHORT = {"best-fit": "bf", "cost-balanced": "cb", "head-first": "hf", "context-first": "cf",
          "collective-intra": "coll", "p2p-intra": "p2p", "zigzag": "zz", "stripe": "st",
@@ -40,7 +40,7 @@ def window_of(mask: str | None) -> int | None:
 
 
 def check_filters(filters: Filters, sp_policy: str | None, packing: str | None,
-                  group_sizes: str | None = None) -> None:
+                  group_sizes: str | None = None, degrees: str | None = None) -> None:
     """What a plan of lengths can search, one line each."""
     require(sp_policy is None or sp_policy in POLICIES, "sp-policy", sp_policy,
             f"must be one of {', '.join(POLICIES)}")
@@ -51,6 +51,10 @@ def check_filters(filters: Filters, sp_policy: str | None, packing: str | None,
     require(group_sizes is None or group_sizes in GROUP_SIZES, "group-sizes", group_sizes,
             f"must be one of {', '.join(GROUP_SIZES)} (the sweep's plan.group_sizes)")
     require(not (group_sizes == "any" and sp_policy == "static"), "group-sizes", group_sizes,
+            "sizes the dynamic policy's groups; the static policy runs one SP degree (--sp D)")
+    require(degrees is None or degrees in DEGREES, "degrees", degrees,
+            f"must be one of {', '.join(DEGREES)} (the sweep's plan.degrees)")
+    require(not (degrees == "cost" and sp_policy == "static"), "degrees", degrees,
             "sizes the dynamic policy's groups; the static policy runs one SP degree (--sp D)")
     require(filters.states is None or filters.states in STATES, "states", filters.states,
             "a step of lengths holds its states replicated or FSDP over the pool (dp_sp), or "
@@ -65,10 +69,11 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
                  capacity: int | None, world: int, nodes: int, *, kernel: str, dtype: str,
                  filters: Filters, top: int, as_json: bool, mask: str | None,
                  sp_policy: str | None, packing: str | None, batches: int,
-                 group_sizes: str | None = None) -> None:
+                 group_sizes: str | None = None, degrees: str | None = None) -> None:
     window = window_of(mask)
-    check_filters(filters, sp_policy, packing, group_sizes)
+    check_filters(filters, sp_policy, packing, group_sizes, degrees)
     sizes = group_sizes or GROUP_SIZES[0]
+    degrees = degrees or DEGREES[0]
     dist = length_rules.parse(lengths, "lengths", corpus=lengths_file)  # corpus: tokenized once
     capacity = capacity if capacity is not None else min(seq_len, dist.high)
     tokens = tokens or world * capacity
@@ -76,14 +81,15 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     work.check(world)
     plan = LengthPlan.make(c, model, work, world, nodes, dtype=dtype, kernel=kernel)
     steps = plan.search(filters, (sp_policy,) if sp_policy else POLICIES,
-                        (packing,) if packing else PACKINGS, every=top == 0, group_sizes=sizes)
+                        (packing,) if packing else PACKINGS, every=top == 0, group_sizes=sizes,
+                        degrees=degrees)
     if not steps and plan.unrunnable:  # what the runner refuses: a group size it cannot run
         raise next(iter(plan.unrunnable.values()))
     head = {"cluster": c.name, "memory_gb": c.memory_gb, "scope": "cluster", "model": model,
             "kernel": kernel, "kernel_source": plan.kernel_source, "world": world,
             "nodes": nodes, "seq_len": seq_len, "lengths": dist.spec, "tokens_per_step": tokens,
             "capacity": capacity, "batches": batches, "mask": mask or "causal",
-            "group_sizes": sizes,
+            "group_sizes": sizes, "degrees": degrees,
             "skipped": plan.skipped, "dominated": plan.dominated,
             "fitting": sum(s.fits for s in steps)}
     if as_json:
@@ -108,9 +114,10 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
 def _label(s: LengthStep) -> str:
     if s.sp_policy == "static":
         return f"static {s.dp}x{s.sp} {SHORT[s.split.packing]}"
-    return "dynamic" + (" eq" if s.split.equal_counts else "") + (
-        " any" if s.split.any_size else "") + " " + "/".join(
-        str(d) for d in s.degrees)
+    return ("dynamic" + (" eq" if s.split.equal_counts else "")
+            + (" any" if s.split.any_size else "")
+            + (" cost" if s.split.degrees == "cost" else "") + " "
+            + "/".join(str(d) for d in s.degrees))
 
 
 def _options(s: LengthStep) -> str:
@@ -131,7 +138,7 @@ def _table(steps: list[LengthStep], title: str, top: int) -> None:
                      where, why_slower(s, best) if best else why_slower(s, s)])
     display_table(title, ["#", "SP policy", "algorithm", "options", "layout", "policy",
                           "step\nms", "TGS", "mem\nGB", "imbal\nFLOPs",
-                          "at/ac/oc/rc/id/cm/op\n% of step", "vs #1"],
+                          "at/ac/oc/rc/id/cm/op/ho\n% of step", "vs #1"],
                   rows, highlight_row=0, compact=True,
                   wrap=("SP policy", "options", "policy", "vs #1"))
     console.print("SP policy: static DPxSP bf (best-fit packs) | cb (cost-balanced, WLB-LLM); "
@@ -140,7 +147,8 @@ def _table(steps: list[LengthStep], title: str, top: int) -> None:
                   "replicated and zero1 states need none). Step "
                   "parts: at attention kernels, ac its exposed communication, oc other compute, rc "
                   "recompute, id idle (waiting on the slowest rank: the imbalance), cm FSDP past "
-                  "the rounds, the gradient all-reduce and zero1's broadcast, op optimizer. "
+                  "the rounds, the gradient all-reduce and zero1's broadcast, op optimizer, ho the "
+                  "host's issue the device does not hide (host-bound: it sets the pace). "
                   "imbal: max / mean attention FLOPs over ranks (the runner's load_imbalance)")
 
 

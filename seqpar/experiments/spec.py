@@ -75,7 +75,8 @@ class ModelShape(_Strict):
 
 
 class ParallelPlan(_Strict):
-    algorithm: str = Field(description="a name in seqpar.algorithms.REGISTRY")
+    algorithm: str = Field(description="a name in seqpar.algorithms.REGISTRY, or auto (dynamic "
+                           "SP: each group size the one the planner predicts fastest)")
     world: int = Field(gt=0, description="ranks in the sequence-parallel group P")
     layout: str = Field("zigzag", description="contiguous | zigzag | stripe")
     options: dict[str, Scalar] = Field(default_factory=dict,
@@ -96,6 +97,10 @@ class ParallelPlan(_Strict):
     group_sizes: Literal["power-of-two", "any"] = Field(
         "power-of-two", description="dynamic groups: powers of two and the pool (Megatron-LM), or "
                                     "any size (ByteScale)")
+    degrees: Literal["smallest", "cost"] = Field(
+        "smallest", description="dynamic: each sequence on the smallest group that holds it "
+                                "(Megatron-LM), or larger groups where the step's predicted "
+                                "makespan falls (FlexSP, ByteScale)")
 
     def changed_varlen_field(self) -> str | None:
         """The first field of a step of lengths not at its default (None: all are, so old specs
@@ -104,7 +109,8 @@ class ParallelPlan(_Strict):
                      if getattr(self, k) != type(self).model_fields[k].default), None)
 
 
-VARLEN_PLAN_FIELDS = ("sp_policy", "packing", "capacity", "equal_counts", "group_sizes")
+VARLEN_PLAN_FIELDS = ("sp_policy", "packing", "capacity", "equal_counts", "group_sizes",
+                      "degrees")
 
 
 # ConfigError fields from algorithms.check -> where they live in an ExperimentSpec
@@ -255,6 +261,7 @@ def _train_case(spec: ExperimentSpec) -> TrainCase:
     return dealt(case, w.lengths, tokens=w.tokens_per_step, batches=w.batches,
                  policy=p.sp_policy, packing=p.packing, capacity=p.capacity,
                  equal_counts=p.equal_counts, any_size=p.group_sizes == "any",
+                 degrees=p.degrees, nodes=p.nodes,
                  ranks_per_node=rpn if p.nodes > 1 or p.ranks_per_node else None,
                  window=w.window, resolve=resolve_text)
 
@@ -283,6 +290,7 @@ _TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkp
                "states": "train.states", "master_dtype": "train.master_dtype",
                "offload": "train.offload", "vocab": "train.vocab", "capacity": "plan.capacity",
                "sp_policy": "plan.sp_policy", "packing": "plan.packing",
+               "degrees": "plan.degrees",
                "degree": "plan.world", "sp_group": "plan.world", "lengths": "workload.lengths",
                "tokens_per_step": "workload.tokens_per_step", "batches": "workload.batches"}
 

@@ -27,9 +27,11 @@ from seqpar.experiments.corpora import train_on
 from seqpar.planner import clusters
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.lengths import deal_cost
+from seqpar.planner.lengths_plan import auto_algorithms
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import CostModel, check_lengths, plan_batches
 from seqpar.rules.model import ModelConfig
+from seqpar.rules.pool import AUTO
 
 
 def cost_model(cfg: ModelConfig, cluster: Cluster, dtype: str, window: int | None = None, *,
@@ -45,7 +47,8 @@ def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: 
           policy: str = "static", packing: str = "best-fit", capacity: int | None = None,
           equal_counts: bool = False, any_size: bool = False, ranks_per_node: int | None = None,
           window: int | None = None, cluster: str = "local",
-          resolve: Callable[[str], str] | None = None) -> TrainCase:
+          resolve: Callable[[str], str] | None = None, degrees: str = "smallest",
+          nodes: int = 1) -> TrainCase:
     """`case` with a step of variable-length sequences: `batches` seeded batches of `tokens`
     tokens (default: the pool's capacity) drawn from `lengths` and dealt to the pool under
     `policy` with `cluster`'s rates (`rules.deal.plan_batches`), once, here on the driver.
@@ -68,13 +71,22 @@ def dealt(case: TrainCase, lengths: str, *, tokens: int | None = None, batches: 
                       capacity=capacity, world=world, ranks_per_node=ranks_per_node,
                       any_size=any_size and policy == "dynamic")
     extra: dict[str, Any] = ({"degree": case.sp} if policy == "static" else
-                             {"equal_counts": equal_counts, "any_size": any_size})
+                             {"equal_counts": equal_counts, "any_size": any_size,
+                              "degrees": degrees})
     planned = plan_batches(dist, tokens, case.seq_len, case.seed, batches, world, capacity,
                            policy, cost, packing=packing, ranks_per_node=ranks_per_node, **extra)
+    by_size: tuple = ()
+    if case.algorithm == AUTO and policy == "dynamic":
+        sizes = sorted({m.size for b in planned for m in b.deal.micro})
+        chosen = auto_algorithms(clusters.load(cluster), case.config(), case.dtype, capacity,
+                                 world, nodes, sizes, case.layout, window)
+        by_size = tuple((d, name, tuple(sorted(opts.items())))
+                        for d, (name, opts) in sorted(chosen.items()))
     return dataclasses.replace(case, lengths=lengths, tokens_per_step=tokens, sp_policy=policy,
                                packing=packing, capacity=capacity, equal_counts=equal_counts,
                                any_size=any_size and policy == "dynamic",
-                               window=window, batches=planned)
+                               degrees=degrees if policy == "dynamic" else "smallest",
+                               algorithms_by_size=by_size, window=window, batches=planned)
 
 
 def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: int,
@@ -84,7 +96,7 @@ def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: i
               options: dict[str, Any] | None = None, longest: int | None = None,
               overrides: tuple[tuple[str, int], ...] = (), dtype: str = "float64",
               checkpoint: str = "none", fused_head: bool = False,
-              any_size: bool = False) -> TrainCase:
+              any_size: bool = False, degrees: str = "smallest") -> TrainCase:
     """A float64 training case of `world` ranks with its batches dealt (`dealt`): what `seqpar
     check --lengths` and the tests build."""
     sp = world if policy == "dynamic" else world // dp
@@ -94,7 +106,8 @@ def make_case(algorithm: str, world: int, lengths: str, tokens: int, capacity: i
                      checkpoint=checkpoint, fused_head=fused_head,
                      options=tuple(sorted((options or {}).items())))
     return dealt(base, lengths, tokens=tokens, batches=batches, policy=policy, packing=packing,
-                 capacity=capacity, equal_counts=equal_counts, window=window, any_size=any_size)
+                 capacity=capacity, equal_counts=equal_counts, window=window, any_size=any_size,
+                 degrees=degrees)
 
 
 def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int | None,

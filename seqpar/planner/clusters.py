@@ -135,6 +135,9 @@ class Cluster(_Strict):
                                  "(packing loops, posting one message per peer)")
     call_us: float = Field(0.0, ge=0, description="fixed host time per attention call, forward "
                            "and backward (autograd, allocation, the timing barrier)")
+    dispatch_us: float = Field(0.0, ge=0, description="host time to issue one operation that "
+                               "launches work: PyTorch's dispatch and autograd bookkeeping, on a "
+                               "GPU the kernel's launch (`planner.host`; 0: issuing is free)")
 
     def share(self, world: int) -> float:
         """One rank's fraction of a core when `world` one-thread ranks share the host (1 when
@@ -217,6 +220,14 @@ class Cluster(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+# The host's time to issue one eager PyTorch operation on a server CPU, a GPU's kernel launch
+# included: ~1 us of Python, ~1 us of pybind11, 1-3 us of autograd recording, 1-2 us of the ATen
+# dispatcher, 1-5 us of the backend's setup and 1-3 us of cudaLaunchKernel, "~5-25 us of CPU-side
+# work per op" in all (J. Lin, "From PyTorch op to kernel launch", gpu_kernel_serving lesson 18).
+# One number for the forward's Python-issued and the backward's engine-issued operations alike:
+# 10 us, towards the low end (the autograd engine issues the backward's without Python).
+DISPATCH_US = 10.0
+
 # Maximum Achievable Matmul FLOPS (ml-engineering, compute/accelerator README; bf16, best shape of a
 # sweep): A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989 (perf.rates scales it by shape)
 GEMM_EFFICIENCY = {"a100": 267.9 / 312, "h100": 792.1 / 989.4, "h200": 792.1 / 989.4}
@@ -237,7 +248,8 @@ def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: fl
                           "float32": FLASH_EFFICIENCY * peak_bf16 / 16},
         gemm_tflops={"bfloat16": gemm, "float16": gemm, "float32": gemm / 16},
         peak_tflops={"bfloat16": peak_bf16, "float16": peak_bf16, "float32": peak_bf16 / 16},
-        memory_gb=mem, intra=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nvlink, latency_us=5.0),
+        memory_gb=mem, dispatch_us=DISPATCH_US,
+        intra=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nvlink, latency_us=5.0),
         nics_per_node=nics, host_link_gb_per_s=host_link, host_memory_gb_per_s=host_memory,
         host_memory_gb=host_gb,
         inter=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nic_gbit / 8, latency_us=inter_latency))

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from seqpar.errors import require
+from seqpar.planner import host
 from seqpar.planner.api import Prediction, predict
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.net import Net
@@ -105,8 +106,22 @@ def span(d: int, world: int, nodes: int) -> int:
 
 def _fixed_s(c: Cluster, cfg: ModelConfig, d: int) -> float:
     """Host seconds a micro-batch on d ranks costs whatever it holds: every layer's attention
-    call, and on d > 1 its ring steps (forward and backward); 0 on GPUs."""
+    call, and on d > 1 its ring steps (forward and backward), as measured whole on a CPU host
+    (`call_us`, `step_us`); 0 on GPUs."""
     return cfg.layers * 1e-6 * (c.call_us + (2 * (d - 1) * c.step_us if d > 1 else 0.0))
+
+
+def issue_s(c: Cluster, cfg: ModelConfig, d: int, name: str, options: dict[str, Any],
+            layout: str, world: int, *, checkpoint: str = "none", kernel: str = "flash2",
+            docs: int = 1, fused_head: bool = False) -> float:
+    """Host seconds one rank spends issuing a micro-batch of `docs` documents on d ranks
+    (`planner.host`: the counted operations at the cluster's issue rates, a CPU host's cores
+    shared out among `world` ranks)."""
+    algorithm = "local" if d == 1 else name
+    x = host.micro_seconds(c, cfg, algorithm=algorithm, d=d, layout=layout, options=options,
+                           checkpoint=checkpoint, kernel=kernel, docs=docs,
+                           mask="documents" if docs > 1 else "causal", fused_head=fused_head)
+    return c.host_seconds(x, x * world, world)
 
 
 def ring_link_s(net: Net, cfg: ModelConfig, dtype: str, d: int, tokens: int,
@@ -129,7 +144,9 @@ def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | N
     per token at the rate of a micro-batch of `capacity` tokens a rank; per group size of a pool of
     `world` ranks (`ranks_per_node` a node; every size from 1 to the pool with `any_size`,
     `rules.pool.pool_sizes`), a ring's K,V per token over the links the group spans (`perf.net`),
-    hidden under the attention; the host's fixed cost per micro-batch. The
+    hidden under the attention; the host's issue of a micro-batch per group size (`issue_s`: the
+    counted operations of a ring's, adding to the device's time on a CPU and overlapping it on a
+    GPU). The
     algorithm's own costs refine it in the plan (`SizeRates`); the deal is the same for every
     algorithm, so a sweep over algorithms compares them on one deal."""
     pair = 4.0 * cfg.heads * cfg.head_dim * cfg.layers
@@ -144,10 +161,15 @@ def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | N
         net = Net(cluster, world, max(1, world // rpn))
         comm_at = tuple((d, ring_link_s(net, cfg, dtype, d, d * capacity, rpn) / (d * capacity))
                         for d in pool_sizes(world, any_size) if d > 1)
+    world_ = world or 1
+    fixed_at = tuple((d, _fixed_s(cluster, cfg, d) + issue_s(
+        cluster, cfg, d, "ring", {}, "zigzag", world_, kernel=cluster.kernel or "flash2"))
+        for d in ((1, *(d for d, _ in comm_at)) if comm_at else (1,)))
     return CostModel(attention=attention, linear=linear,
                      comm=kv / (cluster.intra.bandwidth_gb_per_s * 1e9), window=window,
                      comm_at=comm_at, overlap=True, half=float(cluster.kernel_half_tokens),
-                     fixed=_fixed_s(cluster, cfg, 1))
+                     fixed=fixed_at[0][1], fixed_at=fixed_at,
+                     host_overlaps=host.overlaps(cluster))
 
 
 @dataclass(frozen=True)
@@ -203,6 +225,7 @@ class Table:
     round: np.ndarray
     run: np.ndarray
     groups: list[tuple[int, ...]]
+    docs: np.ndarray | None = None  # documents (sequences) in each micro-batch
 
     @classmethod
     def of(cls, deal: Deal, half: float, window: int | None) -> Table:
@@ -225,7 +248,7 @@ class Table:
 
         return cls(deal, size, per(n), per(p * (1.0 + half * size[owner] / n)), per(p),
                    per(n * n / 2.0), per(n * n), np.array([m.round for m in ms], dtype=np.int64),
-                   run, groups)
+                   run, groups, per(np.ones_like(n)))
 
     @cached_property
     def degrees(self) -> dict[int, int]:

@@ -22,14 +22,14 @@ seq-attn, the fused head, tiling; per states the fastest that fits (no offload).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from seqpar.errors import ConfigError, require
-from seqpar.planner import memory
+from seqpar.planner import host, memory
 from seqpar.planner.api import attention_peak
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.fsdp import traffic
@@ -38,6 +38,7 @@ from seqpar.planner.lengths import (
     Table,
     Workload,
     deal_cost,
+    issue_s,
     layout_rank_pairs,
     size_rates,
     span,
@@ -49,11 +50,11 @@ from seqpar.planner.search import attention_space, pareto
 from seqpar.planner.step import Setup, _optimizer_seconds, _policy_of_case, layer_seconds
 from seqpar.rules import algorithms
 from seqpar.rules import lengths as length_rules
-from seqpar.rules.deal import POLICIES, CostModel, deal, in_rounds
+from seqpar.rules.deal import DEGREES, POLICIES, CostModel, deal, in_rounds
 from seqpar.rules.flops import BACKWARD_FLOPS, gemm_flops, step_flops
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import ModelConfig, load
-from seqpar.rules.pool import LOCAL, options_at
+from seqpar.rules.pool import AUTO, LOCAL, options_at
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 
 
@@ -115,11 +116,12 @@ class LengthPlan:
         if got is None:
             half, window = self.cluster.kernel_half_tokens, self.work.window
             if split.equal_counts:  # the free deal's micro-batches in rounds (`deal` does so)
-                free = self.tables(Split("dynamic", any_size=split.any_size))
+                free = self.tables(Split("dynamic", any_size=split.any_size,
+                                         degrees=split.degrees))
                 got = [Table.of(in_rounds(t.deal), half, window) for t in free]
             else:
                 extra = ({"degree": split.degree} if split.policy == "static" else
-                         {"any_size": split.any_size})
+                         {"any_size": split.any_size, "degrees": split.degrees})
                 got = [Table.of(deal(lengths, self.world, self.work.capacity, split.policy,
                                      self.cost_of(split.any_size), packing=split.packing,
                                      ranks_per_node=self.per_node, **extra), half, window)
@@ -142,8 +144,8 @@ class LengthPlan:
 
     # ------------------------------------------------------------------------------ the search
     def splits(self, policies: tuple[str, ...] = POLICIES, packings: tuple[str, ...] =
-               ("best-fit", "cost-balanced"), sp: int | None = None, any_size: bool = False
-               ) -> list[Split]:
+               ("best-fit", "cost-balanced"), sp: int | None = None, any_size: bool = False,
+               degrees: str = "smallest") -> list[Split]:
         """Every split the filters leave whose groups hold the longest sequence drawn (the
         dynamic ones of any group size with `any_size`)."""
         longest = max(max(b) for b in self.work.draws)
@@ -160,8 +162,8 @@ class LengthPlan:
                     continue
                 out += [Split("static", d, p) for p in packings]
         if "dynamic" in policies:
-            out += [Split("dynamic", any_size=any_size),
-                    Split("dynamic", equal_counts=True, any_size=any_size)]
+            out += [Split("dynamic", any_size=any_size, degrees=degrees),
+                    Split("dynamic", equal_counts=True, any_size=any_size, degrees=degrees)]
         return out
 
     def configs(self, split: Split, filters: Filters, layouts: tuple[str, ...]
@@ -174,6 +176,10 @@ class LengthPlan:
         if top == 1:
             return [(LOCAL, {}, layouts[0], {1: (LOCAL, {})})]
         out = []
+        if split.policy == "dynamic" and filters.algorithm in (None, AUTO):
+            out += [(AUTO, {}, layout, self.auto(sizes, layout, filters)) for layout in layouts]
+        if filters.algorithm == AUTO:
+            return out
         for name, options in attention_space(top, filters):
             for layout in layouts:
                 try:
@@ -186,6 +192,33 @@ class LengthPlan:
                         self.unrunnable.setdefault(name, err)
                     continue
                 out.append((name, dict(options), layout, by_size))
+        return out
+
+    def auto(self, sizes: list[int], layout: str, filters: Filters
+             ) -> dict[int, tuple[str, dict[str, Any]]]:
+        """`algorithm: auto`: at each group size the algorithm and options predicted fastest for
+        a full micro-batch there (its attention, exposed communication and host issue at that
+        size: `rates`, `issue`), among those that run at that size; `local` on one rank."""
+        out: dict[int, tuple[str, dict[str, Any]]] = {}
+        for d in sizes:
+            if d == 1:
+                out[d] = (LOCAL, {})
+                continue
+            best, chosen = float("inf"), None
+            for name, options in attention_space(d, replace(filters, algorithm=None)):
+                try:
+                    algorithms.check(name, self.shape(d), d, layout, True, **options)
+                except ConfigError:
+                    continue
+                r = self.rates(d, name, options, layout)
+                seconds = r.prediction.attention_ms / 1e3 * self.cfg.layers + r.fixed + \
+                    self.issue(d, name, options, layout, "none")[0]
+                if seconds < best:
+                    best, chosen = seconds, (name, dict(options))
+            require(chosen is not None, "algorithm", AUTO,
+                    f"no algorithm runs on a group of {d} ranks with this model "
+                    f"({self.cfg.heads} heads, {self.cfg.kv_heads} KV heads) in {layout}")
+            out[d] = chosen
         return out
 
     def policies(self, split: Split, filters: Filters) -> list[Policy]:
@@ -252,6 +285,11 @@ class LengthPlan:
         reduce = 0.0 if fsdp else layers * comm.reduce.seconds + comm.reduce_root + (
             comm.update.seconds)  # zero1's broadcast of the updated parameters
         optimizer = _optimizer_seconds(self.setup, cfg, policy, train, self.world, 1)
+        issue = [self.issue(d, *by_size[d], layout, train.checkpoint, train.fused_head)
+                 for d in sizes]
+        once = self.issue_once(train.states)
+        overlaps = host.overlaps(self.cluster)
+        device_total = host_total = 0.0
         tables = self.tables(split)
         totals = dict.fromkeys(PARTS, 0.0)
         spans, busy_imb, rank_pairs, flops = [], [], np.zeros(self.world), [0.0, 0.0, 0.0]
@@ -266,7 +304,14 @@ class LengthPlan:
             per_rank = t.tokens / t.size
             other = (3 * layers * (g + ew) + hd) * per_rank + of("fixed")
             rec = layers * rec_lin * per_rank + (of("forward") * (attn + exposed) if full else 0.0)
-            seconds = attn + exposed + other + rec
+            device = attn + exposed + other + rec
+            docs = t.docs if t.docs is not None else np.ones_like(t.tokens)
+            issued = (np.array([i[0] for i in issue])[at]
+                      + (docs - 1) * np.array([i[1] for i in issue])[at])
+            seconds = np.maximum(device, issued) if overlaps else device + issued
+            totals["host"] += float(((seconds - device) * t.size).sum()) / self.world
+            device_total += float((device * t.size).sum()) / self.world
+            host_total += float((issued * t.size).sum()) / self.world
             busy, span = t.schedule(seconds)
             mean = float(busy.mean())
             if fsdp:
@@ -281,7 +326,9 @@ class LengthPlan:
                 totals[key] += float((part * t.size).sum()) / self.world
             totals["idle"] += span_busy - mean
             totals["exposed_comm"] += late
-            spans.append(span + optimizer)
+            spans.append(span + host.stretch(self.cluster, optimizer, once))
+            totals["host"] += host.stretch(self.cluster, optimizer, once) - optimizer
+            device_total, host_total = device_total + optimizer, host_total + once
             busy_imb.append(float(busy.max()) / mean if mean > 0 else 1.0)
             rank_pairs += t.rank_pairs
             flops[0] += float(t.causal.sum() if self.work.window is None else t.pairs.sum())
@@ -314,11 +361,34 @@ class LengthPlan:
             sum(float(t.size.sum()) for t in tables) / (k * self.world),
             {d: round(n / k, 2) for d, n in sorted(degrees.items())}, mem["peak"],
             mem["peak"] <= self.cluster.memory_gb * 1e9,
-            {key: 1e3 * v / k for key, v in totals.items()}, mem)
+            {key: 1e3 * v / k for key, v in totals.items()}, mem,
+            host_bound=host.bound(self.cluster, device_total, host_total))
+
+    def issue(self, d: int, name: str, options: dict[str, Any], layout: str, checkpoint: str,
+              fused_head: bool = False) -> tuple[float, float]:
+        """(host issue seconds of a micro-batch of one document on d ranks, each further
+        document's) under `checkpoint` (`lengths.issue_s`, memoised)."""
+        key = ("issue", d, name, tuple(sorted(options.items())), layout, checkpoint, fused_head)
+        if key not in self._memo:
+            one, two, four = (issue_s(self.cluster, self.cfg, d, name, options, layout,
+                                      self.world, checkpoint=checkpoint, kernel=self.kernel,
+                                      docs=k, fused_head=fused_head) for k in (1, 2, 4))
+            self._memo[key] = (one, (four - two) / 2)
+        return self._memo[key]
+
+    def issue_once(self, states: str) -> float:
+        """Host issue seconds of the step's own work on one rank: the optimizer, the gradient
+        reduction (`planner.host.step_seconds`, a CPU host's cores shared out)."""
+        key = ("issue_once", states)
+        if key not in self._memo:
+            x = host.step_seconds(self.cluster, self.cfg, states=states, world=self.world)
+            self._memo[key] = self.cluster.host_seconds(x, x * self.world, self.world)
+        return self._memo[key]
 
     def search(self, filters: Filters = Filters(), policies: tuple[str, ...] = POLICIES,
                packings: tuple[str, ...] = ("best-fit", "cost-balanced"),
-               every: bool = False, group_sizes: str = GROUP_SIZES[0]) -> list[LengthStep]:
+               every: bool = False, group_sizes: str = GROUP_SIZES[0],
+               degrees: str = DEGREES[0]) -> list[LengthStep]:
         """Every split, attention configuration and states choice (the fastest policy of it that
         fits, else its most frugal), fitting ones first by TGS, then the rest by memory. Static
         degrees go up from the smallest that holds the longest sequence and stop after two in a
@@ -327,9 +397,11 @@ class LengthPlan:
         `group_sizes` (`GROUP_SIZES`): the dynamic policy's, as the sweep's field names them."""
         require(group_sizes in GROUP_SIZES, "group-sizes", group_sizes,
                 f"must be one of {', '.join(GROUP_SIZES)} (the sweep's plan.group_sizes)")
+        require(degrees in DEGREES, "degrees", degrees,
+                f"must be one of {', '.join(DEGREES)} (the sweep's plan.degrees)")
         out: list[LengthStep] = []
         best, worse = float("inf"), 0
-        for split in self.splits(policies, packings, filters.sp, group_sizes == "any"):
+        for split in self.splits(policies, packings, filters.sp, group_sizes == "any", degrees):
             if split.policy == "static" and worse >= 2 and not every:
                 self.skipped[f"static sp={split.degree}"] = "slower at the two SP degrees below"
                 continue
@@ -385,7 +457,7 @@ def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
     plan = LengthPlan.make(cluster, case.config(), work, case.world, nodes, dtype=case.dtype,
                            kernel=cluster.kernel or DEFAULT_KERNEL)
     split = Split(case.sp_policy, case.sp if case.sp_policy == "static" else None, case.packing,
-                  case.equal_counts, case.any_size)
+                  case.equal_counts, case.any_size, getattr(case, "degrees", DEGREES[0]))
     plan._tables[split] = [Table.of(b.deal, plan.cluster.kernel_half_tokens, case.window)
                            for b in case.batches]
     by_size = {d: case.options_at(d) for d in case.group_sizes()}
@@ -394,3 +466,15 @@ def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
     pairs = sum(layout_rank_pairs(b.deal, case.layout, case.window) for b in case.batches)
     s.imbalance = float(pairs.max() / pairs.mean()) if pairs.mean() > 0 else 1.0
     return s
+
+
+def auto_algorithms(cluster: Cluster, cfg: ModelConfig, dtype: str, capacity: int, world: int,
+                    nodes: int, sizes: list[int], layout: str, window: int | None = None
+                    ) -> dict[int, tuple[str, dict[str, Any]]]:
+    """`algorithm: auto` for a run: what each group size of its deals runs (`LengthPlan.auto`),
+    chosen on the driver with the same rates the plan uses."""
+    work = Workload(length_rules.parse(f"fixed:{capacity}"), world * capacity, capacity,
+                    capacity, window=window)
+    plan = LengthPlan.make(cluster, cfg, work, world, max(1, nodes), dtype=dtype,
+                           kernel=cluster.kernel or DEFAULT_KERNEL)
+    return plan.auto(sorted(sizes), layout, Filters(layout=layout))

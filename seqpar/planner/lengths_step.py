@@ -10,7 +10,7 @@ from seqpar.planner.policy import Policy
 from seqpar.planner.why import why_slower as _why
 
 PARTS = ("attention", "attention_comm", "other_compute", "recompute", "idle", "exposed_comm",
-         "optimizer")
+         "optimizer", "host")
 # what the runner's step of lengths holds: replicated, FSDP over the pool, or zero1 (the moments
 # alone sharded over it: no per-layer gathers, so no equal micro-batch counts needed)
 STATES = ("replicated", "dp_sp", "zero1")
@@ -23,13 +23,15 @@ GROUP_SIZES = ("power-of-two", "any")
 class Split:
     """How a step's sequences are dealt: `static` at SP degree `degree` with `packing`, or
     `dynamic` (with `equal_counts`: every rank as many micro-batches, what FSDP needs; with
-    `any_size`: groups of any size, else powers of two and the pool)."""
+    `any_size`: groups of any size, else powers of two and the pool; `degrees`: each sequence on
+    the smallest group that holds it, or sizes by the predicted makespan, `rules.deal`)."""
 
     policy: str
     degree: int | None = None
     packing: str = "best-fit"
     equal_counts: bool = False
     any_size: bool = False
+    degrees: str = "smallest"  # the dynamic policy's sizes: the smallest that holds, or by cost
 
     @property
     def group_sizes(self) -> str | None:
@@ -40,7 +42,7 @@ class Split:
         if self.policy == "static":
             return f"static sp={self.degree} {self.packing}"
         return "dynamic" + (" equal" if self.equal_counts else "") + (
-            " any" if self.any_size else "")
+            " any" if self.any_size else "") + (" cost" if self.degrees == "cost" else "")
 
 
 @dataclass
@@ -73,6 +75,7 @@ class LengthStep:
     # the configurations with the same rates at every size (a layout or an option that changes
     # nothing here): (options, layout) of each
     alternatives: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    host_bound: bool = False  # the host's issuing sets the step's pace (`planner.host`)
 
     @property
     def sp_policy(self) -> str:
@@ -90,6 +93,7 @@ class LengthStep:
         return {"sp_policy": self.sp_policy, "packing": self.split.packing,
                 "capacity": self.capacity, "equal_counts": self.split.equal_counts,
                 "group_sizes": self.split.group_sizes,
+                "degrees": None if self.split.policy == "static" else self.split.degrees,
                 "dp": self.dp, "sp": self.sp, "algorithm": self.algorithm,
                 "options": self.options, "layout": self.layout,
                 "options_by_size": {str(d): {"algorithm": n, "options": o}
@@ -105,7 +109,7 @@ class LengthStep:
                               "degrees": {str(d): n for d, n in self.degrees.items()},
                               "peak_mem_bytes": self.peak_mem_bytes,
                               "parts_ms": {k: round(v, 3) for k, v in self.parts.items()},
-                              "memory": self.memory},
+                              "host_bound": self.host_bound, "memory": self.memory},
                 "fits": self.fits}
 
 

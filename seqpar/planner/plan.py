@@ -19,6 +19,7 @@ from seqpar.planner.step import predict_trial, shape_of
 from seqpar.rules import algorithms, masks
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import load, presets
+from seqpar.rules.pool import AUTO
 from seqpar.rules.shape import DTYPE_BYTES, SHAPE_PRESETS, AttnShape
 
 Space = Iterable[tuple[str, Mapping[str, Any]]]
@@ -147,7 +148,7 @@ def validate(trials: Iterable[tuple[Any, Mapping[str, float]]], cluster: Cluster
     for spec, metrics in trials:
         if "step_ms" not in metrics:
             continue
-        if spec.plan.algorithm not in algorithms.REGISTRY:
+        if spec.plan.algorithm not in algorithms.REGISTRY and spec.plan.algorithm != AUTO:
             continue
         w, m = spec.workload, spec.model
         if w.lengths is not None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Any
 
-from seqpar.planner import memory
+from seqpar.planner import host, memory
 from seqpar.planner.api import Prediction, predict, predict_spec
 from seqpar.planner.clusters import MEMORY_EFFICIENCY, Cluster
 from seqpar.planner.fsdp import traffic
@@ -64,7 +64,9 @@ from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 # where a step's time goes: the attention's kernels, its own exposed communication (as the
 # attention scope predicts it), the rest of the compute, the recompute, the exposed communication
 # besides the attention's (FSDP, DP reductions, links shared past the compute), the optimizer
-PARTS = ("attention", "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer")
+# (the host's issue time that the device's does not hide: `host`)
+PARTS = ("attention", "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer",
+         "host")
 LINKS = ("intra", "inter")
 ADAM_PASSES = 7  # AdamW reads parameter, gradient, two moments; writes parameter, two moments
 
@@ -167,6 +169,7 @@ class Step:
     # (a search's --top 0) the attention configuration that beats this one on everything a step
     # depends on, whose best policy this one is timed under; None: not dominated
     dominated_by: dict[str, Any] | None = None
+    host_bound: bool = False        # the host's issuing sets the step's pace (`planner.host`)
 
     @property
     def algorithm(self) -> str:
@@ -195,7 +198,7 @@ class Step:
                               "attention_layer_ms": round(self.attention_ms, 3),
                               "peak_mem_bytes": self.peak_mem_bytes,
                               "parts_ms": {k: round(v, 3) for k, v in self.parts.items()},
-                              "memory": self.memory},
+                              "host_bound": self.host_bound, "memory": self.memory},
                 "fits": self.fits, "dominated_by": self.dominated_by}
 
 
@@ -264,11 +267,16 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     micro_last = layers * last + hd + edges + comm.reduce_root
     m = setup.micro_batches(dp)
     optimizer = _optimizer_seconds(setup, cfg, policy, train, dp, sp)
-    seconds = (m - 1) * micro + micro_last + optimizer + comm.update.seconds
+    device = (m - 1) * micro + micro_last + optimizer + comm.update.seconds
+    issue_micro, issue_step = _host_issue(setup, attn, train, dp, sp)
+    seconds = ((m - 1) * host.stretch(c, micro, issue_micro)
+               + host.stretch(c, micro_last, issue_micro)
+               + host.stretch(c, optimizer + comm.update.seconds, issue_step))
 
     parts = {"attention": m * layers * a_kernel, "attention_comm": m * layers * (a_all - a_kernel),
              "other_compute": m * (layers * 3 * (g + ew) + hd),
-             "recompute": m * layers * recompute, "optimizer": optimizer}
+             "recompute": m * layers * recompute, "optimizer": optimizer,
+             "host": seconds - device}
     parts["exposed_comm"] = max(0.0, seconds - sum(parts.values()))
     tps = setup.step_tokens(dp)
     recomputed = recomputed_flops(cfg, setup.batch, setup.seq_len, sp, mode, frac,
@@ -286,7 +294,28 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
         c.host_memory_gb is None or mem["host"] * setup.per_node <= c.host_memory_gb * 1e9)
     return Step(dp, sp, attn, policy, m, setup.kernel, 1e3 * seconds, tps / (seconds * world),
                 flops["mfu"] / peak, flops["mfu_unmasked_attention"] / peak, flops["hfu"] / peak,
-                mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS}, mem)
+                mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS}, mem,
+                host_bound=host.bound(c, device, m * issue_micro + issue_step))
+
+
+def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp: int
+                ) -> tuple[float, float]:
+    """(a micro-batch's, the step's own) host issue seconds on one rank (`planner.host`), a CPU
+    host's cores shared out among its ranks (memoised per configuration)."""
+    c, world = setup.cluster, dp * sp
+    key = ("host", sp, attn.algorithm, tuple(sorted(attn.options.items())), attn.layout,
+           train.checkpoint, train.fused_head, train.states, world)
+    got = setup.cache.get(key)
+    if got is None:
+        mask = "causal" if setup.causal or setup.mask is not None else "full"
+        micro = host.micro_seconds(c, setup.cfg, algorithm=attn.algorithm, d=sp,
+                                   layout=attn.layout, options=attn.options,
+                                   checkpoint=train.checkpoint, kernel=setup.kernel, mask=mask,
+                                   fused_head=train.fused_head)
+        once = host.step_seconds(c, setup.cfg, states=train.states, world=world)
+        got = setup.cache[key] = (c.host_seconds(micro, micro * world, world),
+                                  c.host_seconds(once, once * world, world))
+    return got
 
 
 def _layer(setup: Setup, sp: int) -> tuple[float, float, float, float]:

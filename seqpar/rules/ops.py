@@ -141,8 +141,8 @@ def attention(algorithm: str, d: int, *, layout: str = "zigzag", mask: str = "ca
     kind, docs = _kind(mask, docs)
     if kind != "documents" or docs in (2, 4):
         return _issue(_counts(algorithm, d, layout, kind, docs, phase))
-    two, four = (_counts(algorithm, d, layout, kind, n, phase) for n in (2, 4))
-    return _issue({f: two[f] + (four[f] - two[f]) / 2 * (docs - 2) for f in two})
+    two, four = (_issue(_counts(algorithm, d, layout, kind, n, phase)) for n in (2, 4))
+    return two + (four + two * -1.0) * ((docs - 2) / 2)
 
 
 def attention_kernel_ops(algorithm: str, d: int, *, layout: str = "zigzag",

@@ -23,6 +23,9 @@ from seqpar.rules.options import Options
 from seqpar.rules.shape import AttnShape
 
 LOCAL = "local"
+# `plan.algorithm: auto` (the dynamic policy): each group size runs the algorithm the planner
+# predicts fastest there, chosen on the driver and carried in the trial
+AUTO = "auto"
 
 
 def pool_sizes(pool: int, any_size: bool = False) -> tuple[int, ...]:

@@ -9,7 +9,8 @@ the tiny cases below) their median:
   t x t blocks, causal and full, kept as a table (the model interpolates it); the causal rates are
   also summarised as time(t) = c + F(t) (1 + t_half / t) / R (R: `attention_tflops`);
 - merge: `softmax_merge.merge_into` of a block's partial output, time = merge_us + bytes / rate;
-- copy: an accumulation `acc += g` (what gradients and travelling messages cost), bytes / s.
+- copy: an accumulation `acc += g` (what gradients and travelling messages cost), bytes / s;
+- dispatch: the host's time to issue one operation that launches work (`calibrate.host`).
 Between two local ranks (a LocalGang): the link's wall latency and bandwidth (a ping-pong), and
 the ranks' own CPU per message and per byte of an exchange as a ring step makes it (process time:
 gloo's threads included). Then what the
@@ -31,6 +32,7 @@ import torch
 
 from seqpar.algorithms.kernels import attend, attend_backward, attention_flops
 from seqpar.planner.clusters import Cluster, Link
+from seqpar.sweeps.calibrate.host import dispatch_seconds
 
 BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
 MASKS = ("causal", "full")
@@ -176,6 +178,7 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
         merge_us, merge_slope = fit_line({float(b): s for b, s in merge_times().items()})
         copy = copy_rate()
         gemm = gemm_rate()
+        dispatch, _ = dispatch_seconds()
     finally:
         torch.set_num_threads(threads)
     peak, half, _ = fit_rate(table["causal"])
@@ -193,7 +196,7 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
         intra=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), nics_per_node=1,
         inter=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), cores=n,
         merge_gb_per_s=round(1 / merge_slope / 1e9, 3), merge_us=round(merge_us * 1e6, 1),
-        copy_gb_per_s=round(copy / 1e9, 3))
+        copy_gb_per_s=round(copy / 1e9, 3), dispatch_us=round(dispatch * 1e6, 2))
     return cluster, table
 
 

@@ -1,0 +1,132 @@
+"""The planner's host: what issuing a step costs (`planner.host`: `rules.ops`' counts at the
+cluster's issue rates), added to the device's time on a CPU and overlapping it on a GPU, a `host`
+part, the host-bound flag and its words, the deal's cost model from the same counts, and
+`degrees: cost` / `algorithm: auto` in a plan of lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seqpar.planner import clusters, host
+from seqpar.planner.lengths import Workload, deal_cost, issue_s
+from seqpar.planner.lengths_plan import LengthPlan
+from seqpar.planner.policy import Filters, Policy
+from seqpar.planner.search import Setup
+from seqpar.planner.step import _host_issue, step
+from seqpar.planner.why import why_slower
+from seqpar.rules import ops
+from seqpar.rules.model import load
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = str(ROOT / "benchmarks" / "plan_lengths_model.yaml")
+LONG_TAIL = "lognormal:mean=1024,sigma=1.5,min=128,max=8192"
+H100 = clusters.load("h100-sxm")
+
+
+def _step(cluster, seq_len: int, world: int = 4, model: str = "llama2-7b", ckpt: str = "none"):
+    cfg = load(model)
+    setup = Setup(cluster, cfg, seq_len, None, world, 1, "bfloat16", 1, "flash2")
+    attn = setup.attention(world, "ring", {}, "zigzag")
+    return step(setup, 1, world, attn, Policy("replicated", ckpt)), setup
+
+
+def test_issuing_counts_the_table_at_the_clusters_rates():
+    cfg = load(MODEL)
+    per = H100.dispatch_us * 1e-6
+    got = host.micro_seconds(H100, cfg, algorithm="ring", d=4, layout="zigzag", options={},
+                             checkpoint="none", kernel="flash2")
+    want = 0.0
+    for phase in ("forward", "backward"):
+        a = ops.attention("ring", 4, phase=phase)
+        b = ops.block("none", phase)
+        launches = (a.ops + b.ops + a.kernel_calls * ops.KERNEL_OPS["flash2"][phase]
+                    + a.collectives + a.messages + b.collectives + b.messages)
+        want += cfg.layers * launches * per + ops.micro(phase).ops * per
+    assert got == pytest.approx(want, rel=1e-12)
+    # a free host issues for nothing: the planner before it had a host
+    assert host.micro_seconds(H100.model_copy(update={"dispatch_us": 0.0}), cfg,
+                              algorithm="ring", d=4, layout="zigzag", options={},
+                              checkpoint="none", kernel="flash2") == 0.0
+
+
+def test_a_gpu_overlaps_the_host_and_a_long_step_hides_it():
+    s, _ = _step(H100, 131072)
+    free, _ = _step(H100.model_copy(update={"dispatch_us": 0.0}), 131072)
+    assert s.step_ms == pytest.approx(free.step_ms, rel=1e-9)  # the device is the longer
+    assert s.parts["host"] == pytest.approx(0.0, abs=1e-9) and not s.host_bound
+    assert sum(s.parts.values()) == pytest.approx(s.step_ms, rel=1e-9)
+    # a short step of a small model: the host issues longer than the device runs, each stretch
+    # (the micro-batch, the step's own work) as long as its issuing
+    short, setup = _step(H100, 512, model="tiny", ckpt="full")
+    train = Policy("replicated", "full").train("bfloat16")
+    issue_micro, issue_once = (1e3 * x for x in _host_issue(setup, short.attention, train, 1, 4))
+    assert short.host_bound and short.parts["host"] > 0.9 * short.step_ms
+    assert short.step_ms == pytest.approx(issue_micro + issue_once, rel=1e-9)
+    assert "host-bound" in why_slower(short, short)
+
+
+def test_a_cpu_host_adds_its_issuing_to_the_compute():
+    local = clusters.load("local")
+    assert local.dispatch_us > 0 and not host.overlaps(local)
+    cfg = load("tiny")
+    setup = Setup(local, cfg, 1024, None, 2, 1, "float32", 1, "flash2")
+    attn = setup.attention(2, "ring", {}, "zigzag")
+    s = step(setup, 1, 2, attn, Policy("replicated", "none"))
+    free = step(Setup(local.model_copy(update={"dispatch_us": 0.0}), cfg, 1024, None, 2, 1,
+                      "float32", 1, "flash2"), 1, 2, attn, Policy("replicated", "none"))
+    micro = host.micro_seconds(local, cfg, algorithm="ring", d=2, layout="zigzag", options={},
+                               checkpoint="none", kernel="flash2")
+    once = host.step_seconds(local, cfg, states="replicated", world=2)
+    assert s.parts["host"] == pytest.approx(1e3 * (micro + once), rel=1e-9)
+    assert s.step_ms == pytest.approx(free.step_ms + s.parts["host"], rel=1e-9)
+
+
+def test_the_deal_costs_a_micro_batch_by_the_same_counts():
+    cfg = load(MODEL)
+    cost = deal_cost(cfg, H100, "bfloat16", capacity=2048, world=16, ranks_per_node=4)
+    assert cost.host_overlaps
+    at = dict(cost.fixed_at)
+    assert set(at) == {1, 2, 4, 8, 16}
+    for d in at:
+        assert at[d] == pytest.approx(issue_s(H100, cfg, d, "ring", {}, "zigzag", 16))
+    assert at[1] < at[2] < at[16]  # a ring's steps cost their issue
+    # a short sequence on a large group: the host's issue, not its FLOPs, sets its time
+    n = 256
+    assert cost.of(cost.attention_s(n, 16), n, 16) == pytest.approx(at[16])
+    assert cost.of(cost.attention_s(n, 1), n, 1) < cost.of(cost.attention_s(n, 16), n, 16)
+
+
+def test_a_plan_of_lengths_has_a_host_part_and_dynamic_gains_where_steps_are_small():
+    work = Workload.of(LONG_TAIL, 2 ** 17, 8192, 2048, batches=1)
+    ratios = {}
+    for name, c in (("host", H100), ("free", H100.model_copy(update={"dispatch_us": 0.0}))):
+        steps = LengthPlan.make(c, MODEL, work, 16, 4).search()
+        best = {p: next(s for s in steps if s.fits and s.sp_policy == p
+                        and not s.split.equal_counts) for p in ("static", "dynamic")}
+        for s in best.values():
+            assert sum(s.parts.values()) == pytest.approx(s.step_ms, rel=1e-6)
+        ratios[name] = best["static"].step_ms / best["dynamic"].step_ms
+        if name == "host":
+            assert best["static"].parts["host"] > 0
+    assert ratios["host"] > ratios["free"] * 1.05
+
+
+def test_auto_and_degrees_by_cost_in_a_plan_of_lengths():
+    work = Workload.of(LONG_TAIL, 2 ** 17, 8192, 2048, batches=1)
+    plan = LengthPlan.make(H100, MODEL, work, 16, 4)
+    auto = plan.search(Filters(algorithm="auto"), policies=("dynamic",))
+    assert auto and all(s.algorithm == "auto" for s in auto)
+    s = auto[0]
+    assert s.by_size[1][0] == "local" and len(s.by_size) > 1
+    assert s.json()["options_by_size"]["1"]["algorithm"] == "local"
+    # auto picks, at each size, what the plan predicts fastest there: no fixed algorithm is
+    # faster on the same deal
+    fixed = [t for t in plan.search(policies=("dynamic",)) if t.algorithm != "auto"
+             and t.split == s.split and t.policy == s.policy and t.layout == s.layout]
+    assert fixed and s.step_ms <= min(t.step_ms for t in fixed) * (1 + 1e-6)
+    smallest = plan.search(policies=("dynamic",))[0]
+    cost = plan.search(policies=("dynamic",), degrees="cost")
+    assert cost[0].split.degrees == "cost" and cost[0].json()["degrees"] == "cost"
+    assert cost[0].step_ms <= smallest.step_ms * 1.02  # the deal's model, not the plan's: near
