@@ -120,7 +120,9 @@ def main() -> None:
         for key, value in result.items():
             print(f"{key:28s} {value}")
     if len(snapshots) == 2:
-        print("tracemalloc: biggest growth between the first and the last trial")
+        traced = [sum(s.size for s in snap.statistics("filename")) / MIB for snap in snapshots]
+        print(f"tracemalloc: traced {traced[0]:.1f} -> {traced[1]:.1f} MiB; biggest growth "
+              "between the first and the last trial")
         for stat in snapshots[1].compare_to(snapshots[0], "traceback")[:12]:
             ours = [f for f in stat.traceback if "/seqpar/" in f.filename] or list(stat.traceback)
             where = "; ".join(f"{Path(f.filename).name}:{f.lineno}" for f in ours[:3])
