@@ -41,10 +41,18 @@ def balanced(order: Sequence[int], lengths: Sequence[int], work: Sequence[float]
     packs: list[list[int]] = [[] for _ in range(count)]
     left = [room] * count
     heap = [(0.0, b) for b in range(count)]
-    for i in order:
+    order = list(order)
+    least = [0] * len(order)  # the shortest sequence still to place, from each place on
+    low = room + 1
+    for k in range(len(order) - 1, -1, -1):
+        low = min(low, lengths[order[k]])
+        least[k] = low
+    for k, i in enumerate(order):
         n, skipped = lengths[i], []
         while heap and left[heap[0][1]] < n:
-            skipped.append(heapq.heappop(heap))
+            full = heapq.heappop(heap)
+            if left[full[1]] >= least[k]:  # a pack no sequence left fits is done with
+                skipped.append(full)
         if heap:
             load, b = heapq.heappop(heap)
         else:
