@@ -30,9 +30,11 @@ MODEL = str(Path(__file__).with_name("plan_lengths_model.yaml"))
 LENGTHS = "lognormal:mean=1024,sigma=1.5,min=128,max=8192"
 
 
-def best(steps: list[LengthStep], policy: str) -> LengthStep:
+def best(steps: list[LengthStep], policy: str, auto: bool = False) -> LengthStep:
+    """The fastest fitting step of `policy` (free deals; one algorithm for every size unless
+    `auto`)."""
     return next(s for s in steps if s.fits and s.sp_policy == policy
-                and not s.split.equal_counts)
+                and not s.split.equal_counts and (s.algorithm == "auto") == auto)
 
 
 def show(tag: str, s: LengthStep) -> str:
@@ -75,7 +77,7 @@ def main() -> None:
                 if name == "host model" and (a.degrees == "cost" or a.auto):
                     more = plan.search(Filters(algorithm="auto") if a.auto else Filters(),
                                        policies=("dynamic",), degrees=a.degrees)
-                    s = best(more, "dynamic")
+                    s = best(more, "dynamic", a.auto)
                     tag = ("dynamic " + ("auto " if a.auto else "") + a.degrees).strip()
                     print("    " + show(tag, s) + f"  ({dy.step_ms / s.step_ms:.3f}x dynamic)")
             print(f"  dynamic / static speedup: {ratios[0]:.3f}x with the host model, "

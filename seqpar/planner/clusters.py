@@ -15,7 +15,9 @@ gradient accumulation and message packing (memory-bound: `merge_gb_per_s`, `copy
 GPU from its memory bandwidth), and on a host whose ranks talk through the operating system (gloo
 over loopback) the transport itself, which runs on the ranks' cores (`transport_gb_per_s`,
 `message_us`), plus fixed host costs per ring step, per collective and per attention call
-(`step_us`, `collective_us`, `call_us`). `seqpar calibrate` measures all of them here. A host
+(`step_us`, `collective_us`, `call_us`). The host's issue of every operation (`dispatch_us`:
+its dispatch, autograd bookkeeping and a GPU's launch) prices `rules.ops`' counts (`planner.host`).
+`seqpar calibrate` measures all of them here. A host
 with `cores` runs its ranks on those cores: when ranks outnumber them, the ranks' CPU work is
 shared out (`host_seconds`).
 """
