@@ -189,22 +189,24 @@ def plan(tmp: Path) -> None:
           f"work >32K {s['work_over_32k']:.1%}; the lognormal of its mean and log-sigma: "
           f"{lognormal}")
     common = ["plan", "--scope", "cluster", "--cluster", "h100-sxm", "--model", "llama3.1-8b",
-              "--world", "64", "--nodes", "8", "--seq-len", "131072", "--json", "--top", "0"]
+              "--world", "64", "--nodes", "8", "--seq-len", "131072", "--tokens-per-step",
+              "2097152", "--capacity", "16384", "--json", "--top", "0"]
     for name, form in (("lognormal", lognormal), ("corpus", f"corpus:{folder}?tokenizer={tok_path}")):
         t0 = time.perf_counter()
         r = seqpar(*common, "--lengths", form, env=env)
         assert r.returncode == 0, r.stderr
         got = json.loads(r.stdout)
-        fits = [c for c in got["configs"] if c.get("fits", True)]
         by_policy: dict[str, dict] = {}
-        for c in fits:
-            key = c.get("sp_policy", "?") + (f" sp={c['sp']}" if c.get("sp_policy") == "static"
-                                             else "")
+        for c in (c for c in got["configs"] if c["fits"]):  # best first
+            key = (f"static {c['dp']}x{c['sp']}" if c["sp_policy"] == "static" else "dynamic")
             by_policy.setdefault(key, c)
-        print(f"  {name} ({time.perf_counter() - t0:.1f} s):")
-        for key, c in sorted(by_policy.items(), key=lambda kv: kv[1]["step_ms"])[:4]:
-            print(f"    {key:16s} {c.get('algorithm', '?'):12s} step {c['step_ms']:,.0f} ms  "
-                  f"TGS {c.get('tgs', 0):,.0f}  imbalance {c.get('imbalance', 0):.2f}")
+        print(f"  {name} ({time.perf_counter() - t0:.1f} s, capacity {got['capacity']:,}):")
+        shown = list(by_policy)[:3] + [k for k in list(by_policy)[3:] if k == "dynamic"]
+        for key, c in ((k, by_policy[k]) for k in shown):
+            p = c["predicted"]
+            print(f"    {key:14s} {c['algorithm']:10s} {c['packing'] or c['degrees'] or '':13s} step "
+                  f"{p['step_ms']:,.0f} ms  TGS {p['tgs']:,.0f}  imbalance {p['imbalance']:.2f}  "
+                  f"idle {p['parts_ms']['idle']:,.0f} ms")
 
 
 def main() -> None:
