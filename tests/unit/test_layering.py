@@ -120,6 +120,9 @@ FORBIDDEN = {
     "platform": {"workers", "experiments", "sweeps", "cli"},
     "planner": {"algorithms", "model", "peers", "platform", "workers", "experiments", "sweeps", "cli",
                 "-torch", "-ray", "-mlflow", "-typer", "-rich"},
+    # a user's corpus read and tokenized: data tooling, no torch (seqpar plan reads corpus: lengths)
+    "corpus": {"algorithms", "model", "peers", "platform", "workers", "experiments", "sweeps", "cli",
+               "planner", "-torch", "-ray", "-mlflow", "-typer", "-rich"},
     "experiments": {"workers", "platform", "sweeps", "cli", "-ray", "-mlflow"},
     "workers": {"experiments", "sweeps", "cli"},
     "sweeps": {"cli"},
