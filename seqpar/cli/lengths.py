@@ -62,7 +62,7 @@ def lengths(
     if plot is not None:
         from seqpar.corpus import plot as plots
 
-        title = (f"{meta['name']} through {Path(meta['tokenizer']).parent.name or 'tokenizer'}: "
+        title = (f"{meta['name']} through {corpus.tokenizer.name}: "
                  f"{s.documents:,} documents, {s.tokens:,} tokens")
         _write("plot", plot, lambda fh: plots.save(values, fh, title, plot.suffix[1:]),
                binary=True)
