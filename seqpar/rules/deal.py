@@ -251,11 +251,11 @@ def check_lengths(lengths: Sequence[int], pool: int, capacity: int, policy: str,
 def deal(lengths: Sequence[int], pool: int, capacity: int, policy: str, cost: CostModel, *,
          degree: int | None = None, packing: str = "best-fit", equal_counts: bool = False,
          ranks_per_node: int | None = None, any_size: bool = False,
-         degrees: str = "smallest") -> Deal:
+         degrees: str = "smallest", sizes: Sequence[int] | None = None) -> Deal:
     """The step's deal (see the module docstring). `degree`: the static SP degree (dividing the
     pool); `ranks_per_node`: groups that fit a node stay in one; `degrees` (dynamic): each
     sequence on the smallest group that holds it, or sizes chosen by the predicted makespan
-    (`cost`)."""
+    (`cost`); `sizes` (dynamic): each sequence's group size given (a solver's, `planner.degrees`)."""
     lengths = tuple(int(n) for n in lengths)
     require(bool(lengths) and all(n >= 1 for n in lengths), "lengths", list(lengths)[:8],
             "must be positive sequence lengths")
@@ -274,8 +274,15 @@ def deal(lengths: Sequence[int], pool: int, capacity: int, policy: str, cost: Co
     else:
         require(packing == "best-fit", "packing", packing,
                 "cost-balanced packing is a static policy's (dynamic places by cost already)")
-        micro, bound = _dynamic(lengths, pool, capacity, cost, ranks_per_node, any_size,
-                                degrees)
+        if sizes is not None:
+            require(len(sizes) == len(lengths) and all(
+                d in pool_sizes(pool, any_size) and d * capacity >= n
+                for d, n in zip(sizes, lengths, strict=True)), "sizes", list(sizes)[:8],
+                "must give each sequence a group size of the pool that holds it")
+            micro, bound = _placed(lengths, pool, capacity, cost, ranks_per_node, list(sizes))
+        else:
+            micro, bound = _dynamic(lengths, pool, capacity, cost, ranks_per_node, any_size,
+                                    degrees)
     if policy == "static":
         micro = _rounds(micro, pool)
     free = Deal(policy, packing, pool, capacity, lengths, tuple(micro), False, bound)

@@ -194,3 +194,21 @@ def test_degrees_refuse_an_unknown_rule_and_a_static_policy():
         deal([100, 200], 2, 256, "dynamic", CostModel(), degrees="widest")
     with pytest.raises(ConfigError, match="degrees"):
         deal([100, 200], 2, 256, "static", CostModel(), degree=2, degrees="cost")
+
+
+def test_a_milp_bounds_the_greedy_sizes_and_its_sizes_deal():
+    """planner.degrees: HiGHS over each sequence's group on a small step: its proven bound is
+    below every deal's makespan, and its sizes deal through the same list scheduler."""
+    from seqpar.errors import ConfigError
+    from seqpar.planner.degrees import solve
+
+    cost = CostModel(attention=2e-12, linear=4e-8, comm=1e-9, fixed=2e-3, overlap=True)
+    lengths = [900, 300, 120, 700, 64, 1500, 200, 40]
+    sizes, bound, _ = solve(lengths, 4, 512, cost, time_limit=20)
+    assert sizes is not None and all(d * 512 >= n for d, n in zip(sizes, lengths, strict=True))
+    exact = deal(lengths, 4, 512, "dynamic", cost, sizes=sizes)
+    for d in (exact, deal(lengths, 4, 512, "dynamic", cost),
+              deal(lengths, 4, 512, "dynamic", cost, degrees="cost")):
+        assert bound <= d.makespan * (1 + 1e-9)
+    with pytest.raises(ConfigError, match="sizes"):
+        deal(lengths, 4, 512, "dynamic", cost, sizes=[1] * len(lengths))
