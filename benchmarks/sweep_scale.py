@@ -88,6 +88,7 @@ def main() -> None:
     if args.trace:
         tracemalloc.start(8)
 
+    sweep_runner.bound_heap()  # as `seqpar sweep` does, before Ray starts
     with TrialRunner(device="cpu") as trials:
         def sample(outcome) -> None:
             r = outcome.result

@@ -121,6 +121,7 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
         tracker = options.tracker(settings)
         tracker.sweep(resume)
     metadata = connection.job_metadata(plan.name, plan.study)  # the Ray job's labels
+    runner.bound_heap()  # before Ray starts: a long sweep's driver stays its size
     with options.trial_runner(settings, device=device, job_metadata=metadata) as trials:
         tracker = tracker or options.tracker(settings)  # once the cluster answers: a failed start
         console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")

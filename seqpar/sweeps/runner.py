@@ -29,7 +29,10 @@ Memory stays bounded by what the report needs, whatever the sweep's size: once a
 the driver keeps its `TrialView` (the numbers and intervals the comparison, the report and the
 figures read), not its ranks' records, its run's params or its per_rank.json, except for the few
 trials whose per-rank breakdown or timeline the report draws (`plots.detail_candidates`, at most
-a dozen). A resumed sweep reads its earlier trials back with one search.
+a dozen). A resumed sweep reads its earlier trials back with one search. What grew besides was
+native: glibc's malloc gives each thread of the driver (Ray's, MLflow's, the metrics publisher's)
+an arena of its own and keeps what they free; `bound_heap()`, called before Ray starts, holds the
+driver and the embedded Ray's processes to two arenas (measured: 0.16 -> 0.04 MiB a trial).
 
 Artifacts (per-rank JSON, figures, the page, the sweep file) that cannot be written cost nothing
 else: the first is a warning naming where it was to go and why, the sweep goes on with every trial
@@ -44,6 +47,9 @@ remote calls and every rank series carry.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -146,6 +152,25 @@ class DetailKeeper:
         self.views = [t for t in [*self.views, view] if t.run_id in wanted]
         self.details = {k: v for k, v in self.details.items() if k in wanted}
         self.details[view.run_id] = result.to_dict()
+
+
+ARENAS_ENV_VAR, DEFAULT_ARENAS = "SEQPAR_MALLOC_ARENAS", 2
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def bound_heap() -> None:
+    """At most SEQPAR_MALLOC_ARENAS (2) malloc arenas in this process from now on (glibc's
+    `mallopt`), and in the processes it starts after (`MALLOC_ARENA_MAX`: the embedded Ray and its
+    rank actors inherit it); 0 leaves glibc's default (8 a core). Call it before Ray starts; a libc
+    without mallopt (macOS, musl) is left alone. See the module docstring for why."""
+    arenas = int(os.environ.get(ARENAS_ENV_VAR, DEFAULT_ARENAS))
+    if arenas <= 0:
+        return
+    os.environ.setdefault("MALLOC_ARENA_MAX", str(arenas))
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError):
+        if name and "libc.so" in name:
+            ctypes.CDLL(name).mallopt(M_ARENA_MAX, arenas)
 
 
 def _sweep_params(plan: SweepPlan) -> dict[str, Any]:

@@ -169,3 +169,40 @@ def test_params_and_metrics_go_in_as_few_batches_as_mlflow_takes():
     assert all(len(p) <= 100 and len(p) + len(m) <= 1000 for p, m in many)
     assert sum(len(p) for p, _ in many) == 150 and sum(len(m) for _, m in many) == 2000
     assert len(many) == 3
+
+
+def test_cluster_status_reads_the_sweeps_pace_and_time_left():
+    from types import SimpleNamespace
+
+    from seqpar.cli.cluster import _pace
+    from seqpar.platform import metrics
+    from seqpar.platform.dashboard import sweep_progress
+
+    actors = [SimpleNamespace(name="seqpar:sweep-1a2b3c4d:rank-0", actor_id="a0",
+                              repr_name="RankWorker(sweep=demo 1a2b3c4d, rank=0/1)")]
+    samples = [metrics.Sample("ray_seqpar_sweep_trials", {"sweep": "1a2b3c4d", "status": s}, v)
+               for s, v in (("done", 412), ("failed", 0), ("pending", 588))]
+    (before,) = sweep_progress(actors, {}, samples)
+    assert _pace(before) == "-"
+    samples += [metrics.Sample("ray_seqpar_sweep_trials_per_min", {"sweep": "1a2b3c4d"}, 95.3),
+                metrics.Sample("ray_seqpar_sweep_left_s", {"sweep": "1a2b3c4d"}, 370.0)]
+    (running,) = sweep_progress(actors, {}, samples)
+    assert running["trials"]["done"] == 412 and _pace(running) == "95.3/min, 0:06:10 left"
+
+
+def test_a_long_sweeps_trial_line_counts_done_of_total_with_pace_and_time_left():
+    from rich.console import Console
+
+    from seqpar.sweeps.progress import LONG_SWEEP, SweepProgress
+
+    short = SweepProgress(Console(file=io.StringIO()), [None] * 3, "g", enabled=False)
+    short.end_trial(1.0)
+    assert short.count() == ""
+    live = SweepProgress(Console(file=io.StringIO()), [None] * LONG_SWEEP, "g", enabled=False,
+                         done=10)
+    for _ in range(3):
+        live.end_trial(2.0)
+    left = 2 * (LONG_SWEEP - 3)  # the mean trial's 2 s for every pending one
+    assert live.count().startswith(f"[13/{LONG_SWEEP + 10} done, ")
+    assert live.count().endswith(f", 0:{left // 60:02d}:{left % 60:02d} left]"), live.count()
+    assert live.bar.tasks[0].fields["left"] == f"trials 13/{LONG_SWEEP + 10}"
