@@ -41,9 +41,10 @@ def show(tag: str, s: LengthStep) -> str:
     sizes = f"sp={s.sp}" if s.sp_policy == "static" else "/".join(map(str, s.degrees))
     algo = s.algorithm if s.algorithm != "auto" else "auto(" + ",".join(
         f"{d}:{n}" for d, (n, _) in sorted(s.by_size.items())) + ")"
+    opts = ",".join(f"{k}={v}" for k, v in s.options.items() if v is not None)
     return (f"{tag:16} {s.step_ms:9.2f} ms  host {s.parts.get('host', 0.0):7.2f} ms"
             f"{' host-bound' if s.host_bound else '           '}  {algo:28} {sizes:12} "
-            f"{s.policy.label()}")
+            f"{s.policy.label()} {opts}")
 
 
 def main() -> None:

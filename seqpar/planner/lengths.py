@@ -14,8 +14,9 @@ A micro-batch of sequences n_1..n_k (T tokens) on d ranks, one configuration, pe
   cluster's `kernel_half_tokens`);
 - SP communication: max(0, K_d x T - rho_d x attention): the group's links busy K_d a token,
   hidden under rho_d of the attention's compute (1 for a ring that hides it, 0 for all-to-alls);
-- the rest: GEMMs, element-wise work, the head and the recompute, per token / d; the host's fixed
-  costs per micro-batch (a CPU's dispatch, 0 on GPUs).
+- the rest: GEMMs, element-wise work, the head and the recompute, per token / d;
+- the host's issue of the micro-batch (`issue_s`: `planner.host`, the counted operations of its
+  layers and head at the cluster's rates), added on a CPU and overlapping the rest on a GPU.
 A_d, K_d and rho_d come from the attention scope's prediction of one full micro-batch (a causal
 sequence of d x capacity tokens on d ranks: `predict`): its kernels, its links' busy time and the
 part of it left exposed. So a step costs what its distribution's sequences cost, not its mean's.
@@ -104,13 +105,6 @@ def span(d: int, world: int, nodes: int) -> int:
     return -(-d // max(1, world // nodes))
 
 
-def _fixed_s(c: Cluster, cfg: ModelConfig, d: int) -> float:
-    """Host seconds a micro-batch on d ranks costs whatever it holds: every layer's attention
-    call, and on d > 1 its ring steps (forward and backward), as measured whole on a CPU host
-    (`call_us`, `step_us`); 0 on GPUs."""
-    return cfg.layers * 1e-6 * (c.call_us + (2 * (d - 1) * c.step_us if d > 1 else 0.0))
-
-
 def issue_s(c: Cluster, cfg: ModelConfig, d: int, name: str, options: dict[str, Any],
             layout: str, world: int, *, checkpoint: str = "none", kernel: str = "flash2",
             docs: int = 1, fused_head: bool = False) -> float:
@@ -162,8 +156,8 @@ def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | N
         comm_at = tuple((d, ring_link_s(net, cfg, dtype, d, d * capacity, rpn) / (d * capacity))
                         for d in pool_sizes(world, any_size) if d > 1)
     world_ = world or 1
-    fixed_at = tuple((d, _fixed_s(cluster, cfg, d) + issue_s(
-        cluster, cfg, d, "ring", {}, "zigzag", world_, kernel=cluster.kernel or "flash2"))
+    fixed_at = tuple((d, issue_s(cluster, cfg, d, "ring", {}, "zigzag", world_,
+                                 kernel=cluster.kernel or "flash2"))
         for d in ((1, *(d for d, _ in comm_at)) if comm_at else (1,)))
     return CostModel(attention=attention, linear=linear,
                      comm=kv / (cluster.intra.bandwidth_gb_per_s * 1e9), window=window,
@@ -181,7 +175,6 @@ class SizeRates:
     link: float        # seconds per token the group's busiest link is busy
     hidden: float      # rho: the share of the attention's compute the link time hides under
     forward: float     # the forward's share of the attention's time (full checkpointing re-runs it)
-    fixed: float       # seconds per micro-batch
     prediction: Prediction = field(compare=False)
 
 
@@ -189,12 +182,11 @@ def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity:
                name: str, options: dict[str, Any], layout: str, *, world: int, nodes: int,
                window: int | None = None) -> SizeRates:
     """`SizeRates` of (name, options, layout) on d of `world` ranks over `nodes` nodes, from the
-    attention scope's prediction of one full micro-batch (the host's fixed costs apart)."""
+    attention scope's prediction of one full micro-batch (the host's issue apart: `issue_s`)."""
     n = d * capacity
     shape = AttnShape(1, n, cfg.heads, cfg.kv_heads, cfg.head_dim, DTYPE_BYTES[dtype])
     mask = masks.parse(f"window:{window}", n) if window is not None and window < n else None
-    bare = cluster.model_copy(update={"call_us": 0.0, "step_us": 0.0, "collective_us": 0.0})
-    p = predict(bare, name, shape, d, nodes=span(d, world, nodes), options=options,
+    p = predict(host.bare(cluster), name, shape, d, nodes=span(d, world, nodes), options=options,
                 layout=layout, dtype=dtype, mask=mask)
     layers = cfg.layers
     eff = float(pairs_of(np.array([float(n)]), window)[0]) * (
@@ -203,9 +195,8 @@ def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity:
     busy = max(p.link_ms.values()) / 1e3 if d > 1 else 0.0
     exposed = max(0.0, total - compute)
     hidden = 1.0 if exposed <= 1e-9 * total else min(1.0, max(0.0, (busy - exposed) / compute))
-    fixed = _fixed_s(cluster, cfg, d)
     return SizeRates(d, layers * compute / eff, layers * busy / n, hidden,
-                     p.forward_ms / max(p.attention_ms, 1e-12), fixed, replace(p))
+                     p.forward_ms / max(p.attention_ms, 1e-12), replace(p))
 
 
 @dataclass

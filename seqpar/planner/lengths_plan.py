@@ -211,8 +211,9 @@ class LengthPlan:
                 except ConfigError:
                     continue
                 r = self.rates(d, name, options, layout)
-                seconds = r.prediction.attention_ms / 1e3 * self.cfg.layers + r.fixed + \
-                    self.issue(d, name, options, layout, "none")[0]
+                seconds = host.stretch(self.cluster, r.prediction.attention_ms / 1e3
+                                       * self.cfg.layers, self.issue(d, name, options, layout,
+                                                                     "none")[0])
                 if seconds < best:
                     best, chosen = seconds, (name, dict(options))
             require(chosen is not None, "algorithm", AUTO,
@@ -302,7 +303,7 @@ class LengthPlan:
             attn = of("attention") * t.eff
             exposed = np.maximum(0.0, of("link") * t.tokens - of("hidden") * attn)
             per_rank = t.tokens / t.size
-            other = (3 * layers * (g + ew) + hd) * per_rank + of("fixed")
+            other = (3 * layers * (g + ew) + hd) * per_rank
             rec = layers * rec_lin * per_rank + (of("forward") * (attn + exposed) if full else 0.0)
             device = attn + exposed + other + rec
             docs = t.docs if t.docs is not None else np.ones_like(t.tokens)
@@ -370,10 +371,15 @@ class LengthPlan:
         document's) under `checkpoint` (`lengths.issue_s`, memoised)."""
         key = ("issue", d, name, tuple(sorted(options.items())), layout, checkpoint, fused_head)
         if key not in self._memo:
-            one, two, four = (issue_s(self.cluster, self.cfg, d, name, options, layout,
-                                      self.world, checkpoint=checkpoint, kernel=self.kernel,
-                                      docs=k, fused_head=fused_head) for k in (1, 2, 4))
-            self._memo[key] = (one, (four - two) / 2)
+            def at(docs: int, lay: str) -> float:
+                return issue_s(self.cluster, self.cfg, d, name, options, lay, self.world,
+                               checkpoint=checkpoint, kernel=self.kernel, docs=docs,
+                               fused_head=fused_head)
+
+            # each further document's calls: counted in zigzag, whose packs of equal documents
+            # cross every rank (in contiguous and balanced layouts the table's documents each
+            # fall in one rank's shard: its law does not hold there, `rules.ops`)
+            self._memo[key] = (at(1, layout), max(0.0, (at(4, "zigzag") - at(2, "zigzag")) / 2))
         return self._memo[key]
 
     def issue_once(self, states: str) -> float:
@@ -443,7 +449,8 @@ class LengthPlan:
             name, options = by_size[d]
             r = self.rates(d, name, options, layout)
             held = memory.attention_held(name, self.shape(d), d, options)
-            out += [r.attention, r.link, 1.0 - r.hidden, r.forward, r.fixed,
+            out += [r.attention, r.link, 1.0 - r.hidden, r.forward,
+                    *self.issue(d, name, options, layout, "none"),
                     r.prediction.peak_mem_bytes, held.saved, held.saved - held.recomputable,
                     int(held.relayout), memory.AXES.get(name, 0)]
         return tuple(out)

@@ -120,7 +120,8 @@ class Setup:
 
     def attention(self, sp: int, name: str, options: dict[str, Any], layout: str) -> Prediction:
         """One layer's attention (forward + backward) over an SP group of sp ranks."""
-        return predict(self.cluster, name, self.shape, sp, nodes=self.sp_nodes(sp), options=options,
+        return predict(host.bare(self.cluster), name, self.shape, sp, nodes=self.sp_nodes(sp),
+                       options=options,
                        layout=layout, causal=self.causal, dtype=self.dtype, mask=self.mask)
 
     def prefix(self, sp: int, attn: Prediction, fraction: float) -> Prediction:
@@ -134,7 +135,7 @@ class Setup:
             rows = max(1, round(fraction * self.shape.shard_len(sp)))  # the runner's rows a rank
             shape = replace(self.shape, seq_len=rows * sp)
             got = self.cache[key] = predict(
-                self.cluster, attn.algorithm, shape, sp, nodes=self.sp_nodes(sp),
+                host.bare(self.cluster), attn.algorithm, shape, sp, nodes=self.sp_nodes(sp),
                 options=attn.options, layout=prefix_layout(attn.layout, sp, fraction), causal=True,
                 dtype=self.dtype, mode="fwd")
         return got

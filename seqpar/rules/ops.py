@@ -21,7 +21,8 @@ How each count scales (the laws, all in the table):
   step; documents: count = a + b * docs per document of a pack (measured at 2 and 4 documents);
   a window is measured at W = N / 8 (its skipped blocks depend on W / N: elsewhere approximate).
   Masks the table has no row for are counted as causal. Options other than the defaults are not
-  measured: their default's count is returned (`measured` says whether a key is in the table).
+  measured: their default's count is returned (`measured` says whether a key is in the table),
+  but for USP's head-parallel degree: Ulysses' count over dhp ranks plus the ring's over d / dhp.
 - block: per layer, constant in d and N (token-wise ops); a checkpoint mode's recompute is in its
   backward, and `attention_reruns(checkpoint)` says how many attention forwards a layer's backward
   runs again (full: 1; seq-attn: its prefix's, counted as 1).
@@ -136,8 +137,16 @@ def attention(algorithm: str, d: int, *, layout: str = "zigzag", mask: str = "ca
               options: dict | None = None, docs: int = 1, phase: str = "forward") -> Issue:
     """One attention call of one layer, one micro-batch, on a group of d ranks (the busiest
     rank's count; phase 'forward' | 'backward'). `options` other than the defaults are not
-    measured: the defaults' count (see the module docstring)."""
-    del options
+    measured: the defaults' count, but for USP's dhp (see the module docstring)."""
+    dhp = int((options or {}).get("dhp") or 1)
+    if algorithm == "usp" and dhp > 1 and d % dhp == 0:
+        # USP's head-parallel all-to-alls over dhp ranks around a ring over d / dhp: Ulysses'
+        # count at dhp and the ring's at d / dhp, their one local call counted once
+        call = {"layout": layout, "mask": mask, "docs": docs, "phase": phase}
+        if dhp == d:
+            return attention("ulysses", d, **call)
+        return (attention("ulysses", dhp, **call) + attention("ring", d // dhp, **call)
+                + attention("local", 1, **call) * -1.0)
     kind, docs = _kind(mask, docs)
     if kind != "documents" or docs in (2, 4):
         return _issue(_counts(algorithm, d, layout, kind, docs, phase))

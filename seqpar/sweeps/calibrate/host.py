@@ -1,11 +1,12 @@
-"""The host's cost of issuing one operation on this machine (`Cluster.dispatch_us`): a training
-step of the test decoder so small that its FLOPs and bytes are nothing (16 tokens, one rank,
-the local attention), timed in the thread's own CPU time (the least of its repeats: other
-processes on a busy machine do not count), over the operations that launch work in it, counted by
-the same rule as `rules.ops`' table (`workers.measure.opcount`; the attention kernel's own
-operations counted too: on a CPU they are dispatches like the rest). The mix is the runner's own:
-forward operations issued from Python with autograd recording, backward ones from the autograd
-engine, AdamW's. A few seconds."""
+"""The host's cost of issuing one operation on this machine (`Cluster.dispatch_us`): the runner's
+own step of sequences (`model.step.train_step`, one rank) over 64 micro-batches of one 16-token
+sequence each, so small that its FLOPs and bytes are nothing, timed in the thread's own CPU time
+(the least of its repeats: other processes on a busy machine do not count), over the operations
+that launch work in it, counted by the same rule as `rules.ops`' table
+(`workers.measure.opcount`; the attention kernel's own operations too: on a CPU they are
+dispatches like the rest). The mix is the runner's: forward operations issued from Python with
+autograd recording and the step's own Python around them (packs, records), backward ones from the
+autograd engine, AdamW's. A few seconds."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
-from seqpar.case import TrainCase
+from seqpar.experiments.steps import make_case
+from seqpar.platform.localgang import free_port
 from seqpar.workers.measure.opcount import OpCounter
-from seqpar.workers.measure.train import build
+from seqpar.workers.measure.varlen import build, build_pool, pool_groups, run_batches
 
-TOKENS = 16
-REPEATS = 30
+TOKENS = 16        # a sequence
+SEQUENCES = 64     # a step: each its own micro-batch
+REPEATS = 7
 
 
 def dispatch_seconds(repeats: int = REPEATS) -> tuple[float, int]:
@@ -27,20 +31,21 @@ def dispatch_seconds(repeats: int = REPEATS) -> tuple[float, int]:
     thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    own = not dist.is_initialized()
+    if own:  # the step reduces over its pool: a pool of one
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=1)
     try:
-        case = TrainCase(sp=1, algorithm="local", layout="contiguous", seq_len=TOKENS, iters=1,
-                         warmup=0)
-        net = build(case, None)
-        opt = net.optimizer(1e-3)
-        tokens = torch.randint(0, net.cfg.vocab, (1, TOKENS + 1),
-                               generator=torch.Generator().manual_seed(0))
+        case = make_case("ring", 1, f"fixed:{TOKENS}", tokens=TOKENS * SEQUENCES,
+                         capacity=TOKENS, policy="dynamic", dtype="float32", longest=TOKENS)
+        cpu = torch.device("cpu")
+        model = build(case, build_pool(pool_groups(case, None)), cpu)
+        opt = model.net.optimizer(1e-3)
 
         def once() -> None:
-            net.loss(tokens).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            run_batches(model, case, 0, opt, cpu)
 
-        for _ in range(3):
+        for _ in range(2):
             once()
         with OpCounter() as counter:
             once()
@@ -52,6 +57,8 @@ def dispatch_seconds(repeats: int = REPEATS) -> tuple[float, int]:
             once()
             times.append(time.thread_time() - start)
     finally:
+        if own:
+            dist.destroy_process_group()
         torch.set_num_threads(threads)
     least = min(times)
     spread = statistics.median(times) / least if least > 0 else 1.0
