@@ -114,12 +114,22 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
                       rows)
         return None
     from seqpar.sweeps import report, runner  # torch: not for --help
+    from seqpar.sweeps.report.digest import screen
 
     check_uri(settings.tracking_uri)  # a bad store address is bad input: before Ray starts
     tracker = None
     if resume is not None:  # an unknown id is bad input: say so before Ray starts
         tracker = options.tracker(settings)
         tracker.sweep(resume)
+        finished = runner.nothing_left(plan, tracker, resume)
+        if finished is not None:  # every trial done: say so without starting Ray
+            console.print(f"sweep {resume}: all {len(plan.trials)} trial(s) already FINISHED; "
+                          "nothing to run")
+            title = report.SweepView.read(tracker, resume, "resume").title
+            cmp = screen(report.table(title, finished, plan.headline),
+                         again=f"seqpar compare --sweep {resume}")
+            display_comparison(cmp)
+            return resume
     metadata = connection.job_metadata(plan.name, plan.study)  # the Ray job's labels
     runner.bound_heap()  # before Ray starts: a long sweep's driver stays its size
     with options.trial_runner(settings, device=device, job_metadata=metadata) as trials:
@@ -134,8 +144,6 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
             console.print("[yellow]interrupted[/yellow]; continue with "
                           f"`{again} --resume <sweep id>` (see `seqpar compare`)")
             raise typer.Exit(130) from None
-    from seqpar.sweeps.report.digest import screen
-
     cmp = report.table(outcome.sweep.title, outcome.views(), plan.headline)
     cmp = screen(cmp, again=f"seqpar compare --sweep {outcome.sweep_id}")
     display_comparison(cmp)

@@ -68,7 +68,7 @@ from seqpar.platform import metrics
 from seqpar.platform.tracking import HASH_TAG, RunRecord, Tracker, environment_tags
 from seqpar.sweeps import report
 from seqpar.sweeps.progress import SweepProgress
-from seqpar.sweeps.report.plots import detail_candidates
+from seqpar.sweeps.report.plots import MAX_RANK_PANELS, config_ends, detail_candidates
 from seqpar.sweeps.report.view import SweepView, TrialView
 from seqpar.sweeps.spec import SweepPlan
 from seqpar.workers.trial import TrialResult, TrialRunner
@@ -142,11 +142,17 @@ class DetailKeeper:
     def __init__(self) -> None:
         self.views: list[TrialView] = []
         self.details: dict[str, dict[str, Any]] = {}
+        self.seen = 0  # multi-rank trials offered: past MAX_RANK_PANELS only the ends are kept
 
     def offer(self, view: TrialView, result: TrialResult) -> None:
         if not view.finished or view.world < 2:
             return
-        wanted = {t.run_id for t in detail_candidates([*self.views, view])}
+        self.seen += 1
+        offered = [*self.views, view]
+        if self.seen <= MAX_RANK_PANELS:  # every one may be a panel yet
+            wanted = {t.run_id for t in offered}
+        else:  # each configuration's ends (the report's panels among them) and the timelines'
+            wanted = {t.run_id for t in [*config_ends(offered), *detail_candidates(offered)]}
         if view.run_id not in wanted:
             return
         self.views = [t for t in [*self.views, view] if t.run_id in wanted]
@@ -205,6 +211,22 @@ def _start(plan: SweepPlan, tracker: Tracker, resume: str | None
     earlier = tracker.trials(resume)
     tracker.reopen_sweep(resume)
     return sweep, earlier
+
+
+def nothing_left(plan: SweepPlan, tracker: Tracker, resume: str) -> list[TrialView] | None:
+    """A resumed sweep that FINISHED with every trial of `plan` FINISHED: its trials' views (one
+    search; the CLI then says so without starting Ray); None when something is left to run."""
+    sweep = SweepView.read(tracker, resume, "resume")
+    if sweep.experiment != plan.experiment:
+        raise ConfigError("resume", resume, f"belongs to experiment {sweep.experiment!r}, "
+                                            f"this sweep logs to {plan.experiment!r}")
+    if tracker.sweep(resume).status != "FINISHED":
+        return None
+    runs = [r for r in tracker.trials(resume) if r.status == "FINISHED" and HASH_TAG in r.tags]
+    done = {r.tags[HASH_TAG] for r in runs}
+    if any(p.spec is not None and p.spec.hash not in done for p in plan.trials):
+        return None
+    return report.trials(runs)
 
 
 def _log_sweep_file(tracker: Tracker, sweep_id: str, plan: SweepPlan) -> None:

@@ -157,8 +157,19 @@ def test_a_winners_map_where_two_axes_vary():
 
 def test_the_report_keeps_a_dozen_per_rank_records_whatever_the_size(long_sweep):
     chosen = detail_candidates(long_sweep)
-    assert len(chosen) == MAX_RANK_PANELS
-    assert {t.algorithm for t in chosen} == {"allgather"}  # the first by algorithm and shape
+    ends = {(t.algorithm, t.seq_len) for t in chosen}  # each configuration's smallest and largest
+    assert ends == {(a, n) for a in ALGORITHMS for n in (64, 64 + 32 * 59)}
+    assert len(detail_candidates(long_sweep[:12])) == 12  # a short sweep: every trial a panel
+
+    from types import SimpleNamespace
+
+    from seqpar.sweeps.runner import DetailKeeper
+
+    keeper = DetailKeeper()  # as the runner offers each trial when it is logged
+    for t in random.Random(0).sample(long_sweep, len(long_sweep)):
+        keeper.offer(t, SimpleNamespace(to_dict=lambda t=t: {"run": t.run_id}))
+        assert len(keeper.details) <= 2 * len(ALGORITHMS) + MAX_RANK_PANELS
+    assert {t.run_id for t in chosen} <= set(keeper.details)
 
 
 def test_params_and_metrics_go_in_as_few_batches_as_mlflow_takes():
@@ -206,3 +217,36 @@ def test_a_long_sweeps_trial_line_counts_done_of_total_with_pace_and_time_left()
     assert live.count().startswith(f"[13/{LONG_SWEEP + 10} done, ")
     assert live.count().endswith(f", 0:{left // 60:02d}:{left % 60:02d} left]"), live.count()
     assert live.bar.tasks[0].fields["left"] == f"trials 13/{LONG_SWEEP + 10}"
+
+
+def test_a_resume_with_every_trial_done_is_answered_from_one_search(fresh_store):
+    from seqpar.platform.tracking import Tracker
+    from seqpar.sweeps import spec
+    from seqpar.sweeps.runner import nothing_left
+
+    plan = spec.parse({"name": "done", "base": {"model": {"heads": 2, "kv_heads": 2,
+                                                          "head_dim": 8}, "plan": {"world": 2},
+                                                "env": {"device": "cpu"}},
+                       "grid": {"plan.algorithm": ["ring", "ulysses"],
+                                "workload.seq_len": [64, 128]}})
+    tracker = Tracker(fresh_store)
+    sweep = tracker.start_sweep(plan.experiment, plan.name, {}, {})
+    for p in plan.trials[:-1]:
+        tracker.log_trial(sweep, name=p.label, spec_hash=p.spec.hash, params=p.spec.flat(),
+                          metrics={"tokens_per_s": 1.0}, tags={}, status="FINISHED", cause=None,
+                          detail={})
+    tracker.end_sweep(sweep)
+    assert nothing_left(plan, tracker, sweep) is None  # one trial left to run
+    last = plan.trials[-1]
+    tracker.log_trial(sweep, name=last.label, spec_hash=last.spec.hash, params=last.spec.flat(),
+                      metrics={"tokens_per_s": 1.0}, tags={}, status="FINISHED", cause=None,
+                      detail={})
+    searches = []
+    search = tracker.client.search_runs
+    tracker.client.search_runs = lambda *a, **k: searches.append(1) or search(*a, **k)
+    views = nothing_left(plan, tracker, sweep)
+    assert views is not None and len(views) == 4 and searches == [1]
+    other = spec.parse({"name": "elsewhere", "base": {"env": {"device": "cpu"}},
+                        "grid": {"plan.algorithm": ["ring"]}})
+    with pytest.raises(ConfigError, match="resume"):
+        nothing_left(other, tracker, sweep)

@@ -163,7 +163,7 @@ def _comparison(cmp: Comparison, csv_name: str) -> list[str]:
     the CSV of every trial when it is written beside the page."""
     link = (f'<p class="meta">every trial ({len(cmp.rows)} rows, every column): '
             f'<a href="{escape(csv_name)}" download>{escape(csv_name)}</a></p>' if csv_name else "")
-    shown = cmp if len(cmp.rows) <= SCREEN else digest(cmp, max_groups=None)
+    shown = cmp if len(cmp.rows) <= SCREEN else digest(cmp, max_groups=None).terse()
     notes = [f'<p class="meta">{escape(n)}</p>' for n in shown.notes if not n.startswith(
         ("every trial:", "  or --top"))] if shown is not cmp else []
     return [f'<p class="meta">{escape(shown.title)}</p>',

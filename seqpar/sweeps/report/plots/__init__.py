@@ -28,8 +28,8 @@ from seqpar.sweeps.report.plots.windows import visible_fraction, window_figure, 
 from seqpar.sweeps.report.table import sort_key
 from seqpar.sweeps.report.view import TrialView
 
-__all__ = ["accuracy_series", "detail_candidates", "figures", "rank_breakdown", "scaling_series",
-           "visible_fraction", "window_savings"]
+__all__ = ["accuracy_series", "config_ends", "detail_candidates", "figures", "rank_breakdown",
+           "scaling_series", "visible_fraction", "window_savings"]
 
 MAX_RANK_PANELS = 12
 MAX_TIMELINES = 3
@@ -40,15 +40,35 @@ def _timed(runs: list[TrialView]) -> list[TrialView]:
     return [t for t in runs if t.finished and "err_max" not in t.metrics]
 
 
+def _panel_key(t: TrialView) -> tuple:
+    return (t.algorithm, sort_key(t))
+
+
+def rank_panels(multi: list[TrialView]) -> list[TrialView]:
+    """The trials of the per-rank breakdown, in panel order: every multi-rank trial when they fit
+    (MAX_RANK_PANELS), else each configuration's first and last by shape (its smallest and its
+    largest), the first configurations' up to MAX_RANK_PANELS."""
+    if len(multi) <= MAX_RANK_PANELS:
+        return sorted(multi, key=_panel_key)
+    return config_ends(multi)[:MAX_RANK_PANELS]
+
+
+def config_ends(multi: list[TrialView]) -> list[TrialView]:
+    """Each configuration's first and last trial by shape, in panel order."""
+    ends: dict[str, list[TrialView]] = {}
+    for t in sorted(multi, key=_panel_key):
+        ends.setdefault(t.config, [t, t])[1] = t
+    picked = {t.run_id: t for pair in ends.values() for t in pair}
+    return sorted(picked.values(), key=_panel_key)
+
+
 def detail_candidates(runs: list[TrialView]) -> list[TrialView]:
-    """The trials whose per_rank.json the figures read, whatever the sweep's size: the first
-    MAX_RANK_PANELS multi-rank trials by algorithm and shape (the per-rank breakdown) and the first
-    MAX_TIMELINES steps of sequences (their timelines). The runner keeps only these in memory and
-    the report downloads only these."""
+    """The trials whose per_rank.json the figures read, whatever the sweep's size: the per-rank
+    breakdown's (`rank_panels`) and the first MAX_TIMELINES steps of sequences (their timelines).
+    The runner keeps only these in memory and the report downloads only these."""
     ok = _timed(runs)
-    ordered = sorted((t for t in ok if t.world >= 2), key=lambda t: (t.algorithm, sort_key(t)))
     steps = [t for t in ok if t.lengths is not None][:MAX_TIMELINES]
-    chosen = {t.run_id: t for t in [*ordered[:MAX_RANK_PANELS], *steps]}
+    chosen = {t.run_id: t for t in [*rank_panels([t for t in ok if t.world >= 2]), *steps]}
     return list(chosen.values())
 
 
@@ -92,7 +112,7 @@ def figures(runs: list[TrialView], details: dict[str, dict[str, Any]] | None = N
             figs["winners_map"] = heat
     if details:
         rate = one_rank_rate(ok)
-        ordered = sorted((t for t in ok if t.world >= 2), key=lambda t: (t.algorithm, sort_key(t)))
+        ordered = rank_panels([t for t in ok if t.world >= 2])
         items = [(t, parts) for t in ordered if t.run_id in details
                  for parts in [rank_breakdown(details[t.run_id], rate)] if parts]
         if items:
