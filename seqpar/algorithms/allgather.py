@@ -27,7 +27,8 @@ class AllGather(AllGatherRules, Algorithm):
         plan = self.plan(q.shape[1] * self.world)
         everyone = self.world  # the holding of every rank's shard
         kv = self.comm.all_gather(blocks.pack_kv(k, v), dim=1)  # rank order
-        k_all, v_all = blocks.unpack_kv(blocks.permute(kv, plan.order(everyone, kv.device)))
+        k_all, v_all = blocks.kv_of(blocks.permute(kv, plan.order(everyone, kv.device)), q,
+                                    self.backend)
         tasks = plan.tasks(self.rank, everyone)
         out, lse = blocks.attend_tasks(q, k_all, v_all, tasks, self.backend, self.scale)
         return out, (q, k_all, v_all, out, lse), plan
@@ -35,10 +36,10 @@ class AllGather(AllGatherRules, Algorithm):
     def backward(self, dout, saved, plan):
         q, k_all, v_all, out, lse = saved
         everyone = self.world
-        dq, dk_all, dv_all = blocks.grads_tasks(dout, q, k_all, v_all, out, lse,
-                                                plan.tasks(self.rank, everyone), self.backend,
-                                                self.scale)
-        dkv = blocks.pack_kv(dk_all, dv_all).to(self.grad_dtype(k_all))
+        dq, dkv = blocks.grads_tasks(dout, q, k_all, v_all, out, lse,
+                                     plan.tasks(self.rank, everyone), self.backend, self.scale,
+                                     packed=True)
+        dkv = dkv.to(self.grad_dtype(k_all))
         dkv = blocks.permute(dkv, plan.inverse(everyone, dkv.device))  # back to rank order
         dk, dv = blocks.unpack_kv(self.comm.reduce_scatter(dkv, dim=1))
         return dq, dk, dv

@@ -25,6 +25,7 @@ from itertools import accumulate
 import torch
 
 from seqpar.algorithms import kernels
+from seqpar.algorithms.kernels.tensors import seq_rows
 from seqpar.algorithms.layouts import Task
 from seqpar.algorithms.softmax_merge import empty_partial, merge, merge_into
 
@@ -42,19 +43,51 @@ def zeros_acc(t: torch.Tensor) -> torch.Tensor:
     return torch.zeros(t.shape, dtype=kernels.acc_dtype(t.dtype), device=t.device)
 
 
+class Seen:
+    """The query rows of fresh accumulators (out = 0, lse = -inf: `new_partial`) that a merge has
+    written so far. A call whose rows none has written yet is copied into them, not merged: the
+    merge would compute exactly the copy (w_acc = exp(-inf) = 0, w_new = exp(lse - lse) = 1), in
+    seven more operations."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+
+    def first(self, a: int, c: int) -> bool:
+        """Whether rows [a, c) are written for the first time (and mark them written)."""
+        fresh = all(c <= s0 or a >= s1 for s0, s1 in self.spans)
+        self.spans.append((a, c))
+        return fresh
+
+
+def _into(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+          first: bool) -> None:
+    """Merge (out, lse) into accumulator rows, or copy it there when they hold nothing yet."""
+    if first:
+        acc_out.copy_(out)
+        acc_lse.copy_(lse)
+    else:
+        merge_into(acc_out, acc_lse, out, lse)
+
+
 def forward_tasks(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Sequence[Task],
     acc_out: torch.Tensor, acc_lse: torch.Tensor, backend: str, scale: float | None,
+    seen: Seen | None = None,
 ) -> None:
-    """Merge attention of q over (k, v), as planned by `tasks`, into the accumulators."""
+    """Merge attention of q over (k, v), as planned by `tasks`, into the accumulators. `seen`:
+    the rows already written, when the accumulators started empty (None: merge every call)."""
     groups, singles, packed = _calls(q, tasks, backend)
     for group in groups:
         out, lse, rows = _group_forward(q, k, v, group, scale, packed)
-        _merge_rows(acc_out, acc_lse, out, lse, rows, q.shape[0])
+        fresh = [seen.first(q0, q1) for q0, q1, _, _ in group.spans] if seen is not None else []
+        _merge_rows(acc_out, acc_lse, out, lse, rows, q.shape[0],
+                    bool(fresh) and all(fresh) and rows.span is not None)
     for t in singles:
-        out, lse = kernels.attend(q[:, t.q0:t.q1], k[:, t.k0:t.k1], v[:, t.k0:t.k1], t.mask,
-                                  backend=backend, scale=scale, band=t.band)
-        merge_into(acc_out[:, t.q0:t.q1], acc_lse[:, :, t.q0:t.q1], out, lse)
+        out, lse = kernels.attend(seq_rows(q, t.q0, t.q1), seq_rows(k, t.k0, t.k1),
+                                  seq_rows(v, t.k0, t.k1), t.mask, backend=backend, scale=scale,
+                                  band=t.band)
+        _into(seq_rows(acc_out, t.q0, t.q1), acc_lse.narrow(2, t.q0, t.q1 - t.q0), out, lse,
+              seen is not None and seen.first(t.q0, t.q1))
 
 
 def backward_tasks(
@@ -79,15 +112,13 @@ def backward_tasks(
         _add_rows(dv, gv, k_rows, b)
     for t in singles:
         gq, gk, gv = kernels.attend_backward(
-            dout[:, t.q0:t.q1], q[:, t.q0:t.q1], k[:, t.k0:t.k1], v[:, t.k0:t.k1],
-            out[:, t.q0:t.q1], lse[:, :, t.q0:t.q1], t.mask, backend=backend, scale=scale,
-            band=t.band)
-        if dq is not None:
-            dq[:, t.q0:t.q1] += gq
-        if dk is not None:
-            dk[:, t.k0:t.k1] += gk
-        if dv is not None:
-            dv[:, t.k0:t.k1] += gv
+            seq_rows(dout, t.q0, t.q1), seq_rows(q, t.q0, t.q1), seq_rows(k, t.k0, t.k1),
+            seq_rows(v, t.k0, t.k1), seq_rows(out, t.q0, t.q1), lse.narrow(2, t.q0, t.q1 - t.q0),
+            t.mask, backend=backend, scale=scale, band=t.band)
+        # add_ on a narrowed view: `acc[:, a:b] += g` would also copy the view onto itself
+        for acc, g, a, c in ((dq, gq, t.q0, t.q1), (dk, gk, t.k0, t.k1), (dv, gv, t.k0, t.k1)):
+            if acc is not None:
+                seq_rows(acc, a, c).add_(g)
 
 
 # ------------------------------------------------------------------------- varlen groups (flash)
@@ -230,13 +261,14 @@ def _group_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Gro
 
 
 def _merge_rows(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor,
-                lse: torch.Tensor, rows: _Rows, batch: int) -> None:
-    """Merge a call's packed (out, lse) into the accumulators' rows (each row once)."""
+                lse: torch.Tensor, rows: _Rows, batch: int, first: bool = False) -> None:
+    """Merge a call's packed (out, lse) into the accumulators' rows (each row once); `first`: a
+    span of rows nothing has written yet, copied."""
     if rows.span is not None:
         a, c = rows.span
-        merge_into(acc_out.narrow(1, a, c - a), acc_lse.narrow(2, a, c - a),
-                   out.view(batch, c - a, *out.shape[1:]),
-                   lse.view(lse.shape[0], batch, c - a).transpose(0, 1))
+        _into(acc_out.narrow(1, a, c - a), acc_lse.narrow(2, a, c - a),
+              out.view(batch, c - a, *out.shape[1:]),
+              lse.view(lse.shape[0], batch, c - a).transpose(0, 1), first)
         return
     lse_rows = acc_lse.transpose(1, 2)  # (B, S, H): rows first, a view
     new_out, new_lse = merge(_take(acc_out, rows).unsqueeze(0),
@@ -263,8 +295,9 @@ def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.cat([k, v], dim=2).contiguous()
 
 
-def unpack_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of a packed buffer, each a dense tensor of its own.
+def unpack_kv(kv: torch.Tensor, dense: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of a packed buffer, each a dense tensor of its own (dense=False: views of the
+    buffer, for a caller that copies them anyway).
 
     Views of the packed buffer would have twice a plain tensor's row stride (K's and V's heads sit
     side by side per token); torch's CPU flash kernel read such K,V 22% slower forward on a busy
@@ -272,7 +305,24 @@ def unpack_kv(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     costs ~1% of that forward. One copy per block, made here, serves every task of the block;
     `tests/unit/test_hot_path.py` holds the kernel's K,V strides to `local`'s."""
     k, v = kv.chunk(2, dim=2)
+    if not dense:
+        return k, v
     return kernels.contiguous(k), kernels.contiguous(v)
+
+
+# the kernels that expand GQA's K,V heads to the query heads themselves (a new, dense tensor per
+# call) on every path a task takes: bands and shifted blocks included
+_EXPANDING = ("torch-cpu-flash", "torch-efficient", "math")
+
+
+def kv_of(kv: torch.Tensor, q: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of a packed block as queries q's kernel calls read them: views where the kernel
+    expands GQA heads into a dense copy anyway (`unpack_kv`'s copy would be a second one), dense
+    copies otherwise."""
+    heads, kv_heads = q.shape[2], kv.shape[2] // 2
+    expands = heads != kv_heads and kernels.kernel_of(
+        backend, q.device, q.dtype, head_dim=q.shape[-1]) in _EXPANDING
+    return unpack_kv(kv, dense=not expands)
 
 
 def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Sequence[Task],
@@ -292,25 +342,33 @@ def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Seque
             lse = kernels.contiguous(lse.view(h, b, s).transpose(0, 1))
             return out.view(b, s, h, -1), lse.to(kernels.acc_dtype(q.dtype))
         acc_out, acc_lse = new_partial(q)
-        _merge_rows(acc_out, acc_lse, out, lse, rows, b)
+        _merge_rows(acc_out, acc_lse, out, lse, rows, b, rows.span is not None)
         return acc_out.to(q.dtype), acc_lse
     acc_out, acc_lse = new_partial(q)
-    forward_tasks(q, k, v, tasks, acc_out, acc_lse, backend, scale)
+    forward_tasks(q, k, v, tasks, acc_out, acc_lse, backend, scale, Seen())
     return acc_out.to(q.dtype), acc_lse
 
 
 def grads_tasks(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor, lse: torch.Tensor, tasks: Sequence[Task], backend: str,
-                scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the planned calls. One call over all of q and k returns the kernel's
-    gradients as they are; otherwise they are summed in the accumulation dtype."""
+                scale: float | None, packed: bool = False) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) of the planned calls, or with `packed` (dq, dK,dV packed as `pack_kv`). One
+    call over all of q and k returns the kernel's gradients as they are; otherwise they are summed
+    in the accumulation dtype (packed: into the two halves of one buffer, no concatenation)."""
     if len(tasks) == 1 and (tasks[0].q0, tasks[0].q1, tasks[0].k0, tasks[0].k1) == (
             0, q.shape[1], 0, k.shape[1]):
-        return kernels.attend_backward(dout, q, k, v, out, lse, tasks[0].mask, backend=backend,
-                                       scale=scale, band=tasks[0].band)
-    dq, dk, dv = (zeros_acc(t) for t in (q, k, v))
+        dq, dk, dv = kernels.attend_backward(dout, q, k, v, out, lse, tasks[0].mask,
+                                             backend=backend, scale=scale, band=tasks[0].band)
+        return (dq, pack_kv(dk, dv)) if packed else (dq, dk, dv)
+    dq = zeros_acc(q)
+    if packed:
+        dkv = torch.zeros((*k.shape[:2], 2 * k.shape[2], k.shape[3]),
+                          dtype=kernels.acc_dtype(k.dtype), device=k.device)
+        dk, dv = unpack_kv(dkv, dense=False)
+    else:
+        dk, dv = zeros_acc(k), zeros_acc(v)
     backward_tasks(dout, q, k, v, out, lse, tasks, dq, dk, dv, backend, scale)
-    return dq, dk, dv
+    return (dq, dkv) if packed else (dq, dk, dv)
 
 
 def permute(t: torch.Tensor, index: torch.Tensor | None, dim: int = 1) -> torch.Tensor:

@@ -270,13 +270,18 @@ class Comm:
             return list(tensors)
         shapes = [p[0].shape for p in parts]
         sizes = [shape.numel() for shape in shapes]
-        # one copy of each chunk straight into its slot of the send buffer
+        # each tensor's chunks straight into their slots of the send buffer, in one copy
         send = torch.empty((g, sum(sizes)), dtype=tensors[0].dtype, device=tensors[0].device)
-        for i in range(g):
-            offset = 0
-            for p, shape, n in zip(parts, shapes, sizes, strict=True):
-                send[i, offset:offset + n].view(shape).copy_(p[i])
-                offset += n
+        offset = 0
+        for t, p, shape, n in zip(tensors, parts, shapes, sizes, strict=True):
+            slots = send[:, offset:offset + n]
+            if t.shape[scatter_dim] == g * shape[scatter_dim]:  # equal chunks: one strided copy
+                slots.view(g, *shape).copy_(
+                    t.unflatten(scatter_dim, (g, shape[scatter_dim])).movedim(scatter_dim, 0))
+            else:
+                for i in range(g):
+                    slots[i].view(shape).copy_(p[i])
+            offset += n
         start = self._clock([send])
         per_peer = _elem_bytes(send[0])
         emulated = self._book("all_to_all", {i: per_peer for i in range(g) if i != self.rank})

@@ -179,21 +179,25 @@ def carry(comms: RingComms, payload: torch.Tensor, plan: route.Plan,
 def ring_forward(q: torch.Tensor, kv: torch.Tensor, comms: RingComms, tasks_for: TasksFor,
                  acc_out: torch.Tensor, acc_lse: torch.Tensor, backend: str,
                  scale: float | None, plan: route.Plan | None = None,
-                 kv_index: torch.Tensor | None = None) -> None:
+                 kv_index: torch.Tensor | None = None, fresh: bool = False) -> None:
     """Merge attention over every position's kv into the accumulators; `tasks_for(src)` plans the
     block that started at position src. `kv_index` (usp with K,V head ranges): the K,V head of
-    each query head within the travelling block, expanded locally before the kernel."""
+    each query head within the travelling block, expanded locally before the kernel. `fresh`:
+    the accumulators hold nothing yet (`blocks.new_partial`), so each row's first result is
+    copied in, not merged (`blocks.Seen`)."""
+    seen = blocks.Seen() if fresh else None
     for _, src, block in travel(comms, kv, plan):
         if block is not None:
-            k, v = _expanded(block, kv_index)
-            blocks.forward_tasks(q, k, v, tasks_for(src), acc_out, acc_lse, backend, scale)
+            k, v = _expanded(block, kv_index, q, backend)
+            blocks.forward_tasks(q, k, v, tasks_for(src), acc_out, acc_lse, backend, scale, seen)
 
 
-def _expanded(block: torch.Tensor, kv_index: torch.Tensor | None
+def _expanded(block: torch.Tensor, kv_index: torch.Tensor | None, q: torch.Tensor, backend: str
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    k, v = blocks.unpack_kv(block)
+    """K and V of a block for q's kernel calls: index_select makes the dense copies itself."""
     if kv_index is None:
-        return k, v
+        return blocks.kv_of(block, q, backend)
+    k, v = blocks.unpack_kv(block, dense=False)
     return k.index_select(2, kv_index), v.index_select(2, kv_index)
 
 
@@ -209,14 +213,20 @@ def ring_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: to
     expanded heads are summed back into the block's own heads before they travel.
     """
     def compute(block: torch.Tensor, src: int) -> torch.Tensor:
-        k, v = _expanded(block, kv_index)
-        dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
+        k, v = _expanded(block, kv_index, q, backend)
+        if kv_index is None:  # dK and dV accumulate in the halves of one packed buffer
+            dkv = blocks.zeros_acc(block)
+            dk, dv = blocks.unpack_kv(dkv, dense=False)
+        else:
+            dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
         blocks.backward_tasks(dout, q, k, v, out, lse, tasks_for(src), dq, dk, dv, backend, scale)
-        if kv_index is not None:
-            width = block.shape[2] // 2
-            dk, dv = (torch.zeros(*g.shape[:2], width, g.shape[3], dtype=g.dtype,
-                                  device=g.device).index_add_(2, kv_index, g) for g in (dk, dv))
-        return blocks.pack_kv(dk, dv)
+        if kv_index is None:
+            return dkv
+        width = block.shape[2] // 2
+        dkv = torch.zeros(*dk.shape[:2], 2 * width, dk.shape[3], dtype=dk.dtype, device=dk.device)
+        for half, g in zip(blocks.unpack_kv(dkv, dense=False), (dk, dv), strict=True):
+            half.index_add_(2, kv_index, g)
+        return dkv
 
     return carry(comms, kv, plan or plan_of(comms, None), compute, kv, grad_dtype)
 
@@ -246,7 +256,7 @@ class Ring(RingRules, Algorithm):
         plan = plan_of(comms, self.need(seq_len))
         acc_out, acc_lse = blocks.new_partial(q)
         ring_forward(q, blocks.pack_kv(k, v), comms, tasks_for, acc_out, acc_lse, self.backend,
-                     self.scale, plan)
+                     self.scale, plan, fresh=True)
         out = acc_out.to(q.dtype)
         return out, (q, k, v, out, acc_lse), (tasks_for, plan)
 

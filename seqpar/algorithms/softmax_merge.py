@@ -22,8 +22,9 @@ def _weights(lse_a: torch.Tensor, lse_b: torch.Tensor
     both sides are -inf the weights are 0 (exp(-inf - 0)), not NaN."""
     lse = torch.logaddexp(lse_a, lse_b)
     safe = lse.nan_to_num(neginf=0.0)  # -inf only where both sides are -inf
-    w_a = torch.sub(lse_a, safe).exp_()
-    w_b = torch.sub(lse_b, safe).exp_()
+    # both weights in two calls, not four (the same subtraction and exp, element by element)
+    w_a, w_b = torch._foreach_sub([lse_a, lse_b], [safe, safe])
+    torch._foreach_exp_([w_a, w_b])
     return lse, w_a, w_b
 
 

@@ -85,7 +85,7 @@ class Usp(UspRules, Algorithm):
 
         acc_out, acc_lse = blocks.new_partial(qh)
         ring_forward(qh, kv, comms, tasks_for, acc_out, acc_lse, self.backend, self.scale, path,
-                     kv_index)
+                     kv_index, fresh=True)
         out_h = acc_out.to(q.dtype)
         (out,) = heads_to_seq([out_h], hp, plan.inverse(me, q.device))
         return out, (qh, kv, out_h, acc_lse), (plan, me, undo, tasks_for, path, kv_index)

@@ -112,7 +112,7 @@ class WallFacer(WallFacerRules, Algorithm):
 
         acc_out, acc_lse = blocks.new_partial(q_t)
         ring_forward(q_t, kv0, ring, tasks_for, acc_out, acc_lse, self.backend, self.scale,
-                     plan_of(ring, need_f))
+                     plan_of(ring, need_f), fresh=True)
         out, lse = combine(team, acc_out, acc_lse, plan.inverse(mine, q.device))
         out = out.to(q.dtype)
         return out, (q_t, kv0, out, lse), (plan, heads, need_b)

@@ -48,4 +48,6 @@ def reduce_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def finite_lse(lse: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
+    """lse with -inf (a row that sees no key) as 0, everything else as it is: one operation
+    (nan and +inf are kept, so this is exactly where(isneginf(lse), 0, lse))."""
+    return lse.nan_to_num(nan=math.nan, posinf=math.inf, neginf=0.0)
