@@ -16,7 +16,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rope_tables(pos: torch.Tensor, head_dim: int, theta: float,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (1, s, 1, head_dim) for the tokens at global positions `pos` (float64 math).
+    """cos and signed sin of shape (1, s, 1, head_dim) for the tokens at global positions `pos`
+    (float64 math): the second is sin with its first half negated, the sign rotate-half gives
+    (`apply_rope`), folded in once a step rather than negating x in every layer.
 
     Computed from the positions themselves, so a zigzag or stripe shard rotates each token by the
     angle of its place in the whole sequence, as the one-process model does.
@@ -24,15 +26,17 @@ def rope_tables(pos: torch.Tensor, head_dim: int, theta: float,
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=pos.device)
                          / head_dim)
     angles = pos.to(torch.float64)[:, None] * inv_freq[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
-    return (angles.cos().to(dtype)[None, :, None, :], angles.sin().to(dtype)[None, :, None, :])
+    sin = angles.sin()
+    signed = torch.cat([-sin, sin], dim=-1)
+    return (torch.cat([angles, angles], dim=-1).cos().to(dtype)[None, :, None, :],
+            signed.to(dtype)[None, :, None, :])
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (batch, s, heads, head_dim) by the tables (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """Rotate (batch, s, heads, head_dim) by the tables of `rope_tables` (rotate-half convention:
+    x * cos + [-x2, x1] * sin, here [x2, x1] * signed sin: the same products, as (-a) b = a (-b)
+    exactly, in one roll instead of a negation and a concatenation, forward and backward)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
