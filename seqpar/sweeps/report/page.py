@@ -159,13 +159,17 @@ def _missing(runs: list[TrialView], details: dict[str, dict[str, Any]] | None) -
 
 
 def _comparison(cmp: Comparison, csv_name: str) -> list[str]:
-    """The comparison: every trial (SCREEN or fewer), else the winner of every group; the link to
-    the CSV of every trial when it is written beside the page."""
+    """The comparison: every trial (SCREEN or fewer: the page stays self-contained), else the
+    winner of every group and the link to the CSV of every trial written beside the page."""
+    if len(cmp.rows) <= SCREEN:
+        return [f'<p class="meta">{escape(cmp.title)}</p>',
+                _table(cmp.columns, cmp.rows, cmp.best, table_id="comparison"),
+                *([f'<p class="meta">{escape(cmp.legend)}</p>'] if cmp.legend else [])]
     link = (f'<p class="meta">every trial ({len(cmp.rows)} rows, every column): '
             f'<a href="{escape(csv_name)}" download>{escape(csv_name)}</a></p>' if csv_name else "")
-    shown = cmp if len(cmp.rows) <= SCREEN else digest(cmp, max_groups=None).terse()
+    shown = digest(cmp, max_groups=None).terse()
     notes = [f'<p class="meta">{escape(n)}</p>' for n in shown.notes if not n.startswith(
-        ("every trial:", "  or --top"))] if shown is not cmp else []
+        ("every trial:", "  or --top"))]
     return [f'<p class="meta">{escape(shown.title)}</p>',
             _table(shown.columns, shown.rows, shown.best, table_id="comparison"),
             *([f'<p class="meta">{escape(shown.legend)}</p>'] if shown.legend else []),
