@@ -150,7 +150,7 @@ class TrainCase:
     iters: int = 3
     seed: int = 0
     lr: float = 1e-3
-    states: str = "replicated"       # replicated | fsdp (FSDP2 over DP x SP) | zero1 (moments)
+    states: str = "replicated"       # replicated | fsdp (FSDP2 over DP x SP) | zero1 | dist-opt
     master_dtype: str | None = None  # fp32 master weights for a bf16 model: "float32"
     offload: tuple[str, ...] | bool = ()  # to host: optimizer, params, activations (CUDA only)
     text: str | None = None          # a UTF-8 text file: byte tokens, documents packed (None: random)
@@ -269,7 +269,8 @@ class TrainCase:
                 "sp_policy", self.sp_policy, "peers take the static policy only")
         require(self.states != "fsdp" or self.sp_policy == "static" or self.equal_counts,
                 "states", self.states, "FSDP gathers every layer over the pool on every forward: "
-                "under the dynamic policy it needs equal_counts (every rank as many micro-batches)")
+                "under the dynamic policy it needs equal_counts (every rank as many micro-batches; "
+                "states: dist-opt gathers once a step and needs none)")
         for b in self.batches:
             require(b.deal.pool == self.world and b.deal.policy == self.sp_policy, "batches",
                     b.deal.policy, f"must be dealt to a pool of {self.world} under {self.sp_policy}")

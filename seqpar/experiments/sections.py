@@ -334,10 +334,12 @@ class TrainSpec(_Strict):
     fused_head: bool = False
     dp: int = Field(1, gt=0, description="data-parallel replicas; SP = world / dp")
     lr: float = Field(1e-3, gt=0)
-    states: Literal["replicated", "fsdp", "zero1"] = Field(
+    states: Literal["replicated", "fsdp", "zero1", "dist-opt"] = Field(
         "replicated", description="model states: replicated on every rank, sharded by FSDP2 over "
-                                  "the DP x SP world (a step of lengths: the pool), or zero1: "
-                                  "the optimizer's moments alone sharded over it (ZeRO-1)")
+                                  "the DP x SP world (a step of lengths: the pool), zero1: "
+                                  "the optimizer's moments alone sharded over it (ZeRO-1), or "
+                                  "dist-opt: Megatron's distributed optimizer on FSDP2 (gathered "
+                                  "once a step, reduce-scattered once; no equal counts)")
     master_dtype: str | None = Field(None, description="fp32 master weights and moments for a "
                                                        "bf16 model: float32 (None: the model's dtype)")
     offload: bool | list[Literal["optimizer", "params", "activations"]] = Field(

@@ -16,6 +16,11 @@ but can shard these.
 (embedding, final norm, head), as torchtitan does over dp_shard x cp. With a `master_dtype` the
 sharded parameters (what an optimizer updates) are in that dtype and FSDP2's MixedPrecisionPolicy
 gathers them in the compute dtype and reduces gradients in the master dtype.
+`dist-opt` is Megatron-LM's distributed optimizer on the same FSDP2 units: the parameters are
+gathered once a step and kept (`reshard_after_forward=False`), gradients accumulate unsharded and
+are reduce-scattered once (`accumulate`, `gather`: a step of lengths gathers before its first
+micro-batch and reduces after its last, so every rank issues the same collectives whatever its
+micro-batch count); AdamW's moments and the master weights are the shards.
 
 The gradient of a sequence-parallel model is a *sum* over SP ranks (each holds the loss of its
 tokens) and a *mean* over DP replicas. FSDP2 averages over the ranks it shards across (DP x SP), so
@@ -33,7 +38,7 @@ from torch import nn
 
 from seqpar.errors import require
 from seqpar.rules import memory as memory_rules
-from seqpar.rules.memory import STATES
+from seqpar.rules.memory import SHARDED, STATES
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,11 @@ class StatePolicy:
                 "master_dtype", self.master_dtype,
                 f"must be a floating dtype at least as wide as the compute dtype ({dtype})")
         check_offload(self.offload, self.states, None if device is None else device.type)
+
+    @property
+    def sharded(self) -> bool:
+        """Parameters sharded by FSDP2 (fsdp, dist-opt)."""
+        return self.states in SHARDED
 
     def param_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype parameters are stored in (what the optimizer updates)."""
@@ -81,12 +91,81 @@ def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: State
     mp = MixedPrecisionPolicy(param_dtype=None if stored == dtype else dtype, reduce_dtype=stored)
     offload = CPUOffloadPolicy() if "params" in policy.offload else OffloadPolicy()
     units = [*blocks, net]
+    keep = policy.states == "dist-opt"  # gathered once a step, kept through backward
     for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload,
+                    reshard_after_forward=not keep)
+    if keep:
+        _book_collectives(units)
     for unit in units:
         unit.set_gradient_divide_factor(float(dp))
         if mesh.device_type == "cpu":  # gloo has no PREMUL_SUM: sum, then scale
             unit.set_force_sum_reduction_for_comms(True)
+
+
+def fsdp_units(net: nn.Module) -> list:
+    """The FSDP2 units of `net`, the root first, then its blocks in order (one order on every rank)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in net.modules() if isinstance(m, FSDPModule)]
+
+
+def gather(net: nn.Module) -> None:
+    """dist-opt: every unit's parameters all-gathered now, one all-gather a unit, root first (every
+    rank of the pool calls it, whatever it runs next); forwards then find them gathered."""
+    for unit in fsdp_units(net):
+        unit.unshard()
+
+
+def accumulate(net: nn.Module, on: bool) -> None:
+    """dist-opt: `on`, backwards accumulate unsharded gradients and keep the gathered parameters (no
+    reduce-scatter, no resharding); off, FSDP2's defaults again: the next backward reduce-scatters
+    the accumulated gradients and reshards."""
+    root = fsdp_units(net)[0]  # both setters recurse into every unit
+    root.set_requires_gradient_sync(not on)
+    root.set_reshard_after_backward(not on)
+
+
+class _Booked:
+    """FSDP2's all-gather or reduce-scatter (its custom-comm interface: `allocate`, then the call)
+    booking the bytes it sends into the ledgers (NCCL-tests' convention: an all-gather sends its
+    shard to each of the G - 1 others, a reduce-scatter (G - 1)/G of its input), op 'all_gather'
+    or 'reduce_scatter', group 'states'. Backward may run on another thread (CUDA), where no
+    ledger is active: a reduce-scatter books into those the last all-gather saw (the step's)."""
+
+    def __init__(self, op: str, seen: list) -> None:
+        self.op, self.seen = op, seen  # seen: [the ledgers active at the last all-gather]
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, op=None, async_op: bool = False):
+        from seqpar.algorithms import ledger
+
+        gathering = self.op == "all_gather"
+        if gathering:
+            self.seen[:] = [ledger.active()]
+        size, me = dist.get_world_size(group), dist.get_rank(group)
+        sent = input_tensor.numel() * input_tensor.element_size()
+        per_peer = sent if gathering else sent // size
+        mine = dist.get_global_rank(group, me)
+        for book in ledger.active() or self.seen[0]:
+            for peer in (p for p in range(size) if p != me):
+                book.add(self.op, "states", book.link(mine, dist.get_global_rank(group, peer)),
+                         per_peer)
+        if gathering:
+            return dist.all_gather_single(output_tensor, input_tensor, group=group,
+                                          async_op=async_op)
+        return dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group,
+                                          async_op=async_op)
+
+
+def _book_collectives(units_: list) -> None:
+    seen: list = [()]
+    for unit in units_:
+        unit.set_custom_all_gather(_Booked("all_gather", seen))
+        unit.set_custom_reduce_scatter(_Booked("reduce_scatter", seen))
 
 
 def is_sharded(p: torch.Tensor) -> bool:
@@ -115,13 +194,24 @@ def assign(p: torch.Tensor, value: torch.Tensor) -> None:
 
 def optimizer(params: Iterable[nn.Parameter], policy: StatePolicy,
               group: dist.ProcessGroup | None, lr: float) -> torch.optim.Optimizer:
-    """AdamW over `params`; under zero1 torch's ZeroRedundancyOptimizer of AdamW over `group` (the
-    ranks whose gradients are already summed alike: the DP x SP world, or a step's pool), each rank
-    holding the moments of its share (`rules.memory.zero1_partition`)."""
+    """AdamW over `params` (each rank's shards under fsdp and dist-opt); under zero1 torch's
+    ZeroRedundancyOptimizer of AdamW over `group` (the ranks whose gradients are already summed
+    alike: the DP x SP world, or a step's pool), each rank holding the moments of its share
+    (`rules.memory.zero1_partition`). One kernel over all tensors (`step_kind`)."""
     params = list(params)
+    kind = step_kind(params)
     if policy.states != "zero1" or group is None or dist.get_world_size(group) == 1:
-        return torch.optim.AdamW(params, lr=lr)
+        return torch.optim.AdamW(params, lr=lr, **kind)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=group,
-                                   lr=lr)
+                                   lr=lr, **kind)
+
+
+def step_kind(params: list[torch.Tensor]) -> dict[str, bool]:
+    """AdamW's implementation: fused on CUDA (one kernel), else foreach (torch's multi-tensor ops:
+    bit for bit the per-parameter loop's numbers in float64, tests/model/test_policies.py), never
+    the per-parameter loop."""
+    if params and all(p.device.type == "cuda" for p in params):
+        return {"fused": True}
+    return {"foreach": True}

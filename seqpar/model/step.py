@@ -14,6 +14,13 @@ deal), so every rank's gradient is its share of the one gradient; the shares are
 pool once, after the last micro-batch — an all-reduce of every gradient (replicated states), or
 FSDP2's reduce-scatter of each micro-batch's (states sharded over the pool, where every rank runs
 the same number of micro-batches: a rank with nothing in a round runs an empty one, weight 0).
+
+Under dist-opt (Megatron's distributed optimizer on FSDP2) the pool's collectives sit outside the
+micro-batches, where no group's attention can interleave with them: every rank gathers every
+unit's parameters before its first micro-batch (one all-gather a unit, in one order), its
+backwards accumulate whole gradients with no reduction, and after its last micro-batch one closing
+pass (a token on the rank alone, weight 0: its gradients are zeros) reduce-scatters them. A rank
+with no micro-batch joins both with zeros, so no rank needs as many micro-batches as another.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import torch.distributed as dist
 
 from seqpar.algorithms import build_attention, ledger
 from seqpar.algorithms.mesh import Pool, solo_mesh
+from seqpar.model import states
 from seqpar.model.transformer import Pack, SPGroup, Transformer
 from seqpar.rules.deal import Deal, MicroBatch
 from seqpar.rules.layouts import positions as layout_positions
@@ -64,7 +72,14 @@ class StepModel:
 
     @property
     def sharded(self) -> bool:
+        """FSDP's per-forward gathers over the pool: every rank runs every round."""
         return self.net.policy.states == "fsdp"
+
+    @property
+    def gathered(self) -> bool:
+        """dist-opt over a pool: gathered once a step, reduce-scattered once."""
+        return (self.net.policy.states == "dist-opt" and self.pool is not None
+                and self.pool.whole is not None)
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,9 @@ def train_step(model: StepModel, deal: Deal, tokens_of: Callable[[int], torch.Te
     t0 = time.perf_counter()
     loss_sum = torch.zeros((), dtype=torch.float64)
     records, busy = [], 0.0
+    if model.gathered:
+        states.gather(net)
+        states.accumulate(net, True)
     for m in deal.of_rank(rank):
         if not m.seqs and not model.sharded:
             continue  # an empty round matters only to FSDP's gathers over the pool
@@ -157,6 +175,9 @@ def train_step(model: StepModel, deal: Deal, tokens_of: Callable[[int], torch.Te
         tokens = (pack.real or int(pack.inputs.shape[1])) if m.seqs else 0
         records.append(MicroRecord(m.seqs, m.group, tokens, start - t0, mid - t0, end - t0,
                                    _sent() - sent))
+    if model.gathered:
+        states.accumulate(net, False)
+        (net(pack=_to(EMPTY, device), sp=model.groups[()]) * 0.0).backward()  # the reduce-scatter
     reduce_grads(net, pool)
     if pool is not None and pool.whole is not None:
         dist.all_reduce(loss_sum, group=pool.whole)
@@ -183,8 +204,8 @@ def _to(pack: Pack, device: torch.device | str) -> Pack:
 @torch.no_grad()
 def reduce_grads(net: Transformer, pool: Pool | None) -> None:
     """Every replicated gradient summed over the pool (a rank that ran nothing adds zeros); under
-    FSDP each backward reduce-scattered its own already."""
-    if pool is None or pool.whole is None or net.policy.states == "fsdp":
+    FSDP each backward reduce-scattered its own already, under dist-opt the closing pass."""
+    if pool is None or pool.whole is None or net.policy.sharded:
         return
     params = list(net.parameters())
     for p in params:

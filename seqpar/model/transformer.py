@@ -176,7 +176,7 @@ class Transformer(nn.Module):
         self.attend = build_attention(attention, causal=True, layout=layout, group=group,
                                       mesh=mesh, mask=mask, **attention_options)
         self.sp = SPGroup(self.attend, self.rank, self.world)
-        sharded = states_policy.states == "fsdp"
+        sharded = states_policy.sharded  # fsdp, dist-opt: FSDP2 over the world
         stored, build_on = states_policy.param_dtype(dtype), torch.device("meta") if sharded else device
         d = cfg.hidden
         self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))

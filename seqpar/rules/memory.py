@@ -29,8 +29,11 @@ CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence", "seq-at
 # copies of their own)
 SEQ_ATTN_ALGORITHMS = ("ring", "burst", "local")
 # replicated: every state on every rank; fsdp: all of them sharded (FSDP2); zero1: the optimizer's
-# moments sharded, parameters and gradients replicated (ZeRO stage 1, torch's ZeroRedundancyOptimizer)
-STATES = ("replicated", "fsdp", "zero1")
+# moments sharded, parameters and gradients replicated (ZeRO stage 1, torch's ZeroRedundancyOptimizer);
+# dist-opt: Megatron-LM's distributed optimizer on FSDP2 (master weights, gradients and moments
+# sharded between steps; the parameters gathered and the gradients accumulated whole during one)
+STATES = ("replicated", "fsdp", "zero1", "dist-opt")
+SHARDED = ("fsdp", "dist-opt")  # parameters sharded by FSDP2
 OFFLOADS = ("optimizer", "params", "activations")
 
 # NCCL's buffers per connection of a communicator (nccl src/init.cc, defaults): the Simple
@@ -150,6 +153,9 @@ def check_offload(offload: tuple[str, ...], states: str) -> None:
     require("optimizer" not in offload or "params" in offload, "offload", shown,
             "'optimizer' needs 'params' too: torch keeps an optimizer's states beside the "
             "parameters they update (FSDP2's CPUOffloadPolicy steps it on the host)")
+    require("params" not in offload or states != "dist-opt", "offload", shown,
+            "not with states='dist-opt': its parameters and gradients stay gathered on the device "
+            "through the step (Megatron's buffers); FSDP2's CPU offload is states='fsdp'")
     require("params" not in offload or states == "fsdp", "offload", shown,
             "'params' needs states='fsdp' (FSDP2's CPUOffloadPolicy moves the sharded states)")
 
@@ -170,6 +176,19 @@ def _sharded_numel(cfg: ModelConfig, shards: int) -> int:
 
 
 @lru_cache(maxsize=1024)
+def dist_opt_partition(cfg: ModelConfig, shards: int) -> tuple[int, ...]:
+    """Elements each of `shards` ranks holds under dist-opt (and fsdp): FSDP2 shards every
+    parameter on dim 0 as torch.chunk does (ceil(rows / shards) rows a rank, the last ranks fewer
+    or none); a rank keeps the master weights, gradients and both moments of its rows."""
+    held = [0] * shards
+    for shape in param_shapes(cfg).values():
+        rows, per = shape[0], -(-shape[0] // shards)
+        for r in range(shards):
+            held[r] += max(0, min(per, rows - r * per)) * numel(shape[1:])
+    return tuple(held)
+
+
+@lru_cache(maxsize=1024)
 def zero1_partition(cfg: ModelConfig, shards: int) -> tuple[int, ...]:
     """Elements whose optimizer moments each of `shards` ranks holds under zero1: torch's
     ZeroRedundancyOptimizer deals whole parameters, largest first, each to the rank holding the
@@ -183,16 +202,22 @@ def zero1_partition(cfg: ModelConfig, shards: int) -> tuple[int, ...]:
 def predicted_states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: int
                      ) -> dict[str, int]:
     """Bytes of model states one rank holds under AdamW: parameters (master dtype, or the compute
-    dtype), their gradients, two moments; sharded over `shards` ranks under fsdp (rank 0's), the
-    moments alone under zero1 (the rank holding the most: `zero1_partition`). `device` is what
+    dtype), their gradients, two moments; sharded over `shards` ranks under fsdp and dist-opt
+    (rank 0's: `dist_opt_partition`), the moments alone under zero1 (the rank holding the most:
+    `zero1_partition`); `buffers`, dist-opt's whole parameters (compute dtype) and gradients
+    (master dtype) held through a step (what a rank holds between steps is the rest). `device` is what
     stays on the accelerator, `host` what offload 'params' moved (FSDP2's CPU offload: the
     parameters, their gradients and the moments that step beside them; `check_offload`)."""
     stored = ELEM[policy.master_dtype or dtype]
-    n = shards if policy.states == "fsdp" else 1
+    n = shards if policy.states in SHARDED else 1
     count = _sharded_numel(cfg, n)
     moments = max(zero1_partition(cfg, shards)) if policy.states == "zero1" else count
-    out = {"params": count * stored, "grads": count * stored, "optimizer": 2 * moments * stored}
-    total = out["params"] + out["grads"] + out["optimizer"]
+    out = {"params": count * stored, "grads": count * stored, "optimizer": 2 * moments * stored,
+           "buffers": 0}
+    if policy.states == "dist-opt":  # Megatron's buffers, whole through a step: the parameters
+        # gathered in the compute dtype, the gradients accumulated in the master's
+        out["buffers"] = _sharded_numel(cfg, 1) * (ELEM[dtype] + stored)
+    total = out["params"] + out["grads"] + out["optimizer"] + out["buffers"]
     hosted = "params" in policy.offload
     out["device"] = 0 if hosted else total
     out["host"] = total if hosted else 0
@@ -276,10 +301,10 @@ def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype
     blocks = on_device * block_bytes(cfg, batch, shard_tokens, dtype, policy, attn)
     extra = 2 * shard_tokens * cfg.head_dim * e + (2 * batch + 1) * shard_tokens * 8  # rope, ids
     block_weights = block_numel(cfg)
-    casts = 0
+    casts = 0  # dist-opt's gathered parameters are its states' buffers
     if policy.states == "fsdp":
         casts = (2 * v * d + d) * e                        # the root's gathered parameters
-    elif policy.master_dtype and ELEM[policy.master_dtype] != e:
+    elif policy.master_dtype and ELEM[policy.master_dtype] != e and policy.states != "dist-opt":
         casts = ((0 if policy.fused_head else v * d) + d) * e  # the head's (unfused), the norm's
         if policy.checkpoint in ("none", "sequence", "sc++,sequence"):
             casts += cfg.layers * block_weights * e        # each block's casts, kept for backward
