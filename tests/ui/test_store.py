@@ -130,6 +130,7 @@ def test_experiments_open_on_runs_and_trials_are_top_level(fresh_store):
 def test_trials_nested_the_old_way_are_still_read(fresh_store):
     t = Tracker(fresh_store)
     sweep = t.start_sweep("old", "old", {}, {})
+    t.client.delete_tag(sweep, tracking.LINK_TAG)  # a sweep started before trials were linked
     exp = t.experiment_id("old")
     t.client.create_run(exp, run_name="nested", tags={tracking.PARENT_TAG: sweep,
                                                       tracking.KIND_TAG: "trial"})
