@@ -188,6 +188,19 @@ def dist_opt_partition(cfg: ModelConfig, shards: int) -> tuple[int, ...]:
     return tuple(held)
 
 
+def dist_opt_bytes(cfg: ModelConfig, shards: int, param_bytes: int, grad_bytes: int) -> int:
+    """Bytes one rank sends a step under dist-opt (NCCL-tests' convention, as the ledger books
+    them): one all-gather of every parameter (its shard to each of the G - 1 others, `param_bytes`
+    an element: the compute dtype) and one reduce-scatter of every gradient ((G - 1)/G of the
+    whole, `grad_bytes` an element: the master dtype), FSDP2 padding each parameter's dim 0 to a
+    multiple of G: (G - 1) x sum of ceil(rows / G) x cols x (param + grad bytes) — about
+    (param + grad bytes) a parameter, 4 in bf16, 6 with fp32 gradients, 16 in float64."""
+    if shards <= 1:
+        return 0
+    padded = sum(-(-s[0] // shards) * numel(s[1:]) for s in param_shapes(cfg).values())
+    return (shards - 1) * padded * (param_bytes + grad_bytes)
+
+
 @lru_cache(maxsize=1024)
 def zero1_partition(cfg: ModelConfig, shards: int) -> tuple[int, ...]:
     """Elements whose optimizer moments each of `shards` ranks holds under zero1: torch's

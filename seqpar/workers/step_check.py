@@ -50,18 +50,18 @@ class StepCheck:
 
 def rank_run(env: Any, case: TrainCase) -> list[tuple[float, dict[str, torch.Tensor]]] | None:
     """Every batch's (loss, full gradients) on this gang rank (None outside the pool)."""
-    return _on_pool(env, case, _losses_and_grads)
+    return on_pool(env, case, _losses_and_grads)
 
 
 def rank_timeline(env: Any, case: TrainCase) -> list[tuple[tuple[int, ...], float, float]] | None:
     """Every micro-batch of the first batch this gang rank ran: (group, wall-clock start, end)."""
-    return _on_pool(env, case, _timeline)
+    return on_pool(env, case, _timeline)
 
 
 def rank_trained(env: Any, case: TrainCase) -> tuple[dict[str, torch.Tensor], int] | None:
     """This gang rank's full parameters after an optimizer step on each batch of the case (the
     runner's own `run_batches` and the model's optimizer), and the state bytes it held."""
-    return _on_pool(env, case, _trained)
+    return on_pool(env, case, _trained)
 
 
 def _trained(model: StepModel, case: TrainCase, rank: int, device: torch.device):
@@ -88,7 +88,7 @@ def _timeline(model: StepModel, case: TrainCase, rank: int, device: torch.device
     return [(r.group, res.clock0 + r.start_s, res.clock0 + r.end_s) for r in res.micro]
 
 
-def _on_pool(env: Any, case: TrainCase, fn: Callable[..., Any]) -> Any:
+def on_pool(env: Any, case: TrainCase, fn: Callable[..., Any]) -> Any:
     """fn(model, case, pool rank, device) on the pool of the gang's first case.world ranks: every
     gang rank takes part in creating (and destroying) the pool's groups."""
     device = torch.device(env.device)
