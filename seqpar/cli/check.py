@@ -4,6 +4,7 @@ The command parses, calls `seqpar.workers.checking` (the gang work) and prints."
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from typing import TYPE_CHECKING, Annotated
 
@@ -118,25 +119,33 @@ def _check_lengths(checking, names: list[str], world: int, lengths: str, capacit
         forms=checking.CHECK_FORMS)
     require(bool(cases), "algorithms", ",".join(names),
             "no step fits these shapes: " + "; ".join(dict.fromkeys(r for _, r in skipped)))
+    cases += _dist_opt(cases)
     results = checking.check_steps(cases, world, device, say=err_console.print)
     first = cases[0]
     rows = [[r.case.algorithm + "".join(f" {k}={v}" for k, v in r.case.options),
-             r.case.sp_policy, r.case.layout,
+             r.case.sp_policy, r.case.states, r.case.layout,
              f"{r.case.config().heads}/{r.case.config().kv_heads}",
              " ".join(f"{d}:{n}" for d, n in r.degrees.items()),
              "/".join(str(c) for c in r.counts), f"{r.loss_error:.1e}", f"{r.grad_error:.1e}",
              "ok" if r.ok else "FAIL: " + "; ".join(r.failures)] for r in results]
-    rows += [[label.split()[0], label.split()[1], "-", label.split()[2][2:], "-", "-", "-", "-",
-              f"skipped: {why}"] for label, why in skipped]
+    rows += [[label.split()[0], label.split()[1], "-", "-", label.split()[2][2:], "-", "-", "-",
+              "-", f"skipped: {why}"] for label, why in skipped]
     display_table(f"seqpar check --lengths {lengths}: P={world}, capacity {first.capacity} a rank, "
                   f"{first.tokens_per_step} tokens a step, float64",
-                  ["algorithm", "policy", "layout", "H/Hkv", "sequences by group size",
+                  ["algorithm", "policy", "states", "layout", "H/Hkv", "sequences by group size",
                    "micro-batches a rank", "loss err", "max rel grad err", "status"],
                   rows, as_json=as_json)
     failed = sum(not r.ok for r in results)
     if failed:
         err_console.print(f"[red]{failed} step(s) failed[/red]")
         raise typer.Exit(1)
+
+
+def _dist_opt(cases: list) -> list:
+    """Each algorithm's last dynamic step (its GQA one where there is one) again under
+    states: dist-opt (sharded over the pool, unequal micro-batch counts)."""
+    last = {c.algorithm: c for c in cases if c.sp_policy == "dynamic" and c.world > 1}
+    return [dataclasses.replace(c, states="dist-opt") for c in last.values()]
 
 
 def _mask(case) -> str:

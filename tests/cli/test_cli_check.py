@@ -130,6 +130,8 @@ def test_check_lengths_runs_both_policies_and_exits_0_with_json(session_gang, mo
     assert {(r["policy"], r["H/Hkv"]) for r in rows} == {
         (p, h) for p in ("static", "dynamic") for h in ("4/4", "4/2")}
     assert all(r["status"] == "ok" and float(r["max rel grad err"]) < 1e-8 for r in rows), rows
+    assert [(r["policy"], r["H/Hkv"]) for r in rows if r["states"] == "dist-opt"] == [
+        ("dynamic", "4/2")]  # the dynamic step again, sharded by Megatron's distributed optimizer
     dynamic = next(r for r in rows if r["policy"] == "dynamic")
     assert dynamic["sequences by group size"].startswith("1:") and " 2:" in dynamic[
         "sequences by group size"]
