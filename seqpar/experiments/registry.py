@@ -310,8 +310,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("burst-backward", "BurstAttention's backward vs ring's, MHA and GQA (BurstEngine §3.1)",
           "bytes_total", _burst_backward),
     Study("sp-policies", "a step of long-tailed sequences: static SP (best-fit or cost-balanced "
-          "packs) vs dynamic SP (each sequence on the smallest group that holds it), every "
-          "algorithm: TGS, imbalance, idle time", "tgs", _sp_policies),
+          "packs) vs dynamic SP (each sequence on the smallest group that holds it; states "
+          "replicated or dist-opt), every algorithm: TGS, imbalance, idle time", "tgs",
+          _sp_policies),
     Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "
           "FLOPs) per algorithm and layout, beside equal work", "tokens_per_s", _varlen),
     Study("sliding-window", "window W from N/32 to N/2 against full causal: time, FLOPs and bytes "

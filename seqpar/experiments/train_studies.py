@@ -97,15 +97,18 @@ POLICY_AXIS = [{"plan.sp_policy": "static", "plan.packing": "best-fit"},
 def _sp_policies(preset: str) -> Sweep:
     """A step of long-tailed sequences under each SP policy: static (one SP degree sized for the
     longest, packs best-fit by tokens or balanced by predicted work) against dynamic (each
-    sequence on the smallest group that holds it), every algorithm as the groups' attention. The
-    cpu preset runs P = 2, one rank a core (the times measure the policies, not contention)."""
+    sequence on the smallest group that holds it; again with states sharded by Megatron's
+    distributed optimizer, dist-opt, which needs no equal counts), every algorithm as the
+    groups' attention. The cpu preset runs P = 2, one rank a core (the times measure the
+    policies, not contention)."""
     if preset == "cpu":
         plans = [p for p in CPU_PLANS if p["algorithm"] not in ("local", "usp", "double_ring",
                                                                 "wallfacer")]
         return (_train_base(preset, plan={"world": 2, "capacity": 512},
                             workload={"seq_len": 1024, "lengths": CPU_LENGTHS,
                                       "tokens_per_step": 4096, "batches": 2}),
-                {"plan": [{**p, "world": 2} for p in plans], "policy": POLICY_AXIS})
+                {"plan": [{**p, "world": 2} for p in plans],
+                 "policy": [*POLICY_AXIS, {**POLICY_AXIS[2], "train.states": "dist-opt"}]})
     # a 32-GPU pool over 4 nodes, an 8B model on a long tail up to 128K (capacity 8K a GPU:
     # the static degree 16 holds the longest; dynamic groups from 1 to 32), states sharded by
     # FSDP over the pool (dynamic: every rank as many micro-batches), and dynamic with ZeRO-1's
@@ -123,4 +126,6 @@ def _sp_policies(preset: str) -> Sweep:
              "policy": [{**p, "train.dp": 2} for p in POLICY_AXIS[:2]] + [
                  {**POLICY_AXIS[2], "train.dp": 1, "plan.equal_counts": True},  # FSDP over the pool
                  {**POLICY_AXIS[2], "train.dp": 1, "train.states": "zero1",
+                  "train.checkpoint": "full"},
+                 {**POLICY_AXIS[2], "train.dp": 1, "train.states": "dist-opt",  # Megatron's
                   "train.checkpoint": "full"}]})
