@@ -1,7 +1,9 @@
 """A training step's traffic besides the attention's: FSDP's gathers and reduce-scatters of a block
 and of the root (embedding, head, final norm), the data-parallel reduction of what FSDP did not
-reduce, over the groups each states choice names (`Policy.states`), and zero1's broadcast of the
-updated parameters from the ranks that own them, after the optimizer. Each is a `net.Cost`: its time
+reduce, over the groups each states choice names (`Policy.states`), zero1's broadcast of the
+updated parameters from the ranks that own them, after the optimizer, and dist-opt's all-gather of
+every parameter and reduce-scatter of every gradient, once a step each, outside the micro-batches
+(as the runner does them, exposed). Each is a `net.Cost`: its time
 and how long it keeps each link class busy, which the step adds to the attention's own busy time
 on the same links (`step.step`).
 """
@@ -26,7 +28,8 @@ class Traffic:
     reduce: Cost         # one block's data-parallel all-reduce (last micro-step)
     reduce_root: float
     # zero1: every updated parameter broadcast from its owner after AdamW, once a step (torch's
-    # ZeroRedundancyOptimizer posts them all at once: an all-gather of the parameters' bytes)
+    # ZeroRedundancyOptimizer posts them all at once: an all-gather of the parameters' bytes);
+    # dist-opt: the step's all-gather of the parameters and reduce-scatter of the gradients
     update: Cost = NONE
 
     def busy(self, link: str, last: bool = False) -> float:
@@ -66,6 +69,10 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
         nbytes = int(factor * (size - 1) / size * numel * elem)
         return net.collective(groups(per_node, dp, sp, over), nbytes)
 
+    if policy.states == "dist-opt":  # compute-dtype parameters in, master-dtype gradients out
+        whole = cfg.layers * block + root
+        return Traffic(NONE, NONE, 0.0, NONE, 0.0, _plus(coll("all", dp * sp, whole, e, 1),
+                                                         coll("all", dp * sp, whole, stored, 1)))
     over = {"dp_sp": "all", "sp": "sp", "node": "node"}.get(policy.states, "all")
     sharded = policy.states not in REPLICATED  # FSDP's gathers and reduce-scatters
     gather = coll(over, shards, block, e, 1) if sharded else NONE
@@ -88,3 +95,9 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
     else:
         reduce = reduce_root = NONE
     return Traffic(gather, scatter, root_s, reduce, reduce_root.seconds, update)
+
+
+def _plus(a: Cost, b: Cost) -> Cost:
+    """Two collectives one after the other on the same ranks."""
+    return Cost(a.seconds + b.seconds, a.intra + b.intra, a.inter + b.inter, a.intra_s + b.intra_s,
+                a.inter_s + b.inter_s)

@@ -13,7 +13,7 @@ PARTS = ("attention", "attention_comm", "other_compute", "recompute", "idle", "e
          "optimizer", "host")
 # what the runner's step of lengths holds: replicated, FSDP over the pool, or zero1 (the moments
 # alone sharded over it: no per-layer gathers, so no equal micro-batch counts needed)
-STATES = ("replicated", "dp_sp", "zero1")
+STATES = ("replicated", "dp_sp", "zero1", "dist-opt")  # dist-opt: gathered once a step
 # the dynamic policy's group sizes, the sweep's words (`plan.group_sizes`): powers of two and the
 # pool (Megatron-LM's rule), or any size from 1 to the pool (ByteScale's)
 GROUP_SIZES = ("power-of-two", "any")

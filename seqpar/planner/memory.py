@@ -10,7 +10,8 @@ wallfacer keeps its team's C shards (3CA), allgather its gathered K,V. A step wi
 
 A training step (--scope model | cluster) is counted the way the runner holds it (`step_memory`,
 from `seqpar.rules.memory`): model states by the policy (replicated, FSDP-sharded over the ranks it
-names, or zero1's moments alone over all; master dtype; offload; AdamW), the activations this
+names, zero1's moments alone over all, or dist-opt's shards with its whole parameter and
+gradient buffers; master dtype; offload; AdamW), the activations this
 decoder keeps per checkpoint mode (none, full, sc++ (LoongTrain §5.2), sequence(f), sc++ +
 sequence, seq-attn(f) (BurstEngine §3.2: out and lse of the tokens after the prefix); tiled MLP and
 loss; activations offloaded), and the largest transient working set on top: one block's recompute
@@ -119,7 +120,7 @@ def communicators(name: str, sp: int, dp: int, states: str, per_node: int = 1) -
     DP x SP, reduces the gradients and broadcasts the updated parameters)."""
     attention = 0 if sp == 1 else 1 + AXES.get(name, 0)
     shards = {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp), "replicated": 1,
-              "zero1": 1}[states]
+              "zero1": 1, "dist-opt": 1}[states]  # dist-opt: one group gathers and reduces
     return attention + (shards > 1) + (dp * sp // shards > 1)
 
 

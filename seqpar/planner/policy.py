@@ -6,7 +6,10 @@ them a search walks (narrowed by the user's filters).
 §5.1's hybrid ZeRO over data x sequence ranks), `sp` over the sequence-parallel group only
 (replicated over DP: HSDP), `node` over the GPUs of a node (replicated across nodes: AMSP's partial
 sharding, which LoongTrain §5.1 adopts), `replicated` nowhere, `zero1` AdamW's moments alone over
-every rank (ZeRO-1: parameters and gradients replicated, torch's ZeroRedundancyOptimizer).
+every rank (ZeRO-1: parameters and gradients replicated, torch's ZeroRedundancyOptimizer),
+`dist-opt` Megatron-LM's distributed optimizer over every rank (master weights and moments sharded,
+parameters gathered and gradients accumulated whole through a step: one all-gather and one
+reduce-scatter a step, no equal micro-batch counts; searched only when pinned).
 `checkpoint`: none, full, sc++ (LoongTrain §5.2), seq:F (the runner's `sequence`: the token-wise
 layers of the first F of a rank's tokens recomputed, the attention kept whole), sc++,seq:F,
 seq-attn:F (BurstEngine §3.2's sequence-level selective checkpointing: the block recomputed, the
@@ -27,8 +30,10 @@ from typing import Any
 from seqpar.errors import ConfigError, require
 from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy, check_seq_attn
 
-STATES = ("dp_sp", "sp", "node", "replicated", "zero1")
-REPLICATED = ("replicated", "zero1")  # parameters and gradients whole on every rank
+STATES = ("dp_sp", "sp", "node", "replicated", "zero1", "dist-opt")
+# parameters and gradients whole on every rank through a step (dist-opt: gathered once a step)
+REPLICATED = ("replicated", "zero1", "dist-opt")
+PINNED = ("dist-opt",)  # in a search only when asked for (`Filters.states`)
 CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5", "seq-attn:0.5")
 FORMS = "none, full, sc++, seq:F, sc++,seq:F or seq-attn:F (0 <= F <= 1)"
 # offload sets a search tries (each a list drawn from OFFLOADS)
@@ -60,7 +65,7 @@ class Policy:
     def shards(self, dp: int, sp: int, per_node: int = 1) -> int:
         """Ranks the states are sharded over (zero1: the moments' ranks)."""
         return {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp),
-                "replicated": 1, "zero1": dp * sp}[self.states]
+                "replicated": 1, "zero1": dp * sp, "dist-opt": dp * sp}[self.states]
 
     def runs(self, algorithm: str, layout: str, world: int, seq_len: int,
              causal: bool = True) -> bool:
@@ -174,7 +179,8 @@ def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tupl
     f = filters
     same = {"sp": dp == 1, "node": not 1 < per_node < dp * sp or per_node == sp,
             "zero1": dp * sp == 1}
-    states = [f.states] if f.states else [s for s in STATES if not same.get(s, False)]
+    states = [f.states] if f.states else [s for s in STATES
+                                          if not same.get(s, False) and s not in PINNED]
     checkpoints = [f.checkpoint] if f.checkpoint else list(CHECKPOINTS)
     fused = [f.fused_head] if f.fused_head is not None else [False, True]
     offloads = [tuple(f.offload)] if f.offload is not None else list(offload_sets)
