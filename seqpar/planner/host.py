@@ -8,9 +8,10 @@ every collective and every point-to-point message. `rules.ops` counts them from 
 
 - `dispatch_us` a launching operation (GPU presets: published eager-PyTorch per-operation host
   costs on server CPUs, `clusters.DISPATCH_US`; this machine: `seqpar calibrate` measures it),
-- a collective and a message cost one dispatch each to issue, plus the host transport's own
-  fixed cost where there is one (`collective_us`, `message_us`: a CPU host's gloo); their wire
-  latency is the links' (`Link.latency_us`, charged by `net`).
+- a collective and a message cost one dispatch each to issue, plus, on a host whose ranks share
+  its cores, what posting it and waiting on the peers cost a step there (`waits_us`, by ranks on
+  the host: `seqpar calibrate` on the runner's own step of 2 and of 4 ranks); their wire latency
+  and bytes are the links' and the transport's (`Link.latency_us`, `net`, `transport_gb_per_s`).
 
 Two workers. On a GPU the host issues asynchronously and the device runs what was issued: a
 stretch of work between two synchronising points lasts max(host issue, device time), and the step
@@ -34,13 +35,31 @@ def overlaps(c: Cluster) -> bool:
     return c.cores is None
 
 
+def waits(c: Cluster, world: int) -> tuple[float, float]:
+    """(seconds, seconds) a message and a collective cost a rank of a step of `world` ranks
+    beyond their dispatch on a host whose ranks share its cores (`Cluster.waits_us`: the entry
+    of the most ranks up to `world`, else the fewest); (0, 0) where none is measured."""
+    if not c.waits_us:
+        return 0.0, 0.0
+    keys = sorted(c.waits_us)
+    key = max((k for k in keys if k <= world), default=keys[0])
+    message, collective = c.waits_us[key]
+    return message * 1e-6, collective * 1e-6
+
+
 def issue_seconds(c: Cluster, issue: op_rules.Issue, kernel_ops: float) -> float:
-    """Host seconds to issue `issue` (`kernel_ops`: launching operations per attention kernel
-    call of the kernel that will run)."""
-    per = c.dispatch_us * 1e-6
-    return (per * (issue.ops + issue.kernel_calls * kernel_ops + issue.collectives
-                   + issue.messages)
-            + 1e-6 * (c.collective_us * issue.collectives + c.message_us * issue.messages))
+    """Host CPU seconds a rank takes to issue `issue` (`kernel_ops`: launching operations per
+    attention kernel call of the kernel that will run)."""
+    return c.dispatch_us * 1e-6 * (issue.ops + issue.kernel_calls * kernel_ops
+                                   + issue.collectives + issue.messages)
+
+
+def wait_seconds(c: Cluster, issue: op_rules.Issue, world: int) -> float:
+    """What `issue`'s messages and collectives cost one of `world` ranks beyond their dispatch
+    on a host whose ranks share its cores (`waits`): waiting, not computing, so not shared out
+    among the cores."""
+    message, collective = waits(c, world)
+    return message * issue.messages + collective * issue.collectives
 
 
 def kernel_ops(c: Cluster, kernel: str, phase: str) -> float:
@@ -75,39 +94,58 @@ def param_tensors(cfg: ModelConfig) -> int:
     return cfg.layers * len(block_shapes(cfg)) + 3
 
 
-def micro_seconds(c: Cluster, cfg: ModelConfig, *, algorithm: str, d: int, layout: str,
-                  options: dict, checkpoint: str, kernel: str, docs: int = 1,
-                  mask: str = "causal", fused_head: bool = False) -> float:
-    """Host seconds one rank spends issuing one micro-batch of `docs` documents on a group of d
-    ranks: each layer's block and attention call forward and backward (the checkpoint's
-    recompute, and the attention forwards it re-runs, in backward), and the micro-batch's own
-    embedding, head and loss."""
-    if not c.dispatch_us:
-        return 0.0
-    seconds = 0.0
+def micro_issue(cfg: ModelConfig, *, algorithm: str, d: int, layout: str, options: dict,
+                checkpoint: str, docs: int = 1, mask: str = "causal", fused_head: bool = False
+                ) -> list[tuple[op_rules.Issue, str]]:
+    """What one rank issues for one micro-batch of `docs` documents on a group of d ranks, with
+    the attention kernel's phase of each part (None: no kernel calls): each layer's block and
+    attention call forward and backward (the checkpoint's recompute, and the attention forwards
+    it re-runs, in backward), and the micro-batch's own embedding, head and loss."""
     call = {"layout": layout, "mask": mask, "options": options, "docs": docs}
+    out: list[tuple[op_rules.Issue, str]] = []
     for phase in op_rules.PHASES:
-        layer = issue_seconds(c, op_rules.block(checkpoint, phase), 0.0)
-        layer += issue_seconds(c, op_rules.attention(algorithm, d, phase=phase, **call),
-                               kernel_ops(c, kernel, phase))
+        out.append((op_rules.block(checkpoint, phase) * cfg.layers, phase))
+        out.append((op_rules.attention(algorithm, d, phase=phase, **call) * cfg.layers, phase))
         if phase == "backward":  # the forwards the checkpoint mode runs again
             again = op_rules.attention(algorithm, d, phase="forward", **call)
-            layer += op_rules.attention_reruns(checkpoint) * issue_seconds(
-                c, again, kernel_ops(c, kernel, "forward"))
-        seconds += cfg.layers * layer
-        seconds += issue_seconds(c, op_rules.micro(phase, fused_head=fused_head), 0.0)
-    return seconds
+            out.append((again * (cfg.layers * op_rules.attention_reruns(checkpoint)),
+                        "forward"))
+        out.append((op_rules.micro(phase, fused_head=fused_head), phase))
+    return out
 
 
-def step_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int) -> float:
-    """Host seconds one rank spends once a step: AdamW (foreach) over the model's parameter
-    tensors, the gradient reduction over `world` ranks (per tensor, FSDP2's per layer), the
-    loss's all-reduce and the wait at the step's end; the micro-batches' heads are theirs."""
-    if not c.dispatch_us:
-        return 0.0
+def micro_seconds(c: Cluster, cfg: ModelConfig, *, algorithm: str, d: int, layout: str,
+                  options: dict, checkpoint: str, kernel: str, docs: int = 1,
+                  mask: str = "causal", fused_head: bool = False, world: int = 1
+                  ) -> tuple[float, float]:
+    """(host CPU seconds, waiting seconds) one of `world` ranks spends issuing one micro-batch
+    (`micro_issue`) on a group of d ranks."""
+    if not c.dispatch_us and not c.waits_us:
+        return 0.0, 0.0
+    parts = micro_issue(cfg, algorithm=algorithm, d=d, layout=layout, options=options,
+                        checkpoint=checkpoint, docs=docs, mask=mask, fused_head=fused_head)
+    cpu = sum(issue_seconds(c, issue, kernel_ops(c, kernel, phase)) for issue, phase in parts)
+    return cpu, sum(wait_seconds(c, issue, world) for issue, _ in parts)
+
+
+def step_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int
+                 ) -> tuple[float, float]:
+    """(host CPU seconds, waiting seconds) one rank spends once a step: AdamW (foreach) over the
+    model's parameter tensors, the gradient reduction over `world` ranks (per tensor, FSDP2's
+    per layer), the loss's all-reduce and the wait at the step's end; the micro-batches' heads
+    are theirs."""
+    if not c.dispatch_us and not c.waits_us:
+        return 0.0, 0.0
     issue = op_rules.step(param_tensors(cfg), states=states, world=world, layers=cfg.layers,
                           micro_batches=0)
-    return issue_seconds(c, issue, 0.0)
+    return issue_seconds(c, issue, 0.0), wait_seconds(c, issue, world)
+
+
+def on_host(c: Cluster, cpu_and_wait: tuple[float, float], world: int) -> float:
+    """A rank's issue seconds: its CPU part shared out among the host's cores (`host_seconds`),
+    its waiting not."""
+    cpu, wait = cpu_and_wait
+    return c.host_seconds(cpu, cpu * world, world) + wait
 
 
 def stretch(c: Cluster, device: float, host: float) -> float:

@@ -112,10 +112,11 @@ def issue_s(c: Cluster, cfg: ModelConfig, d: int, name: str, options: dict[str, 
     (`planner.host`: the counted operations at the cluster's issue rates, a CPU host's cores
     shared out among `world` ranks)."""
     algorithm = "local" if d == 1 else name
-    x = host.micro_seconds(c, cfg, algorithm=algorithm, d=d, layout=layout, options=options,
-                           checkpoint=checkpoint, kernel=kernel, docs=docs,
-                           mask="documents" if docs > 1 else "causal", fused_head=fused_head)
-    return c.host_seconds(x, x * world, world)
+    got = host.micro_seconds(c, cfg, algorithm=algorithm, d=d, layout=layout, options=options,
+                             checkpoint=checkpoint, kernel=kernel, docs=docs,
+                             mask="documents" if docs > 1 else "causal", fused_head=fused_head,
+                             world=world)
+    return host.on_host(c, got, world)
 
 
 def ring_link_s(net: Net, cfg: ModelConfig, dtype: str, d: int, tokens: int,

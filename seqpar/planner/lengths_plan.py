@@ -387,8 +387,8 @@ class LengthPlan:
         reduction (`planner.host.step_seconds`, a CPU host's cores shared out)."""
         key = ("issue_once", states)
         if key not in self._memo:
-            x = host.step_seconds(self.cluster, self.cfg, states=states, world=self.world)
-            self._memo[key] = self.cluster.host_seconds(x, x * self.world, self.world)
+            got = host.step_seconds(self.cluster, self.cfg, states=states, world=self.world)
+            self._memo[key] = host.on_host(self.cluster, got, self.world)
         return self._memo[key]
 
     def search(self, filters: Filters = Filters(), policies: tuple[str, ...] = POLICIES,

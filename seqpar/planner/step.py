@@ -312,10 +312,9 @@ def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp:
         micro = host.micro_seconds(c, setup.cfg, algorithm=attn.algorithm, d=sp,
                                    layout=attn.layout, options=attn.options,
                                    checkpoint=train.checkpoint, kernel=setup.kernel, mask=mask,
-                                   fused_head=train.fused_head)
+                                   fused_head=train.fused_head, world=world)
         once = host.step_seconds(c, setup.cfg, states=train.states, world=world)
-        got = setup.cache[key] = (c.host_seconds(micro, micro * world, world),
-                                  c.host_seconds(once, once * world, world))
+        got = setup.cache[key] = (host.on_host(c, micro, world), host.on_host(c, once, world))
     return got
 
 

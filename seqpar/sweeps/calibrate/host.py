@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from seqpar.experiments.steps import make_case
+from seqpar.planner.clusters import Cluster
 from seqpar.platform.localgang import free_port
 from seqpar.workers.measure.opcount import OpCounter
 from seqpar.workers.measure.varlen import build, build_pool, pool_groups, run_batches
@@ -64,3 +65,64 @@ def dispatch_seconds(repeats: int = REPEATS) -> tuple[float, int]:
     spread = statistics.median(times) / least if least > 0 else 1.0
     assert spread < 10, f"the tiny step's CPU time varies {spread:.1f}x: too noisy to measure"
     return least / ops, ops
+
+
+# ------------------------------------------------------------- a step's messages and collectives
+WAIT_SEQUENCES = 32  # a step: each of 32 tokens on the group of 2 (16 a rank)
+
+
+def _tiny_step(algorithm: str, world: int = 2):
+    return make_case(algorithm, world, f"fixed:{world * TOKENS}",
+                     tokens=world * TOKENS * WAIT_SEQUENCES, capacity=TOKENS, policy="static",
+                     dtype="float32", longest=world * TOKENS)
+
+
+def rank_step_costs(env, algorithm: str, repeats: int, world: int = 2
+                    ) -> tuple[float, int, int, int]:
+    """On one rank of a LocalGang of 2: (the least wall seconds of the tiny step of 2-rank
+    micro-batches under `algorithm`, its launching operations, messages, collectives)."""
+    torch.set_num_threads(1)
+    case = _tiny_step(algorithm, world)
+    cpu = torch.device("cpu")
+    model = build(case, build_pool(pool_groups(case, None)), cpu)
+    opt = model.net.optimizer(1e-3)
+    for _ in range(2):
+        run_batches(model, case, env.rank, opt, cpu)
+    with OpCounter() as counter:
+        run_batches(model, case, env.rank, opt, cpu)
+    tallies = counter.tallies.values()
+    ops = sum(t.ops + t.kernel_ops for t in tallies)
+    messages = sum(t.messages for t in tallies)
+    collectives = sum(t.collectives for t in tallies)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        run_batches(model, case, env.rank, opt, cpu)
+        times.append(time.perf_counter() - start)
+    return min(times), ops, messages, collectives
+
+
+def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2) -> tuple[float, float]:
+    """(host seconds a message, a collective costs a step of two ranks on this host beyond what
+    `cluster` already charges: posting it, the transport's threads, the wait on the peer on the
+    shared cores). The tiny step of 2-rank micro-batches under ring (its messages) and
+    allgather (its collectives), both with the gradient's all-reduces, measured in wall time;
+    each one's residual over the planner's prediction of it without these costs
+    (`planner.lengths_plan.predict_case`), solved for the two."""
+    import numpy as np
+
+    from seqpar.planner.lengths_plan import predict_case
+    from seqpar.platform.localgang import LocalGang
+
+    free = cluster.model_copy(update={"waits_us": {}})
+    rows, rhs = [], []
+    with LocalGang(world) as gang:
+        for algorithm in ("ring", "allgather"):
+            got = gang.run(rank_step_costs, algorithm, repeats, world)
+            wall = max(g[0] for g in got)
+            messages, collectives = (max(g[k] for g in got) for k in (2, 3))
+            rows.append([messages, collectives])
+            rhs.append(wall - predict_case(_tiny_step(algorithm, world), free).step_ms / 1e3)
+    per_message, per_collective = np.linalg.solve(np.array(rows, float), np.array(rhs))
+    return max(0.0, float(per_message)), max(0.0, float(per_collective))

@@ -27,6 +27,7 @@ from seqpar.sweeps.calibrate.compute import (
     measure,
     with_host_links,
 )
+from seqpar.sweeps.calibrate.host import step_waits
 from seqpar.workers.measure import measure as measure_case
 
 
@@ -189,11 +190,17 @@ def calibrate(name: str = "local",
               with_link: bool = True) -> tuple[Cluster, dict[str, dict[int, float]]]:
     """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores) and
     the kernel's FLOP/s by mask and block tokens; with `with_link`, also the local link, the
-    transport's CPU cost and the fixed host costs (two local ranks); on a CUDA machine also every
+    transport's CPU cost, the fixed host costs and what a training step's messages and collectives
+    cost beyond them (`host.step_waits`; two local ranks); on a CUDA machine also every
     attention kernel it runs (`Cluster.kernels`: the planner takes them before documented rates)."""
     cluster, table = measure(name)
     if with_link:
         cluster = with_host_links(cluster, *host_links())
+        found = {}
+        for world in sorted({2, 2 * (cluster.cores or 1)}):  # ranks a core, and two a core
+            message, collective = step_waits(cluster, world=world)
+            found[world] = (round(message * 1e6, 1), round(collective * 1e6, 1))
+        cluster = cluster.model_copy(update={"waits_us": found})
     if torch.cuda.is_available():
         cluster = cluster.model_copy(update={"kernels": cuda_kernels()})
     return cluster, table
