@@ -122,8 +122,10 @@ def _check_lengths(checking, names: list[str], world: int, lengths: str, capacit
     cases += _dist_opt(cases)
     results = checking.check_steps(cases, world, device, say=err_console.print)
     first = cases[0]
-    rows = [[r.case.algorithm + "".join(f" {k}={v}" for k, v in r.case.options),
-             r.case.sp_policy, r.case.states, r.case.layout,
+    rows = [[r.case.algorithm + "".join(f" {k}={v}" for k, v in r.case.options)
+             + "".join(f" {d}:{n}" for d, n, _ in r.case.algorithms_by_size),
+             r.case.sp_policy + (" cost" if r.case.degrees == "cost" else ""), r.case.states,
+             r.case.layout,
              f"{r.case.config().heads}/{r.case.config().kv_heads}",
              " ".join(f"{d}:{n}" for d, n in r.degrees.items()),
              "/".join(str(c) for c in r.counts), f"{r.loss_error:.1e}", f"{r.grad_error:.1e}",
@@ -144,7 +146,8 @@ def _check_lengths(checking, names: list[str], world: int, lengths: str, capacit
 def _dist_opt(cases: list) -> list:
     """Each algorithm's last dynamic step (its GQA one where there is one) again under
     states: dist-opt (sharded over the pool, unequal micro-batch counts)."""
-    last = {c.algorithm: c for c in cases if c.sp_policy == "dynamic" and c.world > 1}
+    last = {c.algorithm: c for c in cases if c.sp_policy == "dynamic" and c.world > 1
+            and c.degrees == "smallest"}
     return [dataclasses.replace(c, states="dist-opt") for c in last.values()]
 
 

@@ -116,7 +116,8 @@ def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int
                 forms: Mapping[str, Callable[[int], dict[str, Any]]] | None = None,
                 ) -> tuple[list[TrainCase], list[tuple[str, str]]]:
     """`seqpar check --lengths`: the tiny decoder (heads, kv_heads, head_dim; MHA and GQA) under
-    each policy for each algorithm, the layouts taken in turn, in float64. The capacity defaults
+    each policy for each algorithm, the layouts taken in turn, in float64, and the dynamic policy
+    with group sizes by cost, for the first algorithm and for `auto`. The capacity defaults
     to the longest sequence over the pool (the longest needs every rank, the rest less: more than
     one group size), the step's tokens to 4 x the pool's capacity. Returns the cases and, for the
     ones that cannot run, (label, why)."""
@@ -134,6 +135,26 @@ def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int
                     case = make_case(
                         name, world, lengths, tokens, capacity, policy, seed=seed,
                         layout=layouts[(i + j) % len(layouts)], options=options, longest=longest,
+                        overrides=(("vocab", 61), ("heads", heads), ("kv_heads", kv),
+                                   ("hidden", heads * head_dim), ("ffn", 48)))
+                    case.validate()
+                except ConfigError as err:
+                    skipped.append((label, str(err)))
+                    continue
+                cases.append(case)
+    # the dynamic policy's choices (issue 37): group sizes by cost, and with each size's
+    # algorithm chosen by the planner, MHA and GQA
+    if world > 1:
+        for k, kv in enumerate(dict.fromkeys((heads, kv_heads))):
+            for name in ("auto", next((n for n in names if n != "local"), None)):
+                if name is None:
+                    continue
+                label = f"{name} dynamic degrees=cost H={heads}/{kv}"
+                try:
+                    case = make_case(
+                        name, world, lengths, tokens, capacity, "dynamic", seed=seed + 1 + k,
+                        layout=layouts[k % len(layouts)], longest=longest, degrees="cost",
+                        options=forms[name](world) if forms and name in forms else {},
                         overrides=(("vocab", 61), ("heads", heads), ("kv_heads", kv),
                                    ("hidden", heads * head_dim), ("ffn", 48)))
                     case.validate()

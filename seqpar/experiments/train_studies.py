@@ -98,7 +98,8 @@ def _sp_policies(preset: str) -> Sweep:
     """A step of long-tailed sequences under each SP policy: static (one SP degree sized for the
     longest, packs best-fit by tokens or balanced by predicted work) against dynamic (each
     sequence on the smallest group that holds it; again with states sharded by Megatron's
-    distributed optimizer, dist-opt, which needs no equal counts), every algorithm as the
+    distributed optimizer, dist-opt, which needs no equal counts; with group sizes by cost; and
+    with the algorithm of each group size chosen by the planner, auto), every algorithm as the
     groups' attention. The cpu preset runs P = 2, one rank a core (the times measure the
     policies, not contention)."""
     if preset == "cpu":
@@ -108,7 +109,10 @@ def _sp_policies(preset: str) -> Sweep:
                             workload={"seq_len": 1024, "lengths": CPU_LENGTHS,
                                       "tokens_per_step": 4096, "batches": 2}),
                 {"plan": [{**p, "world": 2} for p in plans],
-                 "policy": [*POLICY_AXIS, {**POLICY_AXIS[2], "train.states": "dist-opt"}]})
+                 "policy": [*POLICY_AXIS, {**POLICY_AXIS[2], "train.states": "dist-opt"},
+                            {**POLICY_AXIS[2], "plan.degrees": "cost"},
+                            # one trial whatever the plan: each group size's algorithm chosen
+                            {**POLICY_AXIS[2], "plan.degrees": "cost", "plan.algorithm": "auto"}]})
     # a 32-GPU pool over 4 nodes, an 8B model on a long tail up to 128K (capacity 8K a GPU:
     # the static degree 16 holds the longest; dynamic groups from 1 to 32), states sharded by
     # FSDP over the pool (dynamic: every rank as many micro-batches), and dynamic with ZeRO-1's

@@ -59,6 +59,7 @@ from seqpar.rules.memory import (
     zero1_partition,
 )
 from seqpar.rules.model import ModelConfig, block_numel, block_shapes
+from seqpar.rules.pool import AUTO
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 
 # where a step's time goes: the attention's kernels, its own exposed communication (as the
@@ -401,7 +402,9 @@ def predict_trial(spec: Any, cluster: Cluster) -> Any:
     cfg, dtype = case.config(), spec.workload.dtype
     setup = Setup(cluster, cfg, case.seq_len, case.seq_len * case.batch * case.dp, case.world,
                   max(1, spec.plan.nodes), dtype, case.batch, cluster.kernel or "flash2")
-    attn = replace(setup.attention(case.sp, case.algorithm, dict(spec.plan.options), case.layout),
-                   options=dict(spec.plan.options))
+    name, options = case.algorithm, dict(spec.plan.options)
+    if name == AUTO:  # what the largest group of its deals runs (the driver chose it)
+        name, options = case.options_at(max(case.group_sizes()))
+    attn = replace(setup.attention(case.sp, name, options, case.layout), options=options)
     policy, train = _policy_of_case(case)
     return step(setup, case.dp, case.sp, attn, policy, train)

@@ -8,6 +8,7 @@ from seqpar import algorithms, peers
 from seqpar.errors import ConfigError
 from seqpar.experiments.grid import apply, points
 from seqpar.experiments.registry import PRESET_NAMES, STUDIES
+from seqpar.rules.pool import AUTO
 
 NAMES = ("throughput", "memory", "strong-scaling", "weak-scaling", "mha-vs-gqa", "load-balance",
          "placement", "ring-size", "wallfacer-c", "burst-backward")
@@ -72,7 +73,7 @@ def test_every_algorithm_a_study_names_is_registered(preset):
     """Read from each study's own grid, before any validation: an algorithm that is misspelt or not
     registered would only become a point skipped at run time (and a study that never runs it),
     which this test refuses."""
-    known = set(algorithms.REGISTRY) | {p.name for p in peers.catalogue()}
+    known = set(algorithms.REGISTRY) | {p.name for p in peers.catalogue()} | {AUTO}
     for study in STUDIES.values():
         base, grid = study.sweep(preset)
         named = {apply(base, overrides)["plan"].get("algorithm") for overrides in points(grid)}
