@@ -54,21 +54,27 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--degrees", choices=("smallest", "cost"), default="smallest")
     ap.add_argument("--auto", action="store_true", help="the algorithm chosen per group size")
+    ap.add_argument("--capacity", type=int, default=2048, help="tokens a rank holds")
+    ap.add_argument("--dispatch-us", type=float, default=None,
+                    help="the host's issue of an operation (default: the preset's)")
+    ap.add_argument("--model", default=MODEL, help="another decoder (a preset or a file)")
     a = ap.parse_args()
     h100 = clusters.load("h100-sxm")
+    if a.dispatch_us is not None:
+        h100 = h100.model_copy(update={"dispatch_us": a.dispatch_us})
     free = h100.model_copy(update={"dispatch_us": 0.0})
-    print(f"{LENGTHS}, capacity 2048 a rank, {MODEL}, h100-sxm (flash2, dispatch "
+    print(f"{LENGTHS}, capacity {a.capacity} a rank, {a.model}, h100-sxm (flash2, dispatch "
           f"{h100.dispatch_us:g} us an operation), 4 GPUs a node")
     for p in a.worlds:
         for tokens in a.tokens:
             if tokens < p * 128:
                 continue
             t0 = time.perf_counter()
-            work = Workload.of(LENGTHS, tokens, 8192, 2048, batches=a.batches)
+            work = Workload.of(LENGTHS, tokens, 8192, a.capacity, batches=a.batches)
             ratios = []
             print(f"\nP = {p}, {tokens:,} tokens a step ({tokens // p:,} a GPU)")
             for name, cluster in (("host model", h100), ("no host", free)):
-                plan = LengthPlan.make(cluster, MODEL, work, p, max(1, p // 4))
+                plan = LengthPlan.make(cluster, a.model, work, p, max(1, p // 4))
                 steps = plan.search()
                 st, dy = best(steps, "static"), best(steps, "dynamic")
                 ratios.append(st.step_ms / dy.step_ms)

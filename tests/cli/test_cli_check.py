@@ -128,7 +128,10 @@ def test_check_lengths_runs_both_policies_and_exits_0_with_json(session_gang, mo
     assert code == 0, out + err
     rows = json.loads(out)
     assert {(r["policy"], r["H/Hkv"]) for r in rows} == {
-        (p, h) for p in ("static", "dynamic") for h in ("4/4", "4/2")}
+        (p, h) for p in ("static", "dynamic", "dynamic cost") for h in ("4/4", "4/2")}
+    # group sizes by cost for ring and for auto (each size's algorithm named), MHA and GQA
+    assert sorted(r["algorithm"].split()[0] for r in rows if r["policy"] == "dynamic cost") == [
+        "auto", "auto", "ring", "ring"]
     assert all(r["status"] == "ok" and float(r["max rel grad err"]) < 1e-8 for r in rows), rows
     assert [(r["policy"], r["H/Hkv"]) for r in rows if r["states"] == "dist-opt"] == [
         ("dynamic", "4/2")]  # the dynamic step again, sharded by Megatron's distributed optimizer
