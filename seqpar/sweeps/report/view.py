@@ -106,6 +106,7 @@ class TrialView:
     sp_policy: str | None = None  # with lengths: static | dynamic
     packing: str | None = None    # with lengths, static: best-fit | cost-balanced
     equal_counts: bool = False    # with lengths, dynamic: every rank as many micro-batches
+    degrees: str | None = None    # with lengths, dynamic: smallest | cost (group sizes)
 
     @classmethod
     def of(cls, run: RunRecord) -> TrialView:
@@ -138,7 +139,7 @@ class TrialView:
             tags.get("seqpar.cause", ""), tags.get("seqpar.headline"), dict(run.metrics),
             tags.get("seqpar.unstable"), run.experiment_id, _text(p, "workload.mask"),
             _text(p, "workload.lengths"), _text(p, "plan.sp_policy"), _text(p, "plan.packing"),
-            p.get("plan.equal_counts") == "True")
+            p.get("plan.equal_counts") == "True", _text(p, "plan.degrees"))
 
     @property
     def finished(self) -> bool:
@@ -151,7 +152,8 @@ class TrialView:
         if self.training is not None:
             words.append(self.training.label(self.world))
         if self.lengths is not None:  # a step of sequences: its policy tells the trials apart
-            words.append(("dynamic" + ("/equal-counts" if self.equal_counts else ""))
+            words.append(("dynamic" + ("/equal-counts" if self.equal_counts else "")
+                          + ("/cost" if self.degrees == "cost" else ""))
                          if self.sp_policy == "dynamic" else f"static/{self.packing or 'best-fit'}")
         return " ".join(words)
 
