@@ -126,40 +126,33 @@ def check_cases(names: Sequence[str], world: int, lengths: str, *, capacity: int
     capacity = capacity or max(2, -(-longest // world))
     tokens = tokens or 4 * world * capacity
     cases, skipped = [], []
+
+    def add(label: str, name: str, policy: str, kv: int, layout: str, seed_: int,
+            degrees: str = "smallest") -> None:
+        """One float64 case of the tiny decoder with kv KV heads, validated (else skipped)."""
+        try:
+            case = make_case(
+                name, world, lengths, tokens, capacity, policy, seed=seed_, layout=layout,
+                options=forms[name](world) if forms and name in forms else {}, longest=longest,
+                degrees=degrees, overrides=(("vocab", 61), ("heads", heads), ("kv_heads", kv),
+                                            ("hidden", heads * head_dim), ("ffn", 48)))
+            case.validate()
+        except ConfigError as err:
+            skipped.append((label, str(err)))
+            return
+        cases.append(case)
+
     for i, name in enumerate(n for n in names if n != "local" or world == 1):
         for j, policy in enumerate(("static", "dynamic")):
             for kv in dict.fromkeys((heads, kv_heads)):
-                label = f"{name} {policy} H={heads}/{kv}"
-                options = forms[name](world) if forms and name in forms else {}
-                try:
-                    case = make_case(
-                        name, world, lengths, tokens, capacity, policy, seed=seed,
-                        layout=layouts[(i + j) % len(layouts)], options=options, longest=longest,
-                        overrides=(("vocab", 61), ("heads", heads), ("kv_heads", kv),
-                                   ("hidden", heads * head_dim), ("ffn", 48)))
-                    case.validate()
-                except ConfigError as err:
-                    skipped.append((label, str(err)))
-                    continue
-                cases.append(case)
+                add(f"{name} {policy} H={heads}/{kv}", name, policy, kv,
+                    layouts[(i + j) % len(layouts)], seed)
     # the dynamic policy's choices (issue 37): group sizes by cost, and with each size's
     # algorithm chosen by the planner, MHA and GQA
+    first = next((n for n in names if n != "local"), None)
     if world > 1:
         for k, kv in enumerate(dict.fromkeys((heads, kv_heads))):
-            for name in ("auto", next((n for n in names if n != "local"), None)):
-                if name is None:
-                    continue
-                label = f"{name} dynamic degrees=cost H={heads}/{kv}"
-                try:
-                    case = make_case(
-                        name, world, lengths, tokens, capacity, "dynamic", seed=seed + 1 + k,
-                        layout=layouts[k % len(layouts)], longest=longest, degrees="cost",
-                        options=forms[name](world) if forms and name in forms else {},
-                        overrides=(("vocab", 61), ("heads", heads), ("kv_heads", kv),
-                                   ("hidden", heads * head_dim), ("ffn", 48)))
-                    case.validate()
-                except ConfigError as err:
-                    skipped.append((label, str(err)))
-                    continue
-                cases.append(case)
+            for name in ("auto", *((first,) if first else ())):
+                add(f"{name} dynamic degrees=cost H={heads}/{kv}", name, "dynamic", kv,
+                    layouts[k % len(layouts)], seed + 1 + k, degrees="cost")
     return cases, skipped
