@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from seqpar.planner.clusters import Cluster
 from seqpar.rules import ops as op_rules
-from seqpar.rules.model import ModelConfig, block_shapes
+from seqpar.rules.model import ModelConfig, param_shapes
 
 
 def overlaps(c: Cluster) -> bool:
@@ -50,8 +50,8 @@ def waits(c: Cluster, world: int) -> tuple[float, float]:
 def issue_seconds(c: Cluster, issue: op_rules.Issue, kernel_ops: float) -> float:
     """Host CPU seconds a rank takes to issue `issue` (`kernel_ops`: launching operations per
     attention kernel call of the kernel that will run)."""
-    return c.dispatch_us * 1e-6 * (issue.ops + issue.kernel_calls * kernel_ops
-                                   + issue.collectives + issue.messages)
+    return c.dispatch_us * 1e-6 * (issue.total_ops(kernel_ops) + issue.collectives
+                                   + issue.messages)
 
 
 def wait_seconds(c: Cluster, issue: op_rules.Issue, world: int) -> float:
@@ -90,8 +90,9 @@ _BARE: dict[int, tuple[Cluster, Cluster]] = {}  # one bare copy a cluster: predi
 
 
 def param_tensors(cfg: ModelConfig) -> int:
-    """The decoder's parameter tensors: every block's, the embedding, final norm and head."""
-    return cfg.layers * len(block_shapes(cfg)) + 3
+    """The decoder's parameter tensors (`rules.model.param_shapes`: every block's, the embedding,
+    final norm and head)."""
+    return len(param_shapes(cfg))
 
 
 def micro_issue(cfg: ModelConfig, *, algorithm: str, d: int, layout: str, options: dict,

@@ -5,12 +5,12 @@ plans from the same lengths; every bad input one line, exit 2, nothing written."
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
 
 from tests import corpora
+from tests.cli.test_cli_check import seqpar
 
 
 @pytest.fixture
@@ -25,16 +25,6 @@ def built(tmp_path, monkeypatch):
     corpora.write(docs[:5], folder / "part-0.parquet", "parquet")
     corpora.write(docs[5:], folder / "part-1.parquet", "parquet")
     return folder, tok, want
-
-
-def seqpar(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from seqpar.cli import app as cli_app
-
-    monkeypatch.setattr(sys, "argv", ["seqpar", *args])
-    with pytest.raises(SystemExit) as info:
-        cli_app.main()
-    out = capsys.readouterr()
-    return info.value.code, out.out, out.err
 
 
 def test_lengths_prints_the_summary_writes_the_lengths_and_the_figure(built, tmp_path,

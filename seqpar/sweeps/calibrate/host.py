@@ -13,12 +13,14 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from seqpar.experiments.steps import make_case
 from seqpar.planner.clusters import Cluster
-from seqpar.platform.localgang import free_port
+from seqpar.planner.lengths_plan import predict_case
+from seqpar.platform.localgang import LocalGang, free_port
 from seqpar.workers.measure.opcount import OpCounter
 from seqpar.workers.measure.varlen import build, build_pool, pool_groups, run_batches
 
@@ -110,11 +112,6 @@ def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2) -> tuple[floa
     allgather (its collectives), both with the gradient's all-reduces, measured in wall time;
     each one's residual over the planner's prediction of it without these costs
     (`planner.lengths_plan.predict_case`), solved for the two."""
-    import numpy as np
-
-    from seqpar.planner.lengths_plan import predict_case
-    from seqpar.platform.localgang import LocalGang
-
     free = cluster.model_copy(update={"waits_us": {}})
     rows, rhs = [], []
     with LocalGang(world) as gang:
