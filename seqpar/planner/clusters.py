@@ -140,11 +140,13 @@ class Cluster(_Strict):
     dispatch_us: float = Field(0.0, ge=0, description="host time to issue one operation that "
                                "launches work: PyTorch's dispatch and autograd bookkeeping, on a "
                                "GPU the kernel's launch (`planner.host`; 0: issuing is free)")
-    waits_us: dict[int, tuple[float, float]] = Field(
-        default_factory=dict, description="ranks on the host -> (us, us): what a training step's "
-        "message and collective cost a rank beyond their dispatch and what the links carry, "
-        "posting them and waiting on the peers on cores the ranks share (`seqpar calibrate`, the "
-        "runner's own step; the entry of the most ranks up to a step's)")
+    waits_us: dict[int, tuple[float, float] | tuple[float, float, float]] = Field(
+        default_factory=dict, description="ranks on the host -> (us, us[, us]): what a training "
+        "step's message, collective and collective queued behind another (the gradient "
+        "reduction's; the collective's when not given) cost a rank beyond their dispatch and what "
+        "the links carry, posting them and waiting on the peers on cores the ranks share "
+        "(`seqpar calibrate`: the runner's own step, and all-reduces posted back to back; the "
+        "entry of the most ranks up to a step's)")
 
     def share(self, world: int) -> float:
         """One rank's fraction of a core when `world` one-thread ranks share the host (1 when

@@ -35,31 +35,33 @@ def overlaps(c: Cluster) -> bool:
     return c.cores is None
 
 
-def waits(c: Cluster, world: int) -> tuple[float, float]:
-    """(seconds, seconds) a message and a collective cost a rank of a step of `world` ranks
-    beyond their dispatch on a host whose ranks share its cores (`Cluster.waits_us`: the entry
-    of the most ranks up to `world`, else the fewest); (0, 0) where none is measured."""
+def waits(c: Cluster, world: int) -> tuple[float, float, float]:
+    """(seconds, seconds, seconds) a message, a collective and a collective queued behind
+    another cost a rank of a step of `world` ranks beyond their dispatch on a host whose ranks
+    share its cores (`Cluster.waits_us`: the entry of the most ranks up to `world`, else the
+    fewest); zeros where none is measured."""
     if not c.waits_us:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     keys = sorted(c.waits_us)
     key = max((k for k in keys if k <= world), default=keys[0])
-    message, collective = c.waits_us[key]
-    return message * 1e-6, collective * 1e-6
+    message, collective, *queued = c.waits_us[key]
+    return message * 1e-6, collective * 1e-6, (queued[0] if queued else collective) * 1e-6
 
 
 def issue_seconds(c: Cluster, issue: op_rules.Issue, kernel_ops: float) -> float:
     """Host CPU seconds a rank takes to issue `issue` (`kernel_ops`: launching operations per
     attention kernel call of the kernel that will run)."""
     return c.dispatch_us * 1e-6 * (issue.total_ops(kernel_ops) + issue.collectives
-                                   + issue.messages)
+                                   + issue.queued + issue.messages)
 
 
 def wait_seconds(c: Cluster, issue: op_rules.Issue, world: int) -> float:
     """What `issue`'s messages and collectives cost one of `world` ranks beyond their dispatch
     on a host whose ranks share its cores (`waits`): waiting, not computing, so not shared out
-    among the cores."""
-    message, collective = waits(c, world)
-    return message * issue.messages + collective * issue.collectives
+    among the cores. A collective queued behind another (`Issue.queued`) waits on no compute,
+    only on the peers' transport threads."""
+    message, collective, queued = waits(c, world)
+    return message * issue.messages + collective * issue.collectives + queued * issue.queued
 
 
 def kernel_ops(c: Cluster, kernel: str, phase: str) -> float:
@@ -129,17 +131,36 @@ def micro_seconds(c: Cluster, cfg: ModelConfig, *, algorithm: str, d: int, layou
     return cpu, sum(wait_seconds(c, issue, world) for issue, _ in parts)
 
 
-def step_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int
+def step_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int, kernel: str = ""
                  ) -> tuple[float, float]:
     """(host CPU seconds, waiting seconds) one rank spends once a step: AdamW (foreach) over the
     model's parameter tensors, the gradient reduction over `world` ranks (per tensor, FSDP2's
-    per layer), the loss's all-reduce and the wait at the step's end; the micro-batches' heads
-    are theirs."""
+    per layer), the loss's all-reduce and the wait at the step's end; under dist-opt the closing
+    pass that reduce-scatters the gradients (`closing`); the micro-batches' heads are theirs."""
     if not c.dispatch_us and not c.waits_us:
         return 0.0, 0.0
     issue = op_rules.step(param_tensors(cfg), states=states, world=world, layers=cfg.layers,
                           micro_batches=0)
-    return issue_seconds(c, issue, 0.0), wait_seconds(c, issue, world)
+    parts = [(issue, None), *(closing(cfg) if states == "dist-opt" and world > 1 else ())]
+    cpu = sum(issue_seconds(c, i, kernel_ops(c, kernel, ph) if ph else 0.0) for i, ph in parts)
+    return cpu, sum(wait_seconds(c, i, world) for i, _ in parts)
+
+
+def queued_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int) -> float:
+    """The waits of the step's collectives queued behind another (`step_seconds` charges them):
+    the gradient reduction's all-reduces, which a backward that posts each as its gradient is
+    ready (`model.grads.GradSync`, the fixed-length step's) hides behind its own work."""
+    issue = op_rules.reduction(param_tensors(cfg), states=states, world=world, layers=cfg.layers)
+    return wait_seconds(c, op_rules.Issue(queued=issue.queued), world)
+
+
+def closing(cfg: ModelConfig) -> list[tuple[op_rules.Issue, str]]:
+    """dist-opt's closing pass (`model.step`): after a rank's last micro-batch, a forward and
+    backward of an empty micro-batch on the rank alone, weight 0, whose backward hooks
+    reduce-scatter the gradients accumulated whole (those collectives are `op_rules.step`'s):
+    every layer's block and attention issued as for a micro-batch of one rank."""
+    return micro_issue(cfg, algorithm="local", d=1, layout="contiguous", options={},
+                       checkpoint="none")
 
 
 def on_host(c: Cluster, cpu_and_wait: tuple[float, float], world: int) -> float:

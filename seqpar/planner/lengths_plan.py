@@ -387,7 +387,8 @@ class LengthPlan:
         reduction (`planner.host.step_seconds`, a CPU host's cores shared out)."""
         key = ("issue_once", states)
         if key not in self._memo:
-            got = host.step_seconds(self.cluster, self.cfg, states=states, world=self.world)
+            got = host.step_seconds(self.cluster, self.cfg, states=states, world=self.world,
+                                        kernel=self.kernel)
             self._memo[key] = host.on_host(self.cluster, got, self.world)
         return self._memo[key]
 

@@ -62,6 +62,10 @@ class Issue:
     ops: float = 0.0           # aten operations that launch work (outside attention kernel calls)
     kernel_calls: float = 0.0  # attention kernel calls (forward or backward), charged per backend
     collectives: float = 0.0   # collectives issued (all_to_all, all_gather, all_reduce, ...)
+    # collectives posted asynchronously behind one of `collectives`, nothing computed in between
+    # (the gradient reduction's all-reduces, one a tensor): the first waits on the peers' compute,
+    # these only on their transport (`planner.host.waits`)
+    queued: float = 0.0
     messages: float = 0.0      # point-to-point sends + receives posted
     syncs: float = 0.0         # host waits on the device
 
@@ -205,8 +209,9 @@ def reduction(params: int, *, states: str = "replicated", buckets: int | None = 
     layer, 9)."""
     if world <= 1:
         return Issue()
-    if states in ("replicated", "zero1"):
-        return Issue(collectives=float(params if buckets is None else buckets))
+    if states in ("replicated", "zero1"):  # posted as backward goes, waited on together
+        n = float(params if buckets is None else buckets)
+        return Issue(collectives=1.0, queued=n - 1.0)
     row = _states_row("fsdp", world)
     units = (params - 3) / 9 if layers is None else layers
     per = _issue(row["layer"]["forward"]) + _issue(row["layer"]["backward"])

@@ -62,7 +62,9 @@ def test_a_gpu_overlaps_the_host_and_a_long_step_hides_it():
     # (the micro-batch, the step's own work) as long as its issuing
     short, setup = _step(H100, 512, model="tiny", ckpt="full")
     train = Policy("replicated", "full").train("bfloat16")
-    issue_micro, issue_once = (1e3 * x for x in _host_issue(setup, short.attention, train, 1, 4))
+    issue_micro, issue_once, queued = (1e3 * x for x in _host_issue(setup, short.attention,
+                                                                     train, 1, 4))
+    assert queued == 0.0  # a GPU cluster's collectives wait on no shared cores
     assert short.host_bound and short.parts["host"] > 0.9 * short.step_ms
     assert short.step_ms == pytest.approx(issue_micro + issue_once, rel=1e-9)
     assert "host-bound" in why_slower(short, short)
@@ -82,7 +84,10 @@ def test_a_cpu_host_adds_its_issuing_to_the_compute():
                                checkpoint="none", kernel="flash2", world=2)
     once = host.step_seconds(local, cfg, states="replicated", world=2)
     assert micro[1] > 0 and once[1] > 0  # its messages and collectives wait on the peer
-    assert s.parts["host"] == pytest.approx(1e3 * (sum(micro) + sum(once)), rel=1e-9)
+    # the gradient's all-reduces queued behind the first wait beside the backward (GradSync)
+    queued = host.queued_seconds(local, cfg, states="replicated", world=2)
+    hidden = 1e3 * (sum(micro) + sum(once)) - s.parts["host"]
+    assert 0 < queued < once[1] and 0 < hidden <= 1e3 * queued * (1 + 1e-9)
     assert s.step_ms == pytest.approx(free.step_ms + s.parts["host"], rel=1e-9)
 
 
@@ -137,3 +142,29 @@ def test_auto_and_degrees_by_cost_in_a_plan_of_lengths():
     cost = plan.search(policies=("dynamic",), degrees="cost")
     assert cost[0].split.degrees == "cost" and cost[0].json()["degrees"] == "cost"
     assert cost[0].step_ms <= smallest.step_ms * 1.02  # the deal's model, not the plan's: near
+
+
+def test_queued_collectives_and_dist_opts_closing_pass():
+    local = clusters.load("local")
+    cfg = load("tiny")
+    tensors = host.param_tensors(cfg)
+    # the gradient's all-reduces: the first waits on the peers' compute, the rest queue behind it
+    red = ops.reduction(tensors, world=2)
+    assert (red.collectives, red.queued) == (1.0, tensors - 1.0)
+    message, collective, queued = host.waits(local, 2)
+    assert host.wait_seconds(local, red, 2) == pytest.approx(collective + (tensors - 1) * queued)
+    # an entry of two numbers (an older calibration) queues at a collective's wait
+    old = local.model_copy(update={"waits_us": {2: (100.0, 300.0)}})
+    assert host.waits(old, 2) == pytest.approx((1e-4, 3e-4, 3e-4))
+    # dist-opt's closing pass: one more micro-batch on the rank alone, issued and charged
+    closing = host.closing(cfg)
+    assert closing == host.micro_issue(cfg, algorithm="local", d=1, layout="contiguous",
+                                       options={}, checkpoint="none")
+    closing_cpu = sum(host.issue_seconds(local, i, host.kernel_ops(local, "", ph))
+                      for i, ph in closing)
+    fsdp = host.step_seconds(local, cfg, states="dp_sp", world=2)
+    dist = host.step_seconds(local, cfg, states="dist-opt", world=2)
+    assert dist[0] == pytest.approx(fsdp[0] + closing_cpu) and dist[1] == fsdp[1]
+    # a pool of one has no closing pass
+    assert host.step_seconds(local, cfg, states="dist-opt", world=1) == \
+        host.step_seconds(local, cfg, states="dp_sp", world=1)

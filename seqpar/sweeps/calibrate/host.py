@@ -10,6 +10,7 @@ autograd engine, AdamW's. A few seconds."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -21,6 +22,7 @@ from seqpar.experiments.steps import make_case
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.lengths_plan import predict_case
 from seqpar.platform.localgang import LocalGang, free_port
+from seqpar.rules.model import param_shapes
 from seqpar.workers.measure.opcount import OpCounter
 from seqpar.workers.measure.varlen import build, build_pool, pool_groups, run_batches
 
@@ -80,9 +82,10 @@ def _tiny_step(algorithm: str, world: int = 2):
 
 
 def rank_step_costs(env, algorithm: str, repeats: int, world: int = 2
-                    ) -> tuple[float, int, int, int]:
-    """On one rank of a LocalGang of 2: (the least wall seconds of the tiny step of 2-rank
-    micro-batches under `algorithm`, its launching operations, messages, collectives)."""
+                    ) -> tuple[list[float], int, int, int]:
+    """On one rank of a LocalGang: (the wall seconds of each of `repeats` tiny steps of
+    all-rank micro-batches under `algorithm`, each after a barrier, its launching operations,
+    messages, collectives)."""
     torch.set_num_threads(1)
     case = _tiny_step(algorithm, world)
     cpu = torch.device("cpu")
@@ -102,24 +105,57 @@ def rank_step_costs(env, algorithm: str, repeats: int, world: int = 2
         start = time.perf_counter()
         run_batches(model, case, env.rank, opt, cpu)
         times.append(time.perf_counter() - start)
-    return min(times), ops, messages, collectives
+    return times, ops, messages, collectives
 
 
-def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2) -> tuple[float, float]:
+def rank_queued(env, world: int, repeats: int) -> list[float]:
+    """On one rank of a LocalGang: the wall seconds of each of `repeats` rounds of the tiny
+    step's gradient all-reduces (a tensor each, `rules.model.param_shapes`) posted back to back
+    and waited on together, as `model.grads.GradSync` and `model.step.reduce_grads` do, each
+    round after a barrier."""
+    torch.set_num_threads(1)
+    grads = [torch.ones(math.prod(s))
+             for s in param_shapes(_tiny_step("ring", world).config()).values()]
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+            work.wait()
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
+def queued_wait(cluster: Cluster, gang: LocalGang, world: int, repeats: int = 15) -> float:
+    """Seconds a collective queued behind another costs a rank beyond its dispatch: the tiny
+    step's gradient all-reduces posted back to back on `world` ranks, the median round (the
+    slowest rank's) over the all-reduces, less a dispatch each."""
+    got = gang.run(rank_queued, world, repeats)
+    wall = statistics.median(max(r) for r in zip(*got, strict=True))
+    tensors = len(param_shapes(_tiny_step("ring", world).config()))
+    return max(0.0, wall / tensors - cluster.dispatch_us * 1e-6)
+
+
+def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2
+               ) -> tuple[float, float, float]:
     """(host seconds a message, a collective costs a step of two ranks on this host beyond what
     `cluster` already charges: posting it, the transport's threads, the wait on the peer on the
-    shared cores). The tiny step of 2-rank micro-batches under ring (its messages) and
-    allgather (its collectives), both with the gradient's all-reduces, measured in wall time;
-    each one's residual over the planner's prediction of it without these costs
+    shared cores). The tiny step of all-rank micro-batches under ring (its messages) and
+    allgather (its collectives), both with the gradient's all-reduces, measured in wall time as
+    a trial's `step_ms` is (the slowest rank's each step, the median over steps); each one's
+    residual over the planner's prediction of it without these costs
     (`planner.lengths_plan.predict_case`), solved for the two."""
-    free = cluster.model_copy(update={"waits_us": {}})
     rows, rhs = [], []
     with LocalGang(world) as gang:
+        queued = queued_wait(cluster, gang, world)
+        free = cluster.model_copy(update={"waits_us": {world: (0.0, 0.0, queued * 1e6)}})
         for algorithm in ("ring", "allgather"):
             got = gang.run(rank_step_costs, algorithm, repeats, world)
-            wall = max(g[0] for g in got)
+            wall = statistics.median(max(steps) for steps in zip(*(g[0] for g in got), strict=True))
             messages, collectives = (max(g[k] for g in got) for k in (2, 3))
-            rows.append([messages, collectives])
+            # the gradient's all-reduces queue behind the first (`rules.ops.Issue.queued`)
+            behind = len(param_shapes(_tiny_step(algorithm, world).config())) - 1
+            rows.append([messages, collectives - behind])
             rhs.append(wall - predict_case(_tiny_step(algorithm, world), free).step_ms / 1e3)
     per_message, per_collective = np.linalg.solve(np.array(rows, float), np.array(rhs))
-    return max(0.0, float(per_message)), max(0.0, float(per_collective))
+    return max(0.0, float(per_message)), max(0.0, float(per_collective)), queued

@@ -198,8 +198,7 @@ def calibrate(name: str = "local",
         cluster = with_host_links(cluster, *host_links())
         found = {}
         for world in sorted({2, 2 * (cluster.cores or 1)}):  # ranks a core, and two a core
-            message, collective = step_waits(cluster, world=world)
-            found[world] = (round(message * 1e6, 1), round(collective * 1e6, 1))
+            found[world] = tuple(round(s * 1e6, 1) for s in step_waits(cluster, world=world))
         cluster = cluster.model_copy(update={"waits_us": found})
     if torch.cuda.is_available():
         cluster = cluster.model_copy(update={"kernels": cuda_kernels()})
