@@ -13,9 +13,9 @@ try:  # typer >= 0.22 vendors click
 except ImportError:
     from click import get_current_context
 
-from seqpar.platform.tracking import Tracker  # light: MLflow loads when a Tracker is made
-
-if TYPE_CHECKING:  # the runner (torch, Ray) waits until a command needs it: --help stays instant
+if TYPE_CHECKING:  # the runner (torch, Ray) and the tracker wait until a command needs them:
+    # --help stays instant, and a plan reads no store
+    from seqpar.platform.tracking import Tracker
     from seqpar.workers.trial import TrialRunner
 
 
@@ -36,6 +36,8 @@ class Settings:
 def tracker(settings: Settings | None = None, existing: bool = False) -> Tracker:
     """The MLflow tracker of these settings (created only when a command needs it; a command
     that reads opens only an `existing` store: none is made where there is none)."""
+    from seqpar.platform.tracking import Tracker
+
     return Tracker((settings or Settings.of()).tracking_uri, existing=existing)
 
 

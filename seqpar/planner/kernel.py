@@ -12,6 +12,7 @@ ranks share a host's cores is the caller's (`Cluster.host_seconds`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -30,6 +31,31 @@ def proxy_positions(layout: str, world: int, members: tuple[int, ...]) -> tuple[
     """Sorted proxy positions of the union of `members`' shards."""
     n = layouts.chunk_count(layout, world) * PROXY
     return tuple(sorted(t for r in members for t in layouts.positions(layout, r, world, n)))
+
+
+@lru_cache(maxsize=1024)
+def same_deal(a: str, b: str, world: int) -> bool:
+    """Whether layouts a and b deal every one of `world` ranks the same stretches of the sequence
+    (the balanced layout keeps the mirrored deal where that is as balanced: zigzag's under a plain
+    causal or full relation). Without a mask a prediction sees a layout only through its deal
+    (`block_calls`), so two such layouts predict alike."""
+    if a == b:
+        return True
+    na, nb = (layouts.chunk_count(x, world) * PROXY for x in (a, b))
+    scale = math.lcm(na, nb)
+    return all(_runs(a, world, r, scale // na) == _runs(b, world, r, scale // nb)
+               for r in range(world))
+
+
+def _runs(layout: str, world: int, rank: int, scale: int) -> tuple[tuple[int, int], ...]:
+    """A rank's proxy positions as maximal runs [start, end), scaled by `scale`."""
+    runs: list[list[int]] = []
+    for t in proxy_positions(layout, world, (rank,)):
+        if runs and runs[-1][1] == t:
+            runs[-1][1] = t + 1
+        else:
+            runs.append([t, t + 1])
+    return tuple((s * scale, e * scale) for s, e in runs)
 
 
 @lru_cache(maxsize=65536)

@@ -25,6 +25,7 @@ from seqpar.errors import ConfigError, require
 from seqpar.planner import memory, pins
 from seqpar.planner.api import Prediction, attention_peak
 from seqpar.planner.clusters import Cluster
+from seqpar.planner.kernel import same_deal
 from seqpar.planner.policy import OFFLOAD_SETS, Filters, Policy, space, split_checkpoint
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.step import Setup, Step, step
@@ -189,6 +190,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
         usable = _Usable(setup, sp, every_policy)
         predictions: list[Prediction] = []
         for name, options in (attention if attention is not None else attention_space(sp, filters)):
+            timed: dict[str, Prediction] = {}  # this configuration's, by layout
             for layout in layouts:
                 try:
                     algorithms.check(name, setup.shape, sp, layout, setup.causal, **options)
@@ -210,7 +212,12 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                         extra.append((dp, sp, setup.attention(sp, name, dict(options), layout),
                                       None, [least_policy]))
                     continue
-                predictions.append(setup.attention(sp, name, dict(options), layout))
+                # a layout that deals as one already timed predicts alike (no mask: `same_deal`)
+                twin = next((p for lay, p in timed.items() if setup.mask is None
+                             and same_deal(lay, layout, sp)), None)
+                timed[layout] = (replace(twin, layout=layout) if twin is not None
+                                 else setup.attention(sp, name, dict(options), layout))
+                predictions.append(timed[layout])
         kept, same, beaten = pareto([_metrics(setup, sp, p, usable.prefixes)
                                      for p in predictions])
         result.dominated += len(beaten)

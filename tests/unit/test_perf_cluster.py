@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.planner import clusters, rates
+from seqpar.planner import clusters, kernel, rates
+from seqpar.planner import search as search_module
 from seqpar.planner.clusters import KernelRate
 from seqpar.planner.policy import Filters, Policy
 from seqpar.planner.search import make_setup, pareto, search, splits
-from seqpar.planner.step import step
+from seqpar.planner.step import Setup, step
 
 RNG = random.Random()
 H100 = clusters.load("h100-sxm")
@@ -40,6 +41,30 @@ def test_the_bounded_search_finds_the_exhaustive_top():
     assert bounded.searched < every.searched
     top = [(round(s.tgs, 6), s.dp, s.sp) for s in every.fitting[:10]]
     assert [(round(s.tgs, 6), s.dp, s.sp) for s in bounded.fitting[:10]] == top
+
+
+def test_a_layout_that_deals_alike_is_timed_once_and_ranks_alike(monkeypatch):
+    """Without a mask the balanced layout deals zigzag's stretches at every P (`same_deal`), so
+    the search reuses zigzag's prediction for it: the ranking is the one timing both gives."""
+    assert all(kernel.same_deal("zigzag", "balanced", p) for p in (1, 2, 3, 4, 8, 16, 64))
+    assert not any(kernel.same_deal(a, "zigzag", p) for a in ("stripe", "contiguous")
+                   for p in (2, 4, 8))
+    calls = []
+    timing = Setup.attention
+    monkeypatch.setattr(Setup, "attention",
+                        lambda self, *a: calls.append(a[2]) or timing(self, *a))
+    shortcut = search(_setup(world=16, nodes=2, seq_len=32768, sequences=8), keep=10)
+    once = list(calls)
+    monkeypatch.setattr(search_module, "same_deal", lambda a, b, world: a == b)
+    timed = search(_setup(world=16, nodes=2, seq_len=32768, sequences=8), keep=10)
+    assert "balanced" not in once and calls.count("balanced") == once.count("zigzag")
+
+    def rows(result):
+        return [(s.dp, s.sp, s.attention.algorithm, tuple(sorted(s.attention.options.items())),
+                 s.attention.layout, s.policy.label(), s.step_ms, s.peak_mem_bytes)
+                for s in result.ranked]
+
+    assert rows(shortcut) == rows(timed)
 
 
 def test_pareto_keeps_exactly_the_undominated_rows():
