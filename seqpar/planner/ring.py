@@ -82,7 +82,21 @@ def _kinds(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[tupl
     (`_NONE` where none does); and per kind one (ring, position, source) that meets it. A kind is
     a way the block's keys compare; at most 3^parts of them. Memoised on the stage: a plan asks
     for each layout."""
-    return _KINDS.get(st, lambda: _kinds_of(st, rings), rings)
+    return _KINDS.get(st, lambda: _kinds_alike(st, rings), rings)
+
+
+def _kinds_alike(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray,
+                                                     list[tuple[int, int, int]]]:
+    """`_kinds_of`, shared by the stages whose rings' keys are the same (the configurations of
+    one algorithm a plan ranks build them again: wallfacer's sub-rings by placement, say)."""
+    key = (st.size, st.inner, *(tuple(tuple(map(tuple, ring)) for ring in k[:rings])
+                                for k in st.keys))
+    got = _ALIKE.get(key)
+    if got is None:
+        if len(_ALIKE) >= 256:
+            _ALIKE.clear()
+        got = _ALIKE[key] = _kinds_of(st, rings)
+    return got
 
 
 def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
@@ -106,6 +120,7 @@ def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[t
 
 
 _KINDS = ByIdentity(64)
+_ALIKE: dict[tuple, tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]] = {}
 _NONE = np.iinfo(np.int64).max
 
 

@@ -188,6 +188,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
         if not every_policy:
             continue
         usable = _Usable(setup, sp, every_policy)
+        probed = _Probes(setup, dp, sp)
         predictions: list[Prediction] = []
         for name, options in (attention if attention is not None else attention_space(sp, filters)):
             timed: dict[str, Prediction] = {}  # this configuration's, by layout
@@ -200,8 +201,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                 if not policies:
                     continue
                 peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
-                probe, least = min((_probe(setup, dp, sp, name, options, peak, t), t.label())
-                                   for t in thin)
+                probe, least = min((probed(name, options, peak, t), t.label()) for t in thin)
                 if probe > budget:
                     result.too_big += 1
                     if result.closest is None or probe < result.closest[0]:
@@ -300,6 +300,22 @@ def _bound(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Pol
     no tiling (each only adds time), over every states choice searched."""
     states = {q.states for q in policies}
     return max(step(setup, dp, sp, p, Policy(st, "none")).tgs for st in states)
+
+
+class _Probes:
+    """`_probe` of a split, memoised: a configuration's layouts hold the same memory."""
+
+    def __init__(self, setup: Setup, dp: int, sp: int):
+        self.setup, self.dp, self.sp = setup, dp, sp
+        self._got: dict[tuple, int] = {}
+
+    def __call__(self, name: str, options: dict[str, Any], peak: int, policy: Policy) -> int:
+        key = (name, tuple(sorted(options.items())), peak, policy)
+        got = self._got.get(key)
+        if got is None:
+            got = self._got[key] = _probe(self.setup, self.dp, self.sp, name, options, peak,
+                                          policy)
+        return got
 
 
 def _probe(setup: Setup, dp: int, sp: int, name: str, options: dict[str, Any], peak: int,
