@@ -226,7 +226,7 @@ class LengthPlan:
         """The training policies a split can run, fastest first within each states choice."""
         dp = self.world // (split.degree or self.world)
         found = [p for p in space(filters, dp, ((),), (False, True), self.world // dp,
-                                  self.per_node)
+                                  self.per_node, pinned=())
                  if p.states in STATES and not p.checkpoint.startswith("seq-attn")
                  and (p.states in REPLICATED or split.policy == "static" or split.equal_counts)
                  and (p.states == "dp_sp" or not split.equal_counts)]

@@ -33,7 +33,9 @@ from seqpar.rules.memory import ELEM, OFFLOADS, TrainPolicy, check_seq_attn
 STATES = ("dp_sp", "sp", "node", "replicated", "zero1", "dist-opt")
 # parameters and gradients whole on every rank through a step (dist-opt: gathered once a step)
 REPLICATED = ("replicated", "zero1", "dist-opt")
-PINNED = ("dist-opt",)  # in a search only when asked for (`Filters.states`)
+# in a fixed-length search only when asked for (`Filters.states`): there every rank runs as many
+# micro-batches, FSDP's case; a plan of lengths searches it (what lets the dynamic policy shard)
+PINNED = ("dist-opt",)
 CHECKPOINTS = ("none", "full", "sc++", "seq:0.5", "sc++,seq:0.5", "seq-attn:0.5")
 FORMS = "none, full, sc++, seq:F, sc++,seq:F or seq-attn:F (0 <= F <= 1)"
 # offload sets a search tries (each a list drawn from OFFLOADS)
@@ -172,15 +174,15 @@ class Filters:
 
 def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tuple[str, ...]]
           = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), sp: int = 1,
-          per_node: int = 1) -> list[Policy]:
+          per_node: int = 1, pinned: Sequence[str] = PINNED) -> list[Policy]:
     """Every policy the filters leave for a DP x SP split; a states choice that shards over the
-    same ranks as another (`sp` at DP = 1, `node` on one node or with SP = a node, `zero1` on one
-    rank: replicated) is left out."""
+    same ranks as another (`sp` at DP = 1, `node` on one node or with SP = a node, `zero1` and
+    `dist-opt` on one rank: replicated) is left out, and the `pinned` ones unless asked for."""
     f = filters
     same = {"sp": dp == 1, "node": not 1 < per_node < dp * sp or per_node == sp,
-            "zero1": dp * sp == 1}
+            "zero1": dp * sp == 1, "dist-opt": dp * sp == 1}
     states = [f.states] if f.states else [s for s in STATES
-                                          if not same.get(s, False) and s not in PINNED]
+                                          if not same.get(s, False) and s not in pinned]
     checkpoints = [f.checkpoint] if f.checkpoint else list(CHECKPOINTS)
     fused = [f.fused_head] if f.fused_head is not None else [False, True]
     offloads = [tuple(f.offload)] if f.offload is not None else list(offload_sets)

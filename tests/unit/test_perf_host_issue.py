@@ -12,7 +12,7 @@ import pytest
 from seqpar.planner import clusters, host
 from seqpar.planner.lengths import Workload, deal_cost, issue_s
 from seqpar.planner.lengths_plan import LengthPlan
-from seqpar.planner.policy import Filters, Policy
+from seqpar.planner.policy import Filters, Policy, space
 from seqpar.planner.search import Setup
 from seqpar.planner.step import _host_issue, step
 from seqpar.planner.why import why_slower
@@ -168,3 +168,19 @@ def test_queued_collectives_and_dist_opts_closing_pass():
     # a pool of one has no closing pass
     assert host.step_seconds(local, cfg, states="dist-opt", world=1) == \
         host.step_seconds(local, cfg, states="dp_sp", world=1)
+
+
+def test_a_plan_of_lengths_searches_dist_opt_and_a_fixed_length_one_when_asked():
+    """dist-opt lets the dynamic policy shard its states without equal counts: a plan of lengths
+    weighs it beside replicated, zero1 and FSDP; a fixed-length search only with --states."""
+    work = Workload.of(LONG_TAIL, 2 ** 17, 8192, 2048, batches=1)
+    steps = LengthPlan.make(H100, MODEL, work, 16, 4).search(policies=("dynamic",))
+    held = {s.policy.states for s in steps}
+    assert {"replicated", "zero1", "dist-opt"} <= held
+    dist = min((s for s in steps if s.policy.states == "dist-opt"), key=lambda s: s.step_ms)
+    replicated = min((s for s in steps if s.policy.states == "replicated"),
+                     key=lambda s: s.step_ms)
+    assert dist.memory["states"] < replicated.memory["states"]  # sharded over the pool
+    assert "dist-opt" not in {p.states for p in space(Filters(), 2, sp=8, per_node=4)}
+    assert {p.states for p in space(Filters(states="dist-opt"), 2, sp=8, per_node=4)} == \
+        {"dist-opt"}
