@@ -242,8 +242,18 @@ DISPATCH_US = 10.0
 GEMM_EFFICIENCY = {"a100": 267.9 / 312, "h100": 792.1 / 989.4, "h200": 792.1 / 989.4}
 
 
+# A collective's or a message's latency, one a link class (`planner.net`: every peer posted at
+# once). NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc, its baseLat and hwLat tables):
+# a ring collective costs a base 3.6 us (LL protocol, small messages; Simple 8.4) plus, a hop,
+# 0.47 us over NVLink (Simple 3.4) and 2.7 us over the network (Simple 9.6). 8 GPUs over NVLink:
+# 3.6 + 7 x 0.47 = 6.9 us (LL); one network hop adds 2.7-9.6. Presets: 5 us within a node, 10
+# across InfiniBand; 30 across the Ethernet of the cloud presets (an assumption: no table of NCCL
+# gives TCP's).
+INTRA_LATENCY_US, INTER_LATENCY_US = 5.0, 10.0
+
+
 def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: float, nics: int,
-            nic_gbit: float, peak_bf16: float = 312.0, inter_latency: float = 10.0,
+            nic_gbit: float, peak_bf16: float = 312.0, inter_latency: float = INTER_LATENCY_US,
             hbm: float = 2039.0, gpu: str = "a100", host_link: float | None = None,
             host_memory: float | None = None, host_gb: float | None = None) -> Cluster:
     """A preset from datasheet numbers: the attention kernel at FlashAttention-2's documented
@@ -258,7 +268,7 @@ def _nvidia(name: str, source: str, nodes: int, gpn: int, mem: float, nvlink: fl
         gemm_tflops={"bfloat16": gemm, "float16": gemm, "float32": gemm / 16},
         peak_tflops={"bfloat16": peak_bf16, "float16": peak_bf16, "float32": peak_bf16 / 16},
         memory_gb=mem, dispatch_us=DISPATCH_US,
-        intra=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nvlink, latency_us=5.0),
+        intra=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nvlink, latency_us=INTRA_LATENCY_US),
         nics_per_node=nics, host_link_gb_per_s=host_link, host_memory_gb_per_s=host_memory,
         host_memory_gb=host_gb,
         inter=Link(bandwidth_gb_per_s=LINK_EFFICIENCY * nic_gbit / 8, latency_us=inter_latency))
