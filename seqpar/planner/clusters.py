@@ -43,9 +43,10 @@ FLASH_HALF_TOKENS = 256
 LINK_EFFICIENCY = 0.8
 # memory-bound element-wise kernels reach ~80% of HBM bandwidth (STREAM-like copies on A100/H100)
 MEMORY_EFFICIENCY = 0.8
-# softmax_merge.merge_into moves its block ~9 times: two scaled reads (read + write each), their
-# sum (two reads, one write) and the copy back into the accumulator (read + write)
-MERGE_PASSES = 9
+# softmax_merge.merge_into moves its block 5 times: the accumulator scaled in place (read +
+# write), then the partial added with one fused multiply-add (two reads, one write); the lse's
+# weights are a head_dim-th of that
+MERGE_PASSES = 5
 # an accumulation (`dq += g`) reads two blocks and writes one
 ADD_PASSES = 3
 
