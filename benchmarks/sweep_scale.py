@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from seqpar.platform.heap import bound_heap
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps import runner as sweep_runner
 from seqpar.sweeps import spec
@@ -88,7 +89,7 @@ def main() -> None:
     if args.trace:
         tracemalloc.start(8)
 
-    sweep_runner.bound_heap()  # as `seqpar sweep` does, before Ray starts
+    bound_heap()  # as `seqpar sweep` does, before Ray starts
     with TrialRunner(device="cpu") as trials:
         def sample(outcome) -> None:
             r = outcome.result

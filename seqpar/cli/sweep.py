@@ -12,6 +12,7 @@ from seqpar.cli import options
 from seqpar.cli.display import console, display_comparison, display_table, err_console
 from seqpar.errors import ConfigError, require
 from seqpar.platform import connection, dashboard
+from seqpar.platform.heap import bound_heap
 from seqpar.platform.tracking import check_uri, compare_url
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
             display_comparison(cmp)
             return resume
     metadata = connection.job_metadata(plan.name, plan.study)  # the Ray job's labels
-    runner.bound_heap()  # before Ray starts: a long sweep's driver stays its size
+    bound_heap()  # before Ray starts: a long sweep's driver stays its size
     with options.trial_runner(settings, device=device, job_metadata=metadata) as trials:
         tracker = tracker or options.tracker(settings)  # once the cluster answers: a failed start
         console.print(f"{plan.name}: {len(plan.trials)} trial(s), results to {tracker.uri}")

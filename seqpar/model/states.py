@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from seqpar.algorithms import ledger
 from seqpar.errors import require
 from seqpar.rules import memory as memory_rules
 from seqpar.rules.memory import SHARDED, STATES
@@ -141,8 +142,6 @@ class _Booked:
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op=None, async_op: bool = False):
-        from seqpar.algorithms import ledger
-
         gathering = self.op == "all_gather"
         if gathering:
             self.seen[:] = [ledger.active()]

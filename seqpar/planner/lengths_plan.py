@@ -47,7 +47,8 @@ from seqpar.planner.lengths_step import GROUP_SIZES, PARTS, STATES, LengthStep, 
 from seqpar.planner.policy import REPLICATED, Filters, Policy, space, split_checkpoint
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.search import attention_space, pareto
-from seqpar.planner.step import Setup, _optimizer_seconds, _policy_of_case, layer_seconds
+from seqpar.planner.step import Setup, _optimizer_seconds, layer_seconds
+from seqpar.planner.trial import policy_of_case
 from seqpar.rules import algorithms
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import DEGREES, POLICIES, CostModel, deal, in_rounds
@@ -469,7 +470,7 @@ def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
     plan._tables[split] = [Table.of(b.deal, plan.cluster.kernel_half_tokens, case.window)
                            for b in case.batches]
     by_size = {d: case.options_at(d) for d in case.group_sizes()}
-    policy = _policy_of_case(case)[0]
+    policy = policy_of_case(case)[0]
     s = plan.step(split, case.algorithm, dict(case.options), case.layout, by_size, policy)
     pairs = sum(layout_rank_pairs(b.deal, case.layout, case.window) for b in case.batches)
     s.imbalance = float(pairs.max() / pairs.mean()) if pairs.mean() > 0 else 1.0

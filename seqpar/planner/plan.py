@@ -15,7 +15,8 @@ from seqpar.planner.lengths_plan import predict_case
 from seqpar.planner.policy import Filters
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.search import Result, check_counts, make_setup, search
-from seqpar.planner.step import predict_trial, shape_of
+from seqpar.planner.step import shape_of
+from seqpar.planner.trial import predict_trial
 from seqpar.rules import algorithms, masks
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import load, presets

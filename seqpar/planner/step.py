@@ -42,11 +42,11 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from seqpar.planner import host, memory
-from seqpar.planner.api import Prediction, predict, predict_spec
+from seqpar.planner.api import Prediction, predict
 from seqpar.planner.clusters import MEMORY_EFFICIENCY, Cluster
 from seqpar.planner.fsdp import traffic
 from seqpar.planner.net import Net
-from seqpar.planner.policy import REPLICATED, Policy, name_of
+from seqpar.planner.policy import Policy
 from seqpar.planner.rates import gemm_rate
 from seqpar.rules import masks
 from seqpar.rules.flops import causal_pairs, conventions, head_flops, recomputed_flops
@@ -59,7 +59,6 @@ from seqpar.rules.memory import (
     zero1_partition,
 )
 from seqpar.rules.model import ModelConfig, block_numel, block_shapes
-from seqpar.rules.pool import AUTO
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 
 # where a step's time goes: the attention's kernels, its own exposed communication (as the
@@ -387,34 +386,3 @@ def _optimizer_seconds(setup: Setup, cfg: ModelConfig, policy: Policy, train: Tr
 @lru_cache(maxsize=64)
 def params(cfg: ModelConfig) -> int:
     return cfg.params()
-
-
-def _policy_of_case(case: Any) -> tuple[Policy, TrainPolicy]:
-    """A training trial's policy as the planner's and the runner's."""
-    ck = name_of(case.checkpoint, case.seq_fraction)
-    offload = case.offload if isinstance(case.offload, tuple | list) else \
-        (("optimizer", "params") if case.offload else ())
-    tiled = bool(getattr(case, "tiled", False))
-    states = case.states if case.states in REPLICATED else "dp_sp"  # fsdp: over DP x SP
-    policy = Policy(states, ck, case.fused_head, tuple(offload), tiled)
-    train = TrainPolicy(states=case.states, master_dtype=case.master_dtype, offload=tuple(offload),
-                        checkpoint=case.checkpoint, seq_fraction=case.seq_fraction,
-                        fused_head=case.fused_head, tiled=tiled)
-    return policy, train
-
-
-def predict_trial(spec: Any, cluster: Cluster) -> Any:
-    """A prediction for any ExperimentSpec: an attention trial's (`api.Prediction`), or a training
-    trial's `Step` (its model, DP x SP, its policy), `memory` holding the step's memory parts."""
-    if spec.train is None:
-        return predict_spec(spec, cluster)
-    case = spec.to_case()
-    cfg, dtype = case.config(), spec.workload.dtype
-    setup = Setup(cluster, cfg, case.seq_len, case.seq_len * case.batch * case.dp, case.world,
-                  max(1, spec.plan.nodes), dtype, case.batch, cluster.kernel or "flash2")
-    name, options = case.algorithm, dict(spec.plan.options)
-    if name == AUTO:  # what the largest group of its deals runs (the driver chose it)
-        name, options = case.options_at(max(case.group_sizes()))
-    attn = replace(setup.attention(case.sp, name, options, case.layout), options=options)
-    policy, train = _policy_of_case(case)
-    return step(setup, case.dp, case.sp, attn, policy, train)

@@ -197,8 +197,7 @@ def dist_opt_bytes(cfg: ModelConfig, shards: int, param_bytes: int, grad_bytes: 
     (param + grad bytes) a parameter, 4 in bf16, 6 with fp32 gradients, 16 in float64."""
     if shards <= 1:
         return 0
-    padded = sum(-(-s[0] // shards) * numel(s[1:]) for s in param_shapes(cfg).values())
-    return (shards - 1) * padded * (param_bytes + grad_bytes)
+    return (shards - 1) * _sharded_numel(cfg, shards) * (param_bytes + grad_bytes)
 
 
 @lru_cache(maxsize=1024)

@@ -30,9 +30,8 @@ the driver keeps its `TrialView` (the numbers and intervals the comparison, the 
 figures read), not its ranks' records, its run's params or its per_rank.json, except for the few
 trials whose per-rank breakdown or timeline the report draws (`plots.detail_candidates`, at most
 a dozen). A resumed sweep reads its earlier trials back with one search. What grew besides was
-native: glibc's malloc gives each thread of the driver (Ray's, MLflow's, the metrics publisher's)
-an arena of its own and keeps what they free; `bound_heap()`, called before Ray starts, holds the
-driver and the embedded Ray's processes to two arenas (measured: 0.16 -> 0.04 MiB a trial).
+native: glibc's malloc arenas, one a driver thread (`platform.heap.bound_heap`, called before Ray
+starts, holds them to two; measured: 0.16 -> 0.04 MiB a trial).
 
 Artifacts (per-rank JSON, figures, the page, the sweep file) that cannot be written cost nothing
 else: the first is a warning naming where it was to go and why, the sweep goes on with every trial
@@ -47,9 +46,6 @@ remote calls and every rank series carry.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -160,25 +156,6 @@ class DetailKeeper:
         self.details[view.run_id] = result.to_dict()
 
 
-ARENAS_ENV_VAR, DEFAULT_ARENAS = "SEQPAR_MALLOC_ARENAS", 2
-M_ARENA_MAX = -8  # glibc's mallopt parameter
-
-
-def bound_heap() -> None:
-    """At most SEQPAR_MALLOC_ARENAS (2) malloc arenas in this process from now on (glibc's
-    `mallopt`), and in the processes it starts after (`MALLOC_ARENA_MAX`: the embedded Ray and its
-    rank actors inherit it); 0 leaves glibc's default (8 a core). Call it before Ray starts; a libc
-    without mallopt (macOS, musl) is left alone. See the module docstring for why."""
-    arenas = int(os.environ.get(ARENAS_ENV_VAR, DEFAULT_ARENAS))
-    if arenas <= 0:
-        return
-    os.environ.setdefault("MALLOC_ARENA_MAX", str(arenas))
-    name = ctypes.util.find_library("c")
-    with contextlib.suppress(OSError, AttributeError):
-        if name and "libc.so" in name:
-            ctypes.CDLL(name).mallopt(M_ARENA_MAX, arenas)
-
-
 def _sweep_params(plan: SweepPlan) -> dict[str, Any]:
     return {"sweep.name": plan.name, "sweep.study": plan.study or "", "sweep.preset": plan.preset,
             "sweep.source": plan.source, "sweep.points": len(plan.points),
@@ -204,22 +181,25 @@ def _start(plan: SweepPlan, tracker: Tracker, resume: str | None
         _log_sweep_file(tracker, sweep_id, plan)
         return SweepView(sweep_id, plan.name, plan.experiment, started,
                          {**environment_tags(), **tags}, tracker.uri), []
-    sweep = SweepView.read(tracker, resume, "resume")
-    if sweep.experiment != plan.experiment:
-        raise ConfigError("resume", resume, f"belongs to experiment {sweep.experiment!r}, "
-                                            f"this sweep logs to {plan.experiment!r}")
+    sweep = _resumed(plan, tracker, resume)
     earlier = tracker.trials(resume)
     tracker.reopen_sweep(resume)
     return sweep, earlier
 
 
-def nothing_left(plan: SweepPlan, tracker: Tracker, resume: str) -> list[TrialView] | None:
-    """A resumed sweep that FINISHED with every trial of `plan` FINISHED: its trials' views (one
-    search; the CLI then says so without starting Ray); None when something is left to run."""
+def _resumed(plan: SweepPlan, tracker: Tracker, resume: str) -> SweepView:
+    """The sweep `resume` names, refused in one line when it logs to another experiment."""
     sweep = SweepView.read(tracker, resume, "resume")
     if sweep.experiment != plan.experiment:
         raise ConfigError("resume", resume, f"belongs to experiment {sweep.experiment!r}, "
                                             f"this sweep logs to {plan.experiment!r}")
+    return sweep
+
+
+def nothing_left(plan: SweepPlan, tracker: Tracker, resume: str) -> list[TrialView] | None:
+    """A resumed sweep that FINISHED with every trial of `plan` FINISHED: its trials' views (one
+    search; the CLI then says so without starting Ray); None when something is left to run."""
+    _resumed(plan, tracker, resume)
     if tracker.sweep(resume).status != "FINISHED":
         return None
     runs = [r for r in tracker.trials(resume) if r.status == "FINISHED" and HASH_TAG in r.tags]

@@ -134,7 +134,8 @@ def test_the_kernel_sets_the_attention_rate_and_a_measured_one_comes_first():
 
 def test_a_training_trial_is_predicted_by_the_same_step():
     from seqpar.experiments.spec import ExperimentSpec
-    from seqpar.planner.step import Step, predict_trial
+    from seqpar.planner.step import Step
+    from seqpar.planner.trial import predict_trial
 
     spec = ExperimentSpec.parse({
         "model": {"heads": 4, "kv_heads": 2, "head_dim": 16},

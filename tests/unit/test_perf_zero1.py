@@ -21,7 +21,8 @@ from seqpar.planner.lengths_plan import LengthPlan
 from seqpar.planner.memory import communicators
 from seqpar.planner.policy import Filters, Policy, space
 from seqpar.planner.search import make_setup
-from seqpar.planner.step import predict_trial, step
+from seqpar.planner.step import step
+from seqpar.planner.trial import predict_trial
 from seqpar.rules.memory import ELEM, zero1_partition
 
 RNG = random.Random()

@@ -138,13 +138,13 @@ def queued_wait(cluster: Cluster, gang: LocalGang, world: int, repeats: int = 15
 
 def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2
                ) -> tuple[float, float, float]:
-    """(host seconds a message, a collective costs a step of two ranks on this host beyond what
-    `cluster` already charges: posting it, the transport's threads, the wait on the peer on the
-    shared cores). The tiny step of all-rank micro-batches under ring (its messages) and
-    allgather (its collectives), both with the gradient's all-reduces, measured in wall time as
-    a trial's `step_ms` is (the slowest rank's each step, the median over steps); each one's
-    residual over the planner's prediction of it without these costs
-    (`planner.lengths_plan.predict_case`), solved for the two."""
+    """(host seconds a message, a collective and a queued collective (`queued_wait`) cost a step
+    of `world` ranks on this host beyond what `cluster` already charges: posting it, the
+    transport's threads, the wait on the peers on the shared cores). The tiny step of all-rank
+    micro-batches under ring (its messages) and allgather (its collectives), both with the
+    gradient's all-reduces, measured in wall time as a trial's `step_ms` is (the slowest rank's
+    each step, the median over steps); each one's residual over the planner's prediction of it
+    without these costs (`planner.lengths_plan.predict_case`), solved for the two."""
     rows, rhs = [], []
     with LocalGang(world) as gang:
         queued = queued_wait(cluster, gang, world)
