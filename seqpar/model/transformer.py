@@ -158,6 +158,7 @@ class Transformer(nn.Module):
             group = mesh.comm("sp").group
             dp_group = mesh.comm("dp").group if "dp" in mesh.comms else None
         checkpointing.check_mode(checkpoint, seq_fraction)
+        _check_modelled(cfg)
         require(len(head_tiles) == 2 and all(isinstance(t, int) and t > 0 for t in head_tiles),
                 "head_tiles", head_tiles, "must be two positive integers (tokens, vocabulary)")
         require(mlp_tile is None or (isinstance(mlp_tile, int) and mlp_tile > 0), "mlp_tile",
@@ -303,6 +304,19 @@ class Transformer(nn.Module):
         fsdp an all-gather per parameter: every rank must call it)."""
         return {name: model_states.full(p.grad) for name, p in self.named_parameters()
                 if p.grad is not None}
+
+
+def _check_modelled(cfg: ModelConfig) -> None:
+    """Refuse, by field, what the rules read but this torch decoder does not compute yet."""
+    import dataclasses
+
+    base = ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn", "norm_eps", "rope_theta",
+            "head_dim", "family")
+    plain = ModelConfig(**{k: getattr(cfg, k) for k in base})
+    for f in dataclasses.fields(cfg):
+        if f.name not in base and getattr(cfg, f.name) != getattr(plain, f.name):
+            require(False, f"model.{f.name}", getattr(cfg, f.name),
+                    "is not computed by seqpar's torch decoder yet")
 
 
 def shard_mesh(mesh: Mesh | None, group: dist.ProcessGroup | None,

@@ -1,17 +1,18 @@
-"""The shape of a decoder-only (LLaMA-style) model: the one place its dimensions live.
+"""The shape of a decoder-only model: the one place its dimensions and its per-layer kinds live.
 
     cfg = ModelConfig(vocab=97, hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)
     cfg = ModelConfig.load("llama3.1-8b")                  # a preset (a file under MODEL_FILES)
     cfg = ModelConfig.load("my_model.yaml")                # ModelConfig's fields as YAML
-    cfg = ModelConfig.load("Llama-3.1-8B/config.json")     # a Hugging Face config
+    cfg = ModelConfig.load("Qwen3-8B/config.json")         # a Hugging Face config
 
-The presets are files in `seqpar/experiments/models/` (one YAML of ModelConfig's fields each, with
-the `source` of its numbers): the papers' models (LLaMA-2 7B, LLaMA-3 8B, BurstEngine's 14B),
-today's (Llama-3.1 8B and 70B, Qwen2.5-14B) and `tiny`, which two CPU cores train in seconds. A
-Hugging Face `config.json` of a LLaMA/Mistral/Qwen-style decoder maps hidden_size, intermediate_size,
-num_attention_heads, num_key_value_heads, num_hidden_layers, vocab_size, rope_theta and
-rms_norm_eps; what this decoder cannot be (tied embeddings, a head_dim other than hidden / heads,
-a sliding window) is refused with the reason.
+The decoder is LLaMA's (RMSNorm, RoPE, GQA, a gated feed-forward) with what today's families change
+over it, each a field: RoPE scalings and a rotary fraction (`rules.rope`), q/k/v and o biases,
+QK-norm, a head_dim of its own, sliding-window layers by `layer_types` (each layer's kind and RoPE
+base its own), no-RoPE layers, attention sinks, Gemma's norms, embedding scale and GeGLU, gpt-oss's
+clamped SwiGLU, tied embeddings, and mixture-of-experts feed-forward layers (routed and shared
+experts, the router's scoring). A config.json is read by `rules.hf_config` (every key modelled,
+ignored or refused by name). The presets are files in `seqpar/experiments/models/`: YAML of these
+fields (with the `source` of the numbers) or a family's config.json as published.
 
 Pure Python: the planner reads shapes without torch.
 """
@@ -25,49 +26,141 @@ from pathlib import Path
 from typing import Any
 
 from seqpar.errors import ConfigError, require
+from seqpar.rules import hf_config
+from seqpar.rules.rope import Rope
 
 MODEL_FILES = Path(__file__).resolve().parents[1] / "experiments" / "models"
 
-# Hugging Face config.json key -> ModelConfig field
-HF_FIELDS = {"vocab_size": "vocab", "hidden_size": "hidden", "num_hidden_layers": "layers",
-             "num_attention_heads": "heads", "num_key_value_heads": "kv_heads",
-             "intermediate_size": "ffn", "rms_norm_eps": "norm_eps", "rope_theta": "rope_theta"}
+LAYER_KINDS = ("full", "sliding")       # a layer's attention: causal, or causal in a window
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")  # the feed-forward's gate (SwiGLU, GeGLU, gpt-oss)
+ROUTERS = ("softmax_topk", "topk_softmax")  # MoE scoring: softmax then top-k, or top-k then softmax
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     vocab: int          # tokens in the vocabulary V
-    hidden: int         # model dimension (H x head_dim)
+    hidden: int         # model dimension
     layers: int         # transformer blocks
     heads: int          # query heads H
     kv_heads: int       # key/value heads Hkv (GQA when < heads)
-    ffn: int            # SwiGLU inner dimension
+    ffn: int            # the dense feed-forward's inner dimension
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # -- attention ---------------------------------------------------------------------------------
+    head_dim: int = 0             # per head (0: hidden / heads); Qwen3 and Gemma 3 set their own
+    family: str = "llama"         # the model_type it was read from: names its checkpoint's tensors
+    rope: Rope | None = None      # the full layers' RoPE (None: default at rope_theta)
+    local_rope_theta: float = 0.0  # sliding layers' base, default RoPE (Gemma 3); 0: as full layers
+    layer_types: tuple[str, ...] = ()  # each layer's kind (LAYER_KINDS); () -> every layer full
+    window: int = 0               # a sliding layer's keys: query t sees t-W+1..t
+    nope_layers: tuple[int, ...] = ()  # layers whose queries and keys do not rotate
+    qkv_bias: bool = False        # biases on q, k, v (Qwen2, gpt-oss, attention_bias)
+    o_bias: bool = False          # a bias on the output projection
+    qk_norm: bool = False         # RMSNorm of each q and k head over head_dim (Qwen3, Gemma 3)
+    attn_scale: float = 0.0       # softmax scale (0: head_dim^-1/2; Gemma: query_pre_attn_scalar^-1/2)
+    sinks: bool = False           # a learned logit per head in every softmax's denominator (gpt-oss)
+    # -- norms, embeddings, feed-forward -----------------------------------------------------------
+    norm_offset: bool = False     # norms scale by (1 + weight) in float32 (Gemma)
+    sandwich_norms: bool = False  # norms after attention and after the feed-forward too (Gemma)
+    embed_scale: bool = False     # embeddings times sqrt(hidden) (Gemma)
+    tie_embeddings: bool = False  # the LM head is the embedding matrix
+    act: str = "silu"             # ACTIVATIONS
+    swiglu_limit: float = 0.0     # swiglu_oai: the clamp of gate and up projections
+    mlp_bias: bool = False        # biases on the dense feed-forward's projections
+    # -- mixture of experts ------------------------------------------------------------------------
+    experts: int = 0              # routed experts per MoE layer (0: a dense model)
+    experts_per_tok: int = 0      # experts each token is sent to (top-k)
+    moe_ffn: int = 0              # one expert's inner dimension
+    shared_ffn: int = 0           # the shared experts' inner dimension (0: none)
+    moe_layers: tuple[int, ...] = ()  # the layers whose feed-forward is MoE (() -> all, with experts)
+    router: str = "softmax_topk"  # ROUTERS
+    norm_topk: bool = True        # softmax_topk: renormalise the chosen experts' weights to sum 1
+    router_bias: bool = False     # a bias on the router (gpt-oss)
+    expert_bias: bool = False     # biases on the experts' projections (gpt-oss)
+    aux_loss_coef: float = 0.0    # the load-balancing loss's weight (0: next-token loss alone)
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn"):
             value = getattr(self, name)
-            require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-                    f"model.{name}", value, "must be a positive integer")
+            require(_int(value) and value > 0, f"model.{name}", value,
+                    "must be a positive integer")
         for name in ("norm_eps", "rope_theta"):
             value = getattr(self, name)
-            require(isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
-                    f"model.{name}", value, "must be a positive number")
-        require(self.hidden % self.heads == 0, "model.hidden", self.hidden,
-                f"must be divisible by heads ({self.heads})")
+            require(_num(value) and value > 0, f"model.{name}", value, "must be a positive number")
+        for name in ("head_dim", "window", "experts", "experts_per_tok", "moe_ffn", "shared_ffn"):
+            value = getattr(self, name)
+            require(_int(value) and value >= 0, f"model.{name}", value,
+                    "must be a non-negative integer")
+        if self.head_dim == 0:
+            require(self.hidden % self.heads == 0, "model.hidden", self.hidden,
+                    f"must be divisible by heads ({self.heads}) unless head_dim is given")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         require(self.heads % self.kv_heads == 0, "model.kv_heads", self.kv_heads,
                 f"must divide heads ({self.heads})")
-        require(self.head_dim % 2 == 0, "model.hidden", self.hidden,
-                "hidden / heads must be even (RoPE rotates pairs of dimensions)")
+        require(self.head_dim % 2 == 0, "model.head_dim", self.head_dim,
+                "must be even (RoPE rotates pairs of dimensions)")
+        rope = self.rope if self.rope is not None else Rope(theta=self.rope_theta)
+        require(isinstance(rope, Rope), "model.rope", rope, "must be a rules.rope.Rope")
+        require(rope.theta == self.rope_theta, "model.rope.theta", rope.theta,
+                f"must equal rope_theta ({self.rope_theta})")
+        rope.rotary_dim(self.head_dim)
+        object.__setattr__(self, "rope", rope)
+        self._layer_kinds()
+        self._moe()
+        require(self.act in ACTIVATIONS, "model.act", self.act,
+                f"must be one of {', '.join(ACTIVATIONS)}")
+        require(self.act != "swiglu_oai" or self.swiglu_limit > 0, "model.swiglu_limit",
+                self.swiglu_limit, "must be positive with act swiglu_oai")
+        require(_num(self.attn_scale) and self.attn_scale >= 0, "model.attn_scale",
+                self.attn_scale, "must be a non-negative number (0: head_dim^-1/2)")
+
+    def _layer_kinds(self) -> None:
+        kinds = tuple(self.layer_types) or (("sliding" if self.window else "full"),) * self.layers
+        require(len(kinds) == self.layers, "model.layer_types", len(kinds),
+                f"must name one kind per layer ({self.layers})")
+        bad = [k for k in kinds if k not in LAYER_KINDS]
+        require(not bad, "model.layer_types", bad[0] if bad else None,
+                f"must be one of {', '.join(LAYER_KINDS)}")
+        require(("sliding" not in kinds) or self.window > 0, "model.window", self.window,
+                "must be positive where a layer is sliding")
+        object.__setattr__(self, "layer_types", kinds)
+        nope = tuple(sorted(set(self.nope_layers)))
+        require(all(_int(i) and 0 <= i < self.layers for i in nope), "model.nope_layers",
+                list(nope), f"must be layer indices in 0..{self.layers - 1}")
+        object.__setattr__(self, "nope_layers", nope)
+
+    def _moe(self) -> None:
+        require(self.router in ROUTERS, "model.router", self.router,
+                f"must be one of {', '.join(ROUTERS)}")
+        if not self.experts:
+            require(not self.moe_layers and not self.experts_per_tok, "model.experts", 0,
+                    "must be positive where moe_layers or experts_per_tok are given")
+            return
+        require(0 < self.experts_per_tok <= self.experts, "model.experts_per_tok",
+                self.experts_per_tok, f"must be in 1..experts ({self.experts})")
+        if not self.moe_ffn:
+            object.__setattr__(self, "moe_ffn", self.ffn)
+        layers = tuple(sorted(set(self.moe_layers))) or tuple(range(self.layers))
+        require(all(_int(i) and 0 <= i < self.layers for i in layers), "model.moe_layers",
+                list(layers), f"must be layer indices in 0..{self.layers - 1}")
+        object.__setattr__(self, "moe_layers", layers)
+
+    def is_moe(self, layer: int) -> bool:
+        return layer in self.moe_layers
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def window_of(self) -> tuple[int | None, ...]:
+        """Each layer's window (None: full causal)."""
+        return tuple(self.window if k == "sliding" else None for k in self.layer_types)
 
     def params(self) -> int:
-        """Parameters: embedding, per block (norms, q/k/v/o projections, SwiGLU), final norm, head."""
-        return 2 * self.vocab * self.hidden + self.hidden + self.layers * block_numel(self)
+        """Every parameter (the embedding once when tied)."""
+        return sum(numel(s) for s in param_shapes(self).values())
+
+    def active_params(self) -> int:
+        """The parameters one token's forward uses: all but the routed experts it is not sent to."""
+        idle = (self.experts - self.experts_per_tok) * expert_numel(self)
+        return self.params() - idle * len(self.moe_layers)
 
     @classmethod
     def preset(cls, name: str) -> ModelConfig:
@@ -82,6 +175,14 @@ class ModelConfig:
         return load(name_or_path)
 
 
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def numel(shape: tuple[int, ...]) -> int:
     out = 1
     for n in shape:
@@ -89,26 +190,79 @@ def numel(shape: tuple[int, ...]) -> int:
     return out
 
 
+def attention_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """One layer's attention parameters (its norm first), in creation order."""
+    d, q, kv, hd = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.head_dim
+    out: dict[str, tuple[int, ...]] = {"attn_norm": (d,), "ffn_norm": (d,)}
+    if cfg.sandwich_norms:
+        out.update(post_attn_norm=(d,), post_ffn_norm=(d,))
+    out.update(wq=(q, d), wk=(kv, d), wv=(kv, d), wo=(d, q))
+    if cfg.qkv_bias:
+        out.update(bq=(q,), bk=(kv,), bv=(kv,))
+    if cfg.o_bias:
+        out["bo"] = (d,)
+    if cfg.qk_norm:
+        out.update(q_norm=(hd,), k_norm=(hd,))
+    if cfg.sinks:
+        out["sinks"] = (cfg.heads,)
+    return out
+
+
+def ffn_shapes(cfg: ModelConfig, moe: bool) -> dict[str, tuple[int, ...]]:
+    """One layer's feed-forward parameters: a dense SwiGLU/GeGLU, or the router, the routed
+    experts (stacked: expert first) and the shared experts' SwiGLU."""
+    d = cfg.hidden
+    if not moe:
+        f = cfg.ffn
+        out = {"w1": (f, d), "w3": (f, d), "w2": (d, f)}
+        if cfg.mlp_bias:
+            out.update(b1=(f,), b3=(f,), b2=(d,))
+        return out
+    e, f = cfg.experts, cfg.moe_ffn
+    out = {"router": (e, d)}
+    if cfg.router_bias:
+        out["router_bias"] = (e,)
+    out.update(experts_w1=(e, f, d), experts_w3=(e, f, d), experts_w2=(e, d, f))
+    if cfg.expert_bias:
+        out.update(experts_b1=(e, f), experts_b3=(e, f), experts_b2=(e, d))
+    if cfg.shared_ffn:
+        s = cfg.shared_ffn
+        out.update(shared_w1=(s, d), shared_w3=(s, d), shared_w2=(d, s))
+    return out
+
+
+def layer_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """Layer `layer`'s parameters, in the order they are created (and drawn from the seed)."""
+    return {**attention_shapes(cfg), **ffn_shapes(cfg, cfg.is_moe(layer))}
+
+
 def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """One block's parameters, in the order they are created (and drawn from the seed)."""
-    d, kv, f = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.ffn
-    return {"attn_norm": (d,), "ffn_norm": (d,), "wq": (d, d), "wk": (kv, d), "wv": (kv, d),
-            "wo": (d, d), "w1": (f, d), "w3": (f, d), "w2": (d, f)}
+    """The first layer's parameters (every layer's, in a model whose layers are alike)."""
+    return layer_shapes(cfg, 0)
+
+
+def expert_numel(cfg: ModelConfig) -> int:
+    """One routed expert's parameters."""
+    per = 3 * cfg.moe_ffn * cfg.hidden
+    return per + (2 * cfg.moe_ffn + cfg.hidden if cfg.expert_bias else 0)
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter of the decoder by name (`Transformer.named_parameters()` order)."""
-    out: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab, cfg.hidden), "norm": (cfg.hidden,),
-                                       "head": (cfg.vocab, cfg.hidden)}
+    out: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab, cfg.hidden)}
     for i in range(cfg.layers):
-        out.update({f"blocks.{i}.{k}": s for k, s in block_shapes(cfg).items()})
+        out.update({f"blocks.{i}.{k}": s for k, s in layer_shapes(cfg, i).items()})
+    out["norm"] = (cfg.hidden,)
+    if not cfg.tie_embeddings:
+        out["head"] = (cfg.vocab, cfg.hidden)
     return out
 
 
 @lru_cache(maxsize=256)
 def block_numel(cfg: ModelConfig) -> int:
-    """Parameters of one block."""
-    return sum(numel(s) for s in block_shapes(cfg).values())
+    """Parameters of one block, on average over the layers (a mixed model's layers differ)."""
+    total = sum(numel(s) for i in range(cfg.layers) for s in layer_shapes(cfg, i).values())
+    return total // cfg.layers
 
 
 def _fields(data: dict[str, Any], where: str) -> ModelConfig:
@@ -118,32 +272,19 @@ def _fields(data: dict[str, Any], where: str) -> ModelConfig:
             f"is not a field of ModelConfig ({', '.join(sorted(known))})")
     missing = sorted({"vocab", "hidden", "layers", "heads", "kv_heads", "ffn"} - set(data))
     require(not missing, where, missing[0] if missing else None, "is missing")
+    data = dict(data)
+    if isinstance(data.get("rope"), dict):
+        data["rope"] = Rope(**data["rope"])
+    for name in ("layer_types", "nope_layers", "moe_layers"):
+        if isinstance(data.get(name), list):
+            data[name] = tuple(data[name])
     return ModelConfig(**data)
 
 
 def from_hf(config: dict[str, Any], where: str = "config.json") -> ModelConfig:
-    """A LLaMA/Mistral/Qwen-style Hugging Face config as a ModelConfig (refusing what this decoder
-    cannot be, with the reason)."""
-    require(isinstance(config, dict), where, type(config).__name__, "must be a JSON object")
-    data = {ours: config[theirs] for theirs, ours in HF_FIELDS.items() if config.get(theirs)
-            is not None}
-    data.setdefault("kv_heads", data.get("heads"))  # older LLaMA configs: MHA, no key
-    require(not config.get("tie_word_embeddings", False), f"{where}: tie_word_embeddings", True,
-            "is not supported: this decoder keeps a separate LM head (untied)")
-    head_dim = config.get("head_dim")
-    if head_dim is not None and "hidden" in data and "heads" in data:
-        require(head_dim == data["hidden"] // data["heads"], f"{where}: head_dim", head_dim,
-                f"must be hidden_size / num_attention_heads "
-                f"({data['hidden']} / {data['heads']}) in this decoder")
-    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
-    require(window is None, f"{where}: sliding_window", window,
-            "is not supported (full causal attention only); set it to null")
-    missing = [k for k, v in HF_FIELDS.items() if v in ("vocab", "hidden", "layers", "heads", "ffn")
-               and v not in data]
-    require(not missing, where, missing[0] if missing else None, "is missing (a LLaMA-style "
-            "config.json has hidden_size, intermediate_size, num_attention_heads, "
-            "num_key_value_heads, num_hidden_layers, vocab_size)")
-    return _fields(data, where)
+    """A Hugging Face config.json (the families of `rules.hf_config`) as a ModelConfig: every
+    field that changes the function modelled or refused by name."""
+    return _fields(hf_config.read(config, where), where)
 
 
 def _flat_yaml(text: str) -> dict[str, Any]:
@@ -199,7 +340,8 @@ def _read(path: Path) -> ModelConfig:
 @lru_cache(maxsize=1)
 def presets() -> dict[str, ModelConfig]:
     """Every preset, by name, in a stable (sorted) order."""
-    return {p.stem: _read(p) for p in sorted(MODEL_FILES.glob("*.yaml"))}
+    files = [*MODEL_FILES.glob("*.yaml"), *MODEL_FILES.glob("*.json")]
+    return {p.stem: _read(p) for p in sorted(files, key=lambda p: p.stem)}
 
 
 def preset_names() -> list[str]:
@@ -213,6 +355,10 @@ def load(name_or_path: str | Path) -> ModelConfig:
     if name in presets():
         return presets()[name]
     path = Path(name)
+    looks_like_file = path.suffix in (".yaml", ".yml", ".json") or "/" in name
+    require(not looks_like_file or path.is_file(), "model", name,
+            "no such file (a preset name, a YAML file of ModelConfig's fields or a Hugging Face "
+            "config.json)")
     require(path.suffix in (".yaml", ".yml", ".json") and path.is_file(), "model", name,
             f"must be one of {', '.join(presets())}, a YAML file of ModelConfig's fields or a "
             "Hugging Face config.json")

@@ -62,18 +62,21 @@ def test_the_presets_are_files_and_the_published_sizes():
 
 
 @pytest.mark.parametrize(("key", "value", "rule"), [
-    ("tie_word_embeddings", True, "separate LM head"), ("head_dim", 96, "hidden_size / "),
-    ("sliding_window", 4096, "full causal attention only"),
+    ("attn_logit_softcapping", 50.0, "soft-capping (Gemma 2) is not modelled"),
+    ("ssm_state_size", 16, "state-space (Mamba) layers are not modelled"),
+    ("kv_lora_rank", 512, "multi-head latent attention"),
+    ("frobnicate", 3, "is not a field seqpar knows for model_type llama"),
+    ("layer_types", ["full_attention"], "must name one kind per layer"),
     ("num_attention_heads", None, "is missing")])
-def test_a_config_json_this_decoder_cannot_be_is_refused_with_the_reason(tmp_path, key, value,
-                                                                         rule):
-    hf = {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8,
-          "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 1000, key: value}
+def test_a_config_json_field_that_is_not_modelled_is_refused_by_name(tmp_path, key, value, rule):
+    hf = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+          "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2,
+          "vocab_size": 1000, key: value}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(hf))
     with pytest.raises(ConfigError) as err:
         load(str(path))
-    assert rule in str(err.value) and "\n" not in str(err.value)
+    assert rule in str(err.value) and "\n" not in str(err.value) and key in str(err.value)
 
 
 def test_one_attention_flop_convention_and_the_dense_one_derived_from_it():
