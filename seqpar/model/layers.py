@@ -39,6 +39,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
+OAI_ALPHA = 1.702  # gpt-oss's clamped SwiGLU: gate * sigmoid(alpha * gate)
+
+
+def glu(gate: torch.Tensor, up: torch.Tensor, act: str, limit: float = 0.0) -> torch.Tensor:
+    """A gated unit of the feed-forward (dense and expert alike), `act` as `ModelConfig.act`:
+    silu (SwiGLU), gelu_tanh (Gemma's GeGLU) or swiglu_oai (gpt-oss: gate clamped above at
+    `limit`, up to [-limit, limit], gate * sigmoid(1.702 gate) * (up + 1))."""
+    if act == "silu":
+        return torch.nn.functional.silu(gate) * up
+    if act == "gelu_tanh":
+        return torch.nn.functional.gelu(gate, approximate="tanh") * up
+    if act == "swiglu_oai":
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+        return gate * torch.sigmoid(gate * OAI_ALPHA) * (up + 1)
+    raise ValueError(f"act={act!r}: not one of silu, gelu_tanh, swiglu_oai")
+
+
 def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """W2 (silu(W1 x) * W3 x)."""
     return torch.nn.functional.linear(
