@@ -55,7 +55,7 @@ NEUTRAL = (None, 0, 0.0, False, [], "")
 
 BASE = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "intermediate_size", "rms_norm_eps", "rope_theta", "rope_scaling",
-        "rope_parameters", "partial_rotary_factor", "head_dim", "tie_word_embeddings",
+        "rope_parameters", "head_dim", "tie_word_embeddings",
         "hidden_act", "sliding_window", "layer_types"}
 MOE = {"num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
        "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob"}
@@ -90,8 +90,10 @@ def read(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
     if known is None:  # an unknown model_type: read as LLaMA only if every key is LLaMA's
         known = FAMILIES["llama"]
         extra = sorted(set(config) - BASE - IGNORED - set(NOT_MODELLED) - known)
-        require(not extra, f"{where}: model_type", family,
-                f"is not a family seqpar models ({', '.join(FAMILIES)}) and carries {extra[0]}")
+        if extra:
+            raise ConfigError(f"{where}: model_type", family,
+                              f"is not a family seqpar models ({', '.join(FAMILIES)}) and "
+                              f"carries {extra[0]}")
         family = "llama"
     extra = sorted(set(config) - BASE - IGNORED - set(NOT_MODELLED) - known)
     if extra:
@@ -162,7 +164,10 @@ def _rope(params: dict[str, Any], config: dict[str, Any], where: str) -> Rope:
     kind = params.get("rope_type") or params.get("type") or "default"
     require(kind in ("default", "linear", "llama3", "yarn"), f"{where}: rope_scaling.rope_type",
             kind, "is not modelled (default, linear, llama3 and yarn are)")
+    # no family read here rotates part of a head (their references ignore the key): refuse it
     fraction = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    require(fraction == 1.0, f"{where}: partial_rotary_factor", fraction,
+            "is not modelled for this family (its reference rotates the whole head)")
     theta = float(params.get("rope_theta", 10000.0))
     if kind == "default":
         return Rope(theta=theta, fraction=fraction)
