@@ -27,7 +27,7 @@ from seqpar.experiments.corpora import train_on
 from seqpar.planner import clusters
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.lengths import deal_cost
-from seqpar.planner.lengths_plan import auto_algorithms
+from seqpar.planner.lengths_auto import auto_algorithms
 from seqpar.rules import lengths as length_rules
 from seqpar.rules.deal import CostModel, check_lengths, plan_batches
 from seqpar.rules.model import ModelConfig

@@ -11,7 +11,7 @@ from typing import Any
 from seqpar.errors import ConfigError, require
 from seqpar.planner.api import Prediction, predict
 from seqpar.planner.clusters import Cluster
-from seqpar.planner.lengths_plan import predict_case
+from seqpar.planner.lengths_time import predict_case
 from seqpar.planner.policy import Filters
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.search import Result, check_counts, make_setup, search
@@ -171,7 +171,7 @@ _MEMORY_PART = {"state": "states", "activation": "activations"}
 
 
 def _lengths_check(spec: Any, cluster: Cluster, metrics: Mapping[str, float]) -> Check:
-    """A trial of lengths: its step as dealt and run (`lengths_plan.predict_case`), and the
+    """A trial of lengths: its step as dealt and run (`lengths_time.predict_case`), and the
     predicted FLOPs imbalance beside the measured `load_imbalance`."""
     s = predict_case(spec.to_case(), cluster, max(1, spec.plan.nodes))
     w = spec.workload

@@ -19,8 +19,9 @@ from seqpar.experiments.spec import ParallelPlan
 from seqpar.experiments.steps import make_case
 from seqpar.planner import clusters
 from seqpar.planner.lengths import Workload, deal_cost
-from seqpar.planner.lengths_plan import LengthPlan, predict_case
+from seqpar.planner.lengths_plan import LengthPlan
 from seqpar.planner.lengths_step import GROUP_SIZES, Split
+from seqpar.planner.lengths_time import predict_case
 from seqpar.planner.policy import Filters
 from seqpar.rules.deal import plan_batches
 from seqpar.rules.lengths import parse

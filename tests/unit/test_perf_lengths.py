@@ -16,8 +16,9 @@ from seqpar.experiments.steps import make_case
 from seqpar.planner import clusters
 from seqpar.planner import plan as perf_plan
 from seqpar.planner.lengths import Workload, deal_cost, layout_rank_pairs
-from seqpar.planner.lengths_plan import LengthPlan, predict_case
+from seqpar.planner.lengths_plan import LengthPlan
 from seqpar.planner.lengths_step import PARTS, Split
+from seqpar.planner.lengths_time import predict_case
 from seqpar.planner.policy import Filters
 from seqpar.rules.deal import deal
 

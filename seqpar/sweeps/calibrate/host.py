@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from seqpar.experiments.steps import make_case
 from seqpar.planner.clusters import Cluster
-from seqpar.planner.lengths_plan import predict_case
+from seqpar.planner.lengths_time import predict_case
 from seqpar.platform.localgang import LocalGang, free_port
 from seqpar.rules.model import param_shapes
 from seqpar.workers.measure.opcount import OpCounter
@@ -144,7 +144,7 @@ def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2
     micro-batches under ring (its messages) and allgather (its collectives), both with the
     gradient's all-reduces, measured in wall time as a trial's `step_ms` is (the slowest rank's
     each step, the median over steps); each one's residual over the planner's prediction of it
-    without these costs (`planner.lengths_plan.predict_case`), solved for the two."""
+    without these costs (`planner.lengths_time.predict_case`), solved for the two."""
     rows, rhs = [], []
     with LocalGang(world) as gang:
         queued = queued_wait(cluster, gang, world)
