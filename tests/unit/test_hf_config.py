@@ -154,7 +154,7 @@ def test_rope_frequencies_equal_the_references(kind):
     cfg = from_hf(json.loads(ref.to_json_string()))
     got = inv_freq(cfg.rope, cfg.head_dim)
     assert len(got) == len(want)
-    assert got == pytest.approx(want, rel=1e-6)  # the reference computes in float32
+    assert got == pytest.approx(want, rel=1e-5)  # the reference computes in float32 (2e-6 seen)
     assert attention_factor(cfg.rope) == pytest.approx(want_factor, rel=1e-6)
 
 
