@@ -18,6 +18,7 @@ from seqpar.rules.algorithms.allgather import AllGatherRules
 
 
 class AllGather(AllGatherRules, Algorithm):
+    takes_sinks = True
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         holders = (*((r,) for r in range(self.world)), tuple(range(self.world)))
@@ -31,15 +32,17 @@ class AllGather(AllGatherRules, Algorithm):
                                     self.backend)
         tasks = plan.tasks(self.rank, everyone)
         out, lse = blocks.attend_tasks(q, k_all, v_all, tasks, self.backend, self.scale)
+        out = self.sink(out, lse)
         return out, (q, k_all, v_all, out, lse), plan
 
     def backward(self, dout, saved, plan):
         q, k_all, v_all, out, lse = saved
         everyone = self.world
+        dout, dsinks = self.unsink(dout, out, lse)
         dq, dkv = blocks.grads_tasks(dout, q, k_all, v_all, out, lse,
                                      plan.tasks(self.rank, everyone), self.backend, self.scale,
                                      packed=True)
         dkv = dkv.to(self.grad_dtype(k_all))
         dkv = blocks.permute(dkv, plan.inverse(everyone, dkv.device))  # back to rank order
         dk, dv = blocks.unpack_kv(self.comm.reduce_scatter(dkv, dim=1))
-        return dq, dk, dv
+        return dq, dk, dv, dsinks

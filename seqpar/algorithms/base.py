@@ -5,11 +5,14 @@ mesh.py), its rules and analytic bytes (class methods: no process group needed),
 `backward` pair that reads like its paper's algorithm box:
 
     forward(q, k, v)            -> (out, tensors to save for backward, other state)
-    backward(dout, saved, state) -> (dq, dk, dv)
+    backward(dout, saved, state) -> (dq, dk, dv, dsinks)
 
 `_Shell`, the one `torch.autograd.Function`, does the rest for every algorithm: it saves tensors
 through `save_for_backward` (so saved-tensor hooks and activation meters see them), books backward
 communication into the ledgers that were active in forward, and casts gradients to the inputs' dtypes.
+A call's attention sinks (`sinks`, one logit per query head, or None) ride on its algorithm copy:
+an algorithm applies them once where its queries' lse is final (`sink`) and undoes them first in
+backward (`unsink`, which gives this rank's partial dsinks; None without sinks).
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from seqpar.algorithms import kernels, layouts, ledger
 from seqpar.algorithms.mesh import Mesh
+from seqpar.algorithms.softmax_merge import add_sink, sink_backward
 from seqpar.errors import require
 from seqpar.rules import masks
 from seqpar.rules.algorithms.base import Geometry, Rules, call_relation
@@ -43,6 +47,9 @@ class Algorithm(Rules):
     seqpar.rules.algorithms) and the forward and backward that run them. Built by
     `build_attention`."""
 
+    takes_sinks: ClassVar[bool] = False  # seqpar's own set it (a peer's code adds no sink)
+    sinks: torch.Tensor | None = None  # the call's attention sinks (H,), set by `for_call`
+
     def __init__(self, mesh: Mesh, causal: bool, layout: str, options: Options,
                  window: int | None = None, mask: masks.Mask | None = None):
         self.mesh, self.causal, self.layout, self.options = mesh, causal, layout, options
@@ -55,12 +62,31 @@ class Algorithm(Rules):
         self.comm = mesh.comm("sp")
         self.world, self.rank = self.comm.size, self.comm.rank  # the sequence-parallel group
 
-    def for_call(self, relation: layouts.Relation) -> Algorithm:
-        """This algorithm for one call whose queries see keys by `relation` (a shallow copy: the
-        mesh, options and caches are shared; the relation is the call's own)."""
+    def for_call(self, relation: layouts.Relation,
+                 sinks: torch.Tensor | None = None) -> Algorithm:
+        """This algorithm for one call whose queries see keys by `relation` and whose softmax
+        denominators hold `sinks` (a shallow copy: the mesh, options and caches are shared; the
+        relation and the sinks are the call's own)."""
         call = copy.copy(self)
-        call.relation = relation
+        call.relation, call.sinks = relation, None if sinks is None else sinks.detach()
         return call
+
+    def sink(self, out: torch.Tensor, lse: torch.Tensor, heads: slice = slice(None)
+             ) -> torch.Tensor:
+        """out with the call's sinks (query heads `heads` of them: a head shard's) in the softmax
+        denominators, for queries whose (out, lse) is final over every key; as it is without."""
+        return out if self.sinks is None else add_sink(out, lse, self.sinks[heads])
+
+    def unsink(self, dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+               heads: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the dout the attention's own backward takes, this rank's dsinks over every head:
+        zero for heads it does not hold) for `sink`'s out; (dout, None) without sinks."""
+        if self.sinks is None:
+            return dout, None
+        dout, part = sink_backward(dout, out, lse, self.sinks[heads])
+        dsinks = part.new_zeros(self.sinks.shape)
+        dsinks[heads] = part
+        return dout, dsinks
 
     # -- the rank's own work -----------------------------------------------------------------------
     @property
@@ -81,8 +107,8 @@ class Algorithm(Rules):
                 v: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], Any]:
         raise NotImplementedError
 
-    def backward(self, dout: torch.Tensor, saved: tuple[torch.Tensor, ...],
-                 state: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def backward(self, dout: torch.Tensor, saved: tuple[torch.Tensor, ...], state: Any
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
 
 
@@ -90,10 +116,10 @@ class _Shell(torch.autograd.Function):
     """The one autograd Function: every algorithm's forward and backward run inside it."""
 
     @staticmethod
-    def forward(ctx, algo: Algorithm, q, k, v):
+    def forward(ctx, algo: Algorithm, q, k, v, sinks):  # sinks: algo.sinks' tensor, for its grad
         out, saved, state = algo.forward(q, k, v)
         ctx.algo, ctx.state, ctx.ledgers = algo, state, ledger.active()
-        ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if sinks is None else sinks.dtype)
         ctx.save_for_backward(*saved)
         return out.to(q.dtype)
 
@@ -102,16 +128,33 @@ class _Shell(torch.autograd.Function):
         return (None, *algorithm_backward(ctx, dout))
 
 
-def algorithm_backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """(dq, dk, dv) of an autograd Function whose forward kept the algorithm, its state, the
-    active ledgers, the inputs' dtypes and the saved tensors on `ctx` (`_Shell`, and the model's
-    checkpointing modes that run an algorithm themselves)."""
+def algorithm_backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """(dq, dk, dv, dsinks) of an autograd Function whose forward kept the algorithm, its state,
+    the active ledgers, the dtypes of q, k, v and the sinks (None: no sinks) and the saved tensors
+    on `ctx` (`_Shell`, and the model's checkpointing modes that run an algorithm themselves)."""
     saved, state = ctx.saved_tensors, ctx.state
     ctx.state = None
     # autograd may run backward on another thread (CUDA), where forward's context is not set
     with ledger.backward_of(ctx.ledgers):
-        grads = ctx.algo.backward(dout.contiguous(), saved, state)
-    return tuple(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True))
+        dq, dk, dv, *dsinks = ctx.algo.backward(dout.contiguous(), saved, state)  # a peer: 3
+    grads = tuple(g.to(dt) for g, dt in zip((dq, dk, dv), ctx.dtypes[:3], strict=True))
+    sink_dtype = ctx.dtypes[3]
+    return (*grads, None if sink_dtype is None else dsinks[0].to(sink_dtype))
+
+
+def check_sinks(algo: Algorithm, q: torch.Tensor, sinks: torch.Tensor | None) -> None:
+    """A call's sinks: one float per query head of q, on q's device, for an algorithm that adds
+    them."""
+    if sinks is None:
+        return
+    require(type(algo).takes_sinks, "sinks", algo.name, "this attention adds no sinks "
+            "(seqpar's own algorithms do)")
+    require(isinstance(sinks, torch.Tensor) and sinks.is_floating_point()
+            and tuple(sinks.shape) == (q.shape[2],), "sinks.shape",
+            tuple(getattr(sinks, "shape", ())),
+            f"must be one float per query head: ({q.shape[2]},)")
+    require(sinks.device == q.device, "sinks.device", str(sinks.device),
+            f"must be q's device {q.device}")
 
 
 def shape_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> AttnShape:
@@ -147,14 +190,18 @@ class Attention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                  cu_seqlens: torch.Tensor | Sequence[int] | None = None,
-                 mask: masks.Mask | None = None) -> torch.Tensor:
+                 mask: masks.Mask | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         """out for this rank's shards. cu_seqlens: the global document boundaries [0, ..., N]
         (int64, the same on every rank; shards dealt by `layouts.shard(..., cu_seqlens=)`). mask:
         what every query sees (a `masks.Mask` of N tokens, the same on every rank; it takes the
         place of causal, window and cu_seqlens, and of the mask the attention was built with;
-        shards dealt by `layouts.shard(..., mask=)`)."""
+        shards dealt by `layouts.shard(..., mask=)`). sinks: gpt-oss's attention sinks, a learned
+        logit per query head (heads,) in every query's softmax denominator once (its column
+        dropped); their gradient is this rank's part (sum it over the group, as every weight's)."""
         a = self.algo
         shape = shape_of(q, k, v, a.world)
+        check_sinks(a, q, sinks)
         mask = mask if mask is not None else a.mask
         cu = layouts.as_cu(cu_seqlens)
         if mask is not None:
@@ -169,17 +216,17 @@ class Attention:
         type(a).check(shape, a.world, a.layout, a.causal, a.options, cu)
         kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
         relation = call_relation(a.layout, a.world, shape.seq_len, a.causal, cu, a.window, mask)
-        a = a.for_call(relation)
+        a = a.for_call(relation, sinks)
         held = len(rank_positions(a.layout, a.rank, a.world, shape.seq_len, relation))
         if cu is None and held == q.shape[1]:
-            return _Shell.apply(a, q, k, v)
+            return _Shell.apply(a, q, k, v, sinks)
         require(q.shape[1] == held, "q.shape", tuple(q.shape),
                 f"rank {a.rank} holds {held} of the N={shape.seq_len} tokens in the {a.layout} "
                 f"layout (layouts.shard with cu_seqlens or mask)")
         pad = shape.shard_len(a.world) - held
         if pad:
             q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        return _Shell.apply(a, q, k, v).narrow(1, 0, held)
+        return _Shell.apply(a, q, k, v, sinks).narrow(1, 0, held)
 
     def positions(self, n: int, cu_seqlens: Sequence[int] | None = None,
                   mask: masks.Mask | None = None) -> torch.Tensor:

@@ -140,6 +140,7 @@ class Burst(BurstRules, Ring):
 
     def backward(self, dout, saved, state):
         q, k, v, out, lse = saved
+        dout, dsinks = self.unsink(dout, out, lse)
         seq_len = q.shape[1] * self.world
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
 
@@ -153,4 +154,4 @@ class Burst(BurstRules, Ring):
         plan = plan_of(comms, None if need is None else route.transpose(need))
         parts = query_parts(q, dout, rowsum_delta(dout, out), lse)
         dq = query_ring_backward(parts, comms, compute, self.grad_dtype(q), plan)
-        return dq, dk, dv
+        return dq, dk, dv, dsinks

@@ -236,6 +236,7 @@ def ring_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: to
 
 
 class Ring(RingRules, Algorithm):
+    takes_sinks = True
 
     def tasks_for(self, seq_len: int) -> TasksFor:
         def tasks(src: int) -> Sequence[layouts.Task]:  # this rank's queries, src's keys
@@ -257,14 +258,15 @@ class Ring(RingRules, Algorithm):
         acc_out, acc_lse = blocks.new_partial(q)
         ring_forward(q, blocks.pack_kv(k, v), comms, tasks_for, acc_out, acc_lse, self.backend,
                      self.scale, plan, fresh=True)
-        out = acc_out.to(q.dtype)
+        out = self.sink(acc_out, acc_lse).to(q.dtype)
         return out, (q, k, v, out, acc_lse), (tasks_for, plan)
 
     def backward(self, dout, saved, state):
         q, k, v, out, lse = saved
         tasks_for, plan = state
+        dout, dsinks = self.unsink(dout, out, lse)
         dq = blocks.zeros_acc(q)
         dkv = ring_backward(dout, q, blocks.pack_kv(k, v), out, lse, RingComms.of(self.mesh),
                             tasks_for, dq, self.backend, self.scale, self.grad_dtype(k), plan)
         dk, dv = blocks.unpack_kv(dkv)
-        return dq, dk, dv
+        return dq, dk, dv, dsinks

@@ -9,6 +9,13 @@ masked carries lse = -inf and contributes nothing; two such sides give lse = -in
 accumulators. The only temporaries are (batch, heads, seq) — the new lse and the two weights — so a
 step allocates nothing the size of `out` (the old form built a new float32 out and lse per call and
 copied them back, and cast a 16-bit partial to float32 first).
+
+Attention sinks (gpt-oss: a learned logit per query head in every query's softmax denominator, its
+column dropped) join once, after the last merge, where a query's lse over every key is final:
+`add_sink` scales out by g = exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink), lse left
+as it is; `sink_backward` turns the upstream gradient into the one the attention's own backward
+takes (g * dO, with the scaled out as its O: exactly the sink's softmax backward) and gives
+dsink = -sum_i (dO_i . O'_i)(1 - g_i) over the queries at hand.
 """
 
 from __future__ import annotations
@@ -64,3 +71,28 @@ def empty_partial(
     out = torch.zeros(like_q.shape, dtype=acc_dtype, device=like_q.device)
     lse = torch.full((b, h, s), float("-inf"), dtype=lse_dtype, device=like_q.device)
     return out, lse
+
+
+def sink_gate(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """g = sigmoid(lse - sink) (B, H, S) in lse's dtype: the share of a query's softmax mass its
+    keys keep beside its head's sink (lse = -inf: 0)."""
+    return torch.sigmoid(lse - sinks.to(lse.dtype).view(1, -1, 1))
+
+
+def add_sink(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """out (bshd) of queries whose (out, lse) is final over every key, with their heads' sinks
+    (H,) in the softmax denominator: out * g, in out's dtype (the product in lse's)."""
+    return (out * _bshd(sink_gate(lse, sinks))).to(out.dtype)
+
+
+def sink_backward(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the dO the attention's own backward takes, dsinks (H,) over these queries), for queries
+    whose sunk output is `out` (`add_sink`'s) and lse the one it used. With O' = g * O as the
+    kernel's O and g * dO as its dO, the kernel's dS = P (g dO.v - g dO.O') is the sunk
+    softmax's P' (dP' - dO.O'), P' = g P; dsink = -sum (dO . O')(1 - g)."""
+    work = lse.dtype
+    rest = torch.sigmoid(sinks.to(work).view(1, -1, 1) - lse)  # 1 - g, without the cancellation
+    dot = torch.einsum("bshd,bshd->bhs", dout.to(work), out.to(work))
+    dsinks = -(dot * rest).sum(dim=(0, 2))
+    return (dout * _bshd(sink_gate(lse, sinks))).to(dout.dtype), dsinks

@@ -67,6 +67,11 @@ def heads_to_seq(tensors: Sequence[torch.Tensor], comm: Comm,
 KV_HEADS_TAG = 21
 
 
+def head_shard(comm: Comm, per: int) -> slice:
+    """The query heads (of every member's) this member holds after `seq_to_heads`, `per` each."""
+    return slice(comm.rank * per, (comm.rank + 1) * per)
+
+
 
 
 def local_kv_index(heads: int, kv_heads: int, ways: int, member: int) -> torch.Tensor:
@@ -120,6 +125,7 @@ def kv_grads_to_seq(dkh: torch.Tensor, dvh: torch.Tensor, comm: Comm,
 
 
 class Ulysses(UlyssesRules, Algorithm):
+    takes_sinks = True
 
     def forward(self, q, k, v):
         seq_len = q.shape[1] * self.world
@@ -133,6 +139,7 @@ class Ulysses(UlyssesRules, Algorithm):
         qh, kh, vh = seq_to_heads([q, k, v], self.comm, plan.order(0, q.device))
         tasks = plan.tasks(0, 0)
         out_h, lse = blocks.attend_tasks(qh, kh, vh, tasks, self.backend, self.scale)
+        out_h = self.sink(out_h, lse, head_shard(self.comm, qh.shape[2]))
         (out,) = heads_to_seq([out_h], self.comm, plan.inverse(0, q.device))
         return out, (qh, kh, vh, out_h, lse), (plan, reps, tasks)
 
@@ -143,6 +150,7 @@ class Ulysses(UlyssesRules, Algorithm):
         kx, vx = kh.index_select(2, index), vh.index_select(2, index)  # one K,V per query head
         tasks = plan.tasks(0, 0)
         out_h, lse = blocks.attend_tasks(qh, kx, vx, tasks, self.backend, self.scale)
+        out_h = self.sink(out_h, lse, head_shard(self.comm, qh.shape[2]))
         (out,) = heads_to_seq([out_h], self.comm, plan.inverse(0, q.device))
         return out, (qh, kx, vx, out_h, lse), (plan, ranges, tasks, index, k.shape[2])
 
@@ -150,6 +158,7 @@ class Ulysses(UlyssesRules, Algorithm):
         qh, kx, vx, out_h, lse = saved
         plan, ranges, tasks, index, kv_heads = state
         (doh,) = seq_to_heads([dout], self.comm, plan.order(0, dout.device))
+        doh, dsinks = self.unsink(doh, out_h, lse, head_shard(self.comm, qh.shape[2]))
         dq, dkx, dvx = blocks.grads_tasks(doh, qh, kx, vx, out_h, lse, tasks, self.backend,
                                           self.scale)
         lo, hi = ranges[self.comm.rank]
@@ -158,7 +167,7 @@ class Ulysses(UlyssesRules, Algorithm):
         (dq,) = heads_to_seq([dq.to(qh.dtype)], self.comm, plan.inverse(0, dout.device))
         dk, dv = kv_grads_to_seq(dkh, dvh, self.comm, ranges, plan.inverse(0, dout.device),
                                  kv_heads)
-        return dq, dk, dv
+        return dq, dk, dv, dsinks
 
     def backward(self, dout, saved, state):
         if len(state) == 5:
@@ -166,8 +175,9 @@ class Ulysses(UlyssesRules, Algorithm):
         qh, kh, vh, out_h, lse = saved
         plan, reps, tasks = state
         (doh,) = seq_to_heads([dout], self.comm, plan.order(0, dout.device))
+        doh, dsinks = self.unsink(doh, out_h, lse, head_shard(self.comm, qh.shape[2]))
         grads = blocks.grads_tasks(doh, qh, kh, vh, out_h, lse, tasks, self.backend, self.scale)
         dq, dk, dv = heads_to_seq([g.to(qh.dtype) for g in grads], self.comm,
                                   plan.inverse(0, dout.device))
         dk, dv = sum_replicas(dk, dv, reps)
-        return dq, dk, dv
+        return dq, dk, dv, dsinks

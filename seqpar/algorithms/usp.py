@@ -29,6 +29,7 @@ from seqpar.algorithms.ring import (
     ring_forward,
 )
 from seqpar.algorithms.ulysses import (
+    head_shard,
     heads_to_seq,
     kv_grads_to_seq,
     kv_to_heads,
@@ -50,6 +51,7 @@ from seqpar.rules.algorithms.usp import (  # noqa: F401 (the rules, also from he
 
 
 class Usp(UspRules, Algorithm):
+    takes_sinks = True
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         holders = usp_grid(self.world, self.options).groups("hp")  # by CP position
@@ -86,7 +88,7 @@ class Usp(UspRules, Algorithm):
         acc_out, acc_lse = blocks.new_partial(qh)
         ring_forward(qh, kv, comms, tasks_for, acc_out, acc_lse, self.backend, self.scale, path,
                      kv_index, fresh=True)
-        out_h = acc_out.to(q.dtype)
+        out_h = self.sink(acc_out, acc_lse, head_shard(hp, qh.shape[2])).to(q.dtype)
         (out,) = heads_to_seq([out_h], hp, plan.inverse(me, q.device))
         return out, (qh, kv, out_h, acc_lse), (plan, me, undo, tasks_for, path, kv_index)
 
@@ -97,6 +99,7 @@ class Usp(UspRules, Algorithm):
         dq = blocks.zeros_acc(qh)
         # one fixed order on every rank: a2a, ring (K,V then dK,dV), a2a
         (doh,) = seq_to_heads([dout], hp, plan.order(me, dout.device))
+        doh, dsinks = self.unsink(doh, out_h, lse, head_shard(hp, qh.shape[2]))
         dkv = ring_backward(doh, qh, kv, out_h, lse, comms, tasks_for, dq, self.backend,
                             self.scale, self.grad_dtype(qh), path, kv_index)
         dkh, dvh = blocks.unpack_kv(dkv.to(qh.dtype))
@@ -108,7 +111,7 @@ class Usp(UspRules, Algorithm):
             ranges, kv_heads = undo
             (dq,) = heads_to_seq([dq.to(qh.dtype)], hp, inverse)
             dk, dv = kv_grads_to_seq(dkh, dvh, hp, ranges, inverse, kv_heads)
-        return dq, dk, dv
+        return dq, dk, dv, dsinks
 
 
 

@@ -79,6 +79,7 @@ def combine(team: Comm, acc_out: torch.Tensor, acc_lse: torch.Tensor,
 
 
 class WallFacer(WallFacerRules, Algorithm):
+    takes_sinks = True
 
     def plan(self, seq_len: int) -> tokens.GatherPlan:
         teams = wallfacer_grid(self.world, self.options).groups("team")  # by team index
@@ -114,12 +115,13 @@ class WallFacer(WallFacerRules, Algorithm):
         ring_forward(q_t, kv0, ring, tasks_for, acc_out, acc_lse, self.backend, self.scale,
                      plan_of(ring, need_f), fresh=True)
         out, lse = combine(team, acc_out, acc_lse, plan.inverse(mine, q.device))
-        out = out.to(q.dtype)
+        out = self.sink(out, lse).to(q.dtype)
         return out, (q_t, kv0, out, lse), (plan, heads, need_b)
 
     def backward(self, dout, saved, state):
         q_t, kv0, out, lse = saved
         plan, heads, need_b = state
+        dout, dsinks = self.unsink(dout, out, lse)
         grid = grid_of(self.world, self.options)
         team, ring = self.mesh.comm("team"), RingComms.of(self.mesh, "subring")
         mine, dtype = grid.coords(self.rank)[0], q_t.dtype
@@ -148,7 +150,7 @@ class WallFacer(WallFacerRules, Algorithm):
         grads = blocks.permute(torch.cat([dq_t.to(grad_dtype), dkv], dim=2),
                                plan.inverse(mine, dout.device))
         dq, dk, dv = team.reduce_scatter(grads, dim=1).split(heads, dim=2)
-        return dq.to(dtype), dk.to(dtype), dv.to(dtype)
+        return dq.to(dtype), dk.to(dtype), dv.to(dtype), dsinks
 
 
 

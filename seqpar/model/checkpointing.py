@@ -26,7 +26,10 @@ A block is `pre` (RMSNorm, Q/K/V projections, RoPE: token-wise), the distributed
   whole (`rules.memory.check_seq_attn`: where a prefix is dealt so, and which attentions allow it).
 
 Every mode computes the same numbers (same ops, the same token split; seq-attn's prefix to the
-rounding of a merge order), so each is exact.
+rounding of a merge order), so each is exact. Attention sinks (`run_block(..., sinks=)`, gpt-oss's
+logit per query head) reach the attention in every mode: what sc++ and seq-attn keep is the sunk
+out with the lse over the keys alone, as the algorithm saves it (a prefix's lse is final, so its
+sink is added as the whole call's is), and the sinks' gradient flows through each mode.
 """
 
 from __future__ import annotations
@@ -115,15 +118,17 @@ def _recomputed(fn: Callable, *args):
 
 
 def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor, mode: str, fraction: float) -> torch.Tensor:
-    """One block's output under a checkpointing mode (see the module docstring)."""
+              sin: torch.Tensor, mode: str, fraction: float,
+              sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """One block's output under a checkpointing mode (see the module docstring); `sinks`: the
+    layer's attention sinks (heads,), passed to `attend(q, k, v, sinks=)` (None: none)."""
     if mode == "full":
-        return _recomputed(run_block, pre, post, attend, x, cos, sin, "none", 0.0)
+        return _recomputed(run_block, pre, post, attend, x, cos, sin, "none", 0.0, sinks)
     if mode == SEQ_ATTN and torch.is_grad_enabled():
-        calls, m = _seq_attn_calls(attend, x.shape[1], fraction)
-        return _recomputed(_seq_attn_block, pre, post, calls, _Kept(), m, x, cos, sin)
+        calls, m = _seq_attn_calls(attend, x.shape[1], fraction, sinks)
+        return _recomputed(_seq_attn_block, pre, post, calls, _Kept(), m, x, cos, sin, sinks)
     if mode == SEQ_ATTN:
-        return run_block(pre, post, attend, x, cos, sin, "none", 0.0)
+        return run_block(pre, post, attend, x, cos, sin, "none", 0.0, sinks)
     s = x.shape[1]
     m = recomputed_tokens(mode, fraction, s)
     spans = [(a, b) for a, b in ((0, m), (m, s)) if b > a]
@@ -140,7 +145,7 @@ def run_block(pre: Callable, post: Callable, attend: Callable, x: torch.Tensor, 
     if mode in ("sc++", "sc++,sequence"):
         hooks = recompute_inputs((q, k, v), lambda: pre_parts(x.detach()))
     with hooks:
-        a = attend(q, k, v)
+        a = attend(q, k, v) if sinks is None else attend(q, k, v, sinks=sinks)
     outs = []
     for a0, b0 in spans:
         args = (x[:, a0:b0], a[:, a0:b0])
@@ -158,14 +163,17 @@ class _Kept:
         self.lse: torch.Tensor | None = None
 
 
-def _seq_attn_calls(attend: Callable, s: int, fraction: float
+def _seq_attn_calls(attend: Callable, s: int, fraction: float, sinks: torch.Tensor | None
                     ) -> tuple[tuple[Algorithm, Algorithm | None], int]:
     """(the whole call's algorithm, the prefix call's or None), and the prefix's rows a rank: the
     call `attend` makes (a built attention, or one with the step's packed documents) and the same
-    attention over the first `fraction` x N tokens alone, in the layout that deals them."""
+    attention over the first `fraction` x N tokens alone, in the layout that deals them; both
+    with the call's `sinks`."""
     attention, kw = ((attend.func, dict(attend.keywords)) if isinstance(attend, functools.partial)
                      else (attend, {}))
     a: Algorithm = attention.algo
+    require("sinks" not in kw, "checkpoint", "seq-attn",
+            "takes the attention sinks as run_block(..., sinks=), not bound into attend")
     mask = kw.get("mask") or a.mask
     require(mask is None or mask.relation is not None, "checkpoint", "seq-attn",
             "splits causal attention, packed documents or a causal window, not a mask of slices")
@@ -176,7 +184,7 @@ def _seq_attn_calls(attend: Callable, s: int, fraction: float
     n = s * a.world
     check_seq_attn(a.name, a.layout, fraction, a.world, n,
                    documents=cu is not None and len(cu) > 2, causal=causal)
-    full = a.for_call(call_relation(a.layout, a.world, n, causal, cu, window))
+    full = a.for_call(call_relation(a.layout, a.world, n, causal, cu, window), sinks)
     m = int(round(fraction * s))
     if m == 0:
         return (full, None), 0
@@ -185,23 +193,25 @@ def _seq_attn_calls(attend: Callable, s: int, fraction: float
     n_head = m * a.world
     cu_head = None if cu is None else tuple(c for c in cu if c < n_head) + (n_head,)
     return (full, head.for_call(call_relation(head.layout, a.world, n_head, causal, cu_head,
-                                              window))), m
+                                              window), sinks)), m
 
 
 def _seq_attn_block(pre: Callable, post: Callable, calls: tuple, kept: _Kept, m: int,
-                    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    sinks: torch.Tensor | None) -> torch.Tensor:
     q, k, v = (t.contiguous() for t in pre(x, cos, sin))
-    return post(x, _SeqAttn.apply(calls, kept, m, q, k, v))
+    return post(x, _SeqAttn.apply(calls, kept, m, q, k, v, sinks))
 
 
 class _SeqAttn(torch.autograd.Function):
     """The distributed attention under seq-attn. Forward (the block's first run, its saved tensors
     dropped by the checkpoint): the whole attention, the rest's out and lse kept. Forward again
     (backward's recompute): the prefix's attention alone, joined to what was kept. Backward: the
-    attention's own, over the whole shard."""
+    attention's own, over the whole shard. `sinks` (the calls carry them) is an input for its
+    gradient."""
 
     @staticmethod
-    def forward(ctx, calls, kept: _Kept, m: int, q, k, v):
+    def forward(ctx, calls, kept: _Kept, m: int, q, k, v, sinks):
         # the checkpoint runs backward on the first forward's node (its ctx: the whole call's
         # algorithm and state) with the tensors the recompute saved (the joined out and lse)
         full, head = calls
@@ -218,7 +228,7 @@ class _SeqAttn(torch.autograd.Function):
                 lse = torch.cat([saved[4].to(lse.dtype), lse], dim=-1)
             kept.out = kept.lse = None
         ctx.algo, ctx.state, ctx.ledgers = full, state, ledger.active()
-        ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, None if sinks is None else sinks.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
         return out.to(q.dtype)
 
