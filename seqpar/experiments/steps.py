@@ -29,7 +29,8 @@ from seqpar.planner.clusters import Cluster
 from seqpar.planner.lengths import deal_cost
 from seqpar.planner.lengths_auto import auto_algorithms
 from seqpar.rules import lengths as length_rules
-from seqpar.rules.deal import CostModel, check_lengths, plan_batches
+from seqpar.rules.cost_model import CostModel
+from seqpar.rules.deal import check_lengths, plan_batches
 from seqpar.rules.model import ModelConfig
 from seqpar.rules.pool import AUTO
 

@@ -22,7 +22,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
-from seqpar.rules.deal import CostModel
+from seqpar.rules.cost_model import CostModel
 from seqpar.rules.pool import pool_groups, pool_sizes, smallest_size
 
 

@@ -38,10 +38,11 @@ from seqpar.planner.net import Net
 from seqpar.planner.step import layer_seconds
 from seqpar.rules import lengths as length_rules
 from seqpar.rules import masks
-from seqpar.rules.deal import CostModel, Deal
+from seqpar.rules.cost_model import CostModel
 from seqpar.rules.flops import BACKWARD_FLOPS
 from seqpar.rules.layouts import positions as layout_positions
 from seqpar.rules.lengths import boundaries
+from seqpar.rules.micro_batches import Deal
 from seqpar.rules.model import ModelConfig
 from seqpar.rules.pool import pool_groups, pool_sizes
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape

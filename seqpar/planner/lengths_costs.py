@@ -19,8 +19,10 @@ from seqpar.planner.lengths_step import Split
 from seqpar.planner.policy import Policy, split_checkpoint
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.step import Setup, layer_seconds
-from seqpar.rules.deal import CostModel, deal, in_rounds
+from seqpar.rules.cost_model import CostModel
+from seqpar.rules.deal import deal
 from seqpar.rules.memory import TrainPolicy
+from seqpar.rules.micro_batches import in_rounds
 from seqpar.rules.model import ModelConfig, load
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 

@@ -39,7 +39,7 @@ from seqpar import algorithms
 from seqpar.case import Case, TrainCase, Trial
 from seqpar.model import flops as model_flops
 from seqpar.platform.devices import peak_flops
-from seqpar.rules.deal import CostModel
+from seqpar.rules.cost_model import CostModel
 from seqpar.workers import policy_metrics, stability
 
 if TYPE_CHECKING:  # a rank's record; the training measure imports step_metrics from here

@@ -9,7 +9,8 @@ import random
 import pytest
 
 from seqpar.rules import packing
-from seqpar.rules.deal import CostModel, deal
+from seqpar.rules.cost_model import CostModel
+from seqpar.rules.deal import deal
 from seqpar.rules.lengths import draw_batches, parse
 from seqpar.rules.pool import pool_sizes, smallest_size
 
