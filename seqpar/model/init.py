@@ -1,24 +1,31 @@
 """Parameter values drawn shard by shard: each rank draws only the rows it holds.
 
-Every matrix is N(0, INIT_STD²), every norm weight 1. A matrix's rows come in blocks of ROW_BLOCK
-rows, and each block is drawn (float32 on the host: 2.6x faster than float64 draws, and exact in a
-float64 model) from a generator of its own, seeded by the
-model's seed, the parameter's index and the block's index. So a row's value does not depend on
-who draws it: a rank holding rows [a, b) of a parameter draws only the blocks those rows touch
-(`draw_rows`), the one-process model draws them all, and both hold the same numbers — the float64
-oracle tests need exactly that, at every world size and in every `states` mode. Nothing draws a
-whole parameter unless it holds the whole parameter, and values reach the parameter's device and
-dtype one block at a time: a model of any size starts on any number of ranks.
+Every matrix is N(0, INIT_STD²), every norm weight 1 (0 where a family scales by 1 + w), every bias
+and sink 0. A matrix's rows come in blocks of ROW_BLOCK rows, and each block is drawn (float32 on
+the host: 2.6x faster than float64 draws, and exact in a float64 model) from a generator of its
+own, seeded by the model's seed, the parameter's index and the block's index. So a row's value does
+not depend on who draws it: a rank holding rows [a, b) of a parameter draws only the blocks those
+rows touch (`draw_rows`), the one-process model draws them all, and both hold the same numbers —
+the float64 oracle tests need exactly that, at every world size and in every `states` mode.
+Nothing draws a whole parameter unless it holds the whole parameter, and values reach the
+parameter's device and dtype one block at a time: a model of any size starts on any number of
+ranks.
 
 Under FSDP2 a parameter is a DTensor sharded on dim 0 as torch.chunk cuts it (`shard_rows`).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 INIT_STD = 0.02
+NORMS = frozenset({"attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm",
+                   "norm"})
+ZEROS = frozenset({"bq", "bk", "bv", "bo", "b1", "b3", "b2", "sinks", "router_bias",
+                   "experts_b1", "experts_b3", "experts_b2"})  # biases and sinks
 ROW_BLOCK = 256  # rows per seeded block: small enough that a shard boundary wastes little
 
 
@@ -67,17 +74,33 @@ def shard_rows(p: torch.Tensor) -> tuple[int, int]:
     return start, stop
 
 
+def fill_value(name: str, norm_offset: bool) -> float | None:
+    """What parameter `name` starts as where it is not drawn: a norm weight 1 (0 where the family
+    stores w and scales by 1 + w: Gemma), a bias or sink 0; None: drawn."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in NORMS:
+        return 0.0 if norm_offset else 1.0
+    return 0.0 if leaf in ZEROS else None
+
+
 @torch.no_grad()
-def init_parameters(net: nn.Module, seed: int) -> None:
+def init_parameters(net: nn.Module, seed: int, norm_offset: bool = False) -> None:
     """Fill every parameter of `net` (in `named_parameters` order: a parameter's index is its
-    place there): norm weights 1, matrices drawn by `draw_rows` for this rank's rows only."""
-    for index, p in enumerate(net.parameters()):
+    place there): norms and biases by `fill_value`, matrices drawn by `draw_rows` for this rank's
+    rows only. A stacked parameter (experts: (E, f, d)) is drawn as the matrix of its rows
+    (E * f, d), so a block stays ROW_BLOCK rows of one matrix however large an expert."""
+    for index, (name, p) in enumerate(net.named_parameters()):
         local = p.to_local() if hasattr(p, "to_local") else p
-        if p.dim() == 1:
-            local.fill_(1.0)
+        value = fill_value(name, norm_offset)
+        if value is not None:
+            local.fill_(value)
             continue
         start, stop = shard_rows(p)
+        per = math.prod(p.shape[1:-1])  # matrix rows one slice of a stacked parameter holds
+        flat = local.view(-1, p.shape[-1]) if p.dim() > 2 else local
+        shape = (p.shape[0] * per, *p.shape[-1:]) if p.dim() > 2 else tuple(p.shape)
+        start, stop = start * per, stop * per
         for block, lo, hi in _pieces(start, stop):  # host memory of one block, whatever the size
             b0 = block * ROW_BLOCK
-            values = _block(seed, index, tuple(p.shape), block)
-            local[lo - start:hi - start].copy_(values[lo - b0:hi - b0])
+            values = _block(seed, index, shape, block)
+            flat[lo - start:hi - start].copy_(values[lo - b0:hi - b0])

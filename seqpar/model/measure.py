@@ -22,6 +22,17 @@ from seqpar.model.memory import AllocationMeter
 from seqpar.model.transformer import Transformer
 
 
+def with_layers(cfg: ModelConfig, n: int) -> ModelConfig:
+    """`cfg` with n layers, layer i of the kind of cfg's layer i mod cfg.layers."""
+    def like(i: int, layers: tuple[int, ...]) -> bool:
+        return i % cfg.layers in layers
+
+    return dataclasses.replace(
+        cfg, layers=n, layer_types=tuple(cfg.layer_types[i % cfg.layers] for i in range(n)),
+        nope_layers=tuple(i for i in range(n) if like(i, cfg.nope_layers)),
+        moe_layers=tuple(i for i in range(n) if like(i, cfg.moe_layers)) if cfg.experts else ())
+
+
 def _retained(cfg: ModelConfig, tokens: torch.Tensor, mode: str, fraction: float,
               dtype: torch.dtype) -> int:
     net = Transformer(cfg, checkpoint=mode, seq_fraction=fraction, dtype=dtype)
@@ -41,7 +52,7 @@ def analytic_block_bytes(cfg: ModelConfig, batch: int, s: int, mode: str, fracti
     the (1 - f) of the tokens after the prefix. `none_bytes` is the measured `none` block (its own
     count is the sum of what every op saves)."""
     tok = batch * s * elem
-    x, out, lse = tok * cfg.hidden, tok * cfg.hidden, tok * cfg.heads
+    x, out, lse = tok * cfg.hidden, tok * cfg.heads * cfg.head_dim, tok * cfg.heads
     attn = 2 * out + 2 * tok * cfg.kv_heads * cfg.head_dim + lse  # q, out, k, v, lse
     m = checkpointing.recomputed_tokens(mode, fraction, s)
     after = s - int(round(fraction * s))  # seq-attn: the tokens whose out and lse are kept
@@ -62,7 +73,7 @@ def checkpoint_bytes(cfg: ModelConfig, batch: int = 2, seq_len: int = 64, fracti
     elem = torch.empty((), dtype=dtype).element_size()
     rows, none = [], None
     for mode in checkpointing.CHECKPOINT_MODES:
-        per = [_retained(dataclasses.replace(cfg, layers=n), tokens, mode, fraction, dtype)
+        per = [_retained(with_layers(cfg, n), tokens, mode, fraction, dtype)
                for n in (1, 3)]
         measured = (per[1] - per[0]) // 2
         none = measured if mode == "none" else none

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from seqpar.algorithms import build_attention, ledger
+from seqpar.algorithms import ledger
 from seqpar.algorithms.mesh import Pool, solo_mesh
 from seqpar.model import states
-from seqpar.model.transformer import Pack, SPGroup, Transformer
+from seqpar.model.transformer import Pack, SPGroup, Transformer, build_layers
 from seqpar.rules.deal import Deal, MicroBatch
 from seqpar.rules.layouts import positions as layout_positions
 from seqpar.rules.lengths import Sequence, boundaries
@@ -55,16 +55,18 @@ class StepModel:
     def build(cls, net: Transformer, pool: Pool | None,
               options: Mapping[int, tuple[str, dict[str, Any]]], layout: str,
               window: int | None = None) -> StepModel:
-        """`options`: group size -> (algorithm, options) it runs (`rules.pool.options_at`)."""
-        groups = {}
+        """`options`: group size -> (algorithm, options) it runs (`rules.pool.options_at`);
+        `window`: every full layer's (the model's sliding layers keep their own). Each group
+        gets an attention per layer kind on its one mesh (`transformer.build_layers`)."""
+        cfg, groups = net.cfg, {}
         for ranks, mesh in ({} if pool is None else pool.meshes).items():
             name, opts = options[len(ranks)]
-            attend = build_attention(name, causal=True, layout=layout, mesh=mesh, window=window,
-                                     **opts)
-            groups[ranks] = SPGroup(attend, ranks.index(pool.pos), len(ranks))
+            layers = build_layers(name, cfg, window=window, layout=layout, mesh=mesh, **opts)
+            groups[ranks] = SPGroup(layers[0], ranks.index(pool.pos), len(ranks), layers)
         solo_opts = options[1][1] if 1 in options else {}
-        groups[()] = SPGroup(build_attention(LOCAL, causal=True, mesh=solo_mesh(), window=window,
-                                             **solo_opts), 0, 1)
+        layers = build_layers(LOCAL, cfg, window=window, layout="contiguous", mesh=solo_mesh(),
+                              **solo_opts)
+        groups[()] = SPGroup(layers[0], 0, 1, layers)
         return cls(net, pool, groups)
 
     def group(self, m: MicroBatch) -> SPGroup:

@@ -33,6 +33,7 @@ fused head).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,75 +42,73 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from seqpar.algorithms import Mesh, build_attention
+from seqpar.algorithms import Attention, Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len
 from seqpar.errors import require
 from seqpar.model import checkpointing, grads, head, init
 from seqpar.model import states as model_states
-from seqpar.model.config import ModelConfig, block_shapes
-from seqpar.model.layers import apply_rope, rms_norm, rope_tables, swiglu
+from seqpar.model.block import Block, layer_rope
+from seqpar.model.config import ModelConfig
+from seqpar.model.layers import norm, rotary_tables
 from seqpar.rules import masks
-
-
-class Block(nn.Module):
-    """RMSNorm -> Q/K/V (GQA) -> RoPE -> attention -> O -> residual -> RMSNorm -> SwiGLU -> residual.
-
-    Parameters are stored in `stored` and used in `compute` (a cast per use when they differ, as
-    autocast does: the gradient flows back to the stored dtype). With `mlp_tile` the RMSNorm +
-    SwiGLU run over tiles of that many tokens, each recomputed in backward (ALST's tiled MLP: one
-    tile's ffn-wide activations live at a time); the numbers are the same, every op being
-    token-wise."""
-
-    def __init__(self, cfg: ModelConfig, stored: torch.dtype, compute: torch.dtype,
-                 device: torch.device | None = None, mlp_tile: int | None = None):
-        super().__init__()
-        self.cfg, self.compute, self.mlp_tile = cfg, compute, mlp_tile
-        for name, shape in block_shapes(cfg).items():
-            setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=stored, device=device)))
-
-    def w(self, p: torch.Tensor) -> torch.Tensor:
-        return p if p.dtype == self.compute else p.to(self.compute)
-
-    def pre(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        c, w = self.cfg, self.w
-        b, s, _ = x.shape
-        h = rms_norm(x, w(self.attn_norm), c.norm_eps)
-        q = F.linear(h, w(self.wq)).view(b, s, c.heads, c.head_dim)
-        k = F.linear(h, w(self.wk)).view(b, s, c.kv_heads, c.head_dim)
-        v = F.linear(h, w(self.wv)).view(b, s, c.kv_heads, c.head_dim)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.w
-        return swiglu(rms_norm(x, w(self.ffn_norm), self.cfg.norm_eps), w(self.w1), w(self.w3),
-                      w(self.w2))
-
-    def post(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        x = x + F.linear(a.reshape(x.shape[0], x.shape[1], -1), self.w(self.wo))
-        tile, s = self.mlp_tile, x.shape[1]
-        if tile is None or s <= tile or not torch.is_grad_enabled():
-            return x + self.mlp(x)
-        # no RNG in the model: no RNG state kept per tile (5 KB each on the CPU)
-        return x + torch.cat([checkpoint(self.mlp, x[:, t0:t0 + tile], use_reentrant=False,
-                                         preserve_rng_state=False)
-                              for t0 in range(0, s, tile)], dim=1)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend,
-                mode: str, fraction: float) -> torch.Tensor:
-        """The block under a checkpointing mode (one forward call: FSDP2 gathers around it)."""
-        return checkpointing.run_block(self.pre, self.post, attend, x, cos, sin, mode, fraction)
+from seqpar.rules.rope import attention_factor, inv_freq
 
 
 @dataclass(frozen=True)
 class SPGroup:
     """The attention a pack runs on and this rank's place in its group (a model holds its own
-    group's; a dynamic step one per group size, `model.step`)."""
+    group's; a dynamic step one per group size, `model.step`): `attend` deals the tokens (layer
+    0's), `layers` each layer's (`build_layers`; (): `attend` in every layer)."""
 
     attend: Callable[..., torch.Tensor]
     rank: int
     world: int
+    layers: tuple[Callable[..., torch.Tensor], ...] = ()
+
+    def calls(self, n: int, cu_seqlens=None) -> list[Callable[..., torch.Tensor]]:
+        """The attention each of n layers calls, with the call's documents."""
+        layers = self.layers or (self.attend,) * n
+        if cu_seqlens is None:
+            return list(layers)
+        return [functools.partial(a, cu_seqlens=cu_seqlens) for a in layers]
+
+
+def layer_windows(cfg: ModelConfig, window: int | None = None) -> tuple[int | None, ...]:
+    """Each layer's window: a sliding layer's the model's (cfg.window), the others' `window` (an
+    attention option over the whole model; None: full causal)."""
+    return tuple(cfg.window if kind == "sliding" else window for kind in cfg.layer_types)
+
+
+def build_layers(name: str, cfg: ModelConfig, *, window: int | None = None, layout: str,
+                 group: dist.ProcessGroup | None = None, mesh: Mesh | None = None,
+                 mask: masks.Mask | None = None, **options: Any) -> tuple[Attention, ...]:
+    """Each layer's attention `name`: one per distinct window (`layer_windows`), the first laid on
+    `group` or `mesh`, the others on its mesh (no process group made twice), every one with the
+    model's softmax scale (cfg.attn_scale; 0: the attention's default, head_dim^-1/2)."""
+    windows = layer_windows(cfg, window)
+    kinds = list(dict.fromkeys(windows))
+    sliding = "sliding" in cfg.layer_types
+    require(window is None or not sliding, "window", window,
+            f"must not be given for a model whose sliding layers have their own (model.window "
+            f"{cfg.window})")
+    require(mask is None or not sliding, "mask", "given",
+            "must be None for a model with sliding layers (each layer's window is its relation)")
+    require(layout != "balanced" or len(kinds) == 1, "layout", layout,
+            "deals the tokens by one relation, and this model's layers have different windows "
+            "(model.layer_types): use contiguous, zigzag or stripe")
+    if cfg.attn_scale:
+        given = options.get("scale")
+        require(given is None or given == cfg.attn_scale, "scale", given,
+                f"must be the model's softmax scale ({cfg.attn_scale}) or None")
+        options = {**options, "scale": cfg.attn_scale}
+    built: dict[int | None, Attention] = {}
+    for w in kinds:
+        first = next(iter(built.values()), None)
+        place = {"group": group, "mesh": mesh} if first is None else {"mesh": first.mesh}
+        built[w] = build_attention(name, causal=True, layout=layout, window=w, mask=mask,
+                                   **place, **options)
+    return tuple(built[w] for w in windows)
 
 
 @dataclass(frozen=True)
@@ -174,18 +173,22 @@ class Transformer(nn.Module):
         self.rank = 0 if group is None else dist.get_rank(group)
         self.dp = 1 if dp_group is None else dist.get_world_size(dp_group)
         self.mask = mask  # any attention mask over N tokens (None: causal, documents per call)
-        self.attend = build_attention(attention, causal=True, layout=layout, group=group,
-                                      mesh=mesh, mask=mask, **attention_options)
-        self.sp = SPGroup(self.attend, self.rank, self.world)
+        layers = build_layers(attention, cfg, layout=layout, group=group, mesh=mesh, mask=mask,
+                              **attention_options)
+        self.attend = layers[0]  # deals the tokens (every layer's deal, `build_layers`)
+        self.sp = SPGroup(self.attend, self.rank, self.world, layers)
+        self._inv_freq = {rope: torch.tensor(inv_freq(rope, cfg.head_dim), dtype=torch.float64)
+                          for rope in {layer_rope(cfg, i) for i in range(cfg.layers)} if rope}
         sharded = states_policy.sharded  # fsdp, dist-opt: FSDP2 over the world
         stored, build_on = states_policy.param_dtype(dtype), torch.device("meta") if sharded else device
         d = cfg.hidden
         self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
         tile = (mlp_tile or cfg.hidden) if tiled else None  # ALST: ceil(N / hidden) tiles
-        self.blocks = nn.ModuleList(Block(cfg, stored, dtype, build_on, tile)
-                                    for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, stored, dtype, build_on, tile)
+                                    for i in range(cfg.layers))
         self.norm = nn.Parameter(torch.empty(d, dtype=stored, device=build_on))
-        self.head = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
+        if not cfg.tie_embeddings:  # tied: the embedding is the head (`lm_head`)
+            self.head = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
         if sharded:
             world_mesh = shard_mesh(mesh, group, dp_group, device, shard_group)
             model_states.shard_model(self, self.blocks, world_mesh, states_policy, dtype, self.dp)
@@ -205,11 +208,17 @@ class Transformer(nn.Module):
     def w(self, p: torch.Tensor) -> torch.Tensor:
         return p if p.dtype == self.dtype else p.to(self.dtype)
 
+    @property
+    def lm_head(self) -> nn.Parameter:
+        """The LM head's weight: the embedding where the model ties them."""
+        return self.embed if self.cfg.tie_embeddings else self.head
+
     def reset_parameters(self, seed: int) -> None:
-        """Norm weights 1, every matrix N(0, 0.02^2), each rank drawing only the rows it holds
-        (`init.py`): the same seed gives the same parameters on every rank, at every world size
-        and in every `states` mode, and no rank ever holds a whole parameter it does not own."""
-        init.init_parameters(self, seed)
+        """Norm weights 1 (0 where stored as 1 + w), biases 0, every matrix N(0, 0.02^2), each
+        rank drawing only the rows it holds (`init.py`): the same seed gives the same parameters
+        on every rank, at every world size and in every `states` mode, and no rank ever holds a
+        whole parameter it does not own."""
+        init.init_parameters(self, seed, self.cfg.norm_offset)
 
     def shard(self, tokens: torch.Tensor, cu_seqlens=None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -231,22 +240,34 @@ class Transformer(nn.Module):
     def hidden(self, tokens: torch.Tensor, cu_seqlens=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final-norm hidden states of this rank's tokens and their labels."""
         pos, inp, labels = self.shard(tokens, cu_seqlens)
-        attend = self.attend if cu_seqlens is None else functools.partial(
-            self.attend, cu_seqlens=cu_seqlens)
-        return self._hidden(inp, pos, attend), labels
+        return self._hidden(inp, pos, self.sp.calls(self.cfg.layers, cu_seqlens)), labels
 
-    def _hidden(self, inp: torch.Tensor, rope_pos: torch.Tensor, attend) -> torch.Tensor:
-        cos, sin = rope_tables(rope_pos, self.cfg.head_dim, self.cfg.rope_theta, self.dtype)
+    def rope_tables(self, pos: torch.Tensor) -> dict:
+        """{a layer's RoPE: (cos, signed sin)} at positions `pos` (`layers.rotary_tables`); a
+        layer that does not rotate (None) gets empty tables."""
+        out = {}
+        for rope, freqs in self._inv_freq.items():
+            out[rope] = rotary_tables(pos, freqs, self.dtype, attention_factor(rope))
+        empty = torch.empty(1, len(pos), 1, 0, dtype=self.dtype, device=pos.device)
+        out[None] = (empty, empty)
+        return out
+
+    def _hidden(self, inp: torch.Tensor, rope_pos: torch.Tensor,
+                attends: Sequence[Callable[..., torch.Tensor]]) -> torch.Tensor:
+        cfg = self.cfg
+        tables = self.rope_tables(rope_pos)
         x = F.embedding(inp, self.w(self.embed))
-        for blk in self.blocks:
-            x = blk(x, cos, sin, attend, self.checkpoint, self.seq_fraction)
-        return rms_norm(x, self.w(self.norm), self.cfg.norm_eps)
+        if cfg.embed_scale:  # sqrt(hidden) rounded as the reference's float32 buffer, then cast
+            x = x * torch.tensor(math.sqrt(cfg.hidden), dtype=torch.float32).to(x.device, x.dtype)
+        for blk, attend in zip(self.blocks, attends, strict=True):
+            x = blk(x, *tables[blk.rope], attend, self.checkpoint, self.seq_fraction)
+        return norm(x, self.w(self.norm), cfg.norm_eps, cfg.norm_offset)
 
     def _head_sum(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The summed cross-entropy of hidden states h against labels."""
         if self.fused_head:  # the stored weight: its tiles are cast as used, its gradient fp32
-            return head.fused_loss_sum(h, self.head, labels, *self.head_tiles)
-        return head.unfused_loss_sum(h, self.w(self.head), labels)
+            return head.fused_loss_sum(h, self.lm_head, labels, *self.head_tiles)
+        return head.unfused_loss_sum(h, self.w(self.lm_head), labels)
 
     def pack_loss_sum(self, pack: Pack, sp: SPGroup) -> torch.Tensor:
         """This rank's summed cross-entropy over its share of `pack` (whole sequences packed as
@@ -257,8 +278,7 @@ class Transformer(nn.Module):
         pos = sp.attend.positions(n, pack.cu).to(self.device)
         inp = pack.inputs.to(self.device)[:, pos]
         labels = pack.labels.to(self.device)[:, pos]
-        attend = functools.partial(sp.attend, cu_seqlens=pack.cu)
-        h = self._hidden(inp, pack.rope.to(self.device)[pos], attend)
+        h = self._hidden(inp, pack.rope.to(self.device)[pos], sp.calls(self.cfg.layers, pack.cu))
         if pack.real is not None and pack.real < n:  # the padding document has no labels
             keep = pos < pack.real
             h, labels = h[:, keep], labels[:, keep]
@@ -306,17 +326,17 @@ class Transformer(nn.Module):
                 if p.grad is not None}
 
 
+# fields the rules read that this decoder does not compute yet (each refused by name)
+NOT_YET = ("sinks", "experts", "experts_per_tok", "moe_ffn", "shared_ffn", "moe_layers", "router",
+           "norm_topk", "router_bias", "expert_bias", "aux_loss_coef")
+
+
 def _check_modelled(cfg: ModelConfig) -> None:
     """Refuse, by field, what the rules read but this torch decoder does not compute yet."""
-    import dataclasses
-
-    base = ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn", "norm_eps", "rope_theta",
-            "head_dim", "family")
-    plain = ModelConfig(**{k: getattr(cfg, k) for k in base})
-    for f in dataclasses.fields(cfg):
-        if f.name not in base and getattr(cfg, f.name) != getattr(plain, f.name):
-            require(False, f"model.{f.name}", getattr(cfg, f.name),
-                    "is not computed by seqpar's torch decoder yet")
+    plain = ModelConfig(vocab=1, hidden=2, layers=1, heads=1, kv_heads=1, ffn=1)
+    for name in NOT_YET:
+        require(getattr(cfg, name) == getattr(plain, name), f"model.{name}", getattr(cfg, name),
+                "is not computed by seqpar's torch decoder yet")
 
 
 def shard_mesh(mesh: Mesh | None, group: dist.ProcessGroup | None,

@@ -1,0 +1,100 @@
+"""One decoder layer of any family: its parameters (`rules.model.layer_shapes`), its RoPE and its
+attention kind.
+
+    norm -> Q/K/V (+ biases) -> QK-norm -> RoPE -> attention -> O (+ bias) [-> norm] -> residual
+         -> norm -> gated feed-forward (+ biases) [-> norm] -> residual
+
+The bracketed norms are Gemma's sandwich norms; the norms are Gemma's (1 + w, in float32 at least)
+where `norm_offset`. A layer's RoPE is `layer_rope(cfg, i)`: the model's, a sliding layer's own
+base (Gemma 3), or none (no-RoPE layers); its attention is the model's for its window
+(`Transformer`: one per distinct window, on one mesh).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from seqpar.model import checkpointing
+from seqpar.model.layers import apply_rope, glu, norm
+from seqpar.rules.model import ModelConfig, layer_shapes
+from seqpar.rules.rope import Rope
+
+
+def layer_rope(cfg: ModelConfig, layer: int) -> Rope | None:
+    """The RoPE layer `layer` turns its queries and keys by (None: it does not)."""
+    if layer in cfg.nope_layers:
+        return None
+    if cfg.layer_types[layer] == "sliding" and cfg.local_rope_theta:
+        return Rope(theta=cfg.local_rope_theta, fraction=cfg.rope.fraction)
+    return cfg.rope
+
+
+class Block(nn.Module):
+    """Layer `layer` of `cfg` (see the module docstring).
+
+    Parameters are stored in `stored` and used in `compute` (a cast per use when they differ, as
+    autocast does: the gradient flows back to the stored dtype). With `mlp_tile` the norm and the
+    feed-forward run over tiles of that many tokens, each recomputed in backward (ALST's tiled MLP:
+    one tile's ffn-wide activations live at a time); the numbers are the same, every op being
+    token-wise."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, stored: torch.dtype, compute: torch.dtype,
+                 device: torch.device | None = None, mlp_tile: int | None = None):
+        super().__init__()
+        self.cfg, self.layer, self.compute, self.mlp_tile = cfg, layer, compute, mlp_tile
+        self.rope = layer_rope(cfg, layer)
+        self.window = cfg.window_of[layer]
+        for name, shape in layer_shapes(cfg, layer).items():
+            setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=stored, device=device)))
+
+    def w(self, p: torch.Tensor | None) -> torch.Tensor | None:
+        return p if p is None or p.dtype == self.compute else p.to(self.compute)
+
+    def opt(self, name: str) -> torch.Tensor | None:
+        """Parameter `name` in the compute dtype, or None where this layer has none (a bias)."""
+        return self.w(getattr(self, name, None))
+
+    def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return norm(x, self.w(getattr(self, name)), self.cfg.norm_eps, self.cfg.norm_offset)
+
+    def pre(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        c, opt = self.cfg, self.opt
+        b, s, _ = x.shape
+        h = self.norm(x, "attn_norm")
+        q = F.linear(h, opt("wq"), opt("bq")).view(b, s, c.heads, c.head_dim)
+        k = F.linear(h, opt("wk"), opt("bk")).view(b, s, c.kv_heads, c.head_dim)
+        v = F.linear(h, opt("wv"), opt("bv")).view(b, s, c.kv_heads, c.head_dim)
+        if c.qk_norm:  # per head over head_dim, before the rotation
+            q, k = self.norm(q, "q_norm"), self.norm(k, "k_norm")
+        if self.rope is None:
+            return q, k, v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """The dense gated feed-forward of normed h."""
+        c, opt = self.cfg, self.opt
+        gate, up = F.linear(h, opt("w1"), opt("b1")), F.linear(h, opt("w3"), opt("b3"))
+        return F.linear(glu(gate, up, c.act, c.swiglu_limit), opt("w2"), opt("b2"))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ffn(self.norm(x, "ffn_norm"))
+        return self.norm(y, "post_ffn_norm") if self.cfg.sandwich_norms else y
+
+    def post(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        o = F.linear(a.reshape(x.shape[0], x.shape[1], -1), self.opt("wo"), self.opt("bo"))
+        x = x + (self.norm(o, "post_attn_norm") if self.cfg.sandwich_norms else o)
+        tile, s = self.mlp_tile, x.shape[1]
+        if tile is None or s <= tile or not torch.is_grad_enabled():
+            return x + self.mlp(x)
+        # no RNG in the model: no RNG state kept per tile (5 KB each on the CPU)
+        return x + torch.cat([checkpoint(self.mlp, x[:, t0:t0 + tile], use_reentrant=False,
+                                         preserve_rng_state=False)
+                              for t0 in range(0, s, tile)], dim=1)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend,
+                mode: str, fraction: float) -> torch.Tensor:
+        """The block under a checkpointing mode (one forward call: FSDP2 gathers around it)."""
+        return checkpointing.run_block(self.pre, self.post, attend, x, cos, sin, mode, fraction)
