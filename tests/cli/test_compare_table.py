@@ -84,9 +84,13 @@ def test_compare_fits_the_terminal_without_wrapping_a_number(monkeypatch, sweep,
     header = next(i for i, line in enumerate(lines) if "step ms (95% CI)" in line)
     rows = [line for line in lines[header + 2:] if line.strip() and not line.startswith(
         ("flags:", "U ", "compare in MLflow", "  (serve"))]
-    if width == 120:  # one line a trial
+    if width == 120:  # one line a trial, each length's best first and starred
         assert len(rows) == len(runs), out
-    assert "flags: U unstable" in out and re.search(r"^U ring P=2 N=4096: interval ±31%", out, re.M)
+        assert [rows[0].split()[2], rows[4].split()[2]] == ["2048", "4096"], out
+        assert [i for i, row in enumerate(rows) if "*" in row] == [0, 4], out
+        assert re.search(r"^flags: \* best by tokens_per_s at its N; ", out, re.M), out
+    assert re.search(r"^flags: .*U unstable", out, re.M)
+    assert re.search(r"^U ring P=2 N=4096: interval ±31%", out, re.M)
 
 
 def test_flags_are_marks_explained_once(monkeypatch, fresh_store):
@@ -96,7 +100,7 @@ def test_flags_are_marks_explained_once(monkeypatch, fresh_store):
     legend = [line for line in out.splitlines() if line.startswith("flags:")]
     assert len(legend) == 1 and "O oversubscribed" in legend[0] and "U unstable" in legend[0]
     rows = json.loads(_compare(monkeypatch, fresh_store, 120, "--json"))  # every column in JSON
-    assert {r["flags"] for r in rows if r["algorithm"] == "ulysses"} == {"O"}
+    assert {r["flags"].strip("*") for r in rows if r["algorithm"] == "ulysses"} == {"O"}
     assert {r["layout"] for r in rows} == {"zigzag"} and {r["status"] for r in rows} == {"FINISHED"}
 
 

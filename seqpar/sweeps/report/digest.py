@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from seqpar.errors import ConfigError
 from seqpar.experiments.registry import higher_is_better
-from seqpar.sweeps.report.table import DESCRIBING, FLAGS, Comparison
+from seqpar.sweeps.report.table import DESCRIBING, FLAGS, Comparison, naming_columns
 from seqpar.sweeps.report.view import TrialView
 from seqpar.workers.stability import short_reason
 
@@ -50,8 +50,7 @@ def _behind(metric: str, value: float, best: float) -> float:
 
 def group_columns(cmp: Comparison) -> list[int]:
     """The describing columns (besides the algorithm) whose value varies between rows."""
-    return [i for i, c in enumerate(cmp.columns) if c in DESCRIBING and c not in (
-        "algorithm", "cores") and len({str(r[i]) for r in cmp.rows}) > 1]
+    return naming_columns(cmp.columns, cmp.rows)
 
 
 def screen(cmp: Comparison, again: str = "seqpar compare") -> Comparison:
@@ -213,23 +212,13 @@ def top(cmp: Comparison, n: int) -> Comparison:
 
 def _subset(cmp: Comparison, keep: list[int], title: str) -> Comparison:
     trials = [cmp.trials[i] for i in keep]
-    best = _best(cmp, keep)
-    shown = {t.run_id for t in trials}
-    notes = [n for n in cmp.notes if _note_of(n, trials)] if len(shown) < len(cmp.trials) else (
-        cmp.notes)
+    labels = cmp.labels()  # the notes name the rows as the whole table tells them apart
+    kept = {f"{f} {labels[i]}:" for i in keep for f in "UF"}
+    notes = [n for n in cmp.notes if any(n.startswith(k) for k in kept)] if len(keep) < len(
+        cmp.rows) else cmp.notes
     rows = [cmp.rows[i] for i in keep]
-    legend = cmp.legend
-    if "flags" in cmp.columns:  # the flags these rows carry, explained once
-        used = sorted({f for r in rows for f in r[cmp.columns.index("flags")]}, key="OUF".index)
-        legend = ("flags: " + "; ".join(f"{f} {FLAGS[f]}" for f in used)) if used else ""
-    return replace(cmp, title=title, rows=rows, best=best, trials=trials, notes=notes,
-                   legend=legend)
-
-
-def _note_of(note: str, trials: list[TrialView]) -> bool:
-    """Whether a per-trial note ('U ring P=2 N=4096: ...') belongs to one of `trials`."""
-    return any(note.startswith(f"{f} {t.config} P={t.world} N={t.seq_len}:") for t in trials
-               for f in "UF")
+    return replace(cmp, title=title, rows=rows, best=_best(cmp, keep), trials=trials,
+                   notes=notes, legend=cmp.legend_of(rows))
 
 
 def csv_text(cmp: Comparison) -> str:

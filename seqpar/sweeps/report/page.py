@@ -28,7 +28,7 @@ from seqpar.sweeps import style
 from seqpar.sweeps.report.digest import SCREEN, csv_text, digest
 from seqpar.sweeps.report.headline import best_run, headline_metrics
 from seqpar.sweeps.report.plots import detail_candidates, figures
-from seqpar.sweeps.report.table import Comparison, metric_text, table
+from seqpar.sweeps.report.table import BEST, Comparison, metric_text, table
 from seqpar.sweeps.report.view import (
     SweepView,
     TrialView,
@@ -115,7 +115,7 @@ def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
         css = ""
         if marked.get(j) == "flags" and "O" in str(v):
             css = ' class="over"'
-        elif j in marked and v:
+        elif j in marked and str(v).strip(BEST):  # the best's star alone is no warning
             css = ' class="unstable"'
         return f"<td{css}>{escape(str(v))}</td>"
 

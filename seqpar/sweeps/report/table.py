@@ -1,11 +1,13 @@
 """The comparison `seqpar compare` and a finished sweep print and the sweep's parent run stores: one
-row per trial, the best by the metric highlighted, the median step time with its 95% interval in one
-cell, the speed-up over `local` at the same shape, and flags: O oversubscribed (a CPU run with more
-ranks than cores), U unstable (a wide interval, a busy host or mixed kernels), F failed.
+row per trial, the trials of one workload (N, heads, mask, dtype, model, lengths) together and the best
+of them first, the median step time with its 95% interval in one cell, the speed-up over `local` at
+the same shape, and flags: * the best of its workload by the metric, O oversubscribed (a CPU run with
+more ranks than cores), U unstable (a wide interval, a busy host or mixed kernels), F failed.
 
 `table` gives every column (the page, MLflow's table and `--json` show them); `Comparison.terse()`
 is what a terminal shows: the columns whose value is the same in every row move to the title, the
-reasons and causes to one line each under the table, and the flags get a one-line legend, so a
+reasons and causes to one line each under the table (each naming its row as the row names itself:
+its algorithm and the describing cells that vary), and the flags get a one-line legend, so a
 sweep such as the quickstart fits 120 columns (80 with its algorithm names folded). One number
 format serves the table, the headline and the page (`cell`, `metric_text`).
 """
@@ -37,6 +39,9 @@ STEP = "step ms (95% CI)"
 # the columns that describe a trial (the rest are its results): the ones a terse table may fold
 DESCRIBING = ("algorithm", "P", "nodes", "layout", "N", "H/Hkv", "dtype", "mask", "cores")
 FLAGS = {"O": "oversubscribed (ranks > cores)", "U": "unstable (--rerun-unstable N)", "F": "failed"}
+BEST = "*"  # the flag of the best trial of its workload (its text says by which metric)
+# the describing columns that make a workload: trials that agree on them compete for the star
+WORKLOAD = ("N", "H/Hkv", "mask", "dtype")
 
 
 def number(value: float | None) -> str:
@@ -81,6 +86,7 @@ class Comparison:
     legend: str = ""                                  # the flags in use, one line
     notes: list[str] = field(default_factory=list)    # one line each: unstable reasons, causes
     trials: list[TrialView] = field(default_factory=list)  # the rows' trials, in row order
+    star: str = ""  # what the flag * says: 'best by tokens_per_s at its N'
 
     def terse(self) -> Comparison:
         """The table as a terminal shows it: describing columns that are the same in every row go
@@ -98,6 +104,29 @@ class Comparison:
         title = self.title + ("; " + ", ".join(constant) if constant else "")
         return replace(self, title=title, columns=[self.columns[i] for i in keep],
                        rows=[[r[i] for i in keep] for r in self.rows])
+
+    def labels(self) -> list[str]:
+        """Each row's name as the table tells it apart: its algorithm cell and every describing
+        cell that varies ('burst SP=2 DP=1 ckpt=sc++ layout=balanced mask=causal')."""
+        naming = naming_columns(self.columns, self.rows)
+        return [" ".join([str(r[0]), *(f"{self.columns[k]}={r[k]}" for k in naming)])
+                for r in self.rows]
+
+    def legend_of(self, rows: list[list[Any]]) -> str:
+        """The flags these rows carry, explained in one line."""
+        if "flags" not in self.columns:
+            return ""
+        used = {f for r in rows for f in str(r[self.columns.index("flags")])}
+        marks = {BEST: self.star, **FLAGS}
+        return ("flags: " + "; ".join(f"{f} {marks[f]}" for f in marks if f in used)
+                if used else "")
+
+
+def naming_columns(columns: list[str], rows: list[list[Any]]) -> list[int]:
+    """The describing columns besides the algorithm whose value varies between rows: with the
+    algorithm, what tells the rows apart."""
+    return [i for i, c in enumerate(columns) if c in DESCRIBING and c not in ("algorithm", "cores")
+            and len({str(r[i]) for r in rows}) > 1]
 
 
 def sort_key(t: TrialView) -> tuple:
@@ -159,19 +188,58 @@ def _same_shape(t: TrialView) -> tuple:
     return (t.seq_len, t.heads, t.kv_heads, t.mask, t.dtype)
 
 
-def _notes(runs: list[TrialView]) -> list[str]:
-    out = [f"U {t.config} P={t.world} N={t.seq_len}: {short_reason(t.unstable)}"
-           for t in runs if t.unstable]
-    return out + [f"F {t.config} P={t.world} N={t.seq_len}: {t.status}: {t.cause}"
-                  for t in runs if not t.finished]
+def workload(t: TrialView) -> tuple:
+    """What a trial computes (its shape, mask, dtype, model, lengths), in the table's order: the
+    trials that agree on it compete for the best of it."""
+    return (t.seq_len, t.kv_heads or 0, t.heads or 0, t.mask_spec or "", -(t.window or 1 << 62),
+            t.mask, t.dtype or "", t.training.model if t.training else "", t.lengths or "")
+
+
+def _ranked(runs: list[TrialView], metric: str) -> list[TrialView]:
+    """The trials by workload, each workload's best first by `metric` (the failed last)."""
+    sign = -1 if higher_is_better(metric) else 1
+
+    def key(t: TrialView) -> tuple:
+        score = t.metrics.get(metric) if t.finished else None
+        return (workload(t), score is None, sign * score if score is not None else 0, sort_key(t))
+
+    return sorted(runs, key=key)
+
+
+def _stars(runs: list[TrialView], metric: str) -> set[int]:
+    """The positions (in `runs`, ranked) of each workload's best, where two or more finished."""
+    firsts: dict[tuple, list[int]] = {}
+    for i, t in enumerate(runs):
+        if t.finished and t.metrics.get(metric) is not None:
+            firsts.setdefault(workload(t), []).append(i)
+    return {found[0] for found in firsts.values() if len(found) > 1}
+
+
+def _apart(columns: list[str], rows: list[list[Any]], runs: list[TrialView]) -> str:
+    """The columns that set the workloads apart, as the table names them ('N', 'N, mask'); ''
+    for one workload."""
+    if len({workload(t) for t in runs}) < 2:
+        return ""
+    return ", ".join(columns[i] for i in naming_columns(columns, rows)
+                     if columns[i] in WORKLOAD) or "workload"
+
+
+def _notes(labels: list[str], runs: list[TrialView]) -> list[str]:
+    """One line an unstable or failed trial, naming its row as the table does."""
+    out = [f"U {name}: {short_reason(t.unstable)}" for name, t in zip(labels, runs, strict=True)
+           if t.unstable]
+    return out + [f"F {name}: {t.status}: {t.cause}" for name, t in zip(labels, runs, strict=True)
+                  if not t.finished]
 
 
 def table(title: str, runs: list[TrialView], metric: str) -> Comparison:
-    """Every column for these trials, ranked by `metric` in its direction."""
+    """Every column for these trials, by workload, each workload's best by `metric` first and
+    flagged *."""
     logged = {k for t in runs for k in t.metrics}
     if logged and metric not in logged:
         raise ConfigError("metric", metric, f"is not logged here; one of {', '.join(sorted(logged))}")
-    runs = sorted(runs, key=sort_key)
+    runs = _ranked(runs, metric)
+    stars = _stars(runs, metric)
     local = {_same_shape(t): t.metrics.get("tokens_per_s") for t in runs
              if t.algorithm == "local" and t.finished}
     dtypes = len({t.dtype for t in runs}) > 1
@@ -185,7 +253,7 @@ def table(title: str, runs: list[TrialView], metric: str) -> Comparison:
                *([FORMATS["bytes_inter"][0]] if inter else []), FORMATS["load_imbalance"][0],
                *([metric] if extra else []), "flags", *(["unstable"] if shaky else []), "status"]
     rows, scores = [], []
-    for t in runs:
+    for i, t in enumerate(runs):
         m = t.metrics
         base = local.get(_same_shape(t))
         speedup = m["tokens_per_s"] / base if base and "tokens_per_s" in m else None
@@ -198,7 +266,8 @@ def table(title: str, runs: list[TrialView], metric: str) -> Comparison:
             cell("bytes_total", m.get("bytes_total")),
             *([cell("bytes_inter", m.get("bytes_inter"))] if inter else []),
             cell("load_imbalance", m.get("load_imbalance")),
-            *([cell(metric, m.get(metric))] if extra else []), flags(t),
+            *([cell(metric, m.get(metric))] if extra else []),
+            (BEST if i in stars else "") + flags(t),
             *([short_reason(t.unstable) if t.unstable else ""] if shaky else []), status(t)])
         scores.append(m.get(metric) if t.finished else None)
     valid = [(s, i) for i, s in enumerate(scores) if s is not None]
@@ -206,7 +275,9 @@ def table(title: str, runs: list[TrialView], metric: str) -> Comparison:
     if valid:
         best = (max(valid) if higher_is_better(metric) else min(valid))[1]
     direction = "higher" if higher_is_better(metric) else "lower"
-    used = sorted({f for r in rows for f in r[columns.index("flags")]}, key="OUF".index)
-    legend = ("flags: " + "; ".join(f"{f} {FLAGS[f]}" for f in used)) if used else ""
-    return Comparison(f"{title}: best by {metric} ({direction} is better)", columns, rows, best,
-                      metric, legend, _notes(runs), runs)
+    apart = _apart(columns, rows, runs)
+    said = f"best by {metric}" + (f" at each {apart}" if apart else "") + (
+        f" ({direction} is better)") + (f": flagged {BEST}, first" if stars else "")
+    star = f"best by {metric}" + (f" at its {apart}" if apart else "")
+    cmp = Comparison(f"{title}: {said}", columns, rows, best, metric, trials=runs, star=star)
+    return replace(cmp, legend=cmp.legend_of(rows), notes=_notes(cmp.labels(), runs))
