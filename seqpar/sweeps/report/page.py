@@ -126,8 +126,9 @@ def _table(columns: list[str], rows: list[list[Any]], best: int | None = None,
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _stability(runs: list[TrialView]) -> list[str]:
-    """How many step times can be trusted, and what to do about the rest."""
+def _stability(runs: list[TrialView], again: str) -> list[str]:
+    """How many step times can be trusted, and what to do about the rest (`again`: the command
+    that ran the sweep)."""
     timed = [t for t in runs if t.finished and t.interval is not None]
     if not timed:
         return []
@@ -136,7 +137,7 @@ def _stability(runs: list[TrialView]) -> list[str]:
             "of the median on a host other processes left alone.")
     if shaky:
         text += (f" {len(shaky)} unstable (reasons in the table): measure them again "
-                 "(<code>seqpar sweep FILE --rerun-unstable N</code>), with more "
+                 f"(<code>{escape(again)} --rerun-unstable 2</code>), with more "
                  "<code>workload.iters</code>, or on a quieter host: stop other jobs, give each "
                  "rank its own core.")
     return [f'<p class="meta" id="stability">{text}</p>']
@@ -204,7 +205,7 @@ def render(sweep: SweepView, runs: list[TrialView], *, cmp: Comparison,
                + [[k.split(".")[0], metric_text(metric, v)] for k, v in headline.items()
                   if not k.startswith("best.")], table_id="headline"),
         "<h2>Comparison</h2>", *_comparison(cmp, csv_name),
-        *_stability(runs),
+        *_stability(runs, sweep.command),
         "<h2>Plots</h2>",
     ]
     for name, data in pngs.items():

@@ -6,6 +6,7 @@ from MLflow's strings, so the table, the figures and the summary read fields (`t
 from __future__ import annotations
 
 import json
+import shlex
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -203,6 +204,7 @@ class SweepView:
     start_time: int            # epoch ms
     tags: dict[str, str]       # the sweep's tags (environment, headline)
     store: str                 # the tracking URI
+    params: dict[str, str] = field(default_factory=dict)  # sweep.source, sweep.preset, sweep.set.*
 
     @property
     def title(self) -> str:
@@ -213,12 +215,28 @@ class SweepView:
         """The metric the sweep ranks by."""
         return self.tags.get("seqpar.headline") or "tokens_per_s"
 
+    @property
+    def command(self) -> str:
+        """The command that ran it, as a user types it again: 'seqpar run sparse --preset
+        gpu-cluster --set workload.seq_len=1024' or 'seqpar sweep examples/quickstart.yaml'."""
+        source = self.params.get("sweep.source") or ""
+        study = source.removeprefix("study:") if source.startswith("study:") else None
+        study = study or (None if source else self.tags.get("seqpar.study") or None)
+        if study is not None:
+            preset = self.params.get("sweep.preset", "cpu")
+            words = ["seqpar", "run", study, *(["--preset", preset] if preset != "cpu" else [])]
+        else:
+            words = ["seqpar", "sweep", source or "FILE"]
+        sets = sorted((k.removeprefix("sweep.set."), v) for k, v in self.params.items()
+                      if k.startswith("sweep.set."))
+        return shlex.join(words + [w for k, v in sets for w in ("--set", f"{k}={v}")])
+
     @classmethod
     def read(cls, tracker: Tracker, sweep_id: str, field: str = "sweep") -> SweepView:
         """An old sweep, read back from the store (`field`: the option that named it)."""
         record = tracker.sweep(sweep_id, field)
         return cls(sweep_id, record.name, tracker.experiment_name(record), record.start_time,
-                   dict(record.tags), tracker.uri)
+                   dict(record.tags), tracker.uri, dict(record.params))
 
 
 def trials(runs: Iterable[RunRecord]) -> list[TrialView]:
