@@ -114,7 +114,7 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
                       f"{plan.experiment!r} (dry run)", ["#", "spec hash", "trial", "nodes", "device"],
                       rows)
         return None
-    from seqpar.sweeps import report, runner  # torch: not for --help
+    from seqpar.sweeps import record, report, runner  # torch: not for --help
     from seqpar.sweeps.report.digest import screen
 
     check_uri(settings.tracking_uri)  # a bad store address is bad input: before Ray starts
@@ -122,7 +122,7 @@ def execute(plan: SweepPlan, *, resume: str | None, dry_run: bool, retries: int,
     if resume is not None:  # an unknown id is bad input: say so before Ray starts
         tracker = options.tracker(settings)
         tracker.sweep(resume)
-        finished = runner.nothing_left(plan, tracker, resume)
+        finished = record.nothing_left(plan, tracker, resume)
         if finished is not None:  # every trial done: say so without starting Ray
             console.print(f"sweep {resume}: all {len(plan.trials)} trial(s) already FINISHED; "
                           "nothing to run")

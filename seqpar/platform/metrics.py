@@ -11,7 +11,7 @@ tests read every series back from an endpoint.
 
     ranks (workers.rank_worker)   seqpar_trial_iterations, seqpar_rank_phase while a trial runs;
                                   the results when it ends (step, tokens/s, peak memory, bytes)
-    driver (sweeps.runner)        seqpar_sweep_trials: done | failed | pending of the sweep; its
+    driver (sweeps.notices)       seqpar_sweep_trials: done | failed | pending of the sweep; its
                                   pace (seqpar_sweep_trials_per_min) and time left (seqpar_sweep_left_s)
 
 A Grafana dashboard of them ships beside this module (`GRAFANA_DASHBOARD`, Ray's JSON format).

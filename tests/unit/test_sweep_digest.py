@@ -163,7 +163,7 @@ def test_the_report_keeps_a_dozen_per_rank_records_whatever_the_size(long_sweep)
 
     from types import SimpleNamespace
 
-    from seqpar.sweeps.runner import DetailKeeper
+    from seqpar.sweeps.outcome import DetailKeeper
 
     keeper = DetailKeeper()  # as the runner offers each trial when it is logged
     for t in random.Random(0).sample(long_sweep, len(long_sweep)):
@@ -222,7 +222,7 @@ def test_a_long_sweeps_trial_line_counts_done_of_total_with_pace_and_time_left()
 def test_a_resume_with_every_trial_done_is_answered_from_one_search(fresh_store):
     from seqpar.platform.tracking import Tracker
     from seqpar.sweeps import spec
-    from seqpar.sweeps.runner import nothing_left
+    from seqpar.sweeps.record import nothing_left
 
     plan = spec.parse({"name": "done", "base": {"model": {"heads": 2, "kv_heads": 2,
                                                           "head_dim": 8}, "plan": {"world": 2},
