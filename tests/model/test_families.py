@@ -1,0 +1,177 @@
+"""Every family's tiny checkpoint, saved by Hugging Face transformers (the families' reference), read
+back by seqpar (its config.json by `rules.model.load`, its tensors by `hf.load`) computes the
+reference's mean next-token loss in float64 to relative 1e-6 (transformers' RoPE and norms run in
+float32 even in a float64 model: the rest of the difference), and the same model under ring and
+ulysses at P = 2 equals the one-process model, loss and every gradient.
+
+The random weights are drawn large enough (matrices at 1/sqrt(fan-in), norms, biases and sinks away
+from 1 and 0) that every part of a layer moves the loss: the two models that were silently wrong
+before (Llama 3.1 without its RoPE scaling, Qwen2 without its biases) miss by far more than 1e-6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seqpar.errors import ConfigError
+from seqpar.model import Transformer, hf
+from seqpar.rules import model as rules_model
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, HIDDEN, N = 128, 64, 24
+BASE = {"vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+        "max_position_embeddings": 256}
+LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def family_configs() -> dict:
+    t = transformers
+    return {
+        "llama3.1": t.LlamaConfig(**BASE, rope_parameters=LLAMA3, tie_word_embeddings=False),
+        "qwen2": t.Qwen2Config(**BASE, tie_word_embeddings=False),
+        "qwen3": t.Qwen3Config(**BASE, head_dim=24, tie_word_embeddings=False),
+        "qwen3-tied": t.Qwen3Config(**BASE, head_dim=24, tie_word_embeddings=True),
+        "gemma3": t.Gemma3TextConfig(
+            **{**BASE, "num_hidden_layers": 6}, head_dim=24, sliding_window=5,
+            query_pre_attn_scalar=20, rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+        "smollm3": t.SmolLM3Config(**{**BASE, "num_hidden_layers": 4}, no_rope_layer_interval=2,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        "mistral": t.MistralConfig(**BASE, sliding_window=5, tie_word_embeddings=False),
+    }
+
+
+@torch.no_grad()
+def _randomise(model, gen: torch.Generator) -> None:
+    """Weights that make every part count: matrices N(0, 1/fan-in), norm weights 1 + N(0, 0.3^2)
+    (Gemma's stored w: N(0, 0.3^2)), biases N(0, 0.3^2), sinks N(0, 1)."""
+    offset = model.config.model_type.startswith("gemma")
+    for name, p in model.named_parameters():
+        r = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        if p.dim() > 1:
+            p.copy_(r / p.shape[-1] ** 0.5)
+        elif "norm" in name:
+            p.copy_(r * 0.3 + (0.0 if offset else 1.0))
+        else:
+            p.copy_(r * (1.0 if name.endswith("sinks") else 0.3))
+
+
+def save_family(name: str, path, seed: int):
+    """A random float64 checkpoint of family `name` in `path`; (the reference model, its tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    config = family_configs()[name]
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
+    _randomise(model, gen)
+    model.save_pretrained(path, safe_serialization=True)
+    tokens = torch.randint(0, VOCAB, (2, N + 1), generator=gen)
+    return model, tokens
+
+
+def reference_loss(model, tokens: torch.Tensor) -> float:
+    """The reference's mean next-token cross-entropy over the batch (its logits, our shift)."""
+    with torch.no_grad():
+        logits = model(input_ids=tokens[:, :-1]).logits
+    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).item()
+
+
+def seqpar_model(path, **kwargs) -> Transformer:
+    cfg = rules_model.load(str(path / "config.json"))
+    net = Transformer(cfg, dtype=torch.float64, seed=1, **kwargs)
+    hf.load(net, str(path))
+    return net
+
+
+@pytest.mark.parametrize("family", list(family_configs()))
+def test_a_family_checkpoint_computes_the_reference_loss(family, tmp_path, seed):
+    model, tokens = save_family(family, tmp_path, seed)
+    want = reference_loss(model, tokens)
+    got = seqpar_model(tmp_path).loss(tokens).item()
+    err = abs(got - want) / abs(want)
+    print(f"{family}: seqpar {got!r} transformers {want!r} relative {err:.2e}")
+    assert err < 1e-6, (family, got, want, err)
+
+
+@pytest.mark.parametrize(("family", "change"), [
+    ("llama3.1", {"rope": rules_model.Rope(theta=10000.0)}),      # the scaling ignored
+    ("qwen2", {"qkv_bias": False}),                               # the biases left out
+    ("gemma3", {"layer_types": ("full",) * 6}),                   # no windows
+    ("smollm3", {"nope_layers": ()}),                             # every layer rotates
+])
+def test_what_was_silently_dropped_misses_the_reference_by_far(family, change, tmp_path, seed):
+    model, tokens = save_family(family, tmp_path, seed)
+    want = reference_loss(model, tokens)
+    cfg = dataclasses.replace(rules_model.load(str(tmp_path / "config.json")), **change)
+    net = Transformer(cfg, dtype=torch.float64, seed=1)
+    names = set(hf.checkpoint_shapes(str(tmp_path)))
+    for name, p in net.named_parameters():  # what the changed model has, from the checkpoint
+        key = hf.sources(cfg, names)[name].keys[0]
+        with torch.no_grad():
+            p.copy_(hf_tensor(tmp_path, key))
+    assert abs(net.loss(tokens).item() - want) / want > 1e-4
+
+
+def hf_tensor(path, key: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return f.get_tensor(key)
+
+
+def test_a_checkpoint_with_a_tensor_the_model_lacks_is_a_one_line_error(tmp_path, seed):
+    from safetensors.torch import load_file, save_file
+
+    save_family("qwen3", tmp_path, seed)
+    file = tmp_path / "model.safetensors"
+    tensors = load_file(str(file))
+    tensors["model.layers.0.self_attn.o_proj.bias"] = torch.zeros(HIDDEN, dtype=torch.float64)
+    tensors["model.layers.1.self_attn.rotary_emb.inv_freq"] = torch.ones(4)  # the reference skips
+    save_file(tensors, str(file))
+    with pytest.raises(ConfigError, match=r"holds model.layers.0.self_attn.o_proj.bias") as e:
+        seqpar_model(tmp_path)
+    assert "\n" not in str(e.value)
+    del tensors["model.layers.0.self_attn.o_proj.bias"]
+    save_file(tensors, str(file))
+    seqpar_model(tmp_path)
+
+
+# ----------------------------------------------------------------------------------- under SP
+def _sp_runs(env, path: str, tokens: torch.Tensor):
+    out = []
+    for attention, layout, states, mode, fused in (
+            ("ring", "zigzag", "fsdp", "sc++", True),
+            ("ulysses", "stripe", "replicated", "sequence", False)):
+        net = seqpar_model(Path(path), attention=attention, layout=layout, group=env.group(2),
+                           states=states, checkpoint=mode, fused_head=fused, head_tiles=(7, 50))
+        loss = net.loss(tokens)
+        loss.backward()
+        out.append((attention, loss.item(), net.full_grads()))
+    return out
+
+
+@pytest.mark.multirank
+def test_gemma3_under_ring_and_ulysses_equals_one_process(gang, tmp_path, seed):
+    """Gemma 3 (sliding and full layers with their own RoPE, tied head, sandwich and QK norms):
+    ring (FSDP2 over the 2 ranks: the tied embedding sharded, the fused head) and ulysses at P = 2
+    give the one-process model's loss and every gradient."""
+    _, tokens = save_family("gemma3", tmp_path, seed)
+    net = seqpar_model(tmp_path)
+    loss = net.loss(tokens)
+    loss.backward()
+    want = {k: p.grad for k, p in net.named_parameters()}
+    assert "head" not in want
+    for runs in gang.run(_sp_runs, str(tmp_path), tokens, size=2):
+        for attention, got, grads in runs:
+            assert abs(got - loss.item()) < 1e-10, (attention, got, loss.item())
+            for name, g in grads.items():
+                err = ((g - want[name]).abs().max() / want[name].abs().max()).item()
+                assert err < 1e-8, (attention, name, err)
