@@ -87,11 +87,13 @@ def lengths(
 
 
 def _write(field: str, path: Path, write, binary: bool = False) -> None:
-    """Write beside `path` and rename into place: a failure leaves nothing half-written."""
+    """Write beside `path` and rename into place: a failure leaves nothing half-written. The file
+    gets the mode any new file gets here (0644 under the usual umask), not the temporary's 0600."""
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=path.suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb" if binary else "w") as fh:
             write(fh)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
@@ -100,6 +102,13 @@ def _write(field: str, path: Path, write, binary: bool = False) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it, so set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class _Bar:

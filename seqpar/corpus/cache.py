@@ -145,7 +145,7 @@ def ensure(corpus: Corpus, *, ids: bool = False,
 def lengths_file(ref: CorpusRef, field: str = "lengths") -> str:
     """The file of `ref`'s tokenized lengths, tokenized now unless cached: what `rules.lengths.
     parse(corpus=)` reads."""
-    corpus = open_corpus(ref, field, tokenizer_field=field, column_field=field)
+    corpus = open_corpus(ref, field)  # its tokenizer and column blamed as FIELD.tokenizer, .column
     ensure(corpus)
     return str(corpus.paths["lengths"])
 

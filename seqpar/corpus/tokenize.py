@@ -24,8 +24,7 @@ from seqpar.errors import ConfigError, require
 
 CHUNK_BYTES = 1 << 20  # text a batch encodes at once (its encodings are ~30x its bytes)
 SAVE_HINT = ("nothing is downloaded: save it locally first, e.g. tokenizers.Tokenizer."
-             "from_pretrained(NAME).save('tokenizer.json') or AutoTokenizer.from_pretrained(NAME)"
-             ".save_pretrained(DIR), and give that path")
+             "from_pretrained({name!r}).save('tokenizer.json'), and give that file")
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def load_tokenizer(path: str, field: str = "tokenizer") -> Tokenizer:
                                                                "holding one")
     p = Path(path).expanduser()
     if not p.exists():
-        raise ConfigError(field, path, "is not a local path: " + SAVE_HINT)
+        raise ConfigError(field, path, "is not a local path: " + SAVE_HINT.format(name=path))
     if p.is_dir():
         require((p / "tokenizer.json").is_file(), field, path,
                 "the folder holds no tokenizer.json (a Hugging Face tokenizer saved with "

@@ -5,6 +5,9 @@ plans from the same lengths; every bad input one line, exit 2, nothing written."
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,11 +33,17 @@ def built(tmp_path, monkeypatch):
 def test_lengths_prints_the_summary_writes_the_lengths_and_the_figure(built, tmp_path,
                                                                       monkeypatch, capsys):
     folder, tok, want = built
-    code, out, err = seqpar(monkeypatch, capsys, "lengths", str(folder), "--tokenizer", str(tok),
-                            "--out", "lengths.txt", "--plot", "lengths.png")
+    before = os.umask(0o022)
+    try:
+        code, out, err = seqpar(monkeypatch, capsys, "lengths", str(folder), "--tokenizer",
+                                str(tok), "--out", "lengths.txt", "--plot", "lengths.png")
+    finally:
+        os.umask(before)
     assert code == 0, err
     assert (tmp_path / "lengths.txt").read_text().split() == [str(n) for n in want]
     assert (tmp_path / "lengths.png").read_bytes()[:4] == b"\x89PNG"
+    for name in ("lengths.txt", "lengths.png"):  # as any new file: others may read it
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
     assert "documents 8" in out and "tokens 1,703" in out and "as a workload" in out
     assert "docs" in err  # the progress bar
     code, out, _ = seqpar(monkeypatch, capsys, "lengths", str(folder), "--tokenizer", str(tok),
@@ -54,6 +63,29 @@ def test_a_plan_draws_from_the_corpus(built, monkeypatch, capsys):
                             "--json", "--top", "2")
     assert code == 0, err
     assert json.loads(out)["lengths"] == f"corpus:{folder}?tokenizer={tok}&column=text"
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "meta-llama/Llama-3.1-8B"])
+def test_a_tokenizer_given_by_name_is_refused_as_the_tokenizer(built, monkeypatch, capsys,
+                                                               tokenizer):
+    """In `--lengths corpus:...?tokenizer=NAME` the error names the tokenizer, with the line that
+    saves it, whether a plan or a sweep reads it."""
+    folder, _, _ = built
+    code, _, err = seqpar(monkeypatch, capsys, "plan", "--scope", "cluster", "--world", "4",
+                          "--seq-len", "2048", "--lengths", f"corpus:{folder}?tokenizer={tokenizer}")
+    assert code == 2 and err.startswith(f"error: lengths.tokenizer={tokenizer!r}: is not a local "
+                                        "path: nothing is downloaded"), err
+    assert f"Tokenizer.from_pretrained({tokenizer!r}).save('tokenizer.json')" in err
+    sweep = {"name": "corpus", "base": {"model": "tiny", "env": {"device": "cpu"},
+                                        "plan": {"world": 2, "sp_policy": "dynamic"},
+                                        "train": {"model": "tiny"},
+                                        "workload": {"seq_len": 2048, "tokens_per_step": 4096,
+                                                     "lengths": f"corpus:{folder}?tokenizer="
+                                                                f"{tokenizer}"}}}
+    Path("corpus.yaml").write_text(json.dumps(sweep))
+    code, _, err = seqpar(monkeypatch, capsys, "sweep", "corpus.yaml", "--dry-run")
+    assert code == 2 and err.startswith(
+        f"error: workload.lengths.tokenizer={tokenizer!r}: is not a local path"), err
 
 
 @pytest.mark.parametrize(("args", "line"), [

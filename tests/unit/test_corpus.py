@@ -130,8 +130,9 @@ def test_bad_input_is_one_line_naming_field_value_and_rule(tmp_path, word_tok):
     bad(ref("allenai/c4"), "lengths", "allenai/c4", "is not a local path: nothing is downloaded")
     (tmp_path / "c.xlsx").write_text("x")
     bad(ref(str(tmp_path / "c.xlsx")), "lengths", str(tmp_path / "c.xlsx"), "must be a .parquet")
-    bad(ref(str(good), column="body"), "lengths", "body", "is not a column of c.parquet")
-    bad(ref(str(good), column="id"), "lengths", "id", "must hold text; in c.parquet it holds int64")
+    bad(ref(str(good), column="body"), "lengths.column", "body", "is not a column of c.parquet")
+    bad(ref(str(good), column="id"), "lengths.column", "id",
+        "must hold text; in c.parquet it holds int64")
     empty = corpora.write(["", " "], tmp_path / "e.jsonl", "jsonl")
     bad(ref(str(empty)), "lengths", str(empty), "holds no document")
     latin = tmp_path / "l.txt"
@@ -139,8 +140,9 @@ def test_bad_input_is_one_line_naming_field_value_and_rule(tmp_path, word_tok):
     bad(ref(str(latin)), "lengths", str(latin), "is not UTF-8")
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
-    bad(ref(str(good), tok=str(broken)), "lengths", str(broken), "cannot be loaded by tokenizers")
-    bad(ref(str(good), tok="gpt2"), "lengths", "gpt2", "is not a local path")
+    bad(ref(str(good), tok=str(broken)), "lengths.tokenizer", str(broken),
+        "cannot be loaded by tokenizers")
+    bad(ref(str(good), tok="gpt2"), "lengths.tokenizer", "gpt2", "is not a local path")
     bad(lambda: L.parse(f"corpus:{good}?column=text"), "lengths", f"corpus:{good}?column=text",
         "needs its tokenizer")
     bad(lambda: L.parse(f"corpus:{good}?tokenizer={word_tok}&limit=0"), "lengths",
