@@ -13,7 +13,7 @@ from seqpar.cli.display import console, display_comparison, display_table, err_c
 from seqpar.errors import ConfigError, require
 from seqpar.platform import connection, dashboard
 from seqpar.platform.heap import bound_heap
-from seqpar.platform.tracking import check_uri, compare_url
+from seqpar.platform.store import check_uri, compare_url
 
 if TYPE_CHECKING:
     from seqpar.platform.tracking import Tracker

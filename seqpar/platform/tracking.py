@@ -1,9 +1,5 @@
-"""MLflow: one experiment per study, a parent run per sweep, a child run per trial.
-
-Where results go: `--tracking-uri`, else `MLFLOW_TRACKING_URI`, else an embedded SQLite store
-`sqlite:///<working directory>/mlflow.db` with artifacts in `<working directory>/mlartifacts`
-(`mlflow ui --backend-store-uri sqlite:///mlflow.db` in that directory shows them). MLflow 3
-refuses the old ./mlruns file store by default, and SQLite needs no server.
+"""MLflow: one experiment per study, a parent run per sweep, a child run per trial (`Tracker`).
+Where the store is: `store`; what a run is written as: `run_entities`; its files: `artifacts`.
 
 Layout in the MLflow UI: experiments are tagged as model-training experiments
 (`mlflow.experimentKind`), so the UI opens on runs, not on GenAI traces. A sweep's parent run carries
@@ -12,10 +8,6 @@ top-level runs linked to it by the tag `seqpar.sweep_id` (not nested under it: M
 and chart view hide nested runs until the parent is expanded), so every trial is in the chart view
 and grouping by `seqpar.algorithm` works without clicks. Stores written before this layout (trials
 nested with `mlflow.parentRunId`) are still read.
-
-A SQLite store is created under a file lock (`<db>.lock`): two sweeps started together in a fresh
-directory would otherwise both run MLflow's schema migrations and one would die on
-`duplicate column name`.
 
 Artifacts never cost a measurement: a trial's params, metrics, tags and status are logged first
 (its per-rank medians too, as metrics by rank: `rank_step_ms`, `rank_flops`, steps 0..P-1), its
@@ -38,23 +30,21 @@ does not import experiments or sweeps), so callers hand it flat dicts.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import logging
-import os
-import socket
-import subprocess
-import time
-import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from seqpar.errors import ConfigError
 from seqpar.platform.artifacts import Artifacts, MissingArtifact, first_line
+from seqpar.platform.run_entities import (
+    dataset_input,
+    environment_tags,
+    forget_artifact_repo,
+    log_batches,
+)
+from seqpar.platform.store import SCHEME_RULE, UI_ADDRESS, resolve_uri, store_lock
 
 PARENT_TAG = "mlflow.parentRunId"  # how older stores linked a trial to its sweep
 SWEEP_TAG = "seqpar.sweep_id"       # how a trial names its sweep's parent run
@@ -64,55 +54,6 @@ HASH_TAG = "seqpar.spec_hash"
 KIND_TAG = "seqpar.kind"  # "sweep" | "trial"
 LINK_TAG = "seqpar.trials_by"  # on a sweep whose trials all carry SWEEP_TAG (no older nesting)
 PAGE = 5000  # runs a search reads a page (MLflow's SQL store allows up to 50,000)
-
-
-def default_uri(workdir: str | Path | None = None) -> str:
-    return f"sqlite:///{Path(workdir or os.getcwd()).resolve() / 'mlflow.db'}"
-
-
-def resolve_uri(uri: str | None = None) -> str:
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_uri()
-
-
-@contextlib.contextmanager
-def _store_lock(uri: str) -> Iterator[None]:
-    """An exclusive lock on `<db>.lock` beside a SQLite store (nothing for other stores)."""
-    if not uri.startswith("sqlite:///"):
-        yield
-        return
-    db = Path(uri.removeprefix("sqlite:///"))
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@lru_cache(maxsize=1)
-def environment_tags() -> dict[str, str]:
-    """seqpar's git commit (with '-dirty' when the tree has edits), versions and host."""
-    here = Path(__file__).resolve().parents[2]
-    commit = "unknown"
-    try:
-        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        commit += "-dirty" if dirty else ""
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-    def version(pkg: str) -> str:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return "absent"
-
-    return {"seqpar.git_commit": commit, "seqpar.torch_version": version("torch"),
-            "seqpar.ray_version": version("ray"), "seqpar.mlflow_version": version("mlflow"),
-            "seqpar.host": socket.gethostname(), "seqpar.cpu_count": str(os.cpu_count() or 0)}
 
 
 @dataclass
@@ -133,36 +74,6 @@ def _record(run: Any) -> RunRecord:
     return RunRecord(run.info.run_id, run.info.run_name, run.info.status, run.info.start_time,
                      dict(run.data.params), dict(run.data.metrics), dict(run.data.tags),
                      run.info.experiment_id)
-
-
-UI_ADDRESS = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store by default
-
-
-def compare_url(ui: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
-    """MLflow's compare-runs view of these runs at the UI `ui`: parameters and every metric side
-    by side, parallel coordinates and scatter plots (the runs table shows no metric column until
-    one is chosen). The route is the UI's own (`#/compare-runs?runs=[..]&experiments=[..]`, JSON
-    lists, percent-encoded: the page decodes them)."""
-    def listed(ids: Sequence[str]) -> str:
-        return urllib.parse.quote(json.dumps(list(ids), separators=(",", ":")), safe="")
-
-    experiments = sorted(set(experiment_ids))
-    return f"{ui.rstrip('/')}/#/compare-runs?runs={listed(run_ids)}&experiments={listed(experiments)}"
-
-
-SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
-SCHEME_RULE = ("unsupported scheme; MLflow takes sqlite:///PATH, http(s)://SERVER, "
-               "postgresql://, mysql://, mssql:// or databricks")
-
-
-def check_uri(uri: str | None = None) -> str:
-    """The tracking URI, refused in one line when its scheme is not a store MLflow opens: a check
-    that writes nothing, for before any actor starts (the store itself is opened later)."""
-    resolved = resolve_uri(uri)
-    scheme = resolved.split(":", 1)[0].split("+", 1)[0] if ":" in resolved else ""
-    if scheme not in SCHEMES:
-        raise ConfigError("tracking-uri", resolved, SCHEME_RULE)
-    return resolved
 
 
 class Tracker(Artifacts):
@@ -190,7 +101,7 @@ class Tracker(Artifacts):
             if existing:
                 self.client = MlflowClient(tracking_uri=self.uri)
                 return
-            with _store_lock(self.uri):  # a new SQLite store's schema is created once, here
+            with store_lock(self.uri):  # a new SQLite store's schema is created once, here
                 self.client = MlflowClient(tracking_uri=self.uri)
                 if db is not None:
                     self.client.search_experiments(max_results=1)
@@ -311,7 +222,7 @@ class Tracker(Artifacts):
             raise
         self.client.set_terminated(run_id, status=status)
         self.log_dict(run_id, detail, "per_rank.json")
-        _forget_artifact_repo(run_id)
+        forget_artifact_repo(run_id)
         latest = {k: float(v) for k, v in metrics.items() if v is not None}
         latest.update({k: float(v[-1]) for k, v in {**(series or {}), **(by_rank or {})}.items()
                        if len(v)})  # as the store reads it back: the value at the last step
@@ -407,59 +318,4 @@ class Tracker(Artifacts):
              metrics: Mapping[str, float] | None = None,
              series: Mapping[str, Sequence[float]] | None = None,
              by_rank: Mapping[str, Sequence[float]] | None = None) -> None:
-        from mlflow.entities import Metric, Param
-
-        now = int(time.time() * 1000)
-        ps = [Param(k, str(v)) for k, v in (params or {}).items()]
-        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
-        ms += [Metric(k, float(v), now, step) for k, values in (series or {}).items()
-               for step, v in enumerate(values, start=1)]
-        ms += [Metric(k, float(v), now, rank) for k, values in (by_rank or {}).items()
-               for rank, v in enumerate(values)]
-        for batch_ps, batch_ms in batches(ps, ms):
-            self.client.log_batch(run_id, metrics=batch_ms, params=batch_ps)
-
-
-PARAMS_PER_BATCH, ENTITIES_PER_BATCH = 100, 1000  # MLflow's log_batch limits
-
-
-def batches(params: list[Any], metrics: list[Any]) -> Iterator[tuple[list[Any], list[Any]]]:
-    """Params and metrics in as few `log_batch` calls as MLflow takes: at most 100 params and
-    1,000 entities (params and metrics together) a call; one call for a typical trial."""
-    p = m = 0
-    while p < len(params) or m < len(metrics):
-        take_p = params[p:p + PARAMS_PER_BATCH]
-        take_m = metrics[m:m + ENTITIES_PER_BATCH - len(take_p)]
-        yield take_p, take_m
-        p, m = p + len(take_p), m + len(take_m)
-
-
-def _forget_artifact_repo(run_id: str) -> None:
-    """Let MLflow drop the artifact repository it cached for a run once its artifacts are
-    written: each holds a queue and a thread pool, kept for the last 1,024 runs (a long sweep's
-    driver grew by them). MLflow makes a new one if the run is written again."""
-    with contextlib.suppress(Exception):  # a private cache: a later MLflow may have none
-        from mlflow.tracking._tracking_service import utils as tracking_utils
-
-        tracking_utils._artifact_repos_cache.pop(run_id, None)
-
-
-def dataset_input(d: Mapping[str, Any], context: str = "training") -> Any:
-    """One {name, digest, source, profile} as the DatasetInput mlflow.log_input makes of an
-    mlflow.data dataset: a local source, the digest given (not recomputed), the profile as JSON."""
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.data.sources import LocalArtifactDatasetSource
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    class _Profiled(MetaDataset):
-        @property
-        def profile(self) -> Any:
-            return d.get("profile")
-
-        def to_dict(self) -> dict[str, str]:
-            return {**super().to_dict(), "profile": json.dumps(self.profile)}
-
-    source = LocalArtifactDatasetSource(Path(str(d["source"])).resolve().as_uri())
-    dataset = _Profiled(source, name=str(d["name"]), digest=str(d["digest"]))
-    return DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)])
+        log_batches(self.client, run_id, params, metrics, series, by_rank)

@@ -21,7 +21,8 @@ from rich.markup import escape
 from seqpar.errors import ConfigError
 from seqpar.experiments.corpora import dataset_inputs
 from seqpar.experiments.grid import Point
-from seqpar.platform.tracking import HASH_TAG, RunRecord, Tracker, environment_tags
+from seqpar.platform.run_entities import environment_tags
+from seqpar.platform.tracking import HASH_TAG, RunRecord, Tracker
 from seqpar.sweeps import report
 from seqpar.sweeps.outcome import SweepOutcome
 from seqpar.sweeps.report.plots import detail_candidates

@@ -13,7 +13,8 @@ import random
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.platform.tracking import RunRecord, batches
+from seqpar.platform.run_entities import batches
+from seqpar.platform.tracking import RunRecord
 from seqpar.sweeps import style
 from seqpar.sweeps.report import digest as dg
 from seqpar.sweeps.report.page import render
