@@ -1,28 +1,17 @@
-"""What one trial is, as plain data: what a rank needs to run it, and every rule it must keep.
-
-`Case` is one attention experiment on one process group (modes fwd, fwd+bwd, accuracy); `TrainCase`
-is training steps of the decoder (mode train). Each has one `validate()` holding all its rules (the
-algorithm's own rules come from `seqpar.algorithms.check`). `Trial` is a case with its placement
-(nodes, ranks per node, emulated links, timeout, the ranks' environment variables) in an explicit
-gang: made once (`ExperimentSpec.to_trial()`, or by hand), validated once, when it is made, and
-carried unchanged from the sweep runner through the gang to every rank. The check, the benchmark
-and the Ray rank workers (workers/) run them. It lives at the top of the package, beside the
-errors, so that both layers use it without either importing the other.
-"""
+"""`TrainCase`: training steps of the decoder with one attention algorithm over SP ranks and DP
+replicas (mode train): the model, its states and checkpointing, the data (random, a text, a
+corpus), a step of variable-length sequences dealt to the pool's groups, and every rule it keeps
+(`validate`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from seqpar import algorithms
-from seqpar.algorithms import layouts
 from seqpar.algorithms.base import DTYPES, AttnShape
-from seqpar.algorithms.comm import LinkModel
-from seqpar.algorithms.layouts import call_cu
+from seqpar.case.common import common_rules
 from seqpar.errors import require
 from seqpar.model import checkpointing
 from seqpar.model.config import ModelConfig
@@ -31,101 +20,7 @@ from seqpar.model.states import StatePolicy
 from seqpar.rules import masks
 from seqpar.rules import pool as pool_rules
 from seqpar.rules.deal import Batch
-from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.memory import check_seq_attn, uses_fraction
-
-MODES = ("fwd", "fwd+bwd", "accuracy")  # accuracy: errors against float64 (workers/measure/accuracy.py)
-
-
-def _common_rules(world: int, dtype: str, warmup: int, iters: int) -> None:
-    """The rules every trial keeps, whatever it measures."""
-    require(isinstance(world, int) and world >= 1, "world", world, "must be a positive integer")
-    require(dtype in DTYPES, "dtype", dtype, f"must be one of {', '.join(DTYPES)}")
-    require(isinstance(warmup, int) and warmup >= 0, "warmup", warmup,
-            "must be a non-negative integer")
-    require(isinstance(iters, int) and iters >= 1, "iters", iters, "must be a positive integer")
-
-
-@dataclass(frozen=True)
-class Case:
-    algorithm: str
-    world: int
-    layout: str = "zigzag"
-    causal: bool = True
-    batch: int = 2
-    seq_len: int = 48          # tokens in the whole sequence (all ranks together)
-    heads: int = 4
-    kv_heads: int = 4
-    head_dim: int = 8
-    dtype: str = "float64"
-    seed: int = 0
-    options: tuple[tuple[str, object], ...] = ()  # algorithm options, sorted (key, value) pairs
-    mode: str = "fwd+bwd"
-    warmup: int = 1
-    iters: int = 3
-    cu_seqlens: tuple[int, ...] = ()  # global document boundaries [0, ..., N]; () = one document
-    window: int | None = None          # sliding window (None: none)
-    mask: str = ""                     # any mask, its compact form (masks.SPECS; "": causal/full)
-
-    def __post_init__(self) -> None:  # any length: uneven shards carry N as one document [0, N]
-        if self.world > 0 and not self.mask:
-            cu = call_cu(self.world, self.seq_len, self.cu_seqlens) or ()
-            object.__setattr__(self, "cu_seqlens", cu)
-
-    @property
-    def shape(self) -> AttnShape:
-        return AttnShape(self.batch, self.seq_len, self.heads, self.kv_heads, self.head_dim,
-                         DTYPES[self.dtype].itemsize)
-
-    @property
-    def option_dict(self) -> dict[str, object]:
-        return dict(self.options)
-
-    @property
-    def attention_mask(self) -> masks.Mask | None:
-        """The mask this case's queries see (None: causal/full with its documents and window)."""
-        return masks.parse(self.mask, self.seq_len) if self.mask else None
-
-    def label(self) -> str:
-        opts = "".join(f" {k}={v}" for k, v in self.options)
-        mask = self.mask[:40] if self.mask else "causal" if self.causal else "full"
-        if self.cu_seqlens:
-            mask += f" docs={len(self.cu_seqlens) - 1}"
-        if self.window is not None:
-            mask += f" W={self.window}"
-        return (f"{self.algorithm}{opts} P={self.world} {self.layout} {mask} N={self.seq_len} "
-                f"H={self.heads}/{self.kv_heads} {self.dtype}")
-
-    def validate(self) -> None:
-        """Every rule of this case, before any actor starts (raises ConfigError): the trial's own
-        (world, mode, dtype, iterations, window, documents) and the algorithm's
-        (`seqpar.algorithms.check`). With documents (cu_seqlens) any length runs: the layout's
-        seq_len rule relaxes (uneven shards are padded)."""
-        _common_rules(self.world, self.dtype, self.warmup, self.iters)
-        require(self.mode in MODES, "mode", self.mode, f"must be one of {', '.join(MODES)}")
-        require(self.window is None or (isinstance(self.window, int) and self.window > 0),
-                "window", self.window, "must be a positive integer (or None: no window)")
-        if self.mask:
-            require(not self.cu_seqlens and self.window is None, "mask", self.mask,
-                    "takes the place of cu_seqlens and window (give documents and windows as "
-                    "mask kinds)")
-            m = self.attention_mask
-            cu = layouts.call_cu(self.world, self.seq_len, m.cu)
-            cu = None if cu is None else layouts.normal_cu(self.layout, self.world, self.seq_len, cu)
-            algorithms.get(self.algorithm).check(self.shape, self.world, self.layout, self.causal,
-                                                 self.option_dict, cu)
-            return
-        if not self.cu_seqlens:
-            algorithms.check(self.algorithm, self.shape, self.world, self.layout, self.causal,
-                             **self.option_dict)
-            return
-        require(self.cu_seqlens[-1] == self.seq_len, "cu_seqlens", list(self.cu_seqlens),
-                f"must end at seq_len={self.seq_len}")
-        cls = algorithms.get(self.algorithm)
-        layouts.check_layout(self.layout)
-        cu = layouts.normal_cu(self.layout, self.world, self.seq_len, self.cu_seqlens)
-        cls.check(self.shape, self.world, self.layout, self.causal, self.option_dict, cu)
-
 
 
 @dataclass(frozen=True)
@@ -207,7 +102,7 @@ class TrainCase:
         """Every rule of this training case, before any actor starts. Raises ConfigError."""
         require(isinstance(self.sp, int) and self.sp >= 1, "sp", self.sp, "must be a positive integer")
         require(isinstance(self.dp, int) and self.dp >= 1, "dp", self.dp, "must be a positive integer")
-        _common_rules(self.world, self.dtype, self.warmup, self.iters)
+        common_rules(self.world, self.dtype, self.warmup, self.iters)
         checkpointing.check_mode(self.checkpoint, self.seq_fraction)
         if self.checkpoint == "seq-attn":  # BurstEngine §3.2: a rank's first F must be a global prefix
             require(not self.lengths, "checkpoint", self.checkpoint,
@@ -305,7 +200,6 @@ class TrainCase:
         master = None if self.master_dtype is None else DTYPES[self.master_dtype]
         return StatePolicy(self.states, master, self.offload)
 
-
     def label(self) -> str:
         opts = "".join(f" {k}={v}" for k, v in self.options)
         dp = f" DP={self.dp}" if self.dp > 1 else ""
@@ -325,78 +219,3 @@ class TrainCase:
         model = self.model + "".join(f" {k}={v}" for k, v in self.model_overrides)
         return (f"train {model} {self.algorithm}{opts} SP={self.sp}{dp} {self.layout} "
                 f"N={self.seq_len} ckpt={ckpt}{head} {self.dtype}")
-
-
-GANG_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")     # it names Ray actors: seqpar:<gang>:rank-<r>
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One trial: the case, where it runs and in which gang. Validated when it is made (a
-    ConfigError before any actor starts); afterwards nothing checks it again.
-
-        trial = Trial(Case("ring", world=4), gang_id="mine", nodes=2,
-                      links={"inter": LinkModel(1e-3, 1e9)})
-
-    `links` and `env_vars` may be given as mappings; they are kept as sorted pairs (frozen, one
-    form). `ranks_per_node` defaults to world / nodes. Trials with equal `gang_id` (and world,
-    device and variables) share a gang of rank actors: start-up is the expensive part."""
-
-    case: Case | TrainCase
-    gang_id: str
-    nodes: int = 1
-    ranks_per_node: int | None = None
-    links: tuple[tuple[str, LinkModel], ...] = ()   # link class -> its emulated model
-    timeout_s: float = 300.0                         # rendezvous to the last rank's result
-    env_vars: tuple[tuple[str, str], ...] = ()       # every rank starts with these
-
-    def __post_init__(self) -> None:
-        for name in ("links", "env_vars"):
-            value = getattr(self, name)
-            pairs = value.items() if isinstance(value, Mapping) else (value or ())
-            object.__setattr__(self, name, tuple(sorted(pairs)))
-        require(isinstance(self.case, Case | TrainCase), "case", type(self.case).__name__,
-                "must be a seqpar Case or TrainCase")
-        self.case.validate()
-        object.__setattr__(self, "ranks_per_node",
-                           ranks_per_node_of(self.case.world, self.nodes, self.ranks_per_node))
-        require(isinstance(self.gang_id, str) and GANG_ID.fullmatch(self.gang_id) is not None,
-                "gang_id", self.gang_id, "must be letters, digits, '_', '.' or '-'")
-        for link, model in self.links:
-            require(link in ("intra", "inter"), "link_emulation", link,
-                    "keys are 'intra' and 'inter'")
-            require(isinstance(model, LinkModel), f"link_emulation[{link}]", model,
-                    "must be a LinkModel(latency_s, bandwidth_bytes_per_s)")
-            require(model.latency_s >= 0, f"link_emulation[{link}].latency_s", model.latency_s,
-                    "must be >= 0")
-            require(model.bandwidth_bytes_per_s > 0,
-                    f"link_emulation[{link}].bandwidth_bytes_per_s", model.bandwidth_bytes_per_s,
-                    "must be > 0")
-        require(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
-        for key, value in self.env_vars:
-            require(ENV_NAME.fullmatch(key) is not None and isinstance(value, str), "env_vars", key,
-                    "must name an environment variable (letters, digits, '_') with a string value")
-
-    @property
-    def world(self) -> int:
-        return self.case.world
-
-    @property
-    def link_models(self) -> dict[str, LinkModel] | None:
-        """The emulated link classes (None: none), as the ranks' Comms take them."""
-        return dict(self.links) or None
-
-    @property
-    def env(self) -> dict[str, str]:
-        return dict(self.env_vars)
-
-    def in_gang(self, gang_id: str) -> Trial:
-        """The same (already validated) trial in another gang."""
-        require(isinstance(gang_id, str) and GANG_ID.fullmatch(gang_id) is not None, "gang_id",
-                gang_id, "must be letters, digits, '_', '.' or '-'")
-        new = object.__new__(Trial)  # not dataclasses.replace: it would validate again
-        for f in dataclasses.fields(self):
-            object.__setattr__(new, f.name, getattr(self, f.name))
-        object.__setattr__(new, "gang_id", gang_id)
-        return new
