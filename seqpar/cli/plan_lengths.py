@@ -95,7 +95,9 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     if as_json:
         print(json.dumps({**head, "configs": [s.json() for s in steps]}, indent=1))
         return
-    title = (f"{model}, {dist.spec} (longest {seq_len:,}), {tokens:,} tokens a step, capacity "
+    longest = (f"longest {dist.high:,}" if dist.high <= seq_len
+               else f"longest {seq_len:,}: --seq-len cuts the {dist.high:,}")
+    title = (f"{model}, {dist.spec} ({longest}), {tokens:,} tokens a step, capacity "
              f"{capacity:,} a rank, on {world} GPUs ({nodes} node(s)) of {c.name}, kernel {kernel}"
              + (f", window {window}" if window else ""))
     _table(steps, title, top)
@@ -121,9 +123,9 @@ def _label(s: LengthStep) -> str:
 
 
 def _options(s: LengthStep) -> str:
-    shown = " ".join(f"{k}={SHORT.get(str(v), v)}" for k, v in s.options.items()
-                     if k != "dcp" and v is not None)
-    return shown + (f" (+{len(s.alternatives)} alike)" if s.alternatives else "")
+    shown = [f"{k}={SHORT.get(str(v), v)}" for k, v in s.options.items()
+             if k != "dcp" and v is not None]
+    return " ".join(shown + ([f"(+{len(s.alternatives)} alike)"] if s.alternatives else []))
 
 
 def _table(steps: list[LengthStep], title: str, top: int) -> None:
@@ -148,7 +150,8 @@ def _table(steps: list[LengthStep], title: str, top: int) -> None:
                   "parts: at attention kernels, ac its exposed communication, oc other compute, rc "
                   "recompute, id idle (waiting on the slowest rank: the imbalance), cm FSDP past "
                   "the rounds, the gradient all-reduce and zero1's broadcast, op optimizer, ho the "
-                  "host's issue the device does not hide (host-bound: it sets the pace). "
+                  "host's issue the device does not hide (vs #1 says host-bound where ho is the "
+                  "step's largest part: the host sets the pace). "
                   "imbal: max / mean attention FLOPs over ranks (the runner's load_imbalance)")
 
 

@@ -450,3 +450,31 @@ def test_plan_lengths_options_need_lengths():
         result = CliRunner().invoke(app, ["plan", "--scope", "cluster", *extra, "--json"])
         assert isinstance(result.exception, ConfigError)
         assert "needs --lengths" in str(result.exception)
+
+
+def test_plan_lengths_title_names_the_distributions_longest_sequence(monkeypatch):
+    args = [*LENGTHS, "--sp-policy", "dynamic", "--batches", "1", "--top", "1"]
+    del args[args.index("--seq-len"):args.index("--seq-len") + 2]  # --seq-len's 131,072 default
+    title = " ".join(_table(monkeypatch, *args).split())
+    assert "(longest 8,192)" in title and "131,072" not in title
+    cut = " ".join(_table(monkeypatch, *args, "--seq-len", "4096", "--capacity", "1024").split())
+    assert "(longest 4,096: --seq-len cuts the 8,192)" in cut
+
+
+def test_vs_1_says_host_bound_only_where_the_host_sets_the_pace():
+    from types import SimpleNamespace
+
+    from seqpar.planner.why import why_slower
+
+    def step(ms: float, tgs: float, **parts: float) -> SimpleNamespace:
+        return SimpleNamespace(fits=True, step_ms=ms, tgs=tgs, host_bound=True,
+                               parts={"attention": 0.0, "exposed_comm": 0.0, "host": 0.0, **parts})
+
+    links = step(100.0, 10.0, attention=24.0, exposed_comm=69.0, host=7.0)  # ho 7%, cm 69%
+    host = step(100.0, 10.0, attention=30.0, exposed_comm=20.0, host=50.0)
+    assert why_slower(links, links) == "best" and why_slower(host, host) == "best; host-bound"
+    # one sequence a DP replica: half the tokens in half the time is a tie, not a faster step
+    half = step(50.0, 10.0, attention=12.0, exposed_comm=34.5, host=3.5)
+    assert why_slower(half, links).startswith("ties #1")
+    slower = step(50.0, 8.0, attention=12.0, exposed_comm=47.0, host=3.5)  # 0.4 of the tokens
+    assert why_slower(slower, links) == "+25%: exposed comm +0.049s"  # 47 / 0.4 - 69 ms

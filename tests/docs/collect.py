@@ -19,6 +19,7 @@ SWEEP = "@SWEEP@"
 # placeholders a `ray job` line may hold: the test's own head, store and submission
 RAY_PLACEHOLDERS = ("<head>", "<mlflow_host>", "<submission_id>")
 PLACEHOLDER = re.compile(r"<[^>]+>|\.\.\.")  # <head>, examples/...
+WRITES = ("--save",)  # a flag whose file a later line of the same block reads: that line runs after
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Command:
     mode: str = "run"        # run | store | gang | slow | gpu | skip
     reason: str = ""         # why slow or skipped
     also: list[str] = field(default_factory=list)  # the same command elsewhere: page:line
+    before: list[Command] = field(default_factory=list)  # the lines of its block that write a
+    # file it reads (`seqpar plan --save plan.yaml`, then `seqpar plan plan.yaml`), run first
 
     @property
     def id(self) -> str:
@@ -104,6 +107,7 @@ def collect() -> tuple[list[Command], list[PyBlock]]:
                 if "run" in words[1:]:
                     blocks.append(PyBlock(page, start, "\n".join(body), "slow" in words[2:]))
                 continue
+            written: dict[str, Command] = {}  # files the block's lines write (WRITES)
             for line, text in logical_lines(body, start):
                 first = text.split(maxsplit=1)[:1]
                 if first and first[0] in SEQPAR_PREFIXES + RAY_PREFIXES:
@@ -115,7 +119,10 @@ def collect() -> tuple[list[Command], list[PyBlock]]:
                         continue  # `ray start` / `ray stop` set a machine up: not run
                     cmd = Command(page, line, " ".join(text.split()), argv[1:], program)
                     classify(cmd)
+                    cmd.before = [w for name, w in written.items() if name in cmd.argv]
                     commands.append(cmd)
+                    written.update({argv[i + 1]: cmd for i, a in enumerate(argv[:-1])
+                                    if a in WRITES})
     return _once(commands), blocks
 
 

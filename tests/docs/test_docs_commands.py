@@ -11,6 +11,7 @@ import contextlib
 import copy
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from seqpar.cli import app as cli_app
 from tests.docs.collect import (
     PAGES,
     ROOT,
+    WRITES,
     Command,
     collect,
     gpus_needed,
@@ -112,10 +114,31 @@ def _ran(cmd: Command, argv: list[str], code: int, out: str) -> None:
     assert code == 0, f"{cmd.page}:{cmd.line}: `{cmd.text}` exited {code}:\n{out[-3000:]}"
 
 
+_ran_in: dict[tuple[str, int], Path] = {}  # (page, line) -> where that line ran this session
+
+
 @pytest.mark.parametrize("cmd", _params(SEQPAR, ("run",)))
 def test_command_runs(cmd, workdir, monkeypatch, capsys):
+    for first in _before(cmd):  # the lines that write the files it reads, in this directory:
+        there = _ran_in.get((first.page, first.line))
+        if there is not None:  # ran already (its own test): what it wrote
+            for name in _writes(first):
+                shutil.copy(there / name, workdir / name)
+            continue
+        argv = runnable(first, scratch=workdir)
+        _ran(first, argv, *seqpar(argv, monkeypatch, capsys))
     argv = runnable(cmd, scratch=workdir)
     _ran(cmd, argv, *seqpar(argv, monkeypatch, capsys))
+    _ran_in[(cmd.page, cmd.line)] = workdir
+
+
+def _before(cmd: Command) -> list[Command]:
+    """The lines `cmd` needs run first (`Command.before`, theirs before them), in order."""
+    return [c for first in cmd.before for c in (*_before(first), first)]
+
+
+def _writes(cmd: Command) -> list[str]:
+    return [cmd.argv[i + 1] for i, a in enumerate(cmd.argv[:-1]) if a in WRITES]
 
 
 @pytest.mark.parametrize("cmd", _params(SEQPAR, ("store",)))
@@ -273,6 +296,11 @@ def test_the_rules_of_the_test_hold_on_their_own_examples():
     assert parsable(Command("x.md", 1, "", ["sweep", "<a_b>", "@SWEEP@"])) == ["sweep", "x", "0" * 32]
     assert _split_of("seqpar report <sweep id> -o x.html") == [
         "seqpar", "report", "@SWEEP@", "-o", "x.html"]
+    # a line reading a file an earlier line of its block writes (--save) runs after that line
+    pairs = [(c, b) for c in COMMANDS for b in c.before]
+    assert any(c.page == "docs/planner.md" for c, _ in pairs), "the plan file form is shown"
+    for c, b in pairs:
+        assert b.argv[b.argv.index("--save") + 1] in c.argv and b.line < c.line, (c.id, b.id)
 
 
 def _anchors(page: Path) -> set[str]:
