@@ -96,9 +96,21 @@ def check(
     display_table(f"seqpar check: P={world}, N={seq_len}, {dtype}",
                   ["algorithm", "layout", "mask", "H/Hkv", "P", "max rel err", "fwd bytes",
                    "bwd bytes", "ms", "status"], rows, as_json=as_json)
-    failed = sum(not res.ok for res in results)
+    _count(results, len(skipped), "case", as_json,
+           "output and gradients against float64 attention, bytes against the analytic count; "
+           "ms: one forward and backward, after an untimed warm-up (time them: --bench)")
+
+
+def _count(results: list, skipped: int, what: str, as_json: bool, how: str) -> None:
+    """The closing line, '128 of 128 cases exact (...)', on stderr under --json; exit 1 on any
+    failure."""
+    failed = sum(not r.ok for r in results)
+    line = (f"{len(results) - failed} of {len(results)} {what}s exact"
+            + (f", {skipped} skipped (no form fits: the rows say why)" if skipped else "")
+            + (f"; {failed} {what}(s) failed" if failed else "") + f" ({how})")
+    (err_console if as_json else console).print(
+        f"[red]{line}[/red]" if failed else line, highlight=False, soft_wrap=True)
     if failed:
-        err_console.print(f"[red]{failed} case(s) failed[/red]")
         raise typer.Exit(1)
 
 
@@ -137,10 +149,8 @@ def _check_lengths(checking, names: list[str], world: int, lengths: str, capacit
                   ["algorithm", "policy", "states", "layout", "H/Hkv", "sequences by group size",
                    "micro-batches a rank", "loss err", "max rel grad err", "status"],
                   rows, as_json=as_json)
-    failed = sum(not r.ok for r in results)
-    if failed:
-        err_console.print(f"[red]{failed} step(s) failed[/red]")
-        raise typer.Exit(1)
+    _count(results, len(skipped), "step", as_json,
+           "each rank's loss and gradients against the one-process model")
 
 
 def _dist_opt(cases: list) -> list:

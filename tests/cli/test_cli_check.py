@@ -51,6 +51,40 @@ def test_check_passes_with_exit_0_and_prints_only_json_on_stdout(session_gang, m
         assert r["P"] == (1 if r["algorithm"] == "local" else 4)
 
 
+def test_check_ends_with_its_count_and_times_no_warm_up(session_gang, monkeypatch, capsys):
+    """The table's last line counts the exact cases; each algorithm's first call on its mesh (the
+    groups' and kernels' set-up) is made once untimed, so no row's ms carries it."""
+    from seqpar.workers.measure import check as check_worker
+
+    run_case, evaluate = check_worker.run_case, check_worker.evaluate
+    calls: list[tuple] = []   # the algorithm and mesh of every call, in order
+    made: dict[int, int] = {}  # id of a call's results -> its position in `calls`
+    timed: list[int] = []      # the positions of the calls whose results were evaluated
+
+    def counted(gang, case, *args):
+        results = run_case(gang, case, *args)
+        calls.append((case.algorithm, check_worker.mesh_key(case)))
+        made[id(results)] = len(calls) - 1
+        return results
+
+    def evaluated(case, results):
+        timed.append(made[id(results)])
+        return evaluate(case, results)
+
+    monkeypatch.setattr(check_worker, "run_case", counted)
+    monkeypatch.setattr(check_worker, "evaluate", evaluated)
+    code, out, err = seqpar(monkeypatch, capsys, "check", "-P", "2", "--algorithms",
+                            "local,ring,ulysses", *TINY)
+    assert code == 0, out + err
+    cases = 3 * 2 * 2  # causal and full, MHA and GQA
+    assert out.strip().splitlines()[-1].startswith(
+        f"{cases} of {cases} cases exact (output and gradients against float64"), out
+    assert "ms: one forward and backward, after an untimed warm-up" in out
+    assert len(timed) == cases and len(calls) == cases + 3  # a warm-up an algorithm
+    for i in timed:  # every timed call: its algorithm already ran on its mesh
+        assert calls[i] in calls[:i], (i, calls)
+
+
 @pytest.mark.parametrize("world", [4, 8])
 @pytest.mark.parametrize("name", ["usp", "double_ring", "wallfacer"])
 def test_check_runs_each_two_level_algorithm_in_a_real_two_level_form(name, world):
@@ -133,6 +167,7 @@ def test_check_lengths_runs_both_policies_and_exits_0_with_json(session_gang, mo
     assert sorted(r["algorithm"].split()[0] for r in rows if r["policy"] == "dynamic cost") == [
         "auto", "auto", "ring", "ring"]
     assert all(r["status"] == "ok" and float(r["max rel grad err"]) < 1e-8 for r in rows), rows
+    assert f"{len(rows)} of {len(rows)} steps exact" in err  # stdout is the JSON alone
     assert [(r["policy"], r["H/Hkv"]) for r in rows if r["states"] == "dist-opt"] == [
         ("dynamic", "4/2")]  # the dynamic step again, sharded by Megatron's distributed optimizer
     dynamic = next(r for r in rows if r["policy"] == "dynamic")
