@@ -59,9 +59,17 @@ class ModelCase:
         return AttnShape(self.batch, self.seq_len, c.heads, c.kv_heads, c.head_dim, FLOAT64_BYTES)
 
     def validate(self) -> None:
-        """The algorithm's rules for one attention layer of this model (ConfigError)."""
+        """The model's rules for this layout and the algorithm's for one attention layer of this
+        model (ConfigError), before any rank starts."""
+        model_rules(self.cfg, self.layout)
         algorithms.check(self.algorithm, self.shape, self.world, self.layout, True,
                          **dict(self.options))
+
+    def mesh_key(self) -> tuple:
+        """The LocalGang mesh key (grid, axes, nodes) of the case's algorithm: built once a key
+        on the gang, shared by every case of one algorithm, options and world."""
+        grid = algorithms.grid_for(self.algorithm, self.world, **dict(self.options))
+        return grid, algorithms.get(self.algorithm).axes, None
 
     def label(self) -> str:
         opts = "".join(f" {k}={v}" for k, v in self.options)
@@ -101,6 +109,21 @@ def layer_bytes(cfg: ModelConfig, algorithm: str, world: int, options: dict[str,
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def model_rules(cfg: ModelConfig, layout: str) -> None:
+    """The decoder's own rules for `cfg` in `layout` (a layout that deals by one relation refuses
+    a model whose layers have different windows), checked by building it here, on one process:
+    a ConfigError before any rank starts."""
+    Transformer(cfg, layout=layout, dtype=torch.float64)
+
+
+def validate_step(case: TrainCase) -> None:
+    """A step case's rules and its model's for its layout (ConfigError), before any rank starts:
+    a rank that refused its model would leave the pool's other ranks waiting."""
+    case.validate()
+    model_rules(case.config(), case.layout)
+
+
 def tokens_for(case: ModelCase) -> torch.Tensor:
     gen = torch.Generator().manual_seed(case.seed)
     return torch.randint(0, case.cfg.vocab, (case.batch, case.seq_len + 1), generator=gen)
@@ -120,12 +143,12 @@ def reference(case: ModelCase) -> tuple[float, dict[str, torch.Tensor]]:
 
 
 def rank_run(env: Any, cases: Sequence[ModelCase]) -> list[tuple[float, dict, dict[str, int]]]:
-    """On each of a case's ranks (one gang call for several cases of one world): (loss, every
-    full gradient, bytes sent by phase)."""
+    """On each of the cases' ranks, on the gang's mesh of their one `mesh_key` (`run_cases`):
+    (loss, every full gradient, bytes sent by phase) a case."""
     out = []
     for case in cases:
-        net = _model(case, attention=case.algorithm, layout=case.layout,
-                     group=env.group(case.world), **dict(case.options))
+        net = _model(case, attention=case.algorithm, layout=case.layout, mesh=env.mesh,
+                     **dict(case.options))
         with recording() as ledger:
             loss = net.loss(tokens_for(case))
             loss.backward()
@@ -133,6 +156,14 @@ def rank_run(env: Any, cases: Sequence[ModelCase]) -> list[tuple[float, dict, di
                     {p: ledger.total(phase=p) for p in PHASES}))
         del net
     return out
+
+
+def run_cases(gang: Any, cases: Sequence[ModelCase]) -> list[ModelCheck]:
+    """Cases of one algorithm, options and world in one gang call, each evaluated."""
+    first = cases[0]
+    assert all(c.mesh_key() == first.mesh_key() and c.world == first.world for c in cases)
+    per_rank = gang.run(rank_run, list(cases), size=first.world, mesh=first.mesh_key())
+    return [evaluate(case, [r[i] for r in per_rank]) for i, case in enumerate(cases)]
 
 
 def _errors(got: tuple[float, dict[str, torch.Tensor]], want: tuple[float, dict]
@@ -311,4 +342,5 @@ def shape_line(cfg: ModelConfig) -> str:
 
 
 __all__ = ["ModelCase", "ModelCheck", "evaluate", "evaluate_step", "layer_bytes", "micro_bytes",
-           "overrides_of", "rank_run", "rank_step", "reference", "shape_line", "tiny_of"]
+           "model_rules", "overrides_of", "rank_run", "rank_step", "reference", "run_cases",
+           "shape_line", "tiny_of", "validate_step"]
