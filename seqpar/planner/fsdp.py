@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from seqpar.planner.net import Cost, Net
 from seqpar.planner.policy import REPLICATED, Policy
+from seqpar.rules.counts import root_numel
 from seqpar.rules.memory import ELEM, TrainPolicy
 from seqpar.rules.model import ModelConfig, block_numel
 
@@ -56,10 +57,11 @@ def groups(per_node: int, dp: int, sp: int, over: str) -> list[list[int]]:
 
 
 def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Policy,
-            train: TrainPolicy) -> Traffic:
-    """The traffic of a DP x SP split of `net`'s ranks (`net.ranks_per_node` a node)."""
+            train: TrainPolicy, block: int | None = None) -> Traffic:
+    """The traffic of a DP x SP split of `net`'s ranks (`net.ranks_per_node` a node), a block of
+    `block` parameters (default: the mean block; a model whose layers differ asks per block)."""
     e, stored = ELEM[dtype], ELEM[train.master_dtype or dtype]
-    block, root = block_numel(cfg), 2 * cfg.vocab * cfg.hidden + cfg.hidden
+    block, root = block or block_numel(cfg), root_numel(cfg)
     per_node = net.ranks_per_node
     shards = policy.shards(dp, sp, per_node)
 
@@ -70,7 +72,7 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
         return net.collective(groups(per_node, dp, sp, over), nbytes)
 
     if policy.states == "dist-opt":  # compute-dtype parameters in, master-dtype gradients out
-        whole = cfg.layers * block + root
+        whole = cfg.params()
         return Traffic(NONE, NONE, 0.0, NONE, 0.0, _plus(coll("all", dp * sp, whole, e, 1),
                                                          coll("all", dp * sp, whole, stored, 1)))
     over = {"dp_sp": "all", "sp": "sp", "node": "node"}.get(policy.states, "all")
@@ -84,7 +86,7 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
         reduce = coll("all", dp * sp, block, stored, 2)
         reduce_root = coll("all", dp * sp, root, stored, 2)
         if policy.states == "zero1":
-            update = coll("all", dp * sp, cfg.layers * block + root, stored, 1)
+            update = coll("all", dp * sp, cfg.params(), stored, 1)
     elif policy.states == "sp":
         reduce = coll("dp", dp, block // sp, stored, 2)
         reduce_root = coll("dp", dp, root // sp, stored, 2)

@@ -28,6 +28,7 @@ from typing import Any
 from seqpar.planner.schedule import RingStage, Schedule
 from seqpar.rules.algorithms import usp
 from seqpar.rules.algorithms.ulysses import kv_replicas
+from seqpar.rules.counts import largest_layer_numel, layer_classes, layer_numel, routed_numel
 from seqpar.rules.memory import (
     ELEM,
     AttentionHeld,
@@ -38,7 +39,7 @@ from seqpar.rules.memory import (
     predicted_states,
     tile_tokens,
 )
-from seqpar.rules.model import ModelConfig, block_numel
+from seqpar.rules.model import ModelConfig
 from seqpar.rules.shape import AttnShape
 
 
@@ -142,9 +143,38 @@ def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, A
     logits = 0 if policy.fused_head else b * head_tokens * cfg.vocab * (e + 2 * 4)
     block = block_working_set(cfg, b, s, dtype, policy, held_by)
     gathered = 0
-    if policy.states == "fsdp":  # this block and the next (prefetched) gathered, one's gradients
-        n = block_numel(cfg)
-        gathered = 2 * n * e + n * ELEM[policy.master_dtype or dtype]
+    if policy.states == "fsdp":  # the largest block and the next (prefetched), one's gradients
+        gathered = gathered_bytes(largest_layer_numel(cfg), dtype, policy)
     transient = max(logits, attention_bytes + block) + gathered + comm_buffer_bytes(comms)
     return {"states": states, "activations": acts, "transient": int(transient),
             "peak": int(states + acts + transient)}
+
+
+def gathered_bytes(numel: int, dtype: str, policy: TrainPolicy) -> int:
+    """What FSDP holds gathered for a block of `numel` parameters: it and the next block
+    (prefetched) in the compute dtype, and its gradients in the master dtype."""
+    return numel * (2 * ELEM[dtype] + ELEM[policy.master_dtype or dtype])
+
+
+def expert_parallelism(cfg: ModelConfig, dtype: str, policy: TrainPolicy, world: int,
+                       memory_bytes: float, offloadable: bool) -> str | None:
+    """Why a mixture of experts needs expert parallelism on `world` ranks of `memory_bytes` each,
+    or None. The rule: the least FSDP (gathering every block whole, each step) could hold on a
+    rank — its states sharded over every rank (none where they can be offloaded to the host), and
+    the largest MoE block gathered (`gathered_bytes`), no activations — exceeds the device's
+    memory, while with that block's routed experts split over the ranks (expert parallelism, each
+    rank gathering its own experts only) it would not."""
+    moe = [c.first for c in layer_classes(cfg) if c.moe]
+    if not moe:
+        return None
+    states = 0 if offloadable else predicted_states(cfg, dtype, policy, world)["device"]
+    layer = max(moe, key=lambda i: layer_numel(cfg, i))
+    whole, routed = layer_numel(cfg, layer), routed_numel(cfg, layer)
+    own = whole - routed + routed * -(-cfg.experts // world) // cfg.experts
+    gathered, split = gathered_bytes(whole, dtype, policy), gathered_bytes(own, dtype, policy)
+    if states + gathered <= memory_bytes or states + split > memory_bytes:
+        return None
+    return (f"needs expert parallelism, not modelled here: FSDP gathers each MoE block whole, "
+            f"{whole / 1e9:.2f}B parameters ({gathered / 1e9:.1f} GB with the next block "
+            f"prefetched and its gradients) beside {states / 1e9:.1f} GB of states sharded over "
+            f"{world} ranks, more than a GPU's {memory_bytes / 1e9:g} GB")

@@ -15,7 +15,7 @@ from seqpar.planner.lengths_time import predict_case
 from seqpar.planner.policy import Filters
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.search import Result, check_counts, make_setup, search
-from seqpar.planner.step import shape_of
+from seqpar.planner.setup import shape_of
 from seqpar.planner.trial import predict_trial
 from seqpar.rules import algorithms, masks
 from seqpar.rules.layouts import LAYOUTS

@@ -53,6 +53,11 @@ class Result:
     def fitting(self) -> list[Step]:
         return [s for s in self.ranked if s.fits]
 
+    @property
+    def model_params(self) -> dict[str, int]:
+        """{"total", "active"} parameters of the model planned (`--json`'s `model_params`)."""
+        return self.setup.model_params
+
 
 def splits(setup: Setup, filters: Filters = Filters()) -> list[tuple[int, int, int]]:
     """(dp, sp, micro-batches) of every split the filters leave."""
@@ -89,21 +94,28 @@ def frugal(policies: Sequence[Policy]) -> Policy:
 
 
 def _metrics(setup: Setup, sp: int, p: Prediction, prefixes: Sequence[float]) -> tuple:
-    """Everything a step depends on from its attention configuration (lower is better); with
-    `prefixes` (the seq-attn fractions searched) the forward each re-runs, where it runs."""
+    """Everything a step depends on from its attention configuration (lower is better): each
+    layer kind's attention; with `prefixes` (the seq-attn fractions searched) the forward each
+    re-runs in each kind, where it runs."""
     held = memory.attention_held(p.algorithm, setup.shape, sp, p.options)
+    kinds = setup.kinds(sp, p)
     again: list[float] = []
     for f in prefixes:
-        if Policy(checkpoint=f"seq-attn:{f:g}").runs(p.algorithm, p.layout, sp, setup.seq_len,
-                                                       setup.causal):
-            q = setup.prefix(sp, p, f)
-            again += [q.forward_ms, *q.forward_link_ms.values()]
-        else:
-            again += [float("inf")] * 3
+        runs = Policy(checkpoint=f"seq-attn:{f:g}").runs(p.algorithm, p.layout, sp,
+                                                          setup.seq_len, setup.causal)
+        for kind in kinds:
+            if runs:
+                q = setup.prefix(sp, p, f, kind)
+                again += [q.forward_ms, *q.forward_link_ms.values()]
+            else:
+                again += [float("inf")] * 3
+    others = [x for kind, q in kinds.items() if kind != "full"
+              for x in (q.attention_ms, q.forward_ms, q.compute_ms, *q.link_ms.values(),
+                        *q.forward_link_ms.values())]
     return (p.attention_ms, p.forward_ms, p.compute_ms, *p.link_ms.values(),
             *p.forward_link_ms.values(), p.peak_mem_bytes, held.saved,
             held.saved - held.recomputable, int(held.relayout), memory.AXES.get(p.algorithm, 0),
-            *again)
+            *again, *others)
 
 
 def pareto(rows: list[tuple]) -> tuple[list[int], dict[int, list[int]], dict[int, int]]:
@@ -153,6 +165,9 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
             f"must be a multiple of seq-len x batch ({seq_len * batch}): whole sequences")
     cfg = model if isinstance(model, ModelConfig) else load(model)
     c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
+    why = memory.expert_parallelism(cfg, dtype, Policy().train(dtype), world, c.memory_gb * 1e9,
+                                    c.host_link_gb_per_s is not None)
+    require(why is None, "model", model if isinstance(model, str) else cfg.family, why or "")
     m = None if mask is None else masks.parse(mask, seq_len)
     if m is not None and m.plain:
         causal, m = m.relation.causal, None

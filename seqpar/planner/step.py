@@ -37,29 +37,32 @@ TGS = tokens per step / (step time x ranks); `mfu`, `mfu_unmasked_attention` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from seqpar.planner import host, memory
-from seqpar.planner.api import Prediction, predict
-from seqpar.planner.clusters import MEMORY_EFFICIENCY, Cluster
-from seqpar.planner.fsdp import traffic
-from seqpar.planner.net import Net
+from seqpar.planner.api import Prediction
+from seqpar.planner.compute import (  # noqa: F401  (layer_seconds: lengths_costs' and lengths')
+    class_seconds,
+    head_seconds,
+    layer_seconds,
+    stream_seconds,
+)
+from seqpar.planner.fsdp import Traffic, traffic
 from seqpar.planner.policy import Policy
-from seqpar.planner.rates import gemm_rate
-from seqpar.rules import masks
-from seqpar.rules.flops import causal_pairs, conventions, head_flops, recomputed_flops
+from seqpar.planner.setup import Setup
+from seqpar.rules.counts import layer_numel
+from seqpar.rules.flops import conventions, recomputed_flops
 from seqpar.rules.memory import (
     ELEM,
     TrainPolicy,
     block_bytes,
+    blocks_bytes,
     predicted_states,
-    prefix_layout,
     zero1_partition,
 )
-from seqpar.rules.model import ModelConfig, block_numel, block_shapes
-from seqpar.rules.shape import DTYPE_BYTES, AttnShape
+from seqpar.rules.model import ModelConfig
 
 # where a step's time goes: the attention's kernels, its own exposed communication (as the
 # attention scope predicts it), the rest of the compute, the recompute, the exposed communication
@@ -70,83 +73,6 @@ PARTS = ("attention", "attention_comm", "other_compute", "recompute", "exposed_c
 LINKS = ("intra", "inter")
 BACKWARD_SHARE = 2 / 3  # of a micro-batch's time: two of its three passes (the matmuls' rule)
 ADAM_PASSES = 7  # AdamW reads parameter, gradient, two moments; writes parameter, two moments
-
-
-def shape_of(cfg: ModelConfig, seq_len: int, batch: int = 1, elem_bytes: int = 2) -> AttnShape:
-    return AttnShape(batch, seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim, elem_bytes)
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What one search holds fixed: the cluster (with the kernel's rates), the model, the step."""
-
-    cluster: Cluster
-    cfg: ModelConfig
-    seq_len: int
-    tokens_per_step: int | None  # all ranks together (None: one sequence per DP replica a step)
-    world: int              # all ranks: DP x SP
-    nodes: int
-    dtype: str = "bfloat16"
-    batch: int = 1          # sequences per micro-step of a DP rank
-    kernel: str = "flash2"
-    kernel_source: str = ""
-    causal: bool = True
-    mask: masks.Mask | None = None  # any mask of seq_len tokens (None: plain causal / full)
-    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
-
-    @cached_property
-    def net(self) -> Net:
-        return Net(self.cluster, self.world, self.nodes)
-
-    @cached_property
-    def shape(self) -> AttnShape:
-        return shape_of(self.cfg, self.seq_len, self.batch, DTYPE_BYTES[self.dtype])
-
-    @property
-    def per_node(self) -> int:
-        return max(1, self.world // self.nodes)
-
-    def step_tokens(self, dp: int) -> int:
-        """Tokens a step of a DP x SP split trains on, all ranks together."""
-        return self.tokens_per_step or self.seq_len * self.batch * dp
-
-    def micro_batches(self, dp: int) -> int:
-        """Micro-steps per step of each DP rank (0 when the tokens do not split evenly)."""
-        per_rank = self.seq_len * self.batch * dp
-        tokens = self.step_tokens(dp)
-        return tokens // per_rank if tokens % per_rank == 0 else 0
-
-    def sp_nodes(self, sp: int) -> int:
-        return max(1, sp // self.per_node)
-
-    def attention(self, sp: int, name: str, options: dict[str, Any], layout: str) -> Prediction:
-        """One layer's attention (forward + backward) over an SP group of sp ranks."""
-        return predict(host.bare(self.cluster), name, self.shape, sp, nodes=self.sp_nodes(sp),
-                       options=options,
-                       layout=layout, causal=self.causal, dtype=self.dtype, mask=self.mask)
-
-    def prefix(self, sp: int, attn: Prediction, fraction: float) -> Prediction:
-        """The forward seq-attn re-runs in backward: the attention over the first fraction x N
-        tokens (every rank's first fraction of its shard), in the layout that deals that prefix
-        (`rules.memory.prefix_layout`), as causal attention (memoised)."""
-        key = ("prefix", sp, attn.algorithm, tuple(sorted(attn.options.items())), attn.layout,
-               fraction)
-        got = self.cache.get(key)
-        if got is None:
-            rows = max(1, round(fraction * self.shape.shard_len(sp)))  # the runner's rows a rank
-            shape = replace(self.shape, seq_len=rows * sp)
-            got = self.cache[key] = predict(
-                host.bare(self.cluster), attn.algorithm, shape, sp, nodes=self.sp_nodes(sp),
-                options=attn.options, layout=prefix_layout(attn.layout, sp, fraction), causal=True,
-                dtype=self.dtype, mode="fwd")
-        return got
-
-    @property
-    def pairs(self) -> float:
-        """Visible (query, key) pairs of one sequence: the mask's area, N²/2 causal, N² full."""
-        if self.mask is not None:
-            return float(self.mask.area)
-        return causal_pairs(self.seq_len) if self.causal else float(self.seq_len) ** 2
 
 
 @dataclass
@@ -172,6 +98,8 @@ class Step:
     # depends on, whose best policy this one is timed under; None: not dominated
     dominated_by: dict[str, Any] | None = None
     host_bound: bool = False        # the host's issuing sets the step's pace (`planner.host`)
+    # one layer's attention (forward + backward, ms) of each kind the model has: full, sliding
+    attention_kinds: dict[str, float] = field(default_factory=dict)
 
     @property
     def algorithm(self) -> str:
@@ -198,35 +126,76 @@ class Step:
                               "mfu_unmasked_attention": round(self.mfu_unmasked_attention, 4),
                               "hfu": round(self.hfu, 4),
                               "attention_layer_ms": round(self.attention_ms, 3),
+                              "attention_layer_ms_by_kind": {
+                                  k: round(v, 3) for k, v in self.attention_kinds.items()},
                               "peak_mem_bytes": self.peak_mem_bytes,
                               "parts_ms": {k: round(v, 3) for k, v in self.parts.items()},
                               "host_bound": self.host_bound, "memory": self.memory},
                 "fits": self.fits, "dominated_by": self.dominated_by}
 
 
-def _stream_seconds(c: Cluster, nbytes: float) -> float:
-    """Seconds to stream nbytes through device memory (a memory-bound kernel)."""
-    if c.memory_gb_per_s:
-        return nbytes / (MEMORY_EFFICIENCY * c.memory_gb_per_s * 1e9)
-    if c.copy_gb_per_s:  # a measured host: copy_gb_per_s counts bytes written, 3 moved per write
-        return nbytes / (3 * c.copy_gb_per_s * 1e9)
-    return 0.0
+@dataclass(frozen=True)
+class Block:
+    """A class of alike layers as one micro-step runs each of them, on one rank (seconds)."""
+
+    layers: tuple[int, ...]   # the class's layer indices
+    time: float           # max(its compute path, offload, each link's busy time)
+    last: float           # the same in the last micro-step (with the data-parallel reduction)
+    attention: float      # its attention, forward + backward, with its exposed communication
+    kernels: float        # its attention's kernels and the work beside them
+    other: float          # its GEMMs and element-wise work, forward + backward
+    recompute: float
+    comm: Traffic
+
+    @property
+    def count(self) -> int:
+        return len(self.layers)
 
 
-def block_gemm_seconds(c: Cluster, cfg: ModelConfig, tokens: float, dtype: str,
-                       only: tuple[str, ...] | None = None) -> float:
-    """Forward seconds of a block's GEMMs (or of the named weights) for `tokens` tokens."""
-    total = 0.0
-    for name, shape in block_shapes(cfg).items():
-        if len(shape) == 2 and (only is None or name in only):
-            total += 2.0 * tokens * shape[0] * shape[1] / gemm_rate(c, dtype, min(tokens, *shape))
-    return total
-
-
-def elementwise_bytes(cfg: ModelConfig, tokens: float, e: int) -> float:
-    """Bytes a block's element-wise kernels move forward (norms, RoPE, SwiGLU's gate, residuals)."""
-    kv = cfg.kv_heads * cfg.head_dim
-    return tokens * (10 * cfg.hidden + 2 * (cfg.hidden + kv) + 3 * cfg.ffn) * e
+def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
+            train: TrainPolicy) -> list[Block]:
+    """Each class of the model's layers (`Setup.classes`) as a micro-step runs it: its GEMMs and
+    element-wise work, its attention (a sliding layer's under its window), its checkpoint mode's
+    recompute, its FSDP traffic (a block of its own size) on links shared with the attention,
+    and its offload."""
+    c, cfg, dtype = setup.cluster, setup.cfg, setup.dtype
+    stored = ELEM[train.master_dtype or dtype]
+    mode, frac = train.checkpoint, train.seq_fraction
+    share = {"none": 0.0, "full": 1.0, "sc++": 1.0, "seq-attn": 1.0}.get(mode, frac)
+    kinds = setup.kinds(sp, attn)
+    out = []
+    for cl in setup.classes:
+        a = kinds[cl.kind]
+        g, mlp, ew = _class(setup, sp, cl.first)
+        # the attention's forward that backward runs again: the whole (full), the prefix (seq-attn)
+        again = {"full": a, "seq-attn": setup.prefix(sp, attn, frac, cl.kind)
+                 if mode == "seq-attn" and frac > 0 else None}.get(mode)
+        recompute = share * (g + ew) + (again.forward_ms / 1e3 if again is not None else 0.0)
+        if train.tiled:
+            recompute += (1.0 - share) * mlp
+        a_all = a.attention_ms / 1e3
+        compute = 3 * (g + ew) + a_all + recompute
+        numel = layer_numel(cfg, cl.first)
+        key = ("comm", dp, sp, policy.states, train.master_dtype, numel)
+        if key not in setup.cache:
+            setup.cache[key] = traffic(setup.net, cfg, dtype, dp, sp, policy, train, numel)
+        comm = setup.cache[key]
+        busy = {k: (a.link_ms[k] + (again.forward_link_ms[k] if again is not None else 0.0)) / 1e3
+                for k in LINKS}
+        offload = 0.0
+        if train.offload and c.host_link_gb_per_s:
+            shard = numel / policy.shards(dp, sp, setup.per_node)
+            moved = 3 * stored * shard if "params" in train.offload else 0.0
+            if "activations" in train.offload:
+                held = memory.attention_held(attn.algorithm, setup.shape, sp, attn.options)
+                moved += 2 * block_bytes(cfg, setup.shape.batch, setup.shape.shard_len(sp), dtype,
+                                         train, held, cl.first)
+            offload = moved / (c.host_link_gb_per_s * 1e9)
+        out.append(Block(
+            cl.layers, max(compute, offload, *(comm.busy(k) + busy[k] for k in LINKS)),
+            max(compute, offload, *(comm.busy(k, last=True) + busy[k] for k in LINKS)),
+            a_all, a.compute_ms / 1e3, 3 * (g + ew), recompute, comm))
+    return out
 
 
 def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
@@ -234,59 +203,37 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     """The step of one configuration (`train`: the runner's exact policy, default policy's)."""
     c, cfg, dtype = setup.cluster, setup.cfg, setup.dtype
     train = train or policy.train(dtype)
-    stored = ELEM[train.master_dtype or dtype]
-    world, layers = dp * sp, cfg.layers
-    g, mlp, ew, hd = _layer(setup, sp)
-    a_all, a_kernel = attn.attention_ms / 1e3, attn.compute_ms / 1e3
+    world = dp * sp
     mode, frac = train.checkpoint, train.seq_fraction
-    # the attention's forward that backward runs again: the whole (full), the prefix (seq-attn)
-    again = {"full": attn, "seq-attn": setup.prefix(sp, attn, frac)
-             if mode == "seq-attn" and frac > 0 else None}.get(mode)
-    share = {"none": 0.0, "full": 1.0, "sc++": 1.0, "seq-attn": 1.0}.get(mode, frac)
-    recompute = share * (g + ew) + (again.forward_ms / 1e3 if again is not None else 0.0)
-    if train.tiled:
-        recompute += (1.0 - share) * mlp
-    compute = 3 * (g + ew) + a_all + recompute
-    key = ("comm", dp, sp, policy.states, train.master_dtype)
-    if key not in setup.cache:
-        setup.cache[key] = traffic(setup.net, cfg, dtype, dp, sp, policy, train)
-    comm = setup.cache[key]
-    busy = {k: (attn.link_ms[k] + (again.forward_link_ms[k] if again is not None else 0.0)) / 1e3
-            for k in LINKS}
-    offload = 0.0
-    if train.offload and c.host_link_gb_per_s:
-        shard = block_numel(cfg) / policy.shards(dp, sp, setup.per_node)
-        moved = 3 * stored * shard if "params" in train.offload else 0.0
-        if "activations" in train.offload:
-            moved += 2 * block_bytes(cfg, setup.shape.batch, setup.shape.shard_len(sp), dtype,
-                                     train, memory.attention_held(attn.algorithm, setup.shape, sp,
-                                                                  attn.options))
-        offload = moved / (c.host_link_gb_per_s * 1e9)
-    block = max(compute, offload, *(comm.busy(k) + busy[k] for k in LINKS))
-    last = max(compute, offload, *(comm.busy(k, last=True) + busy[k] for k in LINKS))
-    edges = comm.gather.seconds + comm.scatter.seconds + comm.root
-    micro = layers * block + hd + edges
-    micro_last = layers * last + hd + edges + comm.reduce_root
+    blocks = _blocks(setup, dp, sp, attn, policy, train)
+    hd = _head(setup, sp)
+    first = blocks[0].comm  # layer 0's class; the last layer's scatter closes a micro-step
+    closing = next(b.comm for b in blocks if cfg.layers - 1 in b.layers)
+    edges = first.gather.seconds + closing.scatter.seconds + first.root
+    micro = sum(b.count * b.time for b in blocks) + hd + edges
+    micro_last = sum(b.count * b.last for b in blocks) + hd + edges + first.reduce_root
     m = setup.micro_batches(dp)
     optimizer = _optimizer_seconds(setup, cfg, policy, train, dp, sp)
-    device = (m - 1) * micro + micro_last + optimizer + comm.update.seconds
+    device = (m - 1) * micro + micro_last + optimizer + first.update.seconds
     issue_micro, issue_step, queued = _host_issue(setup, attn, train, dp, sp)
     last_stretch = host.stretch(c, micro_last, issue_micro)
     # GradSync posts each gradient's all-reduce as backward writes it: their waits run beside
     # the last backward, what is left is exposed
     hidden = min(queued, BACKWARD_SHARE * last_stretch)
     seconds = ((m - 1) * host.stretch(c, micro, issue_micro) + last_stretch
-               + host.stretch(c, optimizer + comm.update.seconds, issue_step) - hidden)
+               + host.stretch(c, optimizer + first.update.seconds, issue_step) - hidden)
 
-    parts = {"attention": m * layers * a_kernel, "attention_comm": m * layers * (a_all - a_kernel),
-             "other_compute": m * (layers * 3 * (g + ew) + hd),
-             "recompute": m * layers * recompute, "optimizer": optimizer,
-             "host": seconds - device}
+    parts = {"attention": m * sum(b.count * b.kernels for b in blocks),
+             "attention_comm": m * sum(b.count * (b.attention - b.kernels) for b in blocks),
+             "other_compute": m * (sum(b.count * b.other for b in blocks) + hd),
+             "recompute": m * sum(b.count * b.recompute for b in blocks),
+             "optimizer": optimizer, "host": seconds - device}
     parts["exposed_comm"] = max(0.0, seconds - sum(parts.values()))
     tps = setup.step_tokens(dp)
+    pairs = setup.pairs
     recomputed = recomputed_flops(cfg, setup.batch, setup.seq_len, sp, mode, frac,
-                                  setup.pairs) * world * m
-    flops = conventions(cfg, tps // setup.seq_len, setup.seq_len, setup.pairs, recomputed)
+                                  pairs) * world * m
+    flops = conventions(cfg, tps // setup.seq_len, setup.seq_len, pairs, recomputed)
     peak = c.peak(dtype) * world * seconds
     shards = policy.shards(dp, sp, setup.per_node)
     mem = memory.step_memory(attn.algorithm, setup.shape, sp, attn.options, cfg, train,
@@ -300,7 +247,8 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     return Step(dp, sp, attn, policy, m, setup.kernel, 1e3 * seconds, tps / (seconds * world),
                 flops["mfu"] / peak, flops["mfu_unmasked_attention"] / peak, flops["hfu"] / peak,
                 mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS}, mem,
-                host_bound=host.bound(c, device, m * issue_micro + issue_step))
+                host_bound=host.bound(c, device, m * issue_micro + issue_step),
+                attention_kinds={k: p.attention_ms for k, p in setup.kinds(sp, attn).items()})
 
 
 def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp: int
@@ -328,30 +276,27 @@ def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp:
     return micro, *once
 
 
-def _layer(setup: Setup, sp: int) -> tuple[float, float, float, float]:
-    """`layer_seconds` for one rank of an SP group of sp (memoised per sp)."""
-    key = ("layer", sp)
+def _class(setup: Setup, sp: int, layer: int) -> tuple[float, float, float]:
+    """`compute.class_seconds` of layer `layer`'s class for one rank of an SP group of sp
+    (memoised per sp and class)."""
+    key = ("layer", sp, layer)
     got = setup.cache.get(key)
     if got is None:
         tokens = setup.shape.batch * setup.shape.shard_len(sp)
-        got = setup.cache[key] = layer_seconds(setup.cluster, setup.cfg, setup.dtype, tokens,
-                                               setup.world)
+        got = setup.cache[key] = class_seconds(setup.cluster, setup.cfg, setup.dtype, tokens,
+                                               setup.world, layer)
     return got
 
 
-def layer_seconds(c: Cluster, cfg: ModelConfig, dtype: str, tokens: float,
-                  world: int = 1) -> tuple[float, float, float, float]:
-    """(a block's GEMMs, its MLP's GEMMs, its element-wise work, the head and loss), forward
-    seconds of `tokens` tokens on one of `world` ranks (CPU ranks share a host's cores)."""
-
-    def host(seconds: float) -> float:
-        return c.host_seconds(seconds, seconds * world, world)
-
-    return (host(block_gemm_seconds(c, cfg, tokens, dtype)),
-            host(block_gemm_seconds(c, cfg, tokens, dtype, ("w1", "w2", "w3"))),
-            host(_stream_seconds(c, elementwise_bytes(cfg, tokens, ELEM[dtype]))),
-            host(3 * head_flops(cfg, tokens) / gemm_rate(c, dtype, min(tokens, cfg.hidden))
-                 + _stream_seconds(c, 4 * tokens * cfg.vocab * 4)))  # logits: fp32 passes
+def _head(setup: Setup, sp: int) -> float:
+    """`compute.head_seconds` for one rank of an SP group of sp (memoised per sp)."""
+    key = ("head", sp)
+    got = setup.cache.get(key)
+    if got is None:
+        tokens = setup.shape.batch * setup.shape.shard_len(sp)
+        got = setup.cache[key] = head_seconds(setup.cluster, setup.cfg, setup.dtype, tokens,
+                                              setup.world)
+    return got
 
 
 def _host_bytes(setup: Setup, cfg: ModelConfig, train: TrainPolicy, policy: Policy,
@@ -362,9 +307,9 @@ def _host_bytes(setup: Setup, cfg: ModelConfig, train: TrainPolicy, policy: Poli
     host = predicted_states(cfg, setup.dtype, train, policy.shards(dp, sp, setup.per_node))["host"]
     if "activations" in train.offload:
         held = memory.attention_held(attn.algorithm, setup.shape, sp, attn.options)
-        host += max(0, cfg.layers - 2) * block_bytes(cfg, setup.shape.batch,
-                                                     setup.shape.shard_len(sp), setup.dtype,
-                                                     train, held)
+        every, largest = blocks_bytes(cfg, setup.shape.batch, setup.shape.shard_len(sp),
+                                      setup.dtype, train, held)
+        host += max(0, every - min(cfg.layers, 2) * largest)  # all but the two on the device
     return int(host)
 
 
@@ -380,7 +325,7 @@ def _optimizer_seconds(setup: Setup, cfg: ModelConfig, policy: Policy, train: Tr
         crossing = 0.0 if "params" in train.offload else 2 * stored * numel  # grads out, params in
         cpu = nbytes / (c.host_memory_gb_per_s * 1e9 / setup.per_node)
         return cpu + crossing / (c.host_link_gb_per_s * 1e9)
-    return c.host_seconds(_stream_seconds(c, nbytes), _stream_seconds(c, nbytes) * dp * sp, dp * sp)
+    return c.host_seconds(stream_seconds(c, nbytes), stream_seconds(c, nbytes) * dp * sp, dp * sp)
 
 
 @lru_cache(maxsize=64)

@@ -12,8 +12,10 @@ GEMMs (projections, SwiGLU, LM head) are exact: backward = 2x forward (dX and dW
 
 A training step's utilisation, three conventions, each named for what it counts (`CONVENTIONS`;
 the planner, the runner and MLflow use these names):
-- `mfu`: model FLOPs the step really does, over the peak: 6·dense params·tokens + 3·the attention's
-  forward by its area (causal: N²/2 pairs; any mask: its visible pairs; packed documents: each
+- `mfu`: model FLOPs the step really does, over the peak: 6·dense params·tokens (a mixture of
+  experts' active ones: the router, the k experts a token is sent to, the shared ones; a tied
+  embedding's matrix once, as the head) + 3·the attention's forward by its area (causal: N²/2
+  pairs; a sliding-window layer its band's; any mask: its visible pairs; packed documents: each
   document's), no recompute counted (neither activation checkpointing nor the kernel's QKᵀ).
   Megatron-LM's formula (`num_floating_point_operations`) with attention by area: LoongTrain §6.1
   ("the FLOPs for attention are halved") and BurstEngine's (its `causal_tflops`) count so.
@@ -26,7 +28,11 @@ the planner, the runner and MLflow use these names):
 
 from __future__ import annotations
 
-from seqpar.rules.model import ModelConfig, block_numel
+from collections.abc import Callable
+from functools import lru_cache
+
+from seqpar.rules.counts import LayerClass, gemms, layer_classes, matmul_params
+from seqpar.rules.model import ModelConfig
 
 FORWARD_MATMULS = 2     # QKᵀ, PV
 BACKWARD_MATMULS = 5    # QKᵀ again, dV = PᵀdO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀ Q
@@ -66,14 +72,28 @@ def _clamp_sum(x: int, sk: int) -> int:
 
 
 # ------------------------------------------------------------------------------ the decoder
+def per_layer(cfg: ModelConfig, of: Callable[[LayerClass], float]) -> float:
+    """The mean over the model's layers of a count taken per class of alike layers
+    (`rules.counts.layer_classes`); a model whose layers are alike: the count itself."""
+    classes = layer_classes(cfg)
+    if len(classes) == 1:
+        return of(classes[0])
+    return sum(c.count * of(c) for c in classes) / cfg.layers
+
+
+@lru_cache(maxsize=256)
 def dense_params(cfg: ModelConfig) -> int:
-    """Parameters that take part in matrix products (all but the embedding table)."""
-    return cfg.params() - cfg.vocab * cfg.hidden
+    """Parameters one token's matrix products use (6 FLOPs each a trained token): the active
+    parameters but the embedding table (a lookup); a tied embedding's matrix still runs the head."""
+    return cfg.active_params() - (0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden)
 
 
-def block_params(cfg: ModelConfig) -> int:
-    """A block's matrix parameters (q, k, v, o projections and SwiGLU; not its norms)."""
-    return block_numel(cfg) - 2 * cfg.hidden
+@lru_cache(maxsize=256)
+def block_params(cfg: ModelConfig) -> float:
+    """A block's matrix parameters one token runs through (q, k, v, o and the feed-forward: dense,
+    or the router, k routed experts and the shared ones; not norms or biases), on average over
+    the layers."""
+    return per_layer(cfg, lambda c: matmul_params(cfg, c.first))
 
 
 def gemm_flops(cfg: ModelConfig, tokens: float) -> float:
@@ -82,17 +102,18 @@ def gemm_flops(cfg: ModelConfig, tokens: float) -> float:
 
 
 def mlp_flops(cfg: ModelConfig, tokens: float) -> float:
-    """Forward FLOPs of one block's SwiGLU (w1, w3, w2) for `tokens` tokens."""
-    return 2.0 * tokens * 3 * cfg.hidden * cfg.ffn
+    """Forward FLOPs of one block's feed-forward for `tokens` tokens (on average over layers)."""
+    return 2.0 * tokens * per_layer(cfg, lambda c: sum(g.per_token for g in gemms(cfg, c.first)
+                                                         if g.mlp))
 
 
 def qkv_flops(cfg: ModelConfig, tokens: float) -> float:
     """Forward FLOPs of one block's q, k, v projections for `tokens` tokens."""
-    return 2.0 * tokens * cfg.hidden * (cfg.hidden + 2 * cfg.kv_heads * cfg.head_dim)
+    return 2.0 * tokens * cfg.hidden * ((cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim)
 
 
 def head_flops(cfg: ModelConfig, tokens: float) -> float:
-    """Forward FLOPs of the LM head for `tokens` tokens."""
+    """Forward FLOPs of the LM head for `tokens` tokens (tied or not: the head's matrix runs)."""
     return 2.0 * tokens * cfg.hidden * cfg.vocab
 
 
@@ -102,13 +123,29 @@ def causal_pairs(seq_len: int) -> float:
     return seq_len * seq_len / 2
 
 
+def window_pairs(seq_len: int, window: int) -> float:
+    """Visible pairs of a causal sliding window of `window` keys over seq_len tokens (query t sees
+    t-W+1..t); the causal count N²/2 where the window holds the whole sequence."""
+    if window >= seq_len:
+        return causal_pairs(seq_len)
+    return float(band_pairs(seq_len, seq_len, (1 - window, 1)))
+
+
+def model_pairs(cfg: ModelConfig, seq_len: int) -> float:
+    """Visible pairs a layer of the model's own attention sees, on average over its layers: a full
+    layer causal (N²/2), a sliding layer its window's band."""
+    return per_layer(cfg, lambda c: causal_pairs(seq_len) if c.kind == "full"
+                     else window_pairs(seq_len, cfg.window))
+
+
 def step_flops(cfg: ModelConfig, batch: int, seq_len: int, pairs: float | None = None,
                backward: float = MODEL_BACKWARD_FLOPS) -> float:
     """FLOPs of one forward + backward over batch sequences of seq_len tokens (all ranks together,
     no recompute): 6·dense params·tokens + (1 + backward)·the attention's forward over `pairs`
-    visible (query, key) pairs a sequence (default causal, N²/2; N² counts it unmasked). The
-    default `backward` is the model's 2x (`mfu`); BACKWARD_FLOPS gives what the kernels run."""
-    pairs = causal_pairs(seq_len) if pairs is None else pairs
+    visible (query, key) pairs a sequence and layer, on average over the layers (default the
+    model's own: causal N²/2 a full layer, a window's band a sliding one; N² counts it unmasked).
+    The default `backward` is the model's 2x (`mfu`); BACKWARD_FLOPS gives what the kernels run."""
+    pairs = model_pairs(cfg, seq_len) if pairs is None else pairs
     attn = cfg.layers * 4.0 * batch * pairs * cfg.heads * cfg.head_dim
     return 6.0 * dense_params(cfg) * batch * seq_len + (1.0 + backward) * attn
 
@@ -149,13 +186,14 @@ def recomputed_tokens(mode: str, fraction: float, s: int) -> int:
 def recomputed_flops(cfg: ModelConfig, batch: int, seq_len: int, world: int, mode: str,
                      fraction: float, pairs: float | None = None) -> float:
     """FLOPs one rank recomputes in backward under a checkpointing mode; the attention's forward
-    over `pairs` visible pairs a sequence (default causal) spread evenly over the ranks. seq-attn
-    re-runs it for the prefix of F·N tokens only: F² of a causal forward's pairs."""
+    over `pairs` visible pairs a sequence and layer (default the model's own, `model_pairs`)
+    spread evenly over the ranks. seq-attn re-runs it for the prefix of F·N tokens only: F² of a
+    causal forward's pairs."""
     s = seq_len // world
     m = recomputed_tokens(mode, fraction, s)
     dense = gemm_flops(cfg, batch * m)
     qkv = qkv_flops(cfg, batch * s)
-    pairs = causal_pairs(seq_len) if pairs is None else pairs
+    pairs = model_pairs(cfg, seq_len) if pairs is None else pairs
 
     def attention(share: float) -> float:
         return 4.0 * batch * pairs * share * cfg.heads * cfg.head_dim / world

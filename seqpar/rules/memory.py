@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from seqpar.errors import require
-from seqpar.rules.model import ModelConfig, block_numel, block_shapes, numel, param_shapes
+from seqpar.rules.counts import (
+    ffn_width,
+    layer_classes,
+    layer_numel,
+    norm_width,
+    routing_width,
+)
+from seqpar.rules.model import ModelConfig, layer_shapes, numel, param_shapes
 
 ELEM = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 CHECKPOINT_MODES = ("none", "full", "sc++", "sequence", "sc++,sequence", "seq-attn")
@@ -169,10 +176,11 @@ def _local_numel(shape: tuple[int, ...], shards: int) -> int:
 @lru_cache(maxsize=1024)
 def _sharded_numel(cfg: ModelConfig, shards: int) -> int:
     """Elements of rank 0's shards of every parameter (each sharded on dim 0 over `shards`)."""
-    blocks = sum(_local_numel(s, shards) for s in block_shapes(cfg).values())
+    blocks = sum(c.count * sum(_local_numel(s, shards) for s in layer_shapes(cfg, c.first).values())
+                 for c in layer_classes(cfg))
     rest = sum(_local_numel(s, shards) for k, s in param_shapes(cfg).items()
                if not k.startswith("blocks."))
-    return cfg.layers * blocks + rest
+    return blocks + rest
 
 
 @lru_cache(maxsize=1024)
@@ -250,19 +258,23 @@ class AttentionHeld:
 
 
 def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_per_elem: float,
-                batch: int) -> float:
-    """Elements one block keeps for backward per token of the rank's shard (see
+                batch: int, layer: int = 0) -> float:
+    """Elements block `layer` keeps for backward per token of the rank's shard (see
     `seqpar.model.checkpointing`): the two RMSNorms (their rsqrt, normalised input and scaled
-    output), the residual sums, SwiGLU's four ffn-wide tensors, the attention output and what the
-    attention saves. A tiled MLP keeps only its tiles' input (a residual sum kept anyway): not the
-    second RMSNorm nor SwiGLU's four."""
-    d, f, h = cfg.hidden, cfg.ffn, cfg.heads
+    output), the residual sums, the gated feed-forward's four ffn-wide tensors (an MoE layer: k
+    experts' and the shared ones', and its routing, `rules.counts`), the attention output (q wide)
+    and what the attention saves, and the families' extra norms (Gemma's, QK-norm). A tiled MLP
+    keeps only its tiles' input (a residual sum kept anyway): not the second RMSNorm nor the
+    feed-forward's tensors."""
+    d, h = cfg.hidden, cfg.heads
+    mlp = 4 * ffn_width(cfg, layer) + routing_width(cfg, layer)
     lse = h * lse_per_elem
-    out = d * (2 if attn.relayout else 1)
+    q = cfg.heads * cfg.head_dim
+    out = q * (2 if attn.relayout else 1)
     attention = attn.saved + lse + out
-    none = 2 * (2 * d + 1) + 2 * d + 4 * f + attention
+    none = 2 * (2 * d + 1) + 2 * d + mlp + norm_width(cfg) + attention
     if policy.tiled:
-        none -= (2 * d + 1) + 4 * f
+        none -= (2 * d + 1) + mlp
     mode, frac = policy.checkpoint, policy.seq_fraction
     if mode == "none":
         return none
@@ -275,7 +287,7 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
         return kept_attention
     rest = (none - attention - d) * (1 - frac)
     if batch > 1:  # the kept part's output projection copies its slice of the attention output
-        rest += d * (1 - frac)
+        rest += q * (1 - frac)
     return (kept_attention if mode == "sc++,sequence" else attention + d) + rest
 
 
@@ -284,10 +296,18 @@ def _acc(e: int) -> int:
 
 
 def block_bytes(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, policy: TrainPolicy,
-                attn: AttentionHeld) -> int:
-    """Bytes one block keeps for backward on one rank (what `offload: activations` moves)."""
+                attn: AttentionHeld, layer: int = 0) -> int:
+    """Bytes block `layer` keeps for backward on one rank (what `offload: activations` moves)."""
     e = ELEM[dtype]
-    return int(batch * shard_tokens * block_elems(cfg, attn, policy, _acc(e) / e, batch) * e)
+    return int(batch * shard_tokens * block_elems(cfg, attn, policy, _acc(e) / e, batch, layer) * e)
+
+
+def blocks_bytes(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, policy: TrainPolicy,
+                 attn: AttentionHeld) -> tuple[int, int]:
+    """(every block's kept bytes together, the largest block's) on one rank."""
+    each = [(c.count, block_bytes(cfg, batch, shard_tokens, dtype, policy, attn, c.first))
+            for c in layer_classes(cfg)]
+    return sum(n * b for n, b in each), max(b for _, b in each)
 
 
 @lru_cache(maxsize=8192)
@@ -309,17 +329,17 @@ def predicted_activations(cfg: ModelConfig, batch: int, shard_tokens: int, dtype
     else:
         per_token += v * acc / e  # the logits (the runner tiles the loss only in the fused head)
         head = 0
-    on_device = min(cfg.layers, 2) if "activations" in policy.offload else cfg.layers
-    blocks = on_device * block_bytes(cfg, batch, shard_tokens, dtype, policy, attn)
+    every, largest = blocks_bytes(cfg, batch, shard_tokens, dtype, policy, attn)
+    blocks = min(cfg.layers, 2) * largest if "activations" in policy.offload else every
     extra = 2 * shard_tokens * cfg.head_dim * e + (2 * batch + 1) * shard_tokens * 8  # rope, ids
-    block_weights = block_numel(cfg)
+    block_weights = sum(c.count * layer_numel(cfg, c.first) for c in layer_classes(cfg))
     casts = 0  # dist-opt's gathered parameters are its states' buffers
     if policy.states == "fsdp":
         casts = (2 * v * d + d) * e                        # the root's gathered parameters
     elif policy.master_dtype and ELEM[policy.master_dtype] != e and policy.states != "dist-opt":
         casts = ((0 if policy.fused_head else v * d) + d) * e  # the head's (unfused), the norm's
         if policy.checkpoint in ("none", "sequence", "sc++,sequence"):
-            casts += cfg.layers * block_weights * e        # each block's casts, kept for backward
+            casts += block_weights * e                     # each block's casts, kept for backward
     return int(t * per_token * e + head + blocks + extra + casts)
 
 
@@ -331,15 +351,22 @@ def tile_tokens(cfg: ModelConfig, shard_tokens: int) -> int:
 @lru_cache(maxsize=8192)
 def block_working_set(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str,
                       policy: TrainPolicy, attn: AttentionHeld) -> int:
-    """Bytes one block adds while it runs its backward: what its checkpoint mode recomputes (the
-    whole block under full, all but the attention under sc++, a fraction under sequence modes) and
-    the gradients that flow through it (dx in and out of the block, d wide each). With `tiled` the
-    MLP's four ffn-wide tensors exist for one tile only."""
+    """Bytes the largest block adds while it runs its backward: what its checkpoint mode
+    recomputes (the whole block under full, all but the attention under sc++, a fraction under
+    sequence modes) and the gradients that flow through it (dx in and out of the block, d wide
+    each). With `tiled` the feed-forward's tensors exist for one tile only."""
+    return max(_working_set(cfg, batch, shard_tokens, dtype, policy, attn, c.first)
+               for c in layer_classes(cfg))
+
+
+def _working_set(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, policy: TrainPolicy,
+                 attn: AttentionHeld, layer: int) -> int:
     e = ELEM[dtype]
     lse = _acc(e) / e
     no_mlp = TrainPolicy(checkpoint="none", tiled=True)
     kept = TrainPolicy(checkpoint=policy.checkpoint, seq_fraction=policy.seq_fraction, tiled=True)
-    recomputed = block_elems(cfg, attn, no_mlp, lse, batch) - block_elems(cfg, attn, kept, lse, batch)
+    recomputed = (block_elems(cfg, attn, no_mlp, lse, batch, layer)
+                  - block_elems(cfg, attn, kept, lse, batch, layer))
     t = batch * shard_tokens
     if policy.tiled:
         mlp_tokens = batch * tile_tokens(cfg, shard_tokens)
@@ -347,7 +374,8 @@ def block_working_set(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: st
         frac = {"none": 0.0, "full": 1.0, "sc++": 1.0, "seq-attn": 1.0}.get(policy.checkpoint,
                                                                             policy.seq_fraction)
         mlp_tokens = t * frac
-    return int((t * (max(0.0, recomputed) + 2 * cfg.hidden) + 4 * cfg.ffn * mlp_tokens) * e)
+    mlp = 4 * ffn_width(cfg, layer) + routing_width(cfg, layer)
+    return int((t * (max(0.0, recomputed) + 2 * cfg.hidden) + mlp * mlp_tokens) * e)
 
 
 def comm_buffer_bytes(communicators: int) -> int:

@@ -1,0 +1,83 @@
+"""A block's compute besides its attention, per class of alike layers (`rules.counts`): the GEMMs
+at the cluster's rate for their shapes (`rates.gemm_rate`; a routed expert's GEMM runs the k/E of
+the tokens the router sends it, so its smallest dimension is often those tokens), the token-wise
+work at HBM bandwidth, and the LM head with its loss.
+
+Element-wise bytes a token moves forward: ~10d (two norms, residuals) + 2(q + kv) (RoPE on q and
+k, heads x head_dim wide) + 3 x the feed-forward's width (the gate), and where a family has them
+the extra norms (Gemma's two, QK-norm) and an MoE layer's routing (its router's softmax and top-k,
+each token's input sent to k experts and their outputs summed back).
+"""
+
+from __future__ import annotations
+
+from seqpar.planner.clusters import MEMORY_EFFICIENCY, Cluster
+from seqpar.planner.rates import gemm_rate
+from seqpar.rules.counts import ffn_width, gemms, layer_classes, norm_width
+from seqpar.rules.flops import head_flops, per_layer
+from seqpar.rules.memory import ELEM
+from seqpar.rules.model import ModelConfig
+
+
+def stream_seconds(c: Cluster, nbytes: float) -> float:
+    """Seconds to stream nbytes through device memory (a memory-bound kernel)."""
+    if c.memory_gb_per_s:
+        return nbytes / (MEMORY_EFFICIENCY * c.memory_gb_per_s * 1e9)
+    if c.copy_gb_per_s:  # a measured host: copy_gb_per_s counts bytes written, 3 moved per write
+        return nbytes / (3 * c.copy_gb_per_s * 1e9)
+    return 0.0
+
+
+def block_gemm_seconds(c: Cluster, cfg: ModelConfig, tokens: float, dtype: str,
+                       mlp: bool = False, layer: int = 0) -> float:
+    """Forward seconds of layer `layer`'s GEMMs (or its feed-forward's alone) for `tokens` tokens:
+    each routed expert over its k/E share of them."""
+    total = 0.0
+    for g in gemms(cfg, layer):
+        if mlp and not g.mlp:
+            continue
+        rows = tokens if g.copies == 1 else tokens * g.share
+        total += g.copies * (2.0 * rows * g.rows * g.cols / gemm_rate(c, dtype, min(rows, g.rows,
+                                                                                   g.cols)))
+    return total
+
+
+def elementwise_bytes(cfg: ModelConfig, tokens: float, e: int, layer: int = 0) -> float:
+    """Bytes layer `layer`'s element-wise kernels move forward (the module docstring)."""
+    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    per = 10 * cfg.hidden + 2 * (q + kv) + 3 * ffn_width(cfg, layer) + norm_width(cfg)
+    if cfg.is_moe(layer):
+        per += 2 * cfg.experts + 4 * cfg.experts_per_tok * cfg.hidden
+    return tokens * per * e
+
+
+def class_seconds(c: Cluster, cfg: ModelConfig, dtype: str, tokens: float, world: int,
+                  layer: int) -> tuple[float, float, float]:
+    """(GEMMs, the feed-forward's GEMMs, element-wise work) of layer `layer`, forward seconds of
+    `tokens` tokens on one of `world` ranks (CPU ranks share a host's cores)."""
+
+    def host(seconds: float) -> float:
+        return c.host_seconds(seconds, seconds * world, world)
+
+    return (host(block_gemm_seconds(c, cfg, tokens, dtype, layer=layer)),
+            host(block_gemm_seconds(c, cfg, tokens, dtype, mlp=True, layer=layer)),
+            host(stream_seconds(c, elementwise_bytes(cfg, tokens, ELEM[dtype], layer))))
+
+
+def head_seconds(c: Cluster, cfg: ModelConfig, dtype: str, tokens: float, world: int) -> float:
+    """Forward + backward seconds of the LM head and loss for `tokens` tokens: 3 x its GEMM and
+    the logits' fp32 passes."""
+    seconds = (3 * head_flops(cfg, tokens) / gemm_rate(c, dtype, min(tokens, cfg.hidden))
+               + stream_seconds(c, 4 * tokens * cfg.vocab * 4))
+    return c.host_seconds(seconds, seconds * world, world)
+
+
+def layer_seconds(c: Cluster, cfg: ModelConfig, dtype: str, tokens: float,
+                  world: int = 1) -> tuple[float, float, float, float]:
+    """(a block's GEMMs, its feed-forward's GEMMs, its element-wise work, the head and loss),
+    forward seconds of `tokens` tokens on one of `world` ranks; a model whose layers differ: the
+    mean block over its layers."""
+    each = {cl.first: class_seconds(c, cfg, dtype, tokens, world, cl.first)
+            for cl in layer_classes(cfg)}
+    g, mlp, ew = (per_layer(cfg, lambda cl, i=i: each[cl.first][i]) for i in range(3))
+    return g, mlp, ew, head_seconds(c, cfg, dtype, tokens, world)

@@ -1,0 +1,161 @@
+"""What one search holds fixed (`Setup`): the cluster with the kernel's rates, the model, the
+step's sequences, ranks and mask; and what follows from them once per configuration, memoised in
+its cache: the attention of each layer kind the model has (a sliding layer's under its window:
+its kernel's band, and the K,V its ring skips), seq-attn's prefix, the visible pairs a layer sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+from seqpar.errors import require
+from seqpar.planner import host
+from seqpar.planner.api import Prediction, predict
+from seqpar.planner.clusters import Cluster
+from seqpar.planner.net import Net
+from seqpar.rules import masks
+from seqpar.rules.counts import LayerClass, layer_classes, model_params
+from seqpar.rules.flops import causal_pairs, window_pairs
+from seqpar.rules.memory import prefix_layout
+from seqpar.rules.model import ModelConfig
+from seqpar.rules.shape import DTYPE_BYTES, AttnShape
+
+
+def shape_of(cfg: ModelConfig, seq_len: int, batch: int = 1, elem_bytes: int = 2) -> AttnShape:
+    return AttnShape(batch, seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim, elem_bytes)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one search holds fixed: the cluster (with the kernel's rates), the model, the step."""
+
+    cluster: Cluster
+    cfg: ModelConfig
+    seq_len: int
+    tokens_per_step: int | None  # all ranks together (None: one sequence per DP replica a step)
+    world: int              # all ranks: DP x SP
+    nodes: int
+    dtype: str = "bfloat16"
+    batch: int = 1          # sequences per micro-step of a DP rank
+    kernel: str = "flash2"
+    kernel_source: str = ""
+    causal: bool = True
+    mask: masks.Mask | None = None  # any mask of seq_len tokens (None: plain causal / full)
+    cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @cached_property
+    def net(self) -> Net:
+        return Net(self.cluster, self.world, self.nodes)
+
+    @cached_property
+    def shape(self) -> AttnShape:
+        return shape_of(self.cfg, self.seq_len, self.batch, DTYPE_BYTES[self.dtype])
+
+    @property
+    def per_node(self) -> int:
+        return max(1, self.world // self.nodes)
+
+    def step_tokens(self, dp: int) -> int:
+        """Tokens a step of a DP x SP split trains on, all ranks together."""
+        return self.tokens_per_step or self.seq_len * self.batch * dp
+
+    def micro_batches(self, dp: int) -> int:
+        """Micro-steps per step of each DP rank (0 when the tokens do not split evenly)."""
+        per_rank = self.seq_len * self.batch * dp
+        tokens = self.step_tokens(dp)
+        return tokens // per_rank if tokens % per_rank == 0 else 0
+
+    def sp_nodes(self, sp: int) -> int:
+        return max(1, sp // self.per_node)
+
+    def attention(self, sp: int, name: str, options: dict[str, Any], layout: str) -> Prediction:
+        """One layer's attention (forward + backward) over an SP group of sp ranks."""
+        return predict(host.bare(self.cluster), name, self.shape, sp, nodes=self.sp_nodes(sp),
+                       options=options,
+                       layout=layout, causal=self.causal, dtype=self.dtype, mask=self.mask)
+
+    def prefix(self, sp: int, attn: Prediction, fraction: float, kind: str = "full") -> Prediction:
+        """The forward seq-attn re-runs in backward: the attention over the first fraction x N
+        tokens (every rank's first fraction of its shard), in the layout that deals that prefix
+        (`rules.memory.prefix_layout`), as causal attention (a sliding layer's: within its
+        window; memoised)."""
+        key = ("prefix", sp, attn.algorithm, tuple(sorted(attn.options.items())), attn.layout,
+               fraction, kind)
+        got = self.cache.get(key)
+        if got is None:
+            rows = max(1, round(fraction * self.shape.shard_len(sp)))  # the runner's rows a rank
+            shape = replace(self.shape, seq_len=rows * sp)
+            w = self.cfg.window
+            mask = (masks.sliding_window(rows * sp, w) if kind == "sliding" and w < rows * sp
+                    else None)
+            got = self.cache[key] = predict(
+                host.bare(self.cluster), attn.algorithm, shape, sp, nodes=self.sp_nodes(sp),
+                options=attn.options, layout=prefix_layout(attn.layout, sp, fraction),
+                causal=True, dtype=self.dtype, mode="fwd", mask=mask)
+        return got
+
+    @cached_property
+    def classes(self) -> tuple[LayerClass, ...]:
+        """The model's layers by class (`rules.counts.layer_classes`)."""
+        return layer_classes(self.cfg)
+
+    @cached_property
+    def sliding_mask(self) -> masks.Mask | None:
+        """A sliding layer's mask: the step's relation within the model's window (None: the
+        window holds every key a query sees, a full layer's). A mask that is no classic relation
+        (block-sparse, ...) has no window form: refused in one line."""
+        w, n = self.cfg.window, self.seq_len
+        if "sliding" not in self.cfg.layer_types or w >= n:
+            return None
+        if self.mask is None:
+            return masks.sliding_window(n, w, causal=self.causal)
+        rel = self.mask.relation
+        require(rel is not None, "mask", self.mask.spec or "slices",
+                f"has no sliding-window form for the model's sliding layers (window {w}): plan "
+                "causal, window or documents masks with such a model")
+        window = w if rel.window is None else min(w, rel.window)
+        return masks.documents(rel.cu or (0, n), rel.causal, window)
+
+    def kinds(self, sp: int, attn: Prediction) -> dict[str, Prediction]:
+        """One layer's attention of each kind the model has (full: `attn`, this configuration's;
+        sliding: the same configuration under `sliding_mask`, its kernel's band and the K,V its
+        ring skips; memoised)."""
+        out = {}
+        for kind in dict.fromkeys(c.kind for c in self.classes):
+            mask = self.sliding_mask if kind == "sliding" else None
+            if mask is None:
+                out[kind] = attn
+                continue
+            key = ("kind", kind, sp, attn.algorithm, tuple(sorted(attn.options.items())),
+                   attn.layout)
+            got = self.cache.get(key)
+            if got is None:
+                got = self.cache[key] = replace(predict(
+                    host.bare(self.cluster), attn.algorithm, self.shape, sp,
+                    nodes=self.sp_nodes(sp), options=attn.options, layout=attn.layout,
+                    causal=self.causal, dtype=self.dtype, mask=mask), options=attn.options)
+            out[kind] = got
+        return out
+
+    @property
+    def pairs(self) -> float:
+        """Visible (query, key) pairs of one sequence a layer, on average over the layers: the
+        mask's area (N²/2 causal, N² full) in a full layer, its window's in a sliding one."""
+        if self.mask is not None:
+            full = float(self.mask.area)
+        else:
+            full = causal_pairs(self.seq_len) if self.causal else float(self.seq_len) ** 2
+        if len({c.kind for c in self.classes}) == 1 and self.classes[0].kind == "full":
+            return full
+        sliding = self.sliding_mask
+        each = {"full": full, "sliding": full if sliding is None else float(sliding.area)}
+        if sliding is not None and self.mask is None and self.causal:
+            each["sliding"] = window_pairs(self.seq_len, self.cfg.window)
+        return sum(c.count * each[c.kind] for c in self.classes) / self.cfg.layers
+
+    @property
+    def model_params(self) -> dict[str, int]:
+        """{"total", "active"} parameters of the model (`rules.counts.model_params`)."""
+        return model_params(self.cfg)

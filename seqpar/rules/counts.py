@@ -1,0 +1,155 @@
+"""Per-layer counts of a decoder whose layers differ: its classes of alike layers (the attention's
+kind, a dense or a mixture-of-experts feed-forward), the matrix products one token runs through in
+each (the active ones: the router, the k routed experts it is sent to, the shared experts), each
+layer's parameters, and the widths its token-wise work and kept activations have.
+
+    for c in layer_classes(cfg):          # (kind, moe, layers), in the order the layers come
+        flops = 2 * tokens * matmul_params(cfg, c.first)
+
+What a layer holds is `rules.model.layer_shapes`' (one fact, one place); this module reads it.
+Pure Python: the planner counts without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from seqpar.rules.model import ModelConfig, layer_shapes, numel
+
+
+@dataclass(frozen=True)
+class LayerClass:
+    """Layers alike in what a step does with them: one attention kind, dense or MoE."""
+
+    kind: str                 # rules.model.LAYER_KINDS
+    moe: bool
+    layers: tuple[int, ...]   # their indices
+
+    @property
+    def count(self) -> int:
+        return len(self.layers)
+
+    @property
+    def first(self) -> int:
+        return self.layers[0]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One weight's matrix product: `rows` x `cols`, `copies` of it stacked (a layer's routed
+    experts), `active` of which one token runs through (k of E routed experts)."""
+
+    name: str
+    rows: int
+    cols: int
+    copies: int = 1
+    active: int = 1
+    mlp: bool = False         # the feed-forward's (what a tiled MLP recomputes)
+
+    @property
+    def share(self) -> float:
+        """The fraction of a layer's tokens each copy runs (k/E for a routed expert)."""
+        return self.active / self.copies
+
+    @property
+    def per_token(self) -> int:
+        """Weights one token's forward multiplies by (2 FLOPs each)."""
+        return self.active * self.rows * self.cols
+
+
+@lru_cache(maxsize=256)
+def layer_classes(cfg: ModelConfig) -> tuple[LayerClass, ...]:
+    """The model's layers grouped by (kind, moe), in the order of each group's first layer."""
+    groups: dict[tuple[str, bool], list[int]] = {}
+    for i, kind in enumerate(cfg.layer_types):
+        groups.setdefault((kind, cfg.is_moe(i)), []).append(i)
+    return tuple(LayerClass(k, m, tuple(ls)) for (k, m), ls in groups.items())
+
+
+ATTENTION = ("wq", "wk", "wv", "wo")
+DENSE_FFN = ("w1", "w3", "w2")
+SHARED_FFN = ("shared_w1", "shared_w3", "shared_w2")
+EXPERTS = ("experts_w1", "experts_w3", "experts_w2")
+
+
+@lru_cache(maxsize=1024)
+def gemms(cfg: ModelConfig, layer: int) -> tuple[Gemm, ...]:
+    """The matrix products of layer `layer`, in creation order: q, k, v, o; then the dense
+    feed-forward, or the router, the routed experts (each run by k/E of the tokens) and the
+    shared experts. Biases, norms and sinks are not matrix products."""
+    shapes = layer_shapes(cfg, layer)
+    out = []
+    for name, shape in shapes.items():
+        if name in ATTENTION:
+            out.append(Gemm(name, *shape))
+        elif name in DENSE_FFN or name in SHARED_FFN or name == "router":
+            out.append(Gemm(name, *shape, mlp=True))
+        elif name in EXPERTS:
+            e, rows, cols = shape
+            out.append(Gemm(name, rows, cols, e, cfg.experts_per_tok, mlp=True))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def matmul_params(cfg: ModelConfig, layer: int) -> int:
+    """Weights one token's forward multiplies by in layer `layer` (2 FLOPs each): its attention's
+    projections, and its dense feed-forward or its router, k routed experts and shared experts."""
+    return sum(g.per_token for g in gemms(cfg, layer))
+
+
+@lru_cache(maxsize=1024)
+def layer_numel(cfg: ModelConfig, layer: int) -> int:
+    """Every parameter of layer `layer` (all of its experts)."""
+    return sum(numel(s) for s in layer_shapes(cfg, layer).values())
+
+
+def largest_layer_numel(cfg: ModelConfig) -> int:
+    """The parameters of the largest layer (what FSDP's gather of one block peaks at)."""
+    return max(layer_numel(cfg, c.first) for c in layer_classes(cfg))
+
+
+def routed_numel(cfg: ModelConfig, layer: int) -> int:
+    """The routed experts' parameters of layer `layer` (0 in a dense layer)."""
+    shapes = layer_shapes(cfg, layer)
+    return sum(numel(s) for k, s in shapes.items() if k.startswith("experts_"))
+
+
+def root_numel(cfg: ModelConfig) -> int:
+    """The parameters outside the blocks: the embedding, the final norm, the head unless tied."""
+    heads = 1 if cfg.tie_embeddings else 2
+    return heads * cfg.vocab * cfg.hidden + cfg.hidden
+
+
+def model_params(cfg: ModelConfig) -> dict[str, int]:
+    """{"total", "active"}: every parameter (a tied embedding once), and those one token's forward
+    uses (all but the routed experts it is not sent to; embeddings in both)."""
+    return {"total": cfg.params(), "active": cfg.active_params()}
+
+
+def ffn_width(cfg: ModelConfig, layer: int) -> float:
+    """The feed-forward's inner width a token holds in layer `layer`: the dense ffn, or k routed
+    experts' and the shared experts' (an activation counts 4 tensors of this width)."""
+    if not cfg.is_moe(layer):
+        return cfg.ffn
+    return cfg.experts_per_tok * cfg.moe_ffn + cfg.shared_ffn
+
+
+def routing_width(cfg: ModelConfig, layer: int) -> float:
+    """Elements a token's routing holds in an MoE layer beyond the experts' own: the router's
+    logits and probabilities (2E), its copy of the input sent to each of k experts and each
+    expert's output before the weighted sum (2kd); 0 in a dense layer."""
+    if not cfg.is_moe(layer):
+        return 0.0
+    return 2 * cfg.experts + 2 * cfg.experts_per_tok * cfg.hidden
+
+
+def norm_width(cfg: ModelConfig) -> float:
+    """Elements a token's extra norms hold beyond LLaMA's two RMSNorms: Gemma's post-attention and
+    post-feed-forward norms (each its normalised input, output and rsqrt), QK-norm over every q and
+    k head (the normalised and scaled copies, an rsqrt a head)."""
+    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    out = 2 * (2 * cfg.hidden + 1) if cfg.sandwich_norms else 0
+    if cfg.qk_norm:
+        out += 2 * (q + kv) + cfg.heads + cfg.kv_heads
+    return out
