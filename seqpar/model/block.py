@@ -1,16 +1,20 @@
 """One decoder layer of any family: its parameters (`rules.model.layer_shapes`), its RoPE and its
 attention kind.
 
-    norm -> Q/K/V (+ biases) -> QK-norm -> RoPE -> attention -> O (+ bias) [-> norm] -> residual
-         -> norm -> gated feed-forward (+ biases) [-> norm] -> residual
+    norm -> Q/K/V (+ biases) -> QK-norm -> RoPE -> attention (+ sinks) -> O (+ bias) [-> norm]
+         -> residual -> norm -> gated feed-forward (+ biases) or MoE [-> norm] -> residual
 
 The bracketed norms are Gemma's sandwich norms; the norms are Gemma's (1 + w, in float32 at least)
 where `norm_offset`. A layer's RoPE is `layer_rope(cfg, i)`: the model's, a sliding layer's own
 base (Gemma 3), or none (no-RoPE layers); its attention is the model's for its window
-(`Transformer`: one per distinct window, on one mesh).
+(`Transformer`: one per distinct window, on one mesh). An MoE layer records its router's stats
+into the model's `RouterLog` while a forward records (the load-balancing loss, `model.moe`).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +23,8 @@ from torch.utils.checkpoint import checkpoint
 
 from seqpar.model import checkpointing
 from seqpar.model.layers import apply_rope, glu, norm
-from seqpar.rules.model import ModelConfig, layer_shapes
+from seqpar.model.moe import RouterStats, moe_ffn
+from seqpar.rules.model import ModelConfig, ffn_shapes, layer_shapes
 from seqpar.rules.rope import Rope
 
 
@@ -32,6 +37,22 @@ def layer_rope(cfg: ModelConfig, layer: int) -> Rope | None:
     return cfg.rope
 
 
+class RouterLog:
+    """The MoE layers' router stats of one forward, in layer order: a list while a forward
+    records (`recording`), None otherwise, so that backward's recomputations add nothing."""
+
+    def __init__(self) -> None:
+        self.stats: list[RouterStats] | None = None
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[RouterStats]]:
+        self.stats = []
+        try:
+            yield self.stats
+        finally:
+            self.stats = None
+
+
 class Block(nn.Module):
     """Layer `layer` of `cfg` (see the module docstring).
 
@@ -42,11 +63,13 @@ class Block(nn.Module):
     token-wise."""
 
     def __init__(self, cfg: ModelConfig, layer: int, stored: torch.dtype, compute: torch.dtype,
-                 device: torch.device | None = None, mlp_tile: int | None = None):
+                 device: torch.device | None = None, mlp_tile: int | None = None,
+                 router_log: RouterLog | None = None):
         super().__init__()
         self.cfg, self.layer, self.compute, self.mlp_tile = cfg, layer, compute, mlp_tile
         self.rope = layer_rope(cfg, layer)
-        self.window = cfg.window_of[layer]
+        self.moe = tuple(ffn_shapes(cfg, moe=True)) if cfg.is_moe(layer) else ()
+        self.router_log = router_log
         for name, shape in layer_shapes(cfg, layer).items():
             setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=stored, device=device)))
 
@@ -80,7 +103,13 @@ class Block(nn.Module):
         return F.linear(glu(gate, up, c.act, c.swiglu_limit), opt("w2"), opt("b2"))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.ffn(self.norm(x, "ffn_norm"))
+        h = self.norm(x, "ffn_norm")
+        if self.moe:
+            y, stats = moe_ffn(h, {name: self.opt(name) for name in self.moe}, self.cfg)
+            if self.router_log is not None and self.router_log.stats is not None:
+                self.router_log.stats.append(stats)
+        else:
+            y = self.ffn(h)
         return self.norm(y, "post_ffn_norm") if self.cfg.sandwich_norms else y
 
     def post(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -97,4 +126,5 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend,
                 mode: str, fraction: float) -> torch.Tensor:
         """The block under a checkpointing mode (one forward call: FSDP2 gathers around it)."""
-        return checkpointing.run_block(self.pre, self.post, attend, x, cos, sin, mode, fraction)
+        return checkpointing.run_block(self.pre, self.post, attend, x, cos, sin, mode, fraction,
+                                       self.opt("sinks"))

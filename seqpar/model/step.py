@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from seqpar.algorithms import ledger
 from seqpar.algorithms.mesh import Pool, solo_mesh
+from seqpar.errors import require
 from seqpar.model import states
 from seqpar.model.transformer import Pack, SPGroup, Transformer, build_layers
 from seqpar.rules.deal import Deal, MicroBatch
@@ -59,6 +60,9 @@ class StepModel:
         `window`: every full layer's (the model's sliding layers keep their own). Each group
         gets an attention per layer kind on its one mesh (`transformer.build_layers`)."""
         cfg, groups = net.cfg, {}
+        require(not cfg.aux_loss_coef, "model.aux_loss_coef", cfg.aux_loss_coef,
+                "must be 0 in a step of lengths (its load-balancing loss would depend on how the "
+                "sequences are packed): train fixed lengths, or set output_router_logits false")
         for ranks, mesh in ({} if pool is None else pool.meshes).items():
             name, opts = options[len(ranks)]
             layers = build_layers(name, cfg, window=window, layout=layout, mesh=mesh, **opts)

@@ -1,4 +1,5 @@
-"""A LLaMA-style decoder trained with any registered sequence-parallel attention.
+"""The decoder of every family `rules.model` describes (LLaMA's, with each family's changes:
+`block.py`), trained with any registered sequence-parallel attention.
 
     net = Transformer(cfg, attention="ring", layout="zigzag", group=sp_group, checkpoint="sc++",
                       fused_head=True, seed=0, dtype=torch.bfloat16, master_dtype=torch.float32,
@@ -12,7 +13,11 @@ The model shards the batch itself: this rank's inputs are tokens[:, pos] and its
 tokens[:, pos + 1], pos = `attend.positions(N, cu_seqlens)` (the one source of truth for
 which tokens a rank holds), so a label that sits in another rank's shard under zigzag or stripe is
 still the right one, and RoPE rotates every token by its global position. The loss is the mean
-cross-entropy over all batch x N predictions (averaged over the data-parallel replicas too).
+cross-entropy over all batch x N predictions (averaged over the data-parallel replicas too), plus,
+where the model turns its load-balancing loss on (cfg.aux_loss_coef), the coefficient times that
+loss over the whole sequence (as transformers' `output_router_logits`). Each layer attends with
+the attention of its kind (`build_layers`: a sliding layer in its window); a tied model's head is
+its embedding (one parameter, `embed`, under FSDP2 and the fused head alike).
 
 Gradients are summed over the sequence-parallel group and averaged over `dp_group`: with
 `states="replicated"` parameter by parameter while backward runs (`grads.py`; every .grad is then
@@ -46,9 +51,9 @@ from torch import nn
 from seqpar.algorithms import Attention, Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len
 from seqpar.errors import require
-from seqpar.model import checkpointing, grads, head, init
+from seqpar.model import checkpointing, grads, head, init, moe
 from seqpar.model import states as model_states
-from seqpar.model.block import Block, layer_rope
+from seqpar.model.block import Block, RouterLog, layer_rope
 from seqpar.model.config import ModelConfig
 from seqpar.model.layers import norm, rotary_tables
 from seqpar.rules import masks
@@ -157,7 +162,6 @@ class Transformer(nn.Module):
             group = mesh.comm("sp").group
             dp_group = mesh.comm("dp").group if "dp" in mesh.comms else None
         checkpointing.check_mode(checkpoint, seq_fraction)
-        _check_modelled(cfg)
         require(len(head_tiles) == 2 and all(isinstance(t, int) and t > 0 for t in head_tiles),
                 "head_tiles", head_tiles, "must be two positive integers (tokens, vocabulary)")
         require(mlp_tile is None or (isinstance(mlp_tile, int) and mlp_tile > 0), "mlp_tile",
@@ -184,7 +188,8 @@ class Transformer(nn.Module):
         d = cfg.hidden
         self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
         tile = (mlp_tile or cfg.hidden) if tiled else None  # ALST: ceil(N / hidden) tiles
-        self.blocks = nn.ModuleList(Block(cfg, i, stored, dtype, build_on, tile)
+        self.router_log = RouterLog()
+        self.blocks = nn.ModuleList(Block(cfg, i, stored, dtype, build_on, tile, self.router_log)
                                     for i in range(cfg.layers))
         self.norm = nn.Parameter(torch.empty(d, dtype=stored, device=build_on))
         if not cfg.tie_embeddings:  # tied: the embedding is the head (`lm_head`)
@@ -300,11 +305,19 @@ class Transformer(nn.Module):
         if pack is not None:
             return self.pack_loss_sum(pack, sp or self.sp)
         assert tokens is not None
-        h, labels = self.hidden(tokens, cu_seqlens)
-        return self._head_sum(h, labels) / (tokens.shape[0] * (tokens.shape[1] - 1))
+        with self.router_log.recording() as stats:
+            h, labels = self.hidden(tokens, cu_seqlens)
+        share = self._head_sum(h, labels) / (tokens.shape[0] * (tokens.shape[1] - 1))
+        if not self.cfg.aux_loss_coef:
+            return share
+        # the load-balancing loss of the whole sequence (its sums all-reduced over the SP group),
+        # a 1/world share on each rank: the ranks' shares add up to it once
+        aux = moe.aux_loss(stats, self.cfg, self.group)
+        return share + self.cfg.aux_loss_coef * aux / self.world
 
     def loss(self, tokens: torch.Tensor, cu_seqlens=None) -> torch.Tensor:
-        """Mean next-token cross-entropy over the whole batch (the same value on every rank);
+        """Mean next-token cross-entropy over the whole batch (+ the load-balancing loss where the
+        model has one; the same value on every rank);
         backward leaves the reduced gradients (full under replicated, shards under fsdp).
         `cu_seqlens`: packed documents [0, ..., N]; attention stays inside each document."""
         local = self(tokens, cu_seqlens)
@@ -324,19 +337,6 @@ class Transformer(nn.Module):
         fsdp an all-gather per parameter: every rank must call it)."""
         return {name: model_states.full(p.grad) for name, p in self.named_parameters()
                 if p.grad is not None}
-
-
-# fields the rules read that this decoder does not compute yet (each refused by name)
-NOT_YET = ("sinks", "experts", "experts_per_tok", "moe_ffn", "shared_ffn", "moe_layers", "router",
-           "norm_topk", "router_bias", "expert_bias", "aux_loss_coef")
-
-
-def _check_modelled(cfg: ModelConfig) -> None:
-    """Refuse, by field, what the rules read but this torch decoder does not compute yet."""
-    plain = ModelConfig(vocab=1, hidden=2, layers=1, heads=1, kv_heads=1, ffn=1)
-    for name in NOT_YET:
-        require(getattr(cfg, name) == getattr(plain, name), f"model.{name}", getattr(cfg, name),
-                "is not computed by seqpar's torch decoder yet")
 
 
 def shard_mesh(mesh: Mesh | None, group: dist.ProcessGroup | None,

@@ -12,6 +12,7 @@ before (Llama 3.1 without its RoPE scaling, Qwen2 without its biases) miss by fa
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,16 @@ def family_configs() -> dict:
         "smollm3": t.SmolLM3Config(**{**BASE, "num_hidden_layers": 4}, no_rope_layer_interval=2,
                                    pad_token_id=0, bos_token_id=1, eos_token_id=2),
         "mistral": t.MistralConfig(**BASE, sliding_window=5, tie_word_embeddings=False),
+        "gpt-oss": t.GptOssConfig(**{**BASE, "intermediate_size": 32}, head_dim=16,
+                                  num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+                                  swiglu_limit=1.0, tie_word_embeddings=False),
+        "mixtral": t.MixtralConfig(**{**BASE, "intermediate_size": 48}, num_local_experts=4,
+                                   num_experts_per_tok=2, output_router_logits=True,
+                                   router_aux_loss_coef=0.1, tie_word_embeddings=False),
+        "qwen3-moe": t.Qwen3MoeConfig(**{**BASE, "num_hidden_layers": 3}, head_dim=24,
+                                      moe_intermediate_size=32, num_experts=4,
+                                      num_experts_per_tok=2, mlp_only_layers=[1],
+                                      norm_topk_prob=True, tie_word_embeddings=False),
     }
 
 
@@ -70,6 +81,7 @@ def save_family(name: str, path, seed: int):
     gen = torch.Generator().manual_seed(seed)
     config = family_configs()[name]
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # the plain loop over experts (float64)
     model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
     _randomise(model, gen)
     model.save_pretrained(path, safe_serialization=True)
@@ -79,9 +91,13 @@ def save_family(name: str, path, seed: int):
 
 def reference_loss(model, tokens: torch.Tensor) -> float:
     """The reference's mean next-token cross-entropy over the batch (its logits, our shift)."""
+    aux = getattr(model.config, "output_router_logits", False)
     with torch.no_grad():
-        logits = model(input_ids=tokens[:, :-1]).logits
-    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).item()
+        out = model(input_ids=tokens[:, :-1], **({"output_router_logits": True} if aux else {}))
+    loss = F.cross_entropy(out.logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+    if aux:  # the reference adds its load-balancing loss where the config turns it on
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    return loss.item()
 
 
 def seqpar_model(path, **kwargs) -> Transformer:
@@ -144,6 +160,38 @@ def test_a_checkpoint_with_a_tensor_the_model_lacks_is_a_one_line_error(tmp_path
     seqpar_model(tmp_path)
 
 
+@pytest.mark.parametrize(("family", "names"), [("qwen3-moe", ("gate_proj", "up_proj", "down_proj")),
+                                               ("mixtral", ("w1", "w3", "w2"))])
+def test_fused_experts_load_as_the_per_expert_tensors(family, names, tmp_path, seed):
+    """transformers 5's own fused experts (experts.gate_up_proj (E, 2f, d): gate then up;
+    experts.down_proj (E, d, f)) load to the model the per-expert tensors that save_pretrained
+    writes (and the Hub holds) load to."""
+    from safetensors.torch import load_file, save_file
+
+    model, tokens = save_family(family, tmp_path, seed)
+    per_expert = seqpar_model(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    pattern = re.compile(r"(.*\.)(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
+    experts: dict[str, dict] = {}
+    for key in [k for k in tensors if pattern.match(k)]:
+        layer, j, name = pattern.match(key).groups()
+        experts.setdefault(layer, {})[(int(j), name)] = tensors.pop(key)
+    for layer, parts in experts.items():
+        e = max(j for j, _ in parts) + 1
+        tensors[layer + "mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([parts[(j, names[0])], parts[(j, names[1])]]) for j in range(e)])
+        tensors[layer + "mlp.experts.down_proj"] = torch.stack([parts[(j, names[2])]
+                                                                 for j in range(e)])
+        gate = layer + "block_sparse_moe.gate.weight"  # transformers 5 names Mixtral's router so
+        if gate in tensors:
+            tensors[layer + "mlp.gate.weight"] = tensors.pop(gate)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    fused = seqpar_model(tmp_path)
+    for (name, a), b in zip(per_expert.named_parameters(), fused.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert fused.loss(tokens).item() == per_expert.loss(tokens).item()
+
+
 # ----------------------------------------------------------------------------------- under SP
 def _sp_runs(env, path: str, tokens: torch.Tensor):
     out = []
@@ -159,16 +207,18 @@ def _sp_runs(env, path: str, tokens: torch.Tensor):
 
 
 @pytest.mark.multirank
-def test_gemma3_under_ring_and_ulysses_equals_one_process(gang, tmp_path, seed):
-    """Gemma 3 (sliding and full layers with their own RoPE, tied head, sandwich and QK norms):
-    ring (FSDP2 over the 2 ranks: the tied embedding sharded, the fused head) and ulysses at P = 2
-    give the one-process model's loss and every gradient."""
-    _, tokens = save_family("gemma3", tmp_path, seed)
+@pytest.mark.parametrize("family", ["gemma3", "gpt-oss", "mixtral"])
+def test_a_family_under_ring_and_ulysses_equals_one_process(gang, tmp_path, seed, family):
+    """Gemma 3 (sliding and full layers with their own RoPE, tied head, sandwich and QK norms),
+    gpt-oss (sinks, YaRN, MoE with biases) and Mixtral (MoE and its load-balancing loss over the
+    whole sequence): ring (FSDP2 over the 2 ranks: a tied embedding sharded, the fused head) and
+    ulysses at P = 2 give the one-process model's loss and every gradient."""
+    _, tokens = save_family(family, tmp_path, seed)
     net = seqpar_model(tmp_path)
     loss = net.loss(tokens)
     loss.backward()
     want = {k: p.grad for k, p in net.named_parameters()}
-    assert "head" not in want
+    assert ("head" in want) == (family != "gemma3")  # Gemma 3 ties its head to the embedding
     for runs in gang.run(_sp_runs, str(tmp_path), tokens, size=2):
         for attention, got, grads in runs:
             assert abs(got - loss.item()) < 1e-10, (attention, got, loss.item())
