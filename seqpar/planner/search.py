@@ -171,8 +171,10 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
     m = None if mask is None else masks.parse(mask, seq_len)
     if m is not None and m.plain:
         causal, m = m.relation.causal, None
-    return Setup(c, cfg, seq_len, tokens_per_step, world, nodes, dtype, batch, kernel, source,
-                 m.causal if m is not None else causal, m)
+    setup = Setup(c, cfg, seq_len, tokens_per_step, world, nodes, dtype, batch, kernel, source,
+                  m.causal if m is not None else causal, m)
+    _ = setup.sliding_mask  # a mask with no window form for the sliding layers: one line, now
+    return setup
 
 
 def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence[tuple[str, ...]]
