@@ -13,6 +13,7 @@ transformers 5's `rope_parameters` are read. Pure Python: the planner reads conf
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from seqpar.errors import ConfigError, require
@@ -34,12 +35,9 @@ IGNORED = frozenset({
 })
 # keys of architectures seqpar does not model, refused whatever their value unless neutral
 NOT_MODELLED = {
+    # read below (DEEPSEEK, QWEN3_NEXT); refused until the torch decoder computes them
     "kv_lora_rank": "multi-head latent attention (DeepSeek, Kimi) is not modelled",
-    "q_lora_rank": "multi-head latent attention (DeepSeek, Kimi) is not modelled",
-    "qk_rope_head_dim": "multi-head latent attention (DeepSeek, Kimi) is not modelled",
     "linear_num_value_heads": "linear-attention layers (gated DeltaNet) are not modelled",
-    "linear_conv_kernel_dim": "linear-attention layers (gated DeltaNet) are not modelled",
-    "full_attention_interval": "linear-attention hybrids are not modelled",
     "ssm_state_size": "state-space (Mamba) layers are not modelled",
     "mamba_d_state": "state-space (Mamba) layers are not modelled",
     "attn_logit_softcapping": "attention logit soft-capping (Gemma 2) is not modelled",
@@ -49,9 +47,9 @@ NOT_MODELLED = {
     "use_bidirectional_attention": "bidirectional attention is not modelled (a decoder is causal)",
     "attention_dropout": "attention dropout is not modelled (it draws noise each step)",
     "hidden_dropout": "dropout is not modelled (it draws noise each step)",
-    "shared_expert_intermediate_size": "a gated shared expert (Qwen2-MoE, Qwen3-Next) is not modelled",
 }
 NEUTRAL = (None, 0, 0.0, False, [], "")
+KINDS = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear"}
 
 BASE = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "intermediate_size", "rms_norm_eps", "rope_theta", "rope_scaling",
@@ -72,6 +70,19 @@ FAMILIES: dict[str, set[str]] = {
     "mixtral": MOE,
     "qwen3_moe": {"attention_bias"} | MOE,
 }
+DEEPSEEK = {"attention_bias", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "qk_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
+            "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace",
+            "moe_layer_freq", "n_group", "topk_group", "topk_method", "scoring_func",
+            "routed_scaling_factor", "norm_topk_prob", "rope_interleave", "ep_size",
+            "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux"}
+FAMILIES.update({
+    "deepseek_v2": DEEPSEEK, "deepseek_v3": DEEPSEEK, "kimi_k2": DEEPSEEK,
+    "qwen3_next": {"attention_bias", "partial_rotary_factor", "linear_num_key_heads",
+                   "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                   "linear_conv_kernel_dim", "full_attention_interval",
+                   "shared_expert_intermediate_size"} | MOE,
+})
 ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings",
              "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale",
@@ -111,9 +122,9 @@ def _refuse_unmodelled(config: dict[str, Any], where: str) -> None:
         if key in config and config[key] not in NEUTRAL:
             raise ConfigError(f"{where}: {key}", config[key], why)
     kinds = config.get("layer_types") or []
-    odd = [k for k in kinds if k not in ("full_attention", "sliding_attention")]
+    odd = [k for k in kinds if k not in KINDS]
     require(not odd, f"{where}: layer_types", odd[0] if odd else None,
-            "is a layer kind seqpar does not model (full_attention, sliding_attention)")
+            f"is a layer kind seqpar does not model ({', '.join(KINDS)})")
 
 
 def _base(config: dict[str, Any], where: str, family: str) -> dict[str, Any]:
@@ -164,9 +175,10 @@ def _rope(params: dict[str, Any], config: dict[str, Any], where: str) -> Rope:
     kind = params.get("rope_type") or params.get("type") or "default"
     require(kind in ("default", "linear", "llama3", "yarn"), f"{where}: rope_scaling.rope_type",
             kind, "is not modelled (default, linear, llama3 and yarn are)")
-    # no family read here rotates part of a head (their references ignore the key): refuse it
+    # only Qwen3-Next rotates part of a head (the others' references ignore the key): refuse it
     fraction = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    require(fraction == 1.0, f"{where}: partial_rotary_factor", fraction,
+    require(fraction == 1.0 or config.get("model_type") == "qwen3_next",
+            f"{where}: partial_rotary_factor", fraction,
             "is not modelled for this family (its reference rotates the whole head)")
     theta = float(params.get("rope_theta", 10000.0))
     if kind == "default":
@@ -201,8 +213,7 @@ def _attention(config: dict[str, Any], where: str, family: str,
             out["local_rope_theta"] = loc.theta
     layers = base["layers"]
     window = config.get("sliding_window")
-    kinds = [{"full_attention": "full", "sliding_attention": "sliding"}[k]
-             for k in (config.get("layer_types") or [])]
+    kinds = [KINDS[k] for k in (config.get("layer_types") or [])]
     if not kinds:
         kinds = _default_kinds(config, family, layers, window)
     require(len(kinds) == layers, f"{where}: layer_types", len(kinds),
@@ -220,11 +231,34 @@ def _attention(config: dict[str, Any], where: str, family: str,
     if family == "gemma3_text":
         out.update(norm_offset=True, sandwich_norms=True, embed_scale=True,
                    attn_scale=float(config.get("query_pre_attn_scalar", 256)) ** -0.5)
+    if family in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
+        out.update(_latent(config, rope))
+    if family == "qwen3_next":
+        out.update(qk_norm=True, norm_offset=True, attn_gate=True,
+                   lin_k_heads=config["linear_num_key_heads"],
+                   lin_v_heads=config["linear_num_value_heads"],
+                   lin_k_dim=config["linear_key_head_dim"],
+                   lin_v_dim=config["linear_value_head_dim"],
+                   conv_kernel=config["linear_conv_kernel_dim"])
     if family == "smollm3" and config.get("no_rope_layers") is not None:
         flags = config["no_rope_layers"]
         require(len(flags) == layers, f"{where}: no_rope_layers", len(flags),
                 f"must hold one flag per layer ({layers})")
         out["nope_layers"] = tuple(i for i, use in enumerate(flags) if not use)
+    return out
+
+
+def _latent(config: dict[str, Any], rope: Rope) -> dict[str, Any]:
+    """Multi-head latent attention's fields; its softmax scale is qk_head_dim^-1/2 times YaRN's
+    mscale(factor, mscale_all_dim) squared, as DeepSeek's reference scales it."""
+    nope, rot = config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+    out = {"q_lora_rank": config.get("q_lora_rank") or 0, "kv_lora_rank": config["kv_lora_rank"],
+           "qk_rope_dim": rot, "head_dim": nope + rot, "v_head_dim": config["v_head_dim"],
+           "rope_interleave": bool(config.get("rope_interleave", True))}
+    scale = (nope + rot) ** -0.5
+    if rope.kind == "yarn" and rope.mscale_all_dim and rope.factor > 1:
+        scale *= (0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0) ** 2
+    out["attn_scale"] = scale
     return out
 
 
@@ -237,6 +271,9 @@ def _default_kinds(config: dict[str, Any], family: str, layers: int,
         return ["sliding" if (i + 1) % 2 else "full" for i in range(layers)]
     if family in ("mistral", "mixtral"):
         return ["sliding" if window else "full"] * layers
+    if family == "qwen3_next":
+        every = config.get("full_attention_interval") or 4
+        return ["linear" if (i + 1) % every else "full" for i in range(layers)]
     if family in ("qwen2", "qwen3", "qwen3_moe", "smollm3") and config.get("use_sliding_window"):
         first = config.get("max_window_layers", layers)
         return ["sliding" if window and i >= first else "full" for i in range(layers)]
@@ -246,18 +283,23 @@ def _default_kinds(config: dict[str, Any], family: str, layers: int,
 def _feed_forward(config: dict[str, Any], where: str, family: str,
                   base: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"mlp_bias": bool(config.get("mlp_bias", False))}
-    experts = config.get("num_local_experts") or config.get("num_experts") or 0
-    if family not in ("gpt_oss", "mixtral", "qwen3_moe") or not experts:
+    experts = (config.get("num_local_experts") or config.get("num_experts")
+               or config.get("n_routed_experts") or 0)
+    if family in ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3_text") or not experts:
         return out
     layers = base["layers"]
     out.update(experts=experts, experts_per_tok=config.get("num_experts_per_tok") or 0)
-    if family == "qwen3_moe":
+    if family in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
+        out.update(_deepseek_moe(config, where, layers))
+    elif family in ("qwen3_moe", "qwen3_next"):
         step = config.get("decoder_sparse_step") or 1
         dense = set(config.get("mlp_only_layers") or [])
         out["moe_layers"] = tuple(i for i in range(layers)
                                   if i not in dense and (i + 1) % step == 0)
         out["moe_ffn"] = config.get("moe_intermediate_size") or base["ffn"]
         out["norm_topk"] = bool(config.get("norm_topk_prob", False))
+        if config.get("shared_expert_intermediate_size"):  # Qwen3-Next's gated shared expert
+            out.update(shared_ffn=config["shared_expert_intermediate_size"], shared_gate=True)
     else:
         out["moe_ffn"] = base["ffn"]
     if family == "gpt_oss":
@@ -268,4 +310,27 @@ def _feed_forward(config: dict[str, Any], where: str, family: str,
                    router="topk_softmax", router_bias=True, expert_bias=True)
     if config.get("output_router_logits"):
         out["aux_loss_coef"] = float(config.get("router_aux_loss_coef", 0.001))
+    return out
+
+
+def _deepseek_moe(config: dict[str, Any], where: str, layers: int) -> dict[str, Any]:
+    """DeepSeek's MoE: dense first layers, then every moe_layer_freq-th; shared experts; V3's
+    sigmoid scores with group-limited top-k (noaux_tc), V2's softmax (greedy)."""
+    first, freq = config.get("first_k_dense_replace") or 0, config.get("moe_layer_freq") or 1
+    ffn = config["moe_intermediate_size"]
+    out: dict[str, Any] = {
+        "moe_layers": tuple(i for i in range(layers) if i >= first and i % freq == 0),
+        "moe_ffn": ffn, "shared_ffn": (config.get("n_shared_experts") or 0) * ffn,
+        "norm_topk": bool(config.get("norm_topk_prob", False)),
+        "routed_scale": float(config.get("routed_scaling_factor") or 1.0)}
+    method = config.get("topk_method") or "noaux_tc"
+    if method == "noaux_tc":
+        score = config.get("scoring_func") or "sigmoid"
+        require(score == "sigmoid", f"{where}: scoring_func", score,
+                "must be sigmoid with topk_method noaux_tc (DeepSeek-V3)")
+        out.update(router="sigmoid_group", n_group=config.get("n_group") or 1,
+                   topk_group=config.get("topk_group") or 1)
+    else:
+        require(method == "greedy", f"{where}: topk_method", method,
+                "is not modelled (noaux_tc and greedy are)")
     return out

@@ -27,13 +27,28 @@ from typing import Any
 
 from seqpar.errors import ConfigError, require
 from seqpar.rules import hf_config
+from seqpar.rules.model_shapes import (
+    attention_shapes,
+    block_numel,
+    block_shapes,
+    expert_numel,
+    ffn_shapes,
+    layer_shapes,
+    numel,
+    param_shapes,
+)
 from seqpar.rules.rope import Rope
+
+__all__ = ["ACTIVATIONS", "LAYER_KINDS", "MODEL_FILES", "ROUTERS", "ModelConfig",
+           "attention_shapes", "block_numel", "block_shapes", "expert_numel", "ffn_shapes",
+           "from_hf", "layer_shapes", "load", "numel", "param_shapes", "preset_names", "presets"]
 
 MODEL_FILES = Path(__file__).resolve().parents[1] / "experiments" / "models"
 
-LAYER_KINDS = ("full", "sliding")       # a layer's attention: causal, or causal in a window
+LAYER_KINDS = ("full", "sliding", "linear")  # causal, causal in a window, or linear attention
 ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")  # the feed-forward's gate (SwiGLU, GeGLU, gpt-oss)
-ROUTERS = ("softmax_topk", "topk_softmax")  # MoE scoring: softmax then top-k, or top-k then softmax
+# MoE scoring: softmax then top-k; top-k then softmax; DeepSeek's sigmoid with group-limited top-k
+ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_group")
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,19 @@ class ModelConfig:
     qk_norm: bool = False         # RMSNorm of each q and k head over head_dim (Qwen3, Gemma 3)
     attn_scale: float = 0.0       # softmax scale (0: head_dim^-1/2; Gemma: query_pre_attn_scalar^-1/2)
     sinks: bool = False           # a learned logit per head in every softmax's denominator (gpt-oss)
+    attn_gate: bool = False       # the output gated by sigmoid of a second query projection (Qwen3-Next)
+    rope_interleave: bool = False  # RoPE on interleaved pairs, not halves (DeepSeek-V3's rope key)
+    # -- multi-head latent attention (DeepSeek): kv_lora_rank > 0 -----------------------------------
+    q_lora_rank: int = 0          # the query's low-rank bottleneck (0: a full q projection)
+    kv_lora_rank: int = 0         # the compressed K,V latent a token keeps (0: no MLA)
+    qk_rope_dim: int = 0          # the shared RoPE key's dims (head_dim = nope + rope dims)
+    v_head_dim: int = 0           # a value head's dims (0: head_dim)
+    # -- linear-attention layers (gated DeltaNet, Qwen3-Next): layer kind "linear" -----------------
+    lin_k_heads: int = 0          # key (and query) heads of a linear layer
+    lin_v_heads: int = 0          # value heads (each with its own state and gates)
+    lin_k_dim: int = 0            # a key head's dims
+    lin_v_dim: int = 0            # a value head's dims
+    conv_kernel: int = 0          # the short causal convolution's width before the delta rule
     # -- norms, embeddings, feed-forward -----------------------------------------------------------
     norm_offset: bool = False     # norms scale by (1 + weight) in float32 (Gemma)
     sandwich_norms: bool = False  # norms after attention and after the feed-forward too (Gemma)
@@ -78,6 +106,10 @@ class ModelConfig:
     router_bias: bool = False     # a bias on the router (gpt-oss)
     expert_bias: bool = False     # biases on the experts' projections (gpt-oss)
     aux_loss_coef: float = 0.0    # the load-balancing loss's weight (0: next-token loss alone)
+    shared_gate: bool = False     # the shared experts' output gated by sigmoid(w x) (Qwen3-Next)
+    n_group: int = 1              # sigmoid_group: expert groups, of which topk_group are kept
+    topk_group: int = 1
+    routed_scale: float = 1.0     # sigmoid_group: the routed experts' weights times this
 
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn"):
@@ -87,7 +119,9 @@ class ModelConfig:
         for name in ("norm_eps", "rope_theta"):
             value = getattr(self, name)
             require(_num(value) and value > 0, f"model.{name}", value, "must be a positive number")
-        for name in ("head_dim", "window", "experts", "experts_per_tok", "moe_ffn", "shared_ffn"):
+        for name in ("head_dim", "window", "experts", "experts_per_tok", "moe_ffn", "shared_ffn",
+                     "q_lora_rank", "kv_lora_rank", "qk_rope_dim", "v_head_dim", "lin_k_heads",
+                     "lin_v_heads", "lin_k_dim", "lin_v_dim", "conv_kernel"):
             value = getattr(self, name)
             require(_int(value) and value >= 0, f"model.{name}", value,
                     "must be a non-negative integer")
@@ -99,6 +133,15 @@ class ModelConfig:
                 f"must divide heads ({self.heads})")
         require(self.head_dim % 2 == 0, "model.head_dim", self.head_dim,
                 "must be even (RoPE rotates pairs of dimensions)")
+        if self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        if self.kv_lora_rank:
+            require(0 < self.qk_rope_dim < self.head_dim and self.qk_rope_dim % 2 == 0,
+                    "model.qk_rope_dim", self.qk_rope_dim,
+                    f"must be even and below head_dim ({self.head_dim}) with kv_lora_rank")
+        else:
+            require(not (self.q_lora_rank or self.qk_rope_dim), "model.kv_lora_rank", 0,
+                    "must be positive where q_lora_rank or qk_rope_dim are given (MLA)")
         rope = self.rope if self.rope is not None else Rope(theta=self.rope_theta)
         require(isinstance(rope, Rope), "model.rope", rope, "must be a rules.rope.Rope")
         require(rope.theta == self.rope_theta, "model.rope.theta", rope.theta,
@@ -123,6 +166,12 @@ class ModelConfig:
                 f"must be one of {', '.join(LAYER_KINDS)}")
         require(("sliding" not in kinds) or self.window > 0, "model.window", self.window,
                 "must be positive where a layer is sliding")
+        if "linear" in kinds:
+            dims = (self.lin_k_heads, self.lin_v_heads, self.lin_k_dim, self.lin_v_dim,
+                    self.conv_kernel)
+            require(all(dims) and self.lin_v_heads % self.lin_k_heads == 0, "model.lin_v_heads",
+                    self.lin_v_heads, "a linear layer needs lin_k_heads dividing lin_v_heads, "
+                    "lin_k_dim, lin_v_dim and conv_kernel")
         object.__setattr__(self, "layer_types", kinds)
         nope = tuple(sorted(set(self.nope_layers)))
         require(all(_int(i) and 0 <= i < self.layers for i in nope), "model.nope_layers",
@@ -147,6 +196,11 @@ class ModelConfig:
 
     def is_moe(self, layer: int) -> bool:
         return layer in self.moe_layers
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention in every softmax layer (DeepSeek)."""
+        return self.kv_lora_rank > 0
 
     @property
     def window_of(self) -> tuple[int | None, ...]:
@@ -181,88 +235,6 @@ def _int(value: Any) -> bool:
 
 def _num(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    out = 1
-    for n in shape:
-        out *= n
-    return out
-
-
-def attention_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """One layer's attention parameters (its norm first), in creation order."""
-    d, q, kv, hd = cfg.hidden, cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.head_dim
-    out: dict[str, tuple[int, ...]] = {"attn_norm": (d,), "ffn_norm": (d,)}
-    if cfg.sandwich_norms:
-        out.update(post_attn_norm=(d,), post_ffn_norm=(d,))
-    out.update(wq=(q, d), wk=(kv, d), wv=(kv, d), wo=(d, q))
-    if cfg.qkv_bias:
-        out.update(bq=(q,), bk=(kv,), bv=(kv,))
-    if cfg.o_bias:
-        out["bo"] = (d,)
-    if cfg.qk_norm:
-        out.update(q_norm=(hd,), k_norm=(hd,))
-    if cfg.sinks:
-        out["sinks"] = (cfg.heads,)
-    return out
-
-
-def ffn_shapes(cfg: ModelConfig, moe: bool) -> dict[str, tuple[int, ...]]:
-    """One layer's feed-forward parameters: a dense SwiGLU/GeGLU, or the router, the routed
-    experts (stacked: expert first) and the shared experts' SwiGLU."""
-    d = cfg.hidden
-    if not moe:
-        f = cfg.ffn
-        out = {"w1": (f, d), "w3": (f, d), "w2": (d, f)}
-        if cfg.mlp_bias:
-            out.update(b1=(f,), b3=(f,), b2=(d,))
-        return out
-    e, f = cfg.experts, cfg.moe_ffn
-    out = {"router": (e, d)}
-    if cfg.router_bias:
-        out["router_bias"] = (e,)
-    out.update(experts_w1=(e, f, d), experts_w3=(e, f, d), experts_w2=(e, d, f))
-    if cfg.expert_bias:
-        out.update(experts_b1=(e, f), experts_b3=(e, f), experts_b2=(e, d))
-    if cfg.shared_ffn:
-        s = cfg.shared_ffn
-        out.update(shared_w1=(s, d), shared_w3=(s, d), shared_w2=(d, s))
-    return out
-
-
-def layer_shapes(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]]:
-    """Layer `layer`'s parameters, in the order they are created (and drawn from the seed)."""
-    return {**attention_shapes(cfg), **ffn_shapes(cfg, cfg.is_moe(layer))}
-
-
-def block_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The first layer's parameters (every layer's, in a model whose layers are alike)."""
-    return layer_shapes(cfg, 0)
-
-
-def expert_numel(cfg: ModelConfig) -> int:
-    """One routed expert's parameters."""
-    per = 3 * cfg.moe_ffn * cfg.hidden
-    return per + (2 * cfg.moe_ffn + cfg.hidden if cfg.expert_bias else 0)
-
-
-def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of the decoder by name (`Transformer.named_parameters()` order)."""
-    out: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab, cfg.hidden)}
-    for i in range(cfg.layers):
-        out.update({f"blocks.{i}.{k}": s for k, s in layer_shapes(cfg, i).items()})
-    out["norm"] = (cfg.hidden,)
-    if not cfg.tie_embeddings:
-        out["head"] = (cfg.vocab, cfg.hidden)
-    return out
-
-
-@lru_cache(maxsize=256)
-def block_numel(cfg: ModelConfig) -> int:
-    """Parameters of one block, on average over the layers (a mixed model's layers differ)."""
-    total = sum(numel(s) for i in range(cfg.layers) for s in layer_shapes(cfg, i).values())
-    return total // cfg.layers
 
 
 def _fields(data: dict[str, Any], where: str) -> ModelConfig:
