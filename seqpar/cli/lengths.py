@@ -14,7 +14,10 @@ from typing import Annotated
 import typer
 
 from seqpar.cli.display import console, err_console
+from seqpar.corpus import cache, summary
+from seqpar.corpus import plot as plots
 from seqpar.errors import ConfigError, require
+from seqpar.rules.lengths import CorpusRef
 
 
 def lengths(
@@ -38,9 +41,6 @@ def lengths(
         "--fresh", help="Tokenize again even when the cache holds this corpus.")] = False,
 ) -> None:
     """Tokenize a corpus with its tokenizer: its length distribution, for plans and sweeps."""
-    from seqpar.corpus import cache, summary
-    from seqpar.rules.lengths import CorpusRef
-
     require(limit is None or limit >= 1, "limit", limit,
             "must be a positive number of documents (omit it to read the whole corpus)")
     for name, path in (("out", out), ("plot", plot)):
@@ -60,8 +60,6 @@ def lengths(
     if out is not None:
         _write("out", out, lambda fh: fh.write(corpus.paths["lengths"].read_text()))
     if plot is not None:
-        from seqpar.corpus import plot as plots
-
         title = (f"{meta['name']} through {corpus.tokenizer.name}: "
                  f"{s.documents:,} documents, {s.tokens:,} tokens")
         _write("plot", plot, lambda fh: plots.save(values, fh, title, plot.suffix[1:]),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seqpar.errors import SeqparError, require
-from seqpar.platform import topology
+from seqpar.platform import dashboard, metrics, topology
 from seqpar.platform.connection import NAMESPACE, alive_nodes, env_float
 
 ACTOR_PREFIX = "seqpar:"
@@ -302,8 +302,6 @@ def running_trials() -> dict[str, str]:
 def status() -> dict[str, Any]:
     """Nodes (CPUs, GPUs, memory), the running seqpar gangs by gang id, and each sweep's progress
     (platform.dashboard.sweep_progress: the state API and the metrics)."""
-    from seqpar.platform import dashboard, metrics
-
     nodes = [{
         "node_id": n["NodeID"], "ip": n["NodeManagerAddress"],
         "cpus": n["Resources"].get("CPU", 0), "gpus": n["Resources"].get("GPU", 0),

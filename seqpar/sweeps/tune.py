@@ -15,6 +15,8 @@ from seqpar import algorithms
 from seqpar.algorithms.layouts import LAYOUTS
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.grid import Point, expand
+from seqpar.planner import clusters
+from seqpar.planner.api import predict_spec
 from seqpar.rules.options import divisors
 from seqpar.rules.shape import SHAPE_PRESETS
 from seqpar.sweeps.spec import SweepPlan
@@ -56,11 +58,8 @@ def tuning_plan(world: int, model: str, seq_len: int, nodes: int = 1, *, causal:
 
 def predicted_ms(points: list[Point], cluster: str) -> dict[int, float]:
     """id(point) -> the performance model's attention time (fwd [+ bwd]) on `cluster`, valid points."""
-    from seqpar import planner
-    from seqpar.planner import clusters
-
     c = clusters.load(cluster)
-    return {id(p): planner.predict_spec(p.spec, c).attention_ms for p in points if p.spec is not None}
+    return {id(p): predict_spec(p.spec, c).attention_ms for p in points if p.spec is not None}
 
 
 def pruned(points: list[Point], keep: int, cluster: str) -> list[Point]:

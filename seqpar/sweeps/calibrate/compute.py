@@ -30,7 +30,10 @@ from collections.abc import Callable
 
 import torch
 
+from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.kernels import attend, attend_backward, attention_flops
+from seqpar.algorithms.softmax_merge import merge_into
+from seqpar.planner.api import predict
 from seqpar.planner.clusters import Cluster, Link
 from seqpar.sweeps.calibrate.host import dispatch_seconds
 
@@ -112,8 +115,6 @@ def fit_line(points: dict[float, float]) -> tuple[float, float]:
 
 def merge_times(blocks: tuple[int, ...] = MERGE_BLOCKS) -> dict[int, float]:
     """Bytes of a block's partial output (float32) -> seconds of one merge into accumulators."""
-    from seqpar.algorithms.softmax_merge import merge_into
-
     out = {}
     for t in blocks:
         o, acc = torch.randn(1, t, HEADS, HEAD_DIM), torch.randn(1, t, HEADS, HEAD_DIM)
@@ -144,9 +145,6 @@ def fixed_costs(cluster: Cluster, tiny: dict[str, float]) -> Cluster:
     """`cluster` with its fixed host costs per call, ring step and collective: each tiny case's CPU
     per iteration less the model's prediction of it with the costs found before it, over its
     calls, steps or collectives."""
-    from seqpar.algorithms.base import AttnShape
-    from seqpar.planner.api import predict
-
     free = Link(bandwidth_gb_per_s=1e9, latency_us=0.0)
     shape = AttnShape(1, STEP_TOKENS, HEADS, HEADS, HEAD_DIM, 4)
     for name in TINY:

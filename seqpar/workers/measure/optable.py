@@ -30,7 +30,9 @@ import torch
 from seqpar import algorithms
 from seqpar.errors import SeqparError
 from seqpar.model import ModelConfig, Transformer
+from seqpar.platform.localgang import LocalGang
 from seqpar.rules import ops as rules_ops
+from seqpar.rules.memory import CHECKPOINT_MODES
 from seqpar.workers.measure.opcount import OpCounter
 
 N = 192          # tokens of an attention call: divides every layout's chunks at 1, 2, 3, 4 and 8 ranks
@@ -108,14 +110,13 @@ def attention_counts(gang, name: str, d: int, layout: str, mask: str, docs: int 
 def attention_laws(rows: dict[str, Any]) -> dict[str, Any]:
     """Per algorithm, layout, mask and documents: count(d) = a + b * (d - 1) through the sizes
     FIT_SIZES, and whether it gives every other measured size (d > 1) exactly."""
-    from seqpar.rules.ops import attention_key, law_key
-
     laws = {}
     for name in ALGORITHMS:
         for layout in LAYOUTS:
             for mask in MASKS:
                 for docs in DOCS if mask == "documents" else (1,):
-                    got = {d: rows.get(attention_key(name, d, layout, mask, docs)) for d in SIZES}
+                    got = {d: rows.get(rules_ops.attention_key(name, d, layout, mask, docs))
+                           for d in SIZES}
                     got = {d: r for d, r in got.items() if isinstance(r, dict)}
                     if not all(d in got for d in FIT_SIZES):
                         continue
@@ -131,7 +132,7 @@ def attention_laws(rows: dict[str, Any]) -> dict[str, Any]:
                             holds[str(d)] = all(
                                 math.isclose(law[ph][f][0] + law[ph][f][1] * (d - 1), r[ph][f])
                                 for ph in ("forward", "backward") for f in FIELDS)
-                    laws[law_key(name, layout, mask, docs)] = {"law": law, "law_holds": holds}
+                    laws[rules_ops.law_key(name, layout, mask, docs)] = {"law": law, "law_holds": holds}
     return laws
 
 
@@ -178,8 +179,6 @@ def _minus(a: dict, b: dict) -> dict:
 def measure_blocks() -> dict[str, Any]:
     """Per checkpoint mode: a layer outside its attention, and the attention calls its backward
     re-runs; per head: what a micro-batch adds outside its layers."""
-    from seqpar.rules.memory import CHECKPOINT_MODES
-
     tokens = torch.randint(0, CONFIG["vocab"], (1, SEQ + 1), generator=torch.Generator().manual_seed(0))
     blocks, micro = {}, {}
     for mode in CHECKPOINT_MODES:
@@ -347,7 +346,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {rules_ops.TABLE_PATH}")
     args = parser.parse_args(argv)
-    from seqpar.platform.localgang import LocalGang
 
     torch.set_num_threads(1)
     with LocalGang(8, sizes=(1, 2, 3, 4), device="cpu") as gang:
