@@ -22,7 +22,7 @@ from pydantic_core import PydanticCustomError
 
 from seqpar.algorithms.base import DTYPES
 from seqpar.algorithms.comm import LinkModel
-from seqpar.corpus.cache import lengths_file
+from seqpar.corpus.cache import lengths_file, open_corpus
 from seqpar.errors import ConfigError
 from seqpar.planner import clusters
 from seqpar.rules import lengths as length_rules
@@ -118,8 +118,6 @@ class CorpusSource(_Strict):
 
     @model_validator(mode="after")
     def _readable(self) -> CorpusSource:
-        from seqpar.corpus.cache import open_corpus
-
         try:
             open_corpus(self.ref, "workload.data.corpus", tokenizer_field="workload.data.tokenizer",
                         column_field="workload.data.column")
@@ -138,7 +136,8 @@ def _data_kind(value: Any) -> str:
 
 
 class Workload(_Strict):
-    seq_len: int = Field(gt=0, description="tokens in the whole sequence N")
+    seq_len: int = Field(gt=0, description="tokens in the whole sequence N (with lengths: "
+                                           "default the longest sequence they give)")
     batch: int = Field(1, gt=0)
     causal: bool = True
     dtype: str = Field("float32", description=" | ".join(DTYPES))
@@ -179,6 +178,20 @@ class Workload(_Strict):
         if value not in DTYPES:
             raise ValueError(f"must be one of {', '.join(DTYPES)}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _longest_as_seq_len(cls, data: Any) -> Any:
+        """With lengths and no seq_len, a step holds the longest sequence they give."""
+        if not (isinstance(data, dict) and data.get("seq_len") is None
+                and isinstance(data.get("lengths"), str)):
+            return data
+        try:
+            dist = length_rules.parse(data["lengths"], "workload.lengths", resolve_text,
+                                      corpus=lengths_file)
+        except ConfigError as err:
+            raise _rule(err.field, err.value, err.rule) from None
+        return {**data, "seq_len": dist.high}
 
     @model_validator(mode="after")
     def _mask_rules(self) -> Workload:

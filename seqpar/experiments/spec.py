@@ -43,6 +43,7 @@ from seqpar.experiments.sections import (  # noqa: F401  (re-exported: the spec'
     shipped_texts,
 )
 from seqpar.experiments.steps import dealt
+from seqpar.rules.model import ModelConfig
 from seqpar.rules.shape import SHAPE_PRESETS
 
 Scalar = bool | int | float | str | None
@@ -126,13 +127,32 @@ UNASSIGNED_GANG = "unassigned"
 
 
 class ExperimentSpec(_Strict):
-    model: ModelShape
+    model: ModelShape = Field(description="the attention shape; a training trial's is its "
+                                          "train.model's (the section may be left out)")
     plan: ParallelPlan
     workload: Workload
     env: Environment = Field(default_factory=Environment)
     train: TrainSpec | None = None
 
     _trial: Trial = PrivateAttr()  # made (and validated) once, by _rules
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape_of_train_model(cls, data: Any) -> Any:
+        """A training trial without a model section takes its model's attention shape (the
+        preset, YAML or config.json of train.model already says it)."""
+        if not (isinstance(data, dict) and data.get("model") is None
+                and isinstance(data.get("train"), dict)):
+            return data
+        name = data["train"].get("model", TrainSpec.model_fields["model"].default)
+        if not isinstance(name, str):
+            return data  # the train section's own validation names it
+        try:
+            cfg = ModelConfig.load(name)
+        except ConfigError as err:
+            raise _rule("train.model", err.value, err.rule) from None
+        return {**data, "model": {"heads": cfg.heads, "kv_heads": cfg.kv_heads,
+                                  "head_dim": cfg.head_dim}}
 
     @model_validator(mode="after")
     def _rules(self) -> ExperimentSpec:
@@ -310,7 +330,7 @@ def _train_trial(spec: ExperimentSpec) -> Trial:
         if (spec.model.heads, spec.model.hkv, spec.model.head_dim) != shape:
             raise ConfigError("model.shape", spec.model.preset or "custom",
                               f"a training trial's model section must be {t.model}'s attention "
-                              f"shape (heads, kv_heads, head_dim) = {shape}")
+                              f"shape (heads, kv_heads, head_dim) = {shape}, or left out")
         return spec._placed(case)
     except ConfigError as err:
         field = err.field.split("[")[0]
