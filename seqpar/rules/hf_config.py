@@ -218,6 +218,8 @@ def _attention(config: dict[str, Any], where: str, family: str,
         kinds = _default_kinds(config, family, layers, window)
     require(len(kinds) == layers, f"{where}: layer_types", len(kinds),
             f"must name one kind per layer (num_hidden_layers {layers})")
+    require("linear" not in kinds or family == "qwen3_next", f"{where}: layer_types",
+            "linear_attention", f"is not a layer kind of model_type {family}")
     if "sliding" in kinds:
         require(isinstance(window, int) and window > 0, f"{where}: sliding_window", window,
                 "must be a positive integer where a layer is sliding_attention")

@@ -107,8 +107,10 @@ def test_layer_types_of_the_wrong_length_and_an_unknown_kind_are_refused():
     data = _saved("Qwen3Config", num_hidden_layers=4)
     with pytest.raises(ConfigError, match="layer_types=3: must name one kind per layer"):
         from_hf({**data, "layer_types": ["full_attention"] * 3})
-    with pytest.raises(ConfigError, match="linear_attention"):
+    with pytest.raises(ConfigError, match="linear_attention'?: is not a layer kind of model_type"):
         from_hf({**data, "layer_types": ["linear_attention"] * 4})
+    with pytest.raises(ConfigError, match="mamba"):
+        from_hf({**data, "layer_types": ["mamba"] * 4})
 
 
 def test_a_preset_name_or_a_missing_file_is_told_apart(tmp_path):
