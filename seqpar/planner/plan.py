@@ -10,7 +10,7 @@ from typing import Any
 
 from seqpar.errors import ConfigError, require
 from seqpar.planner.api import Prediction, predict
-from seqpar.planner.clusters import Cluster
+from seqpar.planner.clusters import Cluster, Link
 from seqpar.planner.lengths_time import predict_case
 from seqpar.planner.policy import Filters
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
@@ -135,8 +135,6 @@ def emulated(spec: Any, cluster: Cluster) -> Cluster:
     links = spec.env.emulated_links(spec.workload.dtype)
     if not links:
         return cluster
-    from seqpar.planner.clusters import Link
-
     return cluster.model_copy(update={
         k: Link(bandwidth_gb_per_s=v.bandwidth_gb_per_s, latency_us=v.latency_us)
         for k, v in links.items()} | {"nics_per_node": cluster.gpus_per_node, "shared_links": False})
