@@ -23,6 +23,7 @@ from seqpar.rules.model import ModelConfig, ffn_shapes
 
 D, F, E = 16, 24, 8
 FAMILIES = ("mixtral", "qwen3_moe", "qwen3_moe_unnormed", "gpt_oss")
+EAGER = {"experts_implementation": "eager"}  # the experts' loop as written in the modeling files
 
 
 def _cfg(family: str, k: int = 2, **extra) -> ModelConfig:
@@ -38,14 +39,15 @@ def _reference(family: str, k: int) -> torch.nn.Module:
     """transformers' block, its parameters drawn at random (they are created empty)."""
     if family == "gpt_oss":
         block = GptOssMLP(GptOssConfig(hidden_size=D, intermediate_size=F, num_local_experts=E,
-                                       num_experts_per_tok=k, swiglu_limit=7.0))
+                                       num_experts_per_tok=k, swiglu_limit=7.0, **EAGER))
     elif family == "mixtral":
         block = MixtralSparseMoeBlock(MixtralConfig(hidden_size=D, intermediate_size=F,
-                                                    num_local_experts=E, num_experts_per_tok=k))
+                                                    num_local_experts=E, num_experts_per_tok=k,
+                                                    **EAGER))
     else:
         block = Qwen3MoeSparseMoeBlock(Qwen3MoeConfig(
             hidden_size=D, moe_intermediate_size=F, num_experts=E, num_experts_per_tok=k,
-            norm_topk_prob=family == "qwen3_moe"))
+            norm_topk_prob=family == "qwen3_moe", **EAGER))
     block = block.double()
     with torch.no_grad():
         for p in block.parameters():
@@ -108,8 +110,9 @@ def test_moe_block_matches_transformers(family, b, s, k, seed):
     ref = block(xr)
     ref = ref[0] if isinstance(ref, tuple) else ref
     (ref * g).sum().backward()
-    # gpt-oss's router stays in float64; Mixtral's and Qwen3's round to float32 (docstring)
-    tol = 1e-10 if family == "gpt_oss" else 1e-6
+    # gpt-oss's router stays in float64; Mixtral's and Qwen3's round to float32 (docstring): up
+    # to 1.1e-6 relative over 60 draws, a router left unnormalised shows at 1e-1
+    tol = 1e-10 if family == "gpt_oss" else 1e-5
     assert _rel(out, ref) < tol
     assert _rel(x_grad, xr.grad) < tol
     want = _ours(family, {n: v.grad for n, v in block.named_parameters()})
