@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -49,6 +50,20 @@ def store_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def mlflow_command() -> str:
+    """The `mlflow` beside the Python running seqpar, as a user types it from here: `.venv/bin/
+    mlflow` in the checkout (what the README types), the full path elsewhere; `mlflow` when
+    there is none (then it is on the PATH, or not installed with seqpar)."""
+    exe = Path(sys.executable).parent / "mlflow"
+    if not exe.is_file():
+        return "mlflow"
+    try:
+        here = exe.relative_to(Path.cwd())
+    except ValueError:
+        return str(exe)
+    return str(here) if here.parent != Path(".") else f"./{here}"  # a path, not a PATH lookup
 
 
 def compare_url(ui: str, run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from seqpar.platform.run_entities import (
     forget_artifact_repo,
     log_batches,
 )
-from seqpar.platform.store import SCHEME_RULE, UI_ADDRESS, resolve_uri, store_lock
+from seqpar.platform.store import SCHEME_RULE, UI_ADDRESS, mlflow_command, resolve_uri, store_lock
 
 PARENT_TAG = "mlflow.parentRunId"  # how older stores linked a trial to its sweep
 SWEEP_TAG = "seqpar.sweep_id"       # how a trial names its sweep's parent run
@@ -54,6 +55,7 @@ HASH_TAG = "seqpar.spec_hash"
 KIND_TAG = "seqpar.kind"  # "sweep" | "trial"
 LINK_TAG = "seqpar.trials_by"  # on a sweep whose trials all carry SWEEP_TAG (no older nesting)
 PAGE = 5000  # runs a search reads a page (MLflow's SQL store allows up to 50,000)
+PROGRESS_BARS = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"  # MLflow's tqdm bars on every transfer
 
 
 @dataclass
@@ -68,6 +70,19 @@ class RunRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     experiment_id: str = ""  # MLflow's experiment id (the run's experiment)
+
+
+@contextlib.contextmanager
+def _env_default(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` for the block, where the user has not set it."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def _record(run: Any) -> RunRecord:
@@ -121,7 +136,7 @@ class Tracker(Artifacts):
         """How to serve this store's UI (None: a server already does)."""
         if self.uri.startswith(("http://", "https://")):
             return None
-        return f"mlflow ui --backend-store-uri {self.uri} --workers 1"
+        return f"{mlflow_command()} ui --backend-store-uri {self.uri} --workers 1"
 
     @property
     def local_artifact_root(self) -> Path | None:
@@ -286,11 +301,14 @@ class Tracker(Artifacts):
         return [a.path for a in self.client.list_artifacts(run_id, path)]
 
     def download(self, run_id: str, path: str, dst: str | Path) -> Path:
-        """One artifact of a run, copied under `dst`; returns the local path."""
+        """One artifact of a run, copied under `dst`; returns the local path. Without MLflow's
+        progress bars (a report reads a dozen small files: three bars each on the terminal),
+        unless MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR asks for them."""
         from mlflow.artifacts import download_artifacts
 
-        return Path(download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(dst),
-                                       tracking_uri=self.uri))
+        with _env_default(PROGRESS_BARS, "false"):
+            return Path(download_artifacts(run_id=run_id, artifact_path=path, dst_path=str(dst),
+                                           tracking_uri=self.uri))
 
     def metric_history(self, run_id: str, key: str) -> list[float]:
         return [m.value for m in sorted(self.client.get_metric_history(run_id, key),

@@ -6,9 +6,12 @@ legend, and the link to MLflow's compare-runs view of the sweep's trials."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import sys
 import urllib.parse
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -110,6 +113,10 @@ def test_compare_links_to_mlflows_compare_runs_view_of_the_trials(monkeypatch, s
     link = re.search(r"compare in MLflow: (\S+)", out).group(1)
     base, fragment = link.split("/#/compare-runs?")
     assert base == "http://127.0.0.1:5000" and f"mlflow ui --backend-store-uri {uri}" in out
+    # the mlflow installed beside seqpar, as the README types it (.venv/bin/mlflow in a checkout)
+    beside = Path(sys.executable).parent / "mlflow"
+    here = os.path.relpath(beside) if beside.is_relative_to(Path.cwd()) else str(beside)
+    assert f"(serve it first: {here} ui --backend-store-uri {uri} --workers 1)" in out, out
     query = dict(p.split("=", 1) for p in fragment.split("&"))
     runs = tracker.trials(sweep_id)
     assert sorted(json.loads(urllib.parse.unquote(query["runs"]))) == sorted(
