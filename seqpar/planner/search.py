@@ -31,6 +31,7 @@ from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.step import Setup, Step, step
 from seqpar.planner.why import why_slower  # noqa: F401  (cli/plan.py's)
 from seqpar.rules import algorithms, masks
+from seqpar.rules.flops import block_params
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.memory import OFFLOADS
@@ -173,7 +174,7 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
         causal, m = m.relation.causal, None
     setup = Setup(c, cfg, seq_len, tokens_per_step, world, nodes, dtype, batch, kernel, source,
                   m.causal if m is not None else causal, m)
-    _ = setup.sliding_mask  # a mask with no window form for the sliding layers: one line, now
+    _ = setup.sliding_mask, block_params(cfg)  # what the step cannot price: one line, now
     return setup
 
 

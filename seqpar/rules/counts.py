@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from seqpar.errors import ConfigError, require
 from seqpar.rules.model import ModelConfig, layer_shapes, numel
 
 
@@ -58,9 +59,16 @@ class Gemm:
         return self.active * self.rows * self.cols
 
 
+KINDS = ("full", "sliding")  # the attention kinds the planner prices
+
+
 @lru_cache(maxsize=256)
 def layer_classes(cfg: ModelConfig) -> tuple[LayerClass, ...]:
-    """The model's layers grouped by (kind, moe), in the order of each group's first layer."""
+    """The model's layers grouped by (kind, moe), in the order of each group's first layer (a
+    kind the planner does not price: one line naming it)."""
+    odd = [k for k in cfg.layer_types if k not in KINDS]
+    require(not odd, "model.layer_types", odd[0] if odd else None,
+            f"is a layer kind the planner does not price yet (it prices {', '.join(KINDS)})")
     groups: dict[tuple[str, bool], list[int]] = {}
     for i, kind in enumerate(cfg.layer_types):
         groups.setdefault((kind, cfg.is_moe(i)), []).append(i)
@@ -71,16 +79,23 @@ ATTENTION = ("wq", "wk", "wv", "wo")
 DENSE_FFN = ("w1", "w3", "w2")
 SHARED_FFN = ("shared_w1", "shared_w3", "shared_w2")
 EXPERTS = ("experts_w1", "experts_w3", "experts_w2")
+# a layer's weights that are no matrix product: norms, biases, attention sinks
+NOT_GEMMS = ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm",
+             "bq", "bk", "bv", "bo", "b1", "b3", "b2", "sinks", "router_bias", "experts_b1",
+             "experts_b3", "experts_b2")
 
 
 @lru_cache(maxsize=1024)
 def gemms(cfg: ModelConfig, layer: int) -> tuple[Gemm, ...]:
     """The matrix products of layer `layer`, in creation order: q, k, v, o; then the dense
     feed-forward, or the router, the routed experts (each run by k/E of the tokens) and the
-    shared experts. Biases, norms and sinks are not matrix products."""
+    shared experts. Biases, norms and sinks are not matrix products; any other weight (multi-head
+    latent attention's, a gate's) is refused by name: the planner does not price it yet."""
     shapes = layer_shapes(cfg, layer)
     out = []
     for name, shape in shapes.items():
+        if name in NOT_GEMMS:
+            continue
         if name in ATTENTION:
             out.append(Gemm(name, *shape))
         elif name in DENSE_FFN or name in SHARED_FFN or name == "router":
@@ -88,6 +103,9 @@ def gemms(cfg: ModelConfig, layer: int) -> tuple[Gemm, ...]:
         elif name in EXPERTS:
             e, rows, cols = shape
             out.append(Gemm(name, rows, cols, e, cfg.experts_per_tok, mlp=True))
+        else:
+            raise ConfigError(f"model: blocks.{layer}.{name}", list(shape),
+                              "is a weight the planner does not price yet")
     return tuple(out)
 
 

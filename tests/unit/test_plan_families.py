@@ -25,7 +25,8 @@ from dataclasses import replace
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.planner import clusters
+from seqpar.planner import clusters, host
+from seqpar.planner.api import predict
 from seqpar.planner.memory import gathered_bytes
 from seqpar.planner.policy import Policy
 from seqpar.planner.search import make_setup
@@ -104,7 +105,12 @@ def test_a_sliding_layer_is_priced_as_its_window_at_long_sequences():
     by_kind = mixed.attention_kinds
     assert set(by_kind) == {"full", "sliding"} and set(full.attention_kinds) == {"full"}
     assert by_kind["full"] == pytest.approx(full.attention_kinds["full"], rel=1e-12)
-    assert by_kind["sliding"] < by_kind["full"] / 10  # a 128-token band, not N²/2 pairs
+    # the attention scope's prediction of the same configuration under the window's mask
+    window = predict(host.bare(setup.cluster), "ring", setup.shape, world,
+                     nodes=setup.sp_nodes(world), layout="zigzag",
+                     mask=masks.sliding_window(n, cfg.window))
+    assert by_kind["sliding"] == pytest.approx(window.attention_ms, rel=1e-12)
+    assert by_kind["sliding"] < by_kind["full"] / 4  # a 128-token band, not N²/2 pairs
     # the step's attention: half the layers a window's; the rest of the step alike
     half = cfg.layers // 2
     assert mixed.parts["attention"] + mixed.parts["attention_comm"] == pytest.approx(
