@@ -135,3 +135,65 @@ def test_each_floor_imports_only_what_it_may(layer):
                     if _layer(mod) == layer for name in names
                     if _layer(name) in FORBIDDEN[layer])
     assert broken == []
+
+
+# The house's size limits (issue 44): a file a newcomer can read in one sitting, and imports at the
+# top of a file unless a heavy dependency must wait (each one inside a function is counted).
+MAX_LINES = 400
+MAX_LOCAL_IMPORTS = 20
+
+
+def test_no_module_is_over_the_line_limit():
+    long = sorted(f"{path.relative_to(ROOT.parent)}: {n} lines" for path in ROOT.rglob("*.py")
+                  if (n := len(path.read_text().splitlines())) > MAX_LINES)
+    assert long == []
+
+
+def local_imports(root: pathlib.Path = ROOT) -> list[str]:
+    """Where seqpar's own modules are imported inside a function (`path:line`), by the rule of the
+    house's counter (shared/tools/local_imports.py): every import statement inside each function,
+    relative ones included, counted once per enclosing function (a nested function's imports are
+    its outer function's too); TYPE_CHECKING blocks sit at a module's top and are not counted."""
+    pkg = root.name
+    where = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    mod = node.module or ""
+                    own = node.level > 0 or mod == pkg or mod.startswith(pkg + ".")
+                elif isinstance(node, ast.Import):
+                    own = any(a.name == pkg or a.name.startswith(pkg + ".") for a in node.names)
+                else:
+                    continue
+                if own:
+                    where.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return where
+
+
+def test_seqpars_own_modules_are_imported_at_the_top_but_a_few():
+    where = local_imports()
+    assert len(where) <= MAX_LOCAL_IMPORTS, "\n".join(where)
+
+
+def test_the_local_import_counter_counts_by_the_houses_rule(tmp_path):
+    pkg = tmp_path / "seqpar"
+    pkg.mkdir()
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import seqpar.b\n"                       # top of the file: not counted
+        "if TYPE_CHECKING:\n    from seqpar import c\n"
+        "def f():\n"
+        "    import json\n"                       # not seqpar's: not counted
+        "    from seqpar import b\n"              # counted
+        "    from . import c\n"                   # relative: counted
+        "    def g():\n"
+        "        import seqpar.b\n"               # counted for g and for f
+        "class K:\n"
+        "    async def h(self):\n"
+        "        from seqpar.b import x\n")       # counted
+    assert local_imports(pkg) == ["seqpar/a.py:7", "seqpar/a.py:8", "seqpar/a.py:10",
+                                  "seqpar/a.py:10", "seqpar/a.py:13"]
