@@ -60,6 +60,13 @@ def check(
     tokens_per_step: Annotated[int | None, typer.Option(
         "--tokens-per-step", help="With --lengths: a step's tokens (default 4 x the pool's "
         "capacity).")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="A model to check instead of the attention alone: a config.json, a YAML "
+        "of ModelConfig's fields or a preset name, shrunk to its family's tiny model (every field "
+        "that changes a layer kept; docs/training.md), trained by every algorithm in every layout "
+        "(a fixed-length step, and steps of lengths under the static and the dynamic policy) "
+        "against the one-process model in float64. --world, --algorithms, --layouts, --device and "
+        "--seed apply.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON rows.")] = False,
 ) -> None:
     """Check every algorithm against the single-process float64 reference (exits 1 on a mismatch)."""
@@ -74,6 +81,13 @@ def check(
     chosen_layouts = _split(layouts_, "layouts", LAYOUTS)
     if bench:
         _print_bench(checking.bench(names, device, say=console.print))
+        return
+    if model is not None:
+        from seqpar.cli import check_model  # torch: not for --help
+
+        results, skipped = check_model.check_model(model, names, chosen_layouts, world, device,
+                                                   seed, as_json)
+        _count(results, skipped, "case", as_json, check_model.HOW)
         return
     if lengths is not None:
         _check_lengths(checking, names, world, lengths, capacity, tokens_per_step, seq_len, heads,
@@ -98,7 +112,7 @@ def check(
                    "bwd bytes", "ms", "status"], rows, as_json=as_json)
     _count(results, len(skipped), "case", as_json,
            "output and gradients against float64 attention, bytes against the analytic count; "
-           "ms: one forward and backward, after an untimed warm-up (time them: --bench)")
+           "ms: one forward and backward after an untimed warm-up; --bench times them")
 
 
 def _count(results: list, skipped: int, what: str, as_json: bool, how: str) -> None:

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from seqpar.case import Case
+from seqpar.case import Case, TrainCase
 from seqpar.errors import ConfigError, SeqparError
 from seqpar.platform import localgang
+from seqpar.workers import step_check
 from seqpar.workers.measure import check as checker
-from seqpar.workers.measure import gang_measure
+from seqpar.workers.measure import check_model, gang_measure
 from seqpar.workers.step_check import check_steps  # noqa: F401  (check --lengths)
 
 Say = Callable[[str], None]  # where progress goes (the CLI: stderr, so stdout is the table)
@@ -86,6 +87,21 @@ def check_cases(cases: Sequence[Case], world: int, device: str | None,
                 warm.add(key)
             results.append(checker.evaluate(case, checker.run_case(gang, case)))
         return results
+
+
+def check_models(fixed: Sequence[check_model.ModelCase], steps: Sequence[TrainCase], world: int,
+                 device: str | None, say: Say = lambda line: None) -> list[check_model.ModelCheck]:
+    """`check --model`: the model's fixed-length cases (a gang call for each algorithm's) and its
+    steps of lengths (TrainCases) on a local gang of `world` ranks, against the one-process model."""
+    say(f"starting {world} local ranks ...")
+    with localgang.LocalGang(world, sizes={c.world for c in fixed}, device=device) as gang:
+        say(f"ranks ready on {gang.device}; running {len(fixed)} cases and {len(steps)} steps")
+        by_mesh: dict[tuple, list[check_model.ModelCase]] = {}
+        for case in fixed:
+            by_mesh.setdefault((case.mesh_key(), case.world), []).append(case)
+        out = [got for cases in by_mesh.values() for got in check_model.run_cases(gang, cases)]
+        return out + [check_model.evaluate_step(c, gang.run(check_model.rank_step, c),
+                                                step_check.reference(c)) for c in steps]
 
 
 def median_ms(gang: localgang.LocalGang, case: Case, size: int, threads: int | None = None

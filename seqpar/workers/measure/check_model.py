@@ -274,7 +274,7 @@ TINY_HEAD_DIM = 8
 TINY_VOCAB = 61
 TINY_FFN = 32
 TINY_WINDOW = 5          # a window shorter than a shard at P = 2..4 of 24 tokens: transfers skip
-TINY_EXPERTS = 4
+TINY_EXPERTS = 8
 
 
 def tiny_of(cfg: ModelConfig, world: int = 4) -> ModelConfig:
@@ -282,7 +282,8 @@ def tiny_of(cfg: ModelConfig, world: int = 4) -> ModelConfig:
     what a layer computes kept (biases, norms, QK-norm, RoPE scaling, sinks, activation, tied
     embeddings, MoE routing), the dimensions cut (12 heads, or 2P where P does not divide 12; the
     MHA/GQA kind kept; head_dim 8, free of hidden/heads where the family's is), one period of the
-    layer pattern (kinds, no-RoPE and MoE layers) kept, a window of 5."""
+    layer pattern (kinds, no-RoPE and MoE layers) kept, a window of 5, at most 8 experts (top-k
+    at most half of them where the family chooses among its experts)."""
     heads = TINY_HEADS if TINY_HEADS % world == 0 else 2 * world
     ratio = cfg.heads // cfg.kv_heads
     group = max((g for g in range(1, min(ratio, heads) + 1) if heads % g == 0), default=1)
@@ -292,8 +293,10 @@ def tiny_of(cfg: ModelConfig, world: int = 4) -> ModelConfig:
     layers = _period(cfg)
     experts = min(cfg.experts, TINY_EXPERTS)
     moe = {}
-    if cfg.experts:
-        moe = dict(experts=experts, experts_per_tok=min(cfg.experts_per_tok, experts),
+    if cfg.experts:  # top-k of fewer experts: still a choice where the family makes one
+        top = cfg.experts_per_tok if cfg.experts_per_tok < experts else max(1, experts // 2)
+        moe = dict(experts=experts, experts_per_tok=top if cfg.experts_per_tok < cfg.experts
+                   else experts,
                    moe_ffn=TINY_FFN // 2, shared_ffn=TINY_FFN // 2 if cfg.shared_ffn else 0,
                    moe_layers=tuple(i for i in range(layers) if cfg.is_moe(i)))
     return dataclasses.replace(
