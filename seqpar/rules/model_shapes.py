@@ -9,12 +9,10 @@ in the order they are created (and drawn from the seed). Pure Python.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from seqpar.rules.model import ModelConfig
+from typing import Any
 
 Shapes = dict[str, tuple[int, ...]]
+ModelConfig = Any  # rules.model.ModelConfig, which imports this module (no import back: no cycle)
 
 
 def numel(shape: tuple[int, ...]) -> int:
