@@ -30,14 +30,15 @@ constraints:
 	touch $(STAMP)
 
 # The quickstart sweep (ring vs ulysses vs allgather vs local, ~1-2 min on 2 cores) into the default
-# MLflow store ./mlflow.db (artifacts in ./mlartifacts), then the comparison read back from it.
+# MLflow store ./mlflow.db (artifacts in ./mlartifacts): it prints its table, the MLflow link and
+# how to serve the UI once; the lines after say where to go next.
 demo: $(STAMP)
 	$(BIN)/seqpar sweep examples/quickstart.yaml
-	$(BIN)/seqpar compare
-	@echo "Every run, its params, metrics, per-rank JSON and plots:"
-	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --workers 1"
-	@echo "  then open http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning  (Model training view)"
-	@echo "  and $(BIN)/seqpar report   -> report.html (tables, plots, environment in one page)"
+	@echo "Next:"
+	@echo "  every run, its params, metrics, per-rank JSON and plots: serve MLflow as above, then open"
+	@echo "    http://127.0.0.1:5000/#/experiments/1?workflowType=machine_learning  (Model training view)"
+	@echo "  $(BIN)/seqpar compare --baseline local   each trial's step time over local's, 95% intervals"
+	@echo "  $(BIN)/seqpar report                     report.html: tables, plots, environment in one page"
 
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks

@@ -79,7 +79,7 @@ def test_check_ends_with_its_count_and_times_no_warm_up(session_gang, monkeypatc
     cases = 3 * 2 * 2  # causal and full, MHA and GQA
     assert out.strip().splitlines()[-1].startswith(
         f"{cases} of {cases} cases exact (output and gradients against float64"), out
-    assert "ms: one forward and backward, after an untimed warm-up" in out
+    assert "ms: one forward and backward after an untimed warm-up" in out
     assert len(timed) == cases and len(calls) == cases + 3  # a warm-up an algorithm
     for i in timed:  # every timed call: its algorithm already ran on its mesh
         assert calls[i] in calls[:i], (i, calls)
