@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar
 
+from seqpar.errors import require
 from seqpar.planner import host, memory
 from seqpar.planner.api import attention_peak
 from seqpar.planner.clusters import Cluster
@@ -21,6 +22,7 @@ from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.step import Setup, layer_seconds
 from seqpar.rules.cost_model import CostModel
 from seqpar.rules.deal import deal
+from seqpar.rules.flops import block_params
 from seqpar.rules.memory import TrainPolicy
 from seqpar.rules.micro_batches import in_rounds
 from seqpar.rules.model import ModelConfig, load
@@ -50,6 +52,13 @@ class LengthCosts:
              world: int, nodes: int = 1, *, dtype: str = "bfloat16",
              kernel: str = DEFAULT_KERNEL) -> _C:
         cfg = model if isinstance(model, ModelConfig) else load(model)
+        # one attention kind prices every layer here: a model's own windows are planned at one
+        # length (`search`), not yet under --lengths
+        require("sliding" not in cfg.layer_types or cfg.window >= work.longest, "lengths",
+                work.spec, f"a plan of lengths prices every layer's attention alike: the model's "
+                f"sliding-window layers (window {cfg.window}) are planned at one length "
+                "(without --lengths)")
+        block_params(cfg)  # a layer kind or weight the planner does not price: one line
         c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
         return cls(c, cfg, work, world, nodes, dtype, kernel, source)
 

@@ -27,6 +27,8 @@ import pytest
 from seqpar.errors import ConfigError
 from seqpar.planner import clusters, host
 from seqpar.planner.api import predict
+from seqpar.planner.lengths import Workload
+from seqpar.planner.lengths_plan import LengthPlan
 from seqpar.planner.memory import gathered_bytes
 from seqpar.planner.policy import Policy
 from seqpar.planner.search import make_setup
@@ -205,3 +207,11 @@ def test_experts_too_large_to_gather_say_expert_parallelism_in_one_line():
     assert "\n" not in str(err.value)
     # gpt-oss-120b's experts gather on 64 H100s (3.2B a block): it is planned
     assert make_setup(H100, published("gpt-oss-120b"), 131072, None, 64, 8).cfg.experts == 128
+
+
+def test_a_plan_of_lengths_refuses_the_model_s_windows_in_one_line():
+    work = Workload.of("lognormal:mean=1024,sigma=1.5,min=128,max=8192", tokens=2 ** 16,
+                       longest=8192, capacity=2048)
+    with pytest.raises(ConfigError, match="sliding-window layers \\(window 1024\\) are planned at one"):
+        LengthPlan.make(H100, published("gemma-3-27b"), work, 8, 1)
+    assert LengthPlan.make(H100, published("mixtral-8x7b"), work, 8, 1).cfg.experts == 8
