@@ -42,12 +42,6 @@ class RouterStats:
     prob_sum: Tensor  # (E,) router probabilities summed over tokens (grad only with aux_loss_coef)
     tokens: Tensor    # () int64: the tokens counted
 
-    @property
-    def imbalance(self) -> float:
-        """The busiest expert's load over the mean load (1.0: perfectly even)."""
-        counts = self.counts.double()
-        return float(counts.max() / counts.mean().clamp(min=1e-30))
-
 
 def router_dtype(dtype: torch.dtype) -> torch.dtype:
     """The router's softmax runs in float32 at least (as transformers' does), in float64 for

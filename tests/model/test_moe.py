@@ -10,13 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import GptOssConfig, MixtralConfig, Qwen3MoeConfig
-from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-from transformers.models.mixtral.modeling_mixtral import (
-    MixtralSparseMoeBlock,
-    load_balancing_loss_func,
-)
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from seqpar.model.moe import aux_loss, moe_ffn, route
 from seqpar.rules.model import ModelConfig, ffn_shapes
@@ -37,6 +30,12 @@ def _cfg(family: str, k: int = 2, **extra) -> ModelConfig:
 
 def _reference(family: str, k: int) -> torch.nn.Module:
     """transformers' block, its parameters drawn at random (they are created empty)."""
+    # transformers imported here: the ranks that unpickle _split_aux need none of its 5 s import
+    from transformers import GptOssConfig, MixtralConfig, Qwen3MoeConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
     if family == "gpt_oss":
         block = GptOssMLP(GptOssConfig(hidden_size=D, intermediate_size=F, num_local_experts=E,
                                        num_experts_per_tok=k, swiglu_limit=7.0, **EAGER))
@@ -145,6 +144,8 @@ def test_moe_experts_match_transformers_exactly_given_the_routing(family, seed):
 @pytest.mark.parametrize("family", ("mixtral", "gpt_oss"))
 @pytest.mark.parametrize("masked", (False, True))
 def test_aux_loss_matches_load_balancing_loss_func(family, masked, seed):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
     torch.manual_seed(seed)
     cfg = _cfg(family, aux_loss_coef=0.01)
     b, s = 2, 11
@@ -232,7 +233,8 @@ def test_aux_loss_over_a_sequence_split_on_two_ranks_is_the_whole_sequences(gang
     cfg = _cfg("mixtral", aux_loss_coef=0.01)
     b, s = 2, 9
     cut = int(torch.randint(1, s, ()))  # uneven halves
-    layers = [_params("mixtral", _reference("mixtral", 2)) for _ in range(2)]
+    layers = [{n: (torch.randn(*shape, dtype=torch.float64) * 0.5).requires_grad_()
+               for n, shape in ffn_shapes(cfg, True).items()} for _ in range(2)]
     xs = [torch.randn(b, s, D, dtype=torch.float64) for _ in layers]
     mask = torch.ones(b, s, dtype=torch.long)
     mask[:, -2:] = 0  # padding at the sequence's end, on the second rank
