@@ -21,6 +21,7 @@ from seqpar.planner.policy import Policy, split_checkpoint
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.step import Setup, layer_seconds
 from seqpar.rules.cost_model import CostModel
+from seqpar.rules.counts import model_params
 from seqpar.rules.deal import deal
 from seqpar.rules.flops import block_params
 from seqpar.rules.memory import TrainPolicy
@@ -61,6 +62,11 @@ class LengthCosts:
         block_params(cfg)  # a layer kind or weight the planner does not price: one line
         c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
         return cls(c, cfg, work, world, nodes, dtype, kernel, source)
+
+    @property
+    def model_params(self) -> dict[str, int]:
+        """{"total", "active"} parameters of the model planned (`--json`'s `model_params`)."""
+        return model_params(self.cfg)
 
     @property
     def per_node(self) -> int:

@@ -18,6 +18,7 @@ from seqpar.planner.search import Result, check_counts, make_setup, search
 from seqpar.planner.setup import shape_of
 from seqpar.planner.trial import predict_trial
 from seqpar.rules import algorithms, masks
+from seqpar.rules.counts import model_params
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.model import load, presets
 from seqpar.rules.pool import AUTO
@@ -41,6 +42,13 @@ def model_shape(model: str, seq_len: int, dtype: str = "bfloat16") -> tuple[Attn
                 "fields or a Hugging Face config.json")
     cfg = load(model)
     return shape_of(cfg, seq_len, elem_bytes=elem), cfg
+
+
+def model_params_of(model: str) -> dict[str, int] | None:
+    """`--json`'s `model_params` of a model (`rules.counts.model_params`: {"total", "active"});
+    None for an attention-shape preset, which names no decoder."""
+    cfg = model_shape(model, 1)[1]
+    return None if cfg is None else model_params(cfg)
 
 
 def model_search(cluster: Cluster, model: str, seq_len: int, world: int, space: Space, *,

@@ -25,13 +25,13 @@ from dataclasses import replace
 import pytest
 
 from seqpar.errors import ConfigError
-from seqpar.planner import clusters, host
+from seqpar.planner import clusters, host, plan
 from seqpar.planner.api import predict
 from seqpar.planner.lengths import Workload
 from seqpar.planner.lengths_plan import LengthPlan
 from seqpar.planner.memory import gathered_bytes
 from seqpar.planner.policy import Policy
-from seqpar.planner.search import make_setup
+from seqpar.planner.search import Result, make_setup
 from seqpar.planner.step import step
 from seqpar.rules import flops, masks
 from seqpar.rules.counts import largest_layer_numel, layer_classes, model_params
@@ -89,7 +89,12 @@ def test_model_params_against_the_published_totals(name, total, active):
 def test_the_plan_carries_model_params():
     cfg = published(RNG.choice(["mixtral-8x7b", "qwen3-30b-a3b", "qwen3-8b"]))
     setup = make_setup(H100, cfg, 8192, None, 8, 1)
-    assert setup.model_params == {"total": cfg.params(), "active": cfg.active_params()}
+    want = {"total": cfg.params(), "active": cfg.active_params()}
+    assert setup.model_params == Result(setup, [], []).model_params == want  # --scope model|cluster
+    assert plan.model_params_of("mixtral-8x7b") == model_params(load("mixtral-8x7b"))  # attention
+    assert plan.model_params_of("tiny-gqa") is None  # an attention shape names no decoder
+    work = Workload.of("fixed:4096", tokens=2 ** 15, longest=4096, capacity=4096)
+    assert LengthPlan.make(H100, cfg, work, 8, 1).model_params == want  # --lengths
 
 
 def _step(cfg: ModelConfig, n: int, world: int, name: str = "ring", layout: str = "zigzag",
