@@ -35,6 +35,7 @@ from seqpar.experiments.train_studies import (
     _e2e_scaling,
     _e2e_throughput,
     _lm_head,
+    _model_families,
     _sp_policies,
     _text,
 )
@@ -313,6 +314,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
           "packs) vs dynamic SP (each sequence on the smallest group that holds it; states "
           "replicated or dist-opt), every algorithm: TGS, imbalance, idle time", "tgs",
           _sp_policies),
+    Study("model-families", "the families' decoders (dense, QK-norm, a window pattern, sinks, "
+          "MoE) trained alike: TGS, memory and the loss falling on real text", "tgs",
+          _model_families),
     Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "
           "FLOPs) per algorithm and layout, beside equal work", "tokens_per_s", _varlen),
     Study("sliding-window", "window W from N/32 to N/2 against full causal: time, FLOPs and bytes "

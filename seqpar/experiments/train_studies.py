@@ -1,6 +1,7 @@
 """The model training studies' sweeps (registry.STUDIES names them): throughput, checkpointing, the
-LM head, DP x SP scaling and real text. On GPUs a training point uses what a real run would: bf16
-compute, fp32 master weights, states sharded by FSDP over the DP x SP world, the fused head."""
+LM head, DP x SP scaling, real text, SP policies and the model families. On GPUs a training point
+uses what a real run would: bf16 compute, fp32 master weights, states sharded by FSDP over the
+DP x SP world, the fused head."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from seqpar.experiments.sweep_bases import CPU_PLANS, Sweep, _base, gpu_plans
 from seqpar.model.config import MODELS
+from seqpar.rules.model import ModelConfig
 
 
 def _train_base(preset: str, model: str | None = None, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -133,3 +135,40 @@ def _sp_policies(preset: str) -> Sweep:
                   "train.checkpoint": "full"},
                  {**POLICY_AXIS[2], "train.dp": 1, "train.states": "dist-opt",  # Megatron's
                   "train.checkpoint": "full"}]})
+
+
+# the families' decoders: dense (LLaMA), QK-norm and a free head_dim (Qwen3), a window pattern
+# (Gemma 3: five sliding layers to one full, its own RoPE base, sandwich norms, GeGLU, tied),
+# sinks (gpt-oss: with its alternating 128-token windows, YaRN, biases and experts) and MoE
+# (Qwen3-MoE: 8 experts, top-2); on the cpu preset their tiny versions (models/tiny-*.json)
+CPU_FAMILIES = ("tiny", "tiny-qwen3", "tiny-gemma3", "tiny-gpt-oss", "tiny-qwen3-moe")
+GPU_FAMILIES = ("llama3.1-8b", "qwen3-8b", "gemma-3-27b", "gpt-oss-20b", "qwen3-30b-a3b")
+
+
+def family_axis(names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """A grid axis over models: each its `train.model` and the attention shape it has (a name
+    that is not a preset stays a point its spec refuses, with the reason)."""
+    out: list[dict[str, Any]] = []
+    for name in names:
+        point: dict[str, Any] = {"train.model": name}
+        if name in MODELS:
+            cfg: ModelConfig = MODELS[name]
+            point.update({"model.heads": cfg.heads, "model.kv_heads": cfg.kv_heads,
+                          "model.head_dim": cfg.head_dim})
+        out.append(point)
+    return out
+
+
+def _model_families(preset: str) -> Sweep:
+    """Each family's decoder trained with ring and Ulysses: tokens/s, TGS, memory and the loss
+    falling on real text (every step's loss logged: MLflow draws the curves side by side). The
+    cpu preset runs P = 2, 512 tokens of the shipped text a step, 20 timed steps."""
+    if preset == "cpu":
+        data = {"data": {"text": "shipped:sequence-parallelism"}}
+        return (_train_base(preset, plan={"world": 2},
+                            workload={"seq_len": 512, "warmup": 1, "iters": 20, **data},
+                            train={"lr": 3e-3}),
+                {"family": family_axis(CPU_FAMILIES), "plan.algorithm": ["ring", "ulysses"]})
+    return (_train_base(preset, model=GPU_FAMILIES[0], plan={"world": 16, "nodes": 2},
+                        workload={"seq_len": 131072}, train={"checkpoint": "sc++"}),
+            {"family": family_axis(GPU_FAMILIES), "plan": gpu_plans(16)})
