@@ -51,11 +51,13 @@ def start(plan: SweepPlan, tracker: Tracker, resume: str | None
         tags = {"seqpar.sweep": plan.name, "seqpar.study": plan.study or "",
                 "seqpar.headline": plan.headline}
         started = int(time.time() * 1e3)
-        sweep_id = tracker.start_sweep(plan.experiment, plan.name, _sweep_params(plan), tags)
+        params = _sweep_params(plan)
+        sweep_id = tracker.start_sweep(plan.experiment, plan.name, params, tags)
         tracker.log_dict(sweep_id, _plan_record(plan), "plan.json")
         _log_sweep_file(tracker, sweep_id, plan)
         return SweepView(sweep_id, plan.name, plan.experiment, started,
-                         {**environment_tags(), **tags}, tracker.uri), []
+                         {**environment_tags(), **tags}, tracker.uri,
+                         {k: str(v) for k, v in params.items()}), []  # as the store keeps them
     sweep = _resumed(plan, tracker, resume)
     earlier = tracker.trials(resume)
     tracker.reopen_sweep(resume)

@@ -9,6 +9,9 @@ from typer.testing import CliRunner
 
 from seqpar.cli.app import app
 from seqpar.platform.tracking import Tracker
+from seqpar.sweeps import record
+from seqpar.sweeps import spec as sweep_spec
+from seqpar.sweeps.report.view import SweepView
 
 SHAKY = "host busy 41% (other processes' share of the host's CPU time, > 10%, load 0.9)"
 
@@ -52,3 +55,12 @@ def test_report_is_quiet_and_advises_the_command_that_ran_the_sweep(
     page = (tmp_path / "report.html").read_text()
     assert f"<code>{command}</code>" in page
     assert "seqpar sweep FILE" not in page
+
+
+def test_a_finished_sweeps_own_page_names_the_command_that_ran_it(fresh_store):
+    """The page a sweep logs when it ends (made from memory, not read back) says the same."""
+    tracker = Tracker(fresh_store)
+    plan = sweep_spec.from_study("load-balance", "cpu", {"workload.seq_len": 1024})
+    view, _ = record.start(plan, tracker, None)
+    assert view.command == "seqpar run load-balance --set workload.seq_len=1024"
+    assert SweepView.read(tracker, view.sweep_id).command == view.command
