@@ -21,7 +21,10 @@ import torch.nn.functional as F
 
 from seqpar.errors import ConfigError
 from seqpar.model import Transformer, hf
+from seqpar.model.block import layer_rope
+from seqpar.model.layers import apply_rope, rotary_tables
 from seqpar.rules import model as rules_model
+from seqpar.rules.rope import Rope, attention_factor, inv_freq
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,7 +51,8 @@ def family_configs() -> dict:
         "smollm3": t.SmolLM3Config(**{**BASE, "num_hidden_layers": 4}, no_rope_layer_interval=2,
                                    pad_token_id=0, bos_token_id=1, eos_token_id=2),
         "mistral": t.MistralConfig(**BASE, sliding_window=5, tie_word_embeddings=False),
-        "gpt-oss": t.GptOssConfig(**{**BASE, "intermediate_size": 32}, head_dim=16,
+        "gpt-oss": t.GptOssConfig(**{**BASE, "intermediate_size": 32,
+                                     "max_position_embeddings": 131072}, head_dim=16,
                                   num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
                                   swiglu_limit=1.0, tie_word_embeddings=False),
         "mixtral": t.MixtralConfig(**{**BASE, "intermediate_size": 48}, num_local_experts=4,
@@ -117,8 +121,50 @@ def test_a_family_checkpoint_computes_the_reference_loss(family, tmp_path, seed)
     assert err < 1e-6, (family, got, want, err)
 
 
+def _rms_norm64(self, x: torch.Tensor) -> torch.Tensor:
+    eps = getattr(self, "variance_epsilon", getattr(self, "eps", None))
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * (1.0 + self.weight) if type(self).__name__.startswith("Gemma") else self.weight * y
+
+
+def _in_float64(model, cfg) -> None:
+    """The reference with its float32 steps in float64: RMSNorms, RoPE tables (frequencies from
+    rules.rope, which tests/unit holds to the reference's) and, but for gpt-oss's own eager
+    attention (sinks), SDPA in place of the eager softmax's float32."""
+    for m in model.modules():
+        kind = type(m).__name__
+        if kind.endswith("RMSNorm"):
+            m.forward = _rms_norm64.__get__(m)
+        elif kind.endswith("RotaryEmbedding"):
+            def tables(x, position_ids, layer_type=None, half=kind.startswith("GptOss")):
+                rope = cfg.rope  # one table for every layer, unless the family has one a kind
+                if layer_type is not None:
+                    of = "sliding" if layer_type == "sliding_attention" else "full"
+                    rope = layer_rope(cfg, cfg.layer_types.index(of))
+                angles = position_ids[..., None].double() * torch.tensor(
+                    inv_freq(rope, cfg.head_dim), dtype=torch.float64)
+                emb = angles if half else torch.cat([angles, angles], dim=-1)
+                return emb.cos() * attention_factor(rope), emb.sin() * attention_factor(rope)
+            m.forward = tables
+        if hasattr(m, "config") and model.config.model_type != "gpt_oss":
+            m.config._attn_implementation = "sdpa"
+
+
+@pytest.mark.parametrize("family", [f for f in family_configs()
+                                    if f not in ("mixtral", "qwen3-moe")])
+def test_with_the_references_float32_lifted_the_loss_is_equal_to_rounding(family, tmp_path, seed):
+    """What is left of the 1e-6 above is the reference's float32 (norms, RoPE tables, softmax),
+    not a different function: with those in float64 the losses agree to 1e-12. (Mixtral's and
+    Qwen3-MoE's routers softmax in float32 too: they stay at the 1e-6 test.)"""
+    model, tokens = save_family(family, tmp_path, seed)
+    net = seqpar_model(tmp_path)
+    _in_float64(model, net.cfg)
+    want = reference_loss(model, tokens)
+    assert abs(net.loss(tokens).item() - want) / want < 1e-12
+
+
 @pytest.mark.parametrize(("family", "change"), [
-    ("llama3.1", {"rope": rules_model.Rope(theta=10000.0)}),      # the scaling ignored
+    ("llama3.1", {"rope": Rope(theta=10000.0)}),      # the scaling ignored
     ("qwen2", {"qkv_bias": False}),                               # the biases left out
     ("gemma3", {"layer_types": ("full",) * 6}),                   # no windows
     ("smollm3", {"nope_layers": ()}),                             # every layer rotates
@@ -190,6 +236,27 @@ def test_fused_experts_load_as_the_per_expert_tensors(family, names, tmp_path, s
     for (name, a), b in zip(per_expert.named_parameters(), fused.parameters(), strict=True):
         assert torch.equal(a, b), name
     assert fused.loss(tokens).item() == per_expert.loss(tokens).item()
+
+
+def test_a_rotary_fraction_turns_the_first_dimensions_of_each_head_only(seed):
+    """Partial rotary as the reference applies it: rotate-half within the first rotary_dim
+    dimensions of each head, the rest passed through (here from YaRN tables, factor included)."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    gen = torch.Generator().manual_seed(seed)
+    rope = Rope(theta=10000.0, kind="yarn", factor=4.0, original_max=32, fraction=0.5)
+    x = torch.randn(2, 9, 3, 16, generator=gen, dtype=torch.float64)
+    pos = torch.randperm(64, generator=gen)[:9]
+    freqs = torch.tensor(inv_freq(rope, 16), dtype=torch.float64)
+    cos, signed = rotary_tables(pos, freqs, torch.float64, attention_factor(rope))
+    angles = pos.double()[:, None] * freqs[None, :]
+    emb = torch.cat([angles, angles], dim=-1)[None, :, None, :]
+    c, s = emb.cos() * attention_factor(rope), emb.sin() * attention_factor(rope)
+    turned, rest = x[..., :8], x[..., 8:]
+    want = torch.cat([turned * c + rotate_half(turned) * s, rest], dim=-1)
+    got = apply_rope(x, cos, signed)
+    assert torch.allclose(got, want, rtol=0, atol=1e-14) and torch.equal(got[..., 8:], rest)
+    assert not torch.allclose(got[..., :8], turned)
 
 
 # ----------------------------------------------------------------------------------- under SP
