@@ -37,11 +37,12 @@ FORMATS: dict[str, tuple[str, float, str]] = {
 UNITS = {"peak_mem_bytes": " MiB", "bytes_total": " MB", "bytes_inter": " MB"}
 STEP = "step ms (95% CI)"
 # the columns that describe a trial (the rest are its results): the ones a terse table may fold
-DESCRIBING = ("algorithm", "P", "nodes", "layout", "N", "H/Hkv", "dtype", "mask", "cores")
+DESCRIBING = ("algorithm", "P", "nodes", "layout", "N", "H/Hkv", "model", "dtype", "mask",
+              "cores")
 FLAGS = {"O": "oversubscribed (ranks > cores)", "U": "unstable (--rerun-unstable N)", "F": "failed"}
 BEST = "*"  # the flag of the best trial of its workload (its text says by which metric)
 # the describing columns that make a workload: trials that agree on them compete for the star
-WORKLOAD = ("N", "H/Hkv", "mask", "dtype")
+WORKLOAD = ("N", "H/Hkv", "model", "mask", "dtype")
 
 
 def number(value: float | None) -> str:
@@ -243,11 +244,13 @@ def table(title: str, runs: list[TrialView], metric: str) -> Comparison:
     local = {_same_shape(t): t.metrics.get("tokens_per_s") for t in runs
              if t.algorithm == "local" and t.finished}
     dtypes = len({t.dtype for t in runs}) > 1
+    models = len({t.training.model if t.training else "-" for t in runs}) > 1  # model-families
     masks = len({t.mask for t in runs}) > 1 or any(t.mask not in ("causal", "full") for t in runs)
     inter = any(t.metrics.get("bytes_inter", 0) > 0 for t in runs)  # the plan spans nodes
     extra = metric not in FORMATS
     shaky = any(t.unstable for t in runs)
-    columns = ["algorithm", "P", "nodes", "layout", "N", "H/Hkv", *(["dtype"] if dtypes else []),
+    columns = ["algorithm", "P", "nodes", "layout", "N", "H/Hkv", *(["model"] if models else []),
+               *(["dtype"] if dtypes else []),
                *(["mask"] if masks else []), "cores", STEP, FORMATS["tokens_per_s"][0], "x local",
                FORMATS["peak_mem_bytes"][0], FORMATS["bytes_total"][0],
                *([FORMATS["bytes_inter"][0]] if inter else []), FORMATS["load_imbalance"][0],
@@ -259,7 +262,9 @@ def table(title: str, runs: list[TrialView], metric: str) -> Comparison:
         speedup = m["tokens_per_s"] / base if base and "tokens_per_s" in m else None
         rows.append([
             t.config, str(t.world), t.nodes or "1", t.layout, str(t.seq_len),
-            f"{t.heads}/{t.kv_heads}", *([t.dtype] if dtypes else []), *([t.mask] if masks else []),
+            f"{t.heads}/{t.kv_heads}",
+            *([t.training.model if t.training else "-"] if models else []),
+            *([t.dtype] if dtypes else []), *([t.mask] if masks else []),
             str(t.cores or "-"), step_cell(t), cell("tokens_per_s", m.get("tokens_per_s")),
             "-" if speedup is None else f"{speedup:.2f}", cell("peak_mem_bytes",
                                                                m.get("peak_mem_bytes")),
