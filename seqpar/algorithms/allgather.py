@@ -44,5 +44,5 @@ class AllGather(AllGatherRules, Algorithm):
                                      packed=True)
         dkv = dkv.to(self.grad_dtype(k_all))
         dkv = blocks.permute(dkv, plan.inverse(everyone, dkv.device))  # back to rank order
-        dk, dv = blocks.unpack_kv(self.comm.reduce_scatter(dkv, dim=1))
+        dk, dv = blocks.unpack_kv(self.comm.reduce_scatter(dkv, dim=1), q.shape[-1])
         return dq, dk, dv, dsinks

@@ -158,11 +158,13 @@ def check_sinks(algo: Algorithm, q: torch.Tensor, sinks: torch.Tensor | None) ->
 
 
 def shape_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> AttnShape:
-    """Validate local shards (batch, seq, heads, head_dim) and return the global shape."""
+    """Validate local shards (batch, seq, heads, head_dim) and return the global shape (v may be
+    of a width of its own: MLA's v_head_dim)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         require(t.dim() == 4, f"{name}.shape", tuple(t.shape),
                 "must be (batch, seq, heads, head_dim)")
-    require(k.shape == v.shape, "v.shape", tuple(v.shape), f"must equal k.shape {tuple(k.shape)}")
+    require(k.shape[:3] == v.shape[:3], "v.shape", tuple(v.shape),
+            f"must match k.shape {tuple(k.shape)} in batch, seq and heads (its head_dim is its own)")
     require(q.shape[0] == k.shape[0] and q.shape[1] == k.shape[1] and q.shape[3] == k.shape[3],
             "k.shape", tuple(k.shape),
             f"must match q.shape {tuple(q.shape)} in batch, seq and head_dim")
@@ -171,7 +173,7 @@ def shape_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int) -> A
     require(q.dtype in DTYPES.values(), "q.dtype", str(q.dtype),
             f"must be one of {', '.join(DTYPES)}")
     return AttnShape(q.shape[0], q.shape[1] * world, q.shape[2], k.shape[2], q.shape[3],
-                     q.element_size())
+                     q.element_size(), None if v.shape[3] == q.shape[3] else v.shape[3])
 
 
 class Attention:
@@ -214,7 +216,8 @@ class Attention:
         if cu is not None:
             cu = layouts.normal_cu(a.layout, a.world, shape.seq_len, cu)
         type(a).check(shape, a.world, a.layout, a.causal, a.options, cu)
-        kernels.resolve_backend(a.backend, q.device, q.dtype, head_dim=q.shape[-1])
+        kernels.resolve_backend(a.backend, q.device, q.dtype,
+                                head_dim=max(q.shape[-1], v.shape[-1]))
         relation = call_relation(a.layout, a.world, shape.seq_len, a.causal, cu, a.window, mask)
         a = a.for_call(relation, sinks)
         held = len(rank_positions(a.layout, a.rank, a.world, shape.seq_len, relation))

@@ -32,10 +32,11 @@ from seqpar.algorithms.softmax_merge import empty_partial, merge, merge_into
 NO_WINDOW = (-1, -1)
 
 
-def new_partial(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) accumulators for queries q that have seen no key."""
+def new_partial(q: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) accumulators for queries q that have seen no key; out `width` wide (V's head
+    dim; None: q's)."""
     work = kernels.acc_dtype(q.dtype)
-    return empty_partial(q, work, work)
+    return empty_partial(q, work, work, width)
 
 
 def zeros_acc(t: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,8 @@ def backward_tasks(
     for group in groups:
         seqs, q_rows, k_rows = _packing(group, b, q.shape[1], k.shape[1], q.device)
         for t in group.tasks:
-            kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band, backward=True)
+            kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band, backward=True,
+                               v_dim=v.shape[-1])
         gq, gk, gv = kernels.VARLEN_BACKWARD[packed](
             _take(dout, q_rows), _take(q, q_rows), _take(k, k_rows), _take(v, k_rows),
             _take(out, q_rows), _take(lse.transpose(1, 2), q_rows).t(), seqs, group.causal,
@@ -253,7 +255,7 @@ def _group_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Gro
     b, sq, h, d = q.shape
     seqs, q_rows, k_rows = _packing(group, b, sq, k.shape[1], q.device)
     for t in group.tasks:
-        kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band)
+        kernels.book_flops(b, t.q1 - t.q0, t.k1 - t.k0, h, d, t.mask, t.band, v_dim=v.shape[-1])
     out, lse = kernels.VARLEN_FORWARD[packed](_take(q, q_rows), _take(k, k_rows), _take(v, k_rows),
                                               seqs, group.causal, group.window,
                                               kernels.default_scale(scale, d))
@@ -290,21 +292,23 @@ def _add_rows(acc: torch.Tensor | None, grad: torch.Tensor, rows: _Rows, batch: 
 
 
 def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One contiguous buffer (B, s, 2*Hkv, D) so that K and V travel in one message (and gather,
-    permute and reduce-scatter along the token dim as one tensor)."""
-    return torch.cat([k, v], dim=2).contiguous()
+    """One contiguous buffer (B, s, Hkv, D + Dv), each head's K then its V, so that K and V travel
+    in one message (and gather, permute and reduce-scatter along the token dim, and split by
+    heads, as one tensor) whether or not V has K's width (MLA's does not)."""
+    return torch.cat([k, v], dim=3).contiguous()
 
 
-def unpack_kv(kv: torch.Tensor, dense: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of a packed buffer, each a dense tensor of its own (dense=False: views of the
-    buffer, for a caller that copies them anyway).
+def unpack_kv(kv: torch.Tensor, head_dim: int, dense: bool = True
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K (`head_dim` wide: the queries') and V of a packed buffer, each a dense tensor of its own
+    (dense=False: views of the buffer, for a caller that copies them anyway).
 
-    Views of the packed buffer would have twice a plain tensor's row stride (K's and V's heads sit
-    side by side per token); torch's CPU flash kernel read such K,V 22% slower forward on a busy
-    host, 1-5% on a quiet one (N = 4096, H = 8, D = 64; `benchmarks/hot_loops.py`), and the copy
-    costs ~1% of that forward. One copy per block, made here, serves every task of the block;
-    `tests/unit/test_hot_path.py` holds the kernel's K,V strides to `local`'s."""
-    k, v = kv.chunk(2, dim=2)
+    Views of the packed buffer would not be dense (K's and V's values sit side by side per
+    head); torch's CPU flash kernel read such K,V 22% slower forward
+    on a busy host, 1-5% on a quiet one (N = 4096, H = 8, D = 64; `benchmarks/hot_loops.py`), and
+    the copy costs ~1% of that forward. One copy per block, made here, serves every task of the
+    block; `tests/unit/test_hot_path.py` holds the kernel's K,V strides to `local`'s."""
+    k, v = kv.split((head_dim, kv.shape[3] - head_dim), dim=3)
     if not dense:
         return k, v
     return kernels.contiguous(k), kernels.contiguous(v)
@@ -319,10 +323,10 @@ def kv_of(kv: torch.Tensor, q: torch.Tensor, backend: str) -> tuple[torch.Tensor
     """K and V of a packed block as queries q's kernel calls read them: views where the kernel
     expands GQA heads into a dense copy anyway (`unpack_kv`'s copy would be a second one), dense
     copies otherwise."""
-    heads, kv_heads = q.shape[2], kv.shape[2] // 2
+    heads, kv_heads = q.shape[2], kv.shape[2]
     expands = heads != kv_heads and kernels.kernel_of(
         backend, q.device, q.dtype, head_dim=q.shape[-1]) in _EXPANDING
-    return unpack_kv(kv, dense=not expands)
+    return unpack_kv(kv, q.shape[-1], dense=not expands)
 
 
 def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Sequence[Task],
@@ -341,10 +345,10 @@ def attend_tasks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tasks: Seque
         if rows.span == (0, s):  # one varlen call made every row
             lse = kernels.contiguous(lse.view(h, b, s).transpose(0, 1))
             return out.view(b, s, h, -1), lse.to(kernels.acc_dtype(q.dtype))
-        acc_out, acc_lse = new_partial(q)
+        acc_out, acc_lse = new_partial(q, v.shape[-1])
         _merge_rows(acc_out, acc_lse, out, lse, rows, b, rows.span is not None)
         return acc_out.to(q.dtype), acc_lse
-    acc_out, acc_lse = new_partial(q)
+    acc_out, acc_lse = new_partial(q, v.shape[-1])
     forward_tasks(q, k, v, tasks, acc_out, acc_lse, backend, scale, Seen())
     return acc_out.to(q.dtype), acc_lse
 
@@ -362,9 +366,9 @@ def grads_tasks(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         return (dq, pack_kv(dk, dv)) if packed else (dq, dk, dv)
     dq = zeros_acc(q)
     if packed:
-        dkv = torch.zeros((*k.shape[:2], 2 * k.shape[2], k.shape[3]),
+        dkv = torch.zeros((*k.shape[:3], k.shape[3] + v.shape[3]),
                           dtype=kernels.acc_dtype(k.dtype), device=k.device)
-        dk, dv = unpack_kv(dkv, dense=False)
+        dk, dv = unpack_kv(dkv, k.shape[3], dense=False)
     else:
         dk, dv = zeros_acc(k), zeros_acc(v)
     backward_tasks(dout, q, k, v, out, lse, tasks, dq, dk, dv, backend, scale)

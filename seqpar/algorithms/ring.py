@@ -197,7 +197,7 @@ def _expanded(block: torch.Tensor, kv_index: torch.Tensor | None, q: torch.Tenso
     """K and V of a block for q's kernel calls: index_select makes the dense copies itself."""
     if kv_index is None:
         return blocks.kv_of(block, q, backend)
-    k, v = blocks.unpack_kv(block, dense=False)
+    k, v = blocks.unpack_kv(block, q.shape[-1], dense=False)
     return k.index_select(2, kv_index), v.index_select(2, kv_index)
 
 
@@ -214,18 +214,18 @@ def ring_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: to
     """
     def compute(block: torch.Tensor, src: int) -> torch.Tensor:
         k, v = _expanded(block, kv_index, q, backend)
-        if kv_index is None:  # dK and dV accumulate in the halves of one packed buffer
+        if kv_index is None:  # dK and dV accumulate in the two parts of one packed buffer
             dkv = blocks.zeros_acc(block)
-            dk, dv = blocks.unpack_kv(dkv, dense=False)
+            dk, dv = blocks.unpack_kv(dkv, q.shape[-1], dense=False)
         else:
             dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
         blocks.backward_tasks(dout, q, k, v, out, lse, tasks_for(src), dq, dk, dv, backend, scale)
         if kv_index is None:
             return dkv
-        width = block.shape[2] // 2
-        dkv = torch.zeros(*dk.shape[:2], 2 * width, dk.shape[3], dtype=dk.dtype, device=dk.device)
-        for half, g in zip(blocks.unpack_kv(dkv, dense=False), (dk, dv), strict=True):
-            half.index_add_(2, kv_index, g)
+        dkv = blocks.zeros_acc(block)
+        for part, g in zip(blocks.unpack_kv(dkv, q.shape[-1], dense=False), (dk, dv),
+                           strict=True):
+            part.index_add_(2, kv_index, g)
         return dkv
 
     return carry(comms, kv, plan or plan_of(comms, None), compute, kv, grad_dtype)
@@ -255,7 +255,7 @@ class Ring(RingRules, Algorithm):
         tasks_for = self.tasks_for(seq_len)
         comms = RingComms.of(self.mesh)
         plan = plan_of(comms, self.need(seq_len))
-        acc_out, acc_lse = blocks.new_partial(q)
+        acc_out, acc_lse = blocks.new_partial(q, v.shape[-1])
         ring_forward(q, blocks.pack_kv(k, v), comms, tasks_for, acc_out, acc_lse, self.backend,
                      self.scale, plan, fresh=True)
         out = self.sink(acc_out, acc_lse).to(q.dtype)
@@ -268,5 +268,5 @@ class Ring(RingRules, Algorithm):
         dq = blocks.zeros_acc(q)
         dkv = ring_backward(dout, q, blocks.pack_kv(k, v), out, lse, RingComms.of(self.mesh),
                             tasks_for, dq, self.backend, self.scale, self.grad_dtype(k), plan)
-        dk, dv = blocks.unpack_kv(dkv)
+        dk, dv = blocks.unpack_kv(dkv, k.shape[-1])
         return dq, dk, dv, dsinks

@@ -2,7 +2,7 @@
 
 Two partial attention results over disjoint key sets, (out1, lse1) and (out2, lse2), combine as
     lse = logaddexp(lse1, lse2);  out = exp(lse1 - lse) * out1 + exp(lse2 - lse) * out2.
-`out` is (batch, seq, heads, head_dim); `lse` is (batch, heads, seq). A side whose keys were all
+`out` is (batch, seq, heads, v_head_dim); `lse` is (batch, heads, seq). A side whose keys were all
 masked carries lse = -inf and contributes nothing; two such sides give lse = -inf and out = 0, not NaN.
 
 `merge_into` is the hot one (every ring step, every block of every task): it works in place on the
@@ -64,11 +64,13 @@ def merge_into(
 
 
 def empty_partial(
-    like_q: torch.Tensor, acc_dtype: torch.dtype, lse_dtype: torch.dtype
+    like_q: torch.Tensor, acc_dtype: torch.dtype, lse_dtype: torch.dtype, width: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accumulators of a result that has seen no keys yet: out = 0, lse = -inf."""
-    b, s, h, _ = like_q.shape
-    out = torch.zeros(like_q.shape, dtype=acc_dtype, device=like_q.device)
+    """Accumulators of a result that has seen no keys yet: out = 0 (`width` wide: V's head dim;
+    None: like_q's), lse = -inf."""
+    b, s, h, d = like_q.shape
+    out = torch.zeros((b, s, h, d if width is None else width), dtype=acc_dtype,
+                      device=like_q.device)
     lse = torch.full((b, h, s), float("-inf"), dtype=lse_dtype, device=like_q.device)
     return out, lse
 

@@ -43,8 +43,7 @@ def sum_replicas(dk: torch.Tensor, dv: torch.Tensor, reps: int) -> tuple[torch.T
     """The backward of replicate_kv: the replicas' gradients belong to one K/V head."""
     if reps == 1:
         return dk, dv
-    b, s, h, d = dk.shape
-    return (dk.view(b, s, h // reps, reps, d).sum(3), dv.view(b, s, h // reps, reps, d).sum(3))
+    return dk.unflatten(2, (-1, reps)).sum(3), dv.unflatten(2, (-1, reps)).sum(3)
 
 
 def seq_to_heads(tensors: Sequence[torch.Tensor], comm: Comm,
@@ -86,16 +85,15 @@ def kv_to_heads(k: torch.Tensor, v: torch.Tensor, comm: Comm, ranges: list[tuple
     """Member j receives K,V heads ranges[j] of every member's shard (and only those): the whole
     gathered sequence in member order, then permuted by `order`."""
     me, g = comm.rank, comm.size
-    pieces = [torch.cat([k[:, :, lo:hi], v[:, :, lo:hi]], dim=2).contiguous() for lo, hi in ranges]
-    width = pieces[me].shape[2]
-    bufs = {i: torch.empty(k.shape[0], k.shape[1], width, k.shape[3], dtype=k.dtype,
-                           device=k.device) for i in range(g) if i != me}
+    pieces = [blocks.pack_kv(k[:, :, lo:hi], v[:, :, lo:hi]) for lo, hi in ranges]
+    bufs = {i: torch.empty(pieces[me].shape, dtype=k.dtype, device=k.device)
+            for i in range(g) if i != me}
     got = comm.exchange([(pieces[j], j) for j in range(g) if j != me],
                         list((b, i) for i, b in bufs.items()), tag=KV_HEADS_TAG).wait()
     received = dict(zip(bufs, got, strict=True))
     kv = blocks.permute(torch.cat([pieces[me] if i == me else received[i] for i in range(g)],
                                   dim=1), order)
-    return kv.narrow(2, 0, width // 2), kv.narrow(2, width // 2, width // 2)
+    return blocks.unpack_kv(kv, k.shape[-1], dense=False)
 
 
 def kv_grads_to_seq(dkh: torch.Tensor, dvh: torch.Tensor, comm: Comm,
@@ -104,22 +102,19 @@ def kv_grads_to_seq(dkh: torch.Tensor, dvh: torch.Tensor, comm: Comm,
     """Inverse of `kv_to_heads`: each member's shard of this rank's dK,dV heads goes back to it;
     the heads that several members read are summed where they arrive."""
     me, g = comm.rank, comm.size
-    grads = blocks.permute(torch.cat([dkh, dvh], dim=2), inverse)
+    grads = blocks.permute(blocks.pack_kv(dkh, dvh), inverse)
     shards = list(grads.chunk(g, dim=1))
     b, s, _, d = shards[0].shape
-    bufs = {j: torch.empty(b, s, 2 * (ranges[j][1] - ranges[j][0]), d, dtype=grads.dtype,
+    bufs = {j: torch.empty(b, s, ranges[j][1] - ranges[j][0], d, dtype=grads.dtype,
                            device=grads.device) for j in range(g) if j != me}
     got = comm.exchange([(shards[i].contiguous(), i) for i in range(g) if i != me],
                         list((buf, j) for j, buf in bufs.items()), tag=KV_HEADS_TAG).wait()
     received = dict(zip(bufs, got, strict=True))
     received[me] = shards[me]
-    dk = torch.zeros(b, s, kv_heads, d, dtype=grads.dtype, device=grads.device)
-    dv = torch.zeros_like(dk)
+    dkv = torch.zeros(b, s, kv_heads, d, dtype=grads.dtype, device=grads.device)
     for j, (lo, hi) in enumerate(ranges):
-        n = hi - lo
-        dk[:, :, lo:hi] += received[j].narrow(2, 0, n)
-        dv[:, :, lo:hi] += received[j].narrow(2, n, n)
-    return dk, dv
+        dkv[:, :, lo:hi] += received[j]
+    return blocks.unpack_kv(dkv, dkh.shape[-1])
 
 
 

@@ -85,7 +85,7 @@ class Usp(UspRules, Algorithm):
         def tasks_for(src: int):
             return plan.tasks(me, src)
 
-        acc_out, acc_lse = blocks.new_partial(qh)
+        acc_out, acc_lse = blocks.new_partial(qh, vh.shape[-1])
         ring_forward(qh, kv, comms, tasks_for, acc_out, acc_lse, self.backend, self.scale, path,
                      kv_index, fresh=True)
         out_h = self.sink(acc_out, acc_lse, head_shard(hp, qh.shape[2])).to(q.dtype)
@@ -102,7 +102,7 @@ class Usp(UspRules, Algorithm):
         doh, dsinks = self.unsink(doh, out_h, lse, head_shard(hp, qh.shape[2]))
         dkv = ring_backward(doh, qh, kv, out_h, lse, comms, tasks_for, dq, self.backend,
                             self.scale, self.grad_dtype(qh), path, kv_index)
-        dkh, dvh = blocks.unpack_kv(dkv.to(qh.dtype))
+        dkh, dvh = blocks.unpack_kv(dkv.to(qh.dtype), qh.shape[-1])
         inverse = plan.inverse(me, dout.device)
         if kv_index is None:
             dq, dk, dv = heads_to_seq([dq.to(qh.dtype), dkh, dvh], hp, inverse)

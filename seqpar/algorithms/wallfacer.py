@@ -19,6 +19,8 @@ placement send what they send. C = 1, C = sqrt(P), memory (Eq. 9-10) and bytes: 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from seqpar.algorithms import blocks, tokens
@@ -46,6 +48,17 @@ from seqpar.rules.algorithms.wallfacer import (  # noqa: F401 (the rules, also f
 
 PLACE_TAG = 31
 
+
+def _flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """bshd tensors of any heads and widths side by side per token, (B, s, sum of H x D), so they
+    travel in one collective (q, k and v: MLA's v is narrower)."""
+    return torch.cat([t.flatten(2) for t in tensors], dim=2)
+
+
+def _flat_split(t: torch.Tensor, shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    """The inverse of `_flat_cat`: views of t as bshd tensors of these (heads, width)."""
+    parts = t.split([h * d for h, d in shapes], dim=2)
+    return [p.unflatten(2, tuple(s)) for p, s in zip(parts, shapes, strict=True)]
 
 
 
@@ -98,11 +111,11 @@ class WallFacer(WallFacerRules, Algorithm):
         plan = self.plan(q.shape[1] * self.world)
         need_f, need_b = self.needs(q.shape[1] * self.world)
         mine = grid.coords(self.rank)[0]
-        heads = (q.shape[2], k.shape[2], v.shape[2])
+        heads = tuple(t.shape[2:] for t in (q, k, v))  # (heads, width) of each
         # Alg. 1 line 1: the team's q, k, v in one all-gather, then in the plan's order
-        qkv = blocks.permute(team.all_gather(torch.cat([q, k, v], dim=2), dim=1),
+        qkv = blocks.permute(team.all_gather(_flat_cat([q, k, v]), dim=1),
                              plan.order(mine, q.device))
-        q_t, k_t, v_t = (t.contiguous() for t in qkv.split(heads, dim=2))
+        q_t, k_t, v_t = (t.contiguous() for t in _flat_split(qkv, heads))
         # Alg. 2: the team's K,V block to its initial place in the sub-rings
         kv0 = _place(self.comm, blocks.pack_kv(k_t, v_t), grid.init_send(self.rank),
                      grid.init_recv(self.rank))
@@ -111,7 +124,7 @@ class WallFacer(WallFacerRules, Algorithm):
         def tasks_for(j: int):  # the team's queries against the block sub-ring member j placed
             return plan.tasks(mine, grid.block_team(sub[j]))
 
-        acc_out, acc_lse = blocks.new_partial(q_t)
+        acc_out, acc_lse = blocks.new_partial(q_t, v_t.shape[-1])
         ring_forward(q_t, kv0, ring, tasks_for, acc_out, acc_lse, self.backend, self.scale,
                      plan_of(ring, need_f), fresh=True)
         out, lse = combine(team, acc_out, acc_lse, plan.inverse(mine, q.device))
@@ -126,7 +139,7 @@ class WallFacer(WallFacerRules, Algorithm):
         team, ring = self.mesh.comm("team"), RingComms.of(self.mesh, "subring")
         mine, dtype = grid.coords(self.rank)[0], q_t.dtype
         grad_dtype = self.grad_dtype(q_t)
-        k0, v0 = blocks.unpack_kv(kv0)
+        k0, v0 = blocks.unpack_kv(kv0, q_t.shape[-1])
         dk0, dv0 = blocks.zeros_acc(k0), blocks.zeros_acc(v0)
         sub = grid.subring(self.rank)
         held = grid.block_team(self.rank)
@@ -147,9 +160,10 @@ class WallFacer(WallFacerRules, Algorithm):
         # dK,dV of the placed block go back to the rank that placed it (Alg. 2 inverse)
         dkv = _place(self.comm, blocks.pack_kv(dk0, dv0).to(grad_dtype),
                      grid.init_recv(self.rank), grid.init_send(self.rank))
-        grads = blocks.permute(torch.cat([dq_t.to(grad_dtype), dkv], dim=2),
+        grads = blocks.permute(_flat_cat([dq_t.to(grad_dtype), dkv]),
                                plan.inverse(mine, dout.device))
-        dq, dk, dv = team.reduce_scatter(grads, dim=1).split(heads, dim=2)
+        dq, dkv = _flat_split(team.reduce_scatter(grads, dim=1), (heads[0], kv0.shape[2:]))
+        dk, dv = blocks.unpack_kv(dkv, q_t.shape[-1])
         return dq.to(dtype), dk.to(dtype), dv.to(dtype), dsinks
 
 

@@ -26,7 +26,9 @@ SHAPE_PRESETS: dict[str, dict[str, int]] = {
 
 @dataclass(frozen=True)
 class AttnShape:
-    """The global shape of one attention call: N = seq_len tokens over the whole group."""
+    """The global shape of one attention call: N = seq_len tokens over the whole group. head_dim
+    is the query/key width; v_head_dim the value (and output) width where it differs (MLA: 192 and
+    128), None where it is head_dim."""
 
     batch: int
     seq_len: int
@@ -34,14 +36,28 @@ class AttnShape:
     kv_heads: int
     head_dim: int
     elem_bytes: int = 4
+    v_head_dim: int | None = None
+
+    @property
+    def v_dim(self) -> int:
+        """The value (and output) head width."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     def shard_len(self, world: int) -> int:
         """s: rows of every rank's shard as it travels, ceil(N / P) (uneven shards are padded)."""
         return shard_len(self.seq_len, world)
 
     def unit(self, world: int) -> int:
-        """u = B * s * D * e: bytes of one head of one rank's shard."""
+        """u = B * s * D * e: bytes of one query (or key) head of one rank's shard."""
         return self.batch * self.shard_len(world) * self.head_dim * self.elem_bytes
+
+    def v_unit(self, world: int) -> int:
+        """B * s * D_v * e: bytes of one value (or output) head of one rank's shard."""
+        return self.batch * self.shard_len(world) * self.v_dim * self.elem_bytes
+
+    def kv_unit(self, world: int) -> int:
+        """Bytes of one K head and one V head of one rank's shard: 2u where the widths agree."""
+        return self.unit(world) + self.v_unit(world)
 
     @property
     def acc_bytes(self) -> int:
@@ -56,11 +72,22 @@ class AttnShape:
         """u for gradient messages: B * s * D * (bytes of the gradient dtype)."""
         return self.unit(world) // self.elem_bytes * self.grad_bytes(options)
 
+    def v_grad_unit(self, world: int, options: Any) -> int:
+        """`v_unit` for gradient messages: B * s * D_v * (bytes of the gradient dtype)."""
+        return self.v_unit(world) // self.elem_bytes * self.grad_bytes(options)
+
+    def kv_grad_unit(self, world: int, options: Any) -> int:
+        """`kv_unit` for gradient messages (one dK head and one dV head)."""
+        return self.grad_unit(world, options) + self.v_grad_unit(world, options)
+
 
 def check_shape(shape: AttnShape) -> None:
     for name in ("batch", "seq_len", "heads", "kv_heads", "head_dim"):
         value = getattr(shape, name)
         require(isinstance(value, int) and value > 0, name, value, "must be a positive integer")
+    v = shape.v_head_dim
+    require(v is None or (isinstance(v, int) and v > 0), "v_head_dim", v,
+            "must be a positive integer (or None: head_dim)")
     require(shape.heads % shape.kv_heads == 0, "kv_heads", shape.kv_heads,
             f"must divide heads={shape.heads}")
 

@@ -1,13 +1,14 @@
 """Local attention that also returns the log-sum-exp, and its backward.
 
-`attend(q, k, v, mask) -> (out, lse)` with q (B, Sq, H, D), k and v (B, Sk, Hkv, D) ("bshd"),
-out (B, Sq, H, D) and lse (B, H, Sq); GQA is handled here, inside the kernel (query head h reads
-key/value head h // (H / Hkv)), never before communication. Masks: 'full'; 'causal' (top-left
-aligned: query i sees keys j <= i); 'shifted' (j < i: the stripe layout's block above the diagonal);
-'band' with `band=(a, b)` (a <= j - i < b: a window's block, or a document's lower edge; the
-FlashAttention-2 kernels run it through `window_size`, bottom-right aligned: left = Sk - Sq - a,
-right = b - 1 - (Sk - Sq)). A query that sees no key gets lse = -inf and out = 0; lse is float64
-for float64 inputs, float32 otherwise.
+`attend(q, k, v, mask) -> (out, lse)` with q and k (B, S, H or Hkv, D), v (B, Sk, Hkv, Dv)
+("bshd"; Dv = D but for MLA), out (B, Sq, H, Dv) and lse (B, H, Sq); GQA is handled here, inside
+the kernel (query head h reads key/value head h // (H / Hkv)), never before communication. Masks:
+'full'; 'causal' (top-left aligned: query i sees keys j <= i); 'shifted' (j < i: the stripe
+layout's block above the diagonal); 'band' with `band=(a, b)` (a <= j - i < b: a window's block,
+or a document's lower edge; the FlashAttention-2 kernels run it through `window_size`, bottom-right
+aligned: left = Sk - Sq - a, right = b - 1 - (Sk - Sq)). A fused kernel takes one head dim: a
+narrower V (or Q/K) is zero-padded to the wider (`tensors.one_width_forward`). A query that sees
+no key gets lse = -inf and out = 0; lse is float64 for float64 inputs, float32 otherwise.
 
 Packed sequences (`VARLEN_FORWARD` / `VARLEN_BACKWARD` by kernel) run many (query range, key range)
 pairs in one call: q (Tq, H, D), k and v (Tk, Hkv, D) concatenated, `Varlen` their int32 boundaries

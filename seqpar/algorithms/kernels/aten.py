@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from seqpar.algorithms.kernels.tensors import acc_dtype, expand_kv, finite_lse, reduce_kv
+from seqpar.algorithms.kernels.tensors import (
+    acc_dtype,
+    expand_kv,
+    finite_lse,
+    one_width_backward,
+    one_width_forward,
+    reduce_kv,
+)
 
 
 def _additive(keep: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -16,6 +23,7 @@ def _additive(keep: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | N
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
 
 
+@one_width_forward
 def aten_forward(q, k, v, causal, scale, keep=None):
     h = q.shape[2]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, expand_kv(k, h), expand_kv(v, h)))
@@ -31,6 +39,7 @@ def aten_forward(q, k, v, causal, scale, keep=None):
     return out.transpose(1, 2), lse.to(acc_dtype(q.dtype))
 
 
+@one_width_backward
 def aten_backward(dout, q, k, v, out, lse, causal, scale, keep=None):
     h, hkv = q.shape[2], k.shape[2]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, expand_kv(k, h), expand_kv(v, h)))

@@ -59,7 +59,7 @@ def band_forward(q, k, v, band, kernel, scale):
     for r0, r1, c0, c1, tile_band in tiles:
         rows = seq_rows(q, r0, r1)
         if c1 <= c0:
-            outs.append(torch.zeros_like(rows))
+            outs.append(rows.new_zeros(*rows.shape[:3], v.shape[-1]))
             lses.append(torch.full((q.shape[0], q.shape[2], r1 - r0), float("-inf"),
                                    dtype=acc_dtype(q.dtype), device=q.device))
             continue

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from seqpar.algorithms.kernels.tensors import contiguous, expand_kv, reduce_kv
+from seqpar.algorithms.kernels.tensors import (
+    contiguous,
+    expand_kv,
+    one_width_backward,
+    one_width_forward,
+    reduce_kv,
+)
 
 
 def _unused_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,6 +30,7 @@ def _bhsd(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(contiguous(t).transpose(1, 2) for t in ts)
 
 
+@one_width_forward
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Sq, H, D), lse (B, H, Sq) float32) of one dense block."""
@@ -34,6 +41,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     return out.transpose(1, 2), lse.reshape(b, h, sq).float()
 
 
+@one_width_backward
 def backward(dout, q, k, v, out, lse, causal, scale):
     """(dq, dk, dv) of one dense block given the final out and lse (B, H, Sq)."""
     h, hkv = q.shape[2], k.shape[2]

@@ -21,10 +21,10 @@ from seqpar.algorithms.kernels.tensors import acc_dtype, default_scale, pad_rows
 MASKS = ("full", "causal", "shifted")  # the masks without parameters; plus "band" (band=(a, b))
 
 
-def _record(q: torch.Tensor, k: torch.Tensor, mask: str, band: tuple[int, int] | None,
-            backward: bool) -> None:
+def _record(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: str,
+            band: tuple[int, int] | None, backward: bool) -> None:
     b, sq, h, d = q.shape
-    book_flops(b, sq, k.shape[1], h, d, mask, band, backward=backward)
+    book_flops(b, sq, k.shape[1], h, d, mask, band, backward=backward, v_dim=v.shape[-1])
 
 
 def attend(
@@ -34,7 +34,7 @@ def attend(
     """Attention of q over (k, v) under `mask` (band: the offsets of mask 'band'); (out, lse)."""
     scale = default_scale(scale, q.shape[-1])
     kernel = kernel_of(backend, q.device, q.dtype, head_dim=q.shape[-1])
-    _record(q, k, mask, band, backward=False)
+    _record(q, k, v, mask, band, backward=False)
     if mask == "band":
         return band_forward(q, k, v, band, kernel, scale)
     return _forward(q, k, v, mask, kernel, scale)
@@ -51,7 +51,7 @@ def _shifted_forward(q, k, v, kernel, scale):
     b, s, h, d = q.shape
     if s == 1:
         lse = torch.full((b, h, s), float("-inf"), dtype=acc_dtype(q.dtype), device=q.device)
-        return torch.zeros_like(q), lse
+        return q.new_zeros(*q.shape[:3], v.shape[-1]), lse
     o, lse_rest = _forward(seq_rows(q, 1), seq_rows(k, 0, s - 1), seq_rows(v, 0, s - 1), "causal",
                            kernel, scale)
     return pad_rows(o, 1, 0), F.pad(lse_rest.to(acc_dtype(q.dtype)), (1, 0), value=float("-inf"))
@@ -69,7 +69,7 @@ def attend_backward(
     """
     scale = default_scale(scale, q.shape[-1])
     kernel = kernel_of(backend, q.device, q.dtype, head_dim=q.shape[-1])
-    _record(q, k, mask, band, backward=True)
+    _record(q, k, v, mask, band, backward=True)
     if mask == "band":
         sq, sk = q.shape[1], k.shape[1]
         windowed = window_kernel(kernel, q.device, q.dtype, q.shape[-1])

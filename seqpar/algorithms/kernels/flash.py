@@ -9,6 +9,7 @@ import torch
 
 from seqpar.algorithms.kernels.binding import padded_backward
 from seqpar.algorithms.kernels.capability import flash_attn
+from seqpar.algorithms.kernels.tensors import one_width_backward, one_width_forward
 
 
 def flash_window(sq: int, sk: int, band: tuple[int, int]) -> tuple[int, int]:
@@ -37,6 +38,7 @@ def window_sides(sq: int, sk: int, band: tuple[int, int]) -> tuple[Side, Side]:
     return left_side, right_side
 
 
+@one_width_forward
 def flash_forward(q, k, v, causal, scale, window=(-1, -1)):
     _check_square(q, k, causal)
     # flash_attn_func pads the head dim to a multiple of 8 itself and, with return_attn_probs,
@@ -54,6 +56,7 @@ def _check_square(q, k, causal):
                          f"Sk={k.shape[1]}")
 
 
+@one_width_backward
 def flash_backward(dout, q, k, v, out, lse, causal, scale, window=(-1, -1)):
     """flash-attn's `_flash_attn_backward`, called as flash_attn_func's backward calls it: q, k,
     v, out (and dout) with the head dim padded to a multiple of 8, dq, dk, dv allocated padded and
@@ -75,6 +78,7 @@ class Varlen:
     max_k: int
 
 
+@one_width_forward
 def flash_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: Varlen,
                          causal: bool, window: tuple[int, int], scale: float
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +91,7 @@ def flash_varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs
     return out, lse.float()
 
 
+@one_width_backward
 def flash_varlen_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           out: torch.Tensor, lse: torch.Tensor, seqs: Varlen, causal: bool,
                           window: tuple[int, int], scale: float

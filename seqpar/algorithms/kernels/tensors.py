@@ -1,9 +1,12 @@
 """Tensor helpers every backend shares: accumulation dtype, softmax scale, row slices, GQA
-expansion and reduction."""
+expansion and reduction, a V head dim of its own on kernels that take one width."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -51,3 +54,39 @@ def finite_lse(lse: torch.Tensor) -> torch.Tensor:
     """lse with -inf (a row that sees no key) as 0, everything else as it is: one operation
     (nan and +inf are kept, so this is exactly where(isneginf(lse), 0, lse))."""
     return lse.nan_to_num(nan=math.nan, posinf=math.inf, neginf=0.0)
+
+
+def widen(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t (..., d) with zeros after its last dim up to `width` (as it is when already that wide)."""
+    return t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
+
+
+def one_width_forward(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """A fused kernel's forward (q, k, v, ...) -> (out, lse), which takes one head dim for q, k
+    and v, for a V of its own width (MLA: q, k 192, v 128): the narrower side zero-padded to the
+    wider (zero columns add nothing to QKᵀ and make zero columns of PV; the caller passes the
+    scale, so padding does not change it), out cut back to V's width."""
+    @functools.wraps(kernel)
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any):
+        dv = v.shape[-1]
+        if q.shape[-1] == dv:
+            return kernel(q, k, v, *args, **kwargs)
+        d = max(q.shape[-1], dv)
+        out, lse = kernel(widen(q, d), widen(k, d), widen(v, d), *args, **kwargs)
+        return out.narrow(-1, 0, dv), lse
+    return run
+
+
+def one_width_backward(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """`one_width_forward` for a backward (dout, q, k, v, out, ...) -> (dq, dk, dv): dout and out
+    padded as V, the gradients cut back to their tensors' widths."""
+    @functools.wraps(kernel)
+    def run(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            out: torch.Tensor, *args: Any, **kwargs: Any):
+        dqk, dv = q.shape[-1], v.shape[-1]
+        if dqk == dv:
+            return kernel(dout, q, k, v, out, *args, **kwargs)
+        d = max(dqk, dv)
+        gq, gk, gv = kernel(*(widen(t, d) for t in (dout, q, k, v, out)), *args, **kwargs)
+        return gq.narrow(-1, 0, dqk), gk.narrow(-1, 0, dqk), gv.narrow(-1, 0, dv)
+    return run

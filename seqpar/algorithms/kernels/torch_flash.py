@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from seqpar.algorithms.kernels.binding import pad_head_dim
-from seqpar.algorithms.kernels.tensors import contiguous
+from seqpar.algorithms.kernels.tensors import contiguous, one_width_backward, one_width_forward
 
 NO_WINDOW = (-1, -1)
 
@@ -52,6 +52,7 @@ def _backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, 
     return tuple(g.narrow(-1, 0, d) for g in grads)
 
 
+@one_width_forward
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             window: tuple[int, int] = NO_WINDOW) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Sq, H, D), lse (B, H, Sq) float32) of one dense block; K,V may have fewer heads."""
@@ -59,6 +60,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
     return _forward(q, k, v, None, None, q.shape[1], k.shape[1], causal, scale, window)
 
 
+@one_width_backward
 def backward(dout, q, k, v, out, lse, causal, scale, window=NO_WINDOW):
     """(dq, dk, dv) of one dense block given the final out and lse (B, H, Sq)."""
     _check_square(q, k, causal)
@@ -66,11 +68,13 @@ def backward(dout, q, k, v, out, lse, causal, scale, window=NO_WINDOW):
                      window)
 
 
+@one_width_forward
 def varlen_forward(q, k, v, seqs, causal, window, scale):
     """(out (Tq, H, D), lse (H, Tq) float32) of packed sequences (`flash.Varlen`)."""
     return _forward(q, k, v, seqs.cu_q, seqs.cu_k, seqs.max_q, seqs.max_k, causal, scale, window)
 
 
+@one_width_backward
 def varlen_backward(dout, q, k, v, out, lse, seqs, causal, window, scale):
     """(dq, dk, dv) of packed sequences given the final out and lse (H, Tq)."""
     return _backward(dout, q, k, v, out, lse, seqs.cu_q, seqs.cu_k, seqs.max_q, seqs.max_k,

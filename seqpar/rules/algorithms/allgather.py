@@ -13,6 +13,6 @@ class AllGatherRules(Rules):
 
     @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        kv = 2 * shape.kv_heads * shape.unit(world)
-        grad = 2 * shape.kv_heads * shape.grad_unit(world, options)
+        kv = shape.kv_heads * shape.kv_unit(world)
+        grad = shape.kv_heads * shape.kv_grad_unit(world, options)
         return {"forward": (world - 1) * kv, "backward": (world - 1) * grad}

@@ -41,11 +41,12 @@ def skipped_query_ring_bytes(q_bytes: int, dq_bytes: int, plan: route.Plan) -> i
 def query_block_bytes(shape: AttnShape, world: int, tokens_factor: int = 1,
                       options: Options | None = None) -> tuple[int, int]:
     """(query block message, dq message) bytes for a block of tokens_factor shards: D and lse in
-    the accumulation dtype, q and dO in the input dtype, packed; dq in the gradient dtype."""
+    the accumulation dtype, q (head_dim wide) and dO (v_head_dim) in the input dtype, packed; dq in
+    the gradient dtype."""
     options = options or Options()
-    u = shape.unit(world) * tokens_factor
+    u, uv = shape.unit(world) * tokens_factor, shape.v_unit(world) * tokens_factor
     stats = shape.batch * shape.shard_len(world) * tokens_factor * shape.heads * shape.acc_bytes
-    block = packed_size([stats, stats, shape.heads * u, shape.heads * u])
+    block = packed_size([stats, stats, shape.heads * u, shape.heads * uv])
     return block, shape.heads * shape.grad_unit(world, options) * tokens_factor
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class BurstRules(RingRules):
     @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
         block, dq = query_block_bytes(shape, world, options=options)
-        forward = ring_bytes(2 * shape.kv_heads * shape.unit(world), world)["forward"]
+        forward = ring_bytes(shape.kv_heads * shape.kv_unit(world), world)["forward"]
         return {"forward": forward, "backward": query_ring_bytes(block, dq, world)}
 
     @classmethod
@@ -98,6 +99,6 @@ class BurstRules(RingRules):
         forward = route.plan(world, inner, rank, need)
         backward = route.plan(world, inner, rank, route.transpose(need))
         block, dq = query_block_bytes(shape, world, options=options)
-        kv = 2 * shape.kv_heads * shape.unit(world)
+        kv = shape.kv_heads * shape.kv_unit(world)
         return {"forward": (forward.full_kv_messages - forward.kv_messages) * kv,
                 "backward": skipped_query_ring_bytes(block, dq, backward)}

@@ -33,8 +33,8 @@ class RingRules(Rules):
 
     @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
-        kv = 2 * shape.kv_heads * shape.unit(world)
-        grad = 2 * shape.kv_heads * shape.grad_unit(world, options)
+        kv = shape.kv_heads * shape.kv_unit(world)
+        grad = shape.kv_heads * shape.kv_grad_unit(world, options)
         return ring_bytes(kv, world, grad)
 
     @classmethod
@@ -48,5 +48,5 @@ class RingRules(Rules):
         if not options.skips(mask.relation) or world == 1:
             return super().skipped_bytes(shape, world, options, rank, mask)
         plan = route.plan(world, cls.ring_inner(world, options), rank, mask.need(world))
-        return skipped_ring_bytes(2 * shape.kv_heads * shape.unit(world),
-                                  2 * shape.kv_heads * shape.grad_unit(world, options), plan)
+        return skipped_ring_bytes(shape.kv_heads * shape.kv_unit(world),
+                                  shape.kv_heads * shape.kv_grad_unit(world, options), plan)

@@ -17,9 +17,10 @@ def seq_alltoall_bytes(shape: AttnShape, group: int, world: int, kv_heads: int) 
     """Bytes one rank sends in one phase's all-to-alls over a head-parallel group of `group`
     ranks inside a sequence-parallel group of `world`: q, k, v (or dout) in, out (or dq, dk, dv)
     back, each (group-1)/group of its input. kv_heads counts replicated K,V heads (LoongTrain
-    §4.5.4: AlltoAll_Volume = sum over q, k, v, out of Size x (dhp-1)/dhp)."""
-    heads_per_member = 2 * (shape.heads // group) + 2 * (kv_heads // group)
-    return (group - 1) * heads_per_member * shape.unit(world)
+    §4.5.4: AlltoAll_Volume = sum over q, k, v, out of Size x (dhp-1)/dhp). q and k (dq, dk) are
+    head_dim wide, v and out (dv, dout) v_head_dim: each phase moves one of each per head."""
+    heads_per_member = shape.heads // group + kv_heads // group
+    return (group - 1) * heads_per_member * shape.kv_unit(world)
 
 
 def kv_ranges(heads: int, kv_heads: int, ways: int) -> list[tuple[int, int]] | None:
@@ -36,11 +37,11 @@ def head_plan_bytes(shape: AttnShape, group: int, world: int, member: int) -> di
     q and out (dout and dq) by all-to-all, (group-1)/group of H heads each; forward the K,V heads
     every other member reads, backward its own K,V heads' gradients to every other member."""
     ranges = kv_ranges(shape.heads, shape.kv_heads, group)
-    u = shape.unit(world)
-    qo = (group - 1) * 2 * (shape.heads // group) * u
+    kv = shape.kv_unit(world)  # a q head and an out head, or a K head and a V head
+    qo = (group - 1) * (shape.heads // group) * kv
     widths = [hi - lo for lo, hi in ranges]
-    return {"forward": qo + 2 * u * (sum(widths) - widths[member]),
-            "backward": qo + 2 * u * (group - 1) * widths[member]}
+    return {"forward": qo + kv * (sum(widths) - widths[member]),
+            "backward": qo + kv * (group - 1) * widths[member]}
 
 
 class UlyssesRules(Rules):

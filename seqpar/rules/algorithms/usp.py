@@ -116,8 +116,8 @@ class UspRules(Rules):
                                    grid.groups("hp"))
         pos = grid.coord("cp", rank)  # which HP group's tokens rank holds: its ring position
         kv_heads = ring_kv_heads(shape, dhp, grid.coord("hp", rank))
-        return skipped_ring_bytes(2 * kv_heads * shape.unit(world),
-                                  2 * kv_heads * shape.grad_unit(world, options),
+        return skipped_ring_bytes(kv_heads * shape.kv_unit(world),
+                                  kv_heads * shape.kv_grad_unit(world, options),
                                   route.plan(dcp, inner, pos, need))
 
 
@@ -138,7 +138,7 @@ def bytes_by_op(shape: AttnShape, world: int, options: Mapping[str, Any] | Optio
     (None) the busiest rank's in each phase.
 
     all_to_all: AlltoAll_Volume = (dhp-1)/dhp x (Size(q) + Size(k) + Size(v) + Size(out)), with
-    K,V replicated to max(Hkv, dhp) heads, in each phase. p2p: Size(kv) = 2·max(Hkv, dhp)·u per
+    K,V replicated to max(Hkv, dhp) heads, in each phase. p2p: Size(kv) = max(Hkv, dhp)·(u + u_v) per
     message (H/dhp heads of N/dcp tokens); dcp-1 messages forward (inner and outer rings together),
     and backward dcp-1 for K,V plus dcp for dK,dV (in the gradient dtype), as in a plain ring.
     With K,V head ranges (kv_heads neither a multiple nor a divisor of dhp) the members differ:
@@ -159,7 +159,7 @@ def bytes_by_op(shape: AttnShape, world: int, options: Mapping[str, Any] | Optio
         a2a = dict.fromkeys(PHASES, seq_alltoall_bytes(shape, dhp, world, kv_heads))
     else:
         a2a = head_plan_bytes(shape, dhp, world, member)
-    p2p = ring_bytes(2 * kv_heads * shape.unit(world), dcp,
-                     2 * kv_heads * shape.grad_unit(world, opts))
+    p2p = ring_bytes(kv_heads * shape.kv_unit(world), dcp,
+                     kv_heads * shape.kv_grad_unit(world, opts))
     return {phase: {"all_to_all": a2a[phase], "p2p": p2p[phase]} for phase in PHASES}
 

@@ -85,19 +85,19 @@ class WallFacerRules(Rules):
         packing and gradients in the gradient dtype."""
         grid = grid_of(world, options)
         c, t = grid.team_size, grid.ring_size
-        u, h, hkv = shape.unit(world), shape.heads, shape.kv_heads
-        gu = shape.grad_unit(world, options)
+        u, uv, h, hkv = shape.unit(world), shape.v_unit(world), shape.heads, shape.kv_heads
+        gu, gkv = shape.grad_unit(world, options), shape.kv_grad_unit(world, options)
         stats = shape.batch * shape.shard_len(world) * h * shape.acc_bytes  # a shard's lse or D
-        block = 2 * c * hkv * u                                   # a team's K,V
+        block = c * hkv * shape.kv_unit(world)                    # a team's K,V
         mine = grid.init_send(rank) != rank
         q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)
-        forward = ((c - 1) * (h + 2 * hkv) * u                   # all-gather q, k, v
+        forward = ((c - 1) * (h * u + hkv * shape.kv_unit(world))  # all-gather q, k, v
                    + (block if mine else 0) + (t - 1) * block     # Alg. 2 placement, sub-ring
-                   + (c - 1) * (h * u * shape.acc_bytes // shape.elem_bytes + stats))  # combine
-        backward = ((c - 1) * packed_size([stats, stats, h * u])  # all-gather D, lse, dO
+                   + (c - 1) * (h * uv * shape.acc_bytes // shape.elem_bytes + stats))  # combine
+        backward = ((c - 1) * packed_size([stats, stats, h * uv])  # all-gather D, lse, dO
                     + query_ring_bytes(q_block, dq_block, t)
-                    + (2 * c * hkv * gu if mine else 0)           # placed dK,dV home
-                    + (c - 1) * (h + 2 * hkv) * gu)               # reduce-scatter dq, dk, dv
+                    + (c * hkv * gkv if mine else 0)              # placed dK,dV home
+                    + (c - 1) * (h * gu + hkv * gkv))             # reduce-scatter dq, dk, dv
         return {"forward": forward, "backward": backward}
 
     @classmethod
@@ -112,7 +112,7 @@ class WallFacerRules(Rules):
         pos = grid.subring(rank).index(rank)
         fwd, bwd = route.plan(t, t, pos, need_f), route.plan(t, t, pos, need_b)
         q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)
-        return {"forward": skipped_ring_bytes(2 * c * shape.kv_heads * shape.unit(world), 0,
+        return {"forward": skipped_ring_bytes(c * shape.kv_heads * shape.kv_unit(world), 0,
                                               fwd)["forward"],
                 "backward": skipped_query_ring_bytes(q_block, dq_block, bwd)}
 

@@ -1,0 +1,168 @@
+"""Multi-head latent attention under SP, exact in float64 against a one-process reference written
+from the definition.
+
+A V head dim of its own (MLA: queries and keys 192 wide, values 128): every algorithm at P = 2, 3
+and 4, in every layout, causal and bidirectional, with windows, documents and uneven lengths, MHA
+and GQA (K,V heads split, replicated and the unequal head ranges at P = 3), V narrower and wider
+than Q/K, with and without sinks: out, dq, dk, dv (and dsinks), and every rank's bytes against the
+analytic count (K and V bytes differ now). One gang round-trip per P runs every case.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from seqpar import algorithms
+from seqpar.algorithms.base import Geometry
+from seqpar.rules.shape import TOLERANCE, AttnShape
+
+ALGORITHMS = {  # name -> options at P
+    "allgather": lambda p: {},
+    "ulysses": lambda p: {},
+    "ring": lambda p: {},
+    "usp": lambda p: {"dhp": 2} if p % 2 == 0 else {"dhp": p},
+    "double_ring": lambda p: {"inner_ring": 2} if p % 2 == 0 else {},
+    "wallfacer": lambda p: {"team_size": 2} if p >= 4 else {"team_size": 1},
+    "burst": lambda p: {"ranks_per_node": 2} if p % 2 == 0 else {},
+}
+LAYOUTS = ("contiguous", "zigzag", "stripe", "balanced")
+HEADS = {3: ((6, 6), (6, 2)), 2: ((4, 4), (4, 2)), 4: ((4, 4), (4, 2))}  # (H, Hkv): MHA, GQA
+WIDTHS = ((6, 4), (3, 5))  # (Q/K head dim, V head dim): MLA's narrower V, and a wider one
+B = 2
+
+Case = tuple  # (algorithm, layout, causal, N, cu_seqlens, window, H, Hkv, D, Dv, sinks)
+
+
+def relations(world: int) -> list[tuple[bool, int, tuple[int, ...] | None, int | None]]:
+    """(causal, N, cu_seqlens, window): causal, a causal window, documents with a window,
+    bidirectional with a window and with documents, and uneven lengths (three documents)."""
+    n, u = 8 * world, 2 * world
+    docs = (0, u, n - u, n)
+    return [(True, n, None, None), (True, n, None, 5), (True, n, docs, 3),
+            (False, n, None, 7), (False, n, docs, None), (True, n - 1, (0, 3, u + 1, n - 1), None)]
+
+
+def cases(world: int) -> list[Case]:
+    """Every algorithm in a covering design of layout x relation: layout l meets relation j when
+    l + j is even; heads, widths and sinks turn with (l + j) / 2 and j, so each meets each."""
+    out = []
+    for name, (lay, layout), (j, (causal, n, cu, window)) in itertools.product(
+            ALGORITHMS, enumerate(LAYOUTS), enumerate(relations(world))):
+        if (lay + j) % 2 == 0:
+            h, hkv = HEADS[world][(lay + j) // 2 % 2]
+            d, dv = WIDTHS[j % 2]
+            out.append((name, layout, causal, n, cu, window, h, hkv, d, dv, j % 3 == 0))
+    return out
+
+
+def inputs(case: Case, seed: int) -> dict[str, torch.Tensor]:
+    *_, n, _, _, h, hkv, d, dv, _ = case
+    g = torch.Generator().manual_seed(seed)
+    x = {"q": (B, n, h, d), "k": (B, n, hkv, d), "v": (B, n, hkv, dv), "dout": (B, n, h, dv)}
+    out = {name: torch.randn(*s, generator=g, dtype=torch.float64) for name, s in x.items()}
+    out["sinks"] = 1.5 * torch.randn(h, generator=g, dtype=torch.float64) + 1.0
+    return out
+
+
+def keep_of(case: Case) -> torch.Tensor:
+    """(N, N) True where query i sees key j: same document, causal, window."""
+    _, _, causal, n, cu, window, *_ = case
+    t = torch.arange(n)
+    bounds = torch.tensor(cu or (0, n))
+    doc = torch.repeat_interleave(torch.arange(len(bounds) - 1), bounds[1:] - bounds[:-1])
+    keep = doc[:, None] == doc[None, :]
+    if causal:
+        keep &= t[:, None] >= t[None, :]
+    if window is not None:
+        keep &= (t[:, None] - t[None, :]).abs() < window
+    return keep
+
+
+def reference(case: Case, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """out and every gradient of the one-process attention: softmax(q kᵀ / sqrt(D)) v, with the
+    sink column where the case has sinks."""
+    sinks = case[-1]
+    leaves = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "sinks")}
+    q, k, v = leaves["q"], leaves["k"], leaves["v"]
+    kx, vx = (t.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for t in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kx) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~keep_of(case), float("-inf"))
+    column = (leaves["sinks"] if sinks else torch.full_like(x["sinks"], float("-inf")))
+    column = column.view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    probs = torch.cat([scores, column], dim=-1).softmax(dim=-1)[..., :-1]
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, vx)
+    out.backward(x["dout"])
+    got = {"out": out.detach(), **{f"d{n}": leaves[n].grad for n in ("q", "k", "v")}}
+    if sinks:
+        got["dsinks"] = leaves["sinks"].grad
+    return got
+
+
+def error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max()) / max(float(want.abs().max()), 1e-4)
+
+
+def analytic(case: Case, world: int, rank: int) -> dict[str, int]:
+    name, layout, causal, n, cu, window, h, hkv, d, dv, _ = case
+    shape = AttnShape(B, n, h, hkv, d, 8, dv)
+    geometry = Geometry.of(shape, world, layout, causal, cu, window)
+    return algorithms.get(name).bytes_of_rank(shape, world, ALGORITHMS[name](world), rank,
+                                              geometry)
+
+
+# --------------------------------------------------------------------------------- on the ranks
+def _rank_runs(env, world: int, seed: int) -> list[dict]:
+    out = []
+    for i, case in enumerate(cases(world)):
+        name, layout, causal, n, cu, window, *_, sinks = case
+        attn = algorithms.build_attention(name, causal=causal, layout=layout, window=window,
+                                          group=env.group(world), **ALGORITHMS[name](world))
+        x = inputs(case, seed + i)
+        pos = attn.positions(n, cu)
+        local = {k: x[k].index_select(1, pos) for k in ("q", "k", "v", "dout")}
+        q, k, v = (local[k].clone().requires_grad_() for k in ("q", "k", "v"))
+        s = x["sinks"].clone().requires_grad_() if sinks else None
+        with algorithms.recording() as ledger:
+            o = attn(q, k, v, cu_seqlens=cu, sinks=s)
+            o.backward(local["dout"])
+        got = {"out": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        if s is not None:
+            got["dsinks"] = s.grad
+        out.append({"pos": pos, "got": got,
+                    "sent": {p: ledger.total(phase=p) for p in ("forward", "backward")},
+                    "want": analytic(case, world, env.rank)})
+    return out
+
+
+def unshard(rows: list[dict], n: int) -> dict[str, torch.Tensor]:
+    """The ranks' shards as full-sequence tensors; dsinks summed over the ranks."""
+    full = {}
+    for name, like in rows[0]["got"].items():
+        if name == "dsinks":
+            full[name] = sum(r["got"][name] for r in rows)
+            continue
+        t = torch.zeros(like.shape[0], n, *like.shape[2:], dtype=like.dtype)
+        for r in rows:
+            t[:, r["pos"]] = r["got"][name]
+        full[name] = t
+    return full
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_v_head_dim_of_its_own_is_exact_in_every_algorithm(gang, seed, world):
+    per_rank = gang.run(_rank_runs, world, seed, size=world)
+    failures = []
+    for i, case in enumerate(cases(world)):
+        rows = [ranks[i] for ranks in per_rank]
+        want = reference(case, inputs(case, seed + i))
+        got = unshard(rows, case[3])
+        failures += [f"{case}: {name} error {error(got[name], want[name]):.1e}" for name in want
+                     if not error(got[name], want[name]) <= TOLERANCE["float64"]]
+        failures += [f"{case} rank {r}: bytes {row['sent']} != {row['want']}"
+                     for r, row in enumerate(rows) if row["sent"] != row["want"]]
+    assert not failures, "\n".join(failures)
