@@ -22,6 +22,7 @@ from seqpar.planner.clusters import Cluster
 from seqpar.rules import blocks, layouts, masks
 from seqpar.rules.algorithms import call_relation
 from seqpar.rules.flops import attention_flops
+from seqpar.rules.relation import Relation
 
 PROXY = 4  # proxy tokens per layout chunk (>= 2 so diagonal runs are seen)
 
@@ -92,14 +93,25 @@ def mask_calls(layout: str, world: int, q_members: tuple[int, ...],
         return np.sort(np.concatenate([np.asarray(blocks.rank_positions(layout, r, world, n, rel))
                                        for r in members]))
 
+    q, k = held(q_members), held(k_members)
+    if isinstance(rel, Relation) and rel.window is not None and not _within(q, k, rel):
+        return ()  # a window no query of the block reaches across: no call
     out = []
-    for t in blocks.block_tasks(held(q_members), held(k_members), rel):
+    for t in blocks.block_tasks(q, k, rel):
         rows = t.q1 - t.q0
         if t.mask in ("full", "causal"):
             out.append((rows / n, (t.k1 - t.k0) / n, t.mask))
         else:  # shifted or band: a full call of the same pairs
             out.append((rows / n, t.pairs / rows / n, "full"))
     return tuple(out)
+
+
+def _within(q: np.ndarray, k: np.ndarray, rel: Relation) -> bool:
+    """Whether some key of sorted positions k lies in some query's window (q - W, q] (causal),
+    or (q - W, q + W) (full): a bound on what the relation shows (documents only narrow it)."""
+    w = rel.window
+    upper = q + (0 if rel.causal else w - 1)
+    return bool((np.searchsorted(k, upper, "right") - np.searchsorted(k, q - w, "right")).any())
 
 
 @dataclass(frozen=True)
