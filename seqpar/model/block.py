@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from seqpar.model import checkpointing
+from seqpar.model import checkpointing, mla
 from seqpar.model.layers import apply_rope, glu, norm
 from seqpar.model.moe import RouterStats, moe_ffn
 from seqpar.rules.model import ModelConfig, ffn_shapes, layer_shapes
@@ -87,6 +87,8 @@ class Block(nn.Module):
         c, opt = self.cfg, self.opt
         b, s, _ = x.shape
         h = self.norm(x, "attn_norm")
+        if c.mla:  # multi-head latent attention (DeepSeek): `model.mla`
+            return mla.pre(h, opt, c, cos, sin)
         q = F.linear(h, opt("wq"), opt("bq")).view(b, s, c.heads, c.head_dim)
         k = F.linear(h, opt("wk"), opt("bk")).view(b, s, c.kv_heads, c.head_dim)
         v = F.linear(h, opt("wv"), opt("bv")).view(b, s, c.kv_heads, c.head_dim)

@@ -16,14 +16,15 @@ The model's shape comes from its `ModelConfig`, built from the checkpoint's conf
 whose shape differs, a missing tensor and an unexpected one are one-line errors naming it, before
 anything is read. Skipped as the families' reference skips them: `rotary_emb.inv_freq` buffers
 (older checkpoints; transformers drops them), a tied model's `lm_head.weight` (the reference ties
-the head to the embedding), and a Gemma 3 multimodal checkpoint's vision tower and projector (the
-text decoder is what seqpar trains). An untied model read from a checkpoint without
-`lm_head.weight` takes its head from the embedding. Needs the `safetensors` package
-(`pip install seqpar[hf]`).
+the head to the embedding), a Gemma 3 multimodal checkpoint's vision tower and projector (the
+text decoder is what seqpar trains) and DeepSeek's multi-token-prediction layer (said once). An
+untied model read from a checkpoint without `lm_head.weight` takes its head from the embedding.
+Needs the `safetensors` package (`pip install seqpar[hf]`).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,14 +46,26 @@ _BLOCK = {"attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_lay
           "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
           "sinks": "self_attn.sinks",
           "w1": "mlp.gate_proj.weight", "w3": "mlp.up_proj.weight", "w2": "mlp.down_proj.weight",
-          "b1": "mlp.gate_proj.bias", "b3": "mlp.up_proj.bias", "b2": "mlp.down_proj.bias"}
+          "b1": "mlp.gate_proj.bias", "b3": "mlp.up_proj.bias", "b2": "mlp.down_proj.bias",
+          # multi-head latent attention (DeepSeek, Kimi K2)
+          "wq_a": "self_attn.q_a_proj.weight", "q_a_norm": "self_attn.q_a_layernorm.weight",
+          "wq_b": "self_attn.q_b_proj.weight", "wkv_a": "self_attn.kv_a_proj_with_mqa.weight",
+          "kv_a_norm": "self_attn.kv_a_layernorm.weight", "wkv_b": "self_attn.kv_b_proj.weight"}
 _SANDWICH = {"ffn_norm": "pre_feedforward_layernorm.weight",  # Gemma
              "post_attn_norm": "post_attention_layernorm.weight",
              "post_ffn_norm": "post_feedforward_layernorm.weight"}
-_ROUTER = {"mixtral": "gate.weight", "qwen3_moe": "gate.weight", "gpt_oss": "router.weight"}
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+_ROUTER = {"mixtral": "gate.weight", "qwen3_moe": "gate.weight", "gpt_oss": "router.weight",
+           **dict.fromkeys(_DEEPSEEK, "gate.weight")}
+_GATE_UP_DOWN = {"experts_w1": "gate_proj", "experts_w3": "up_proj", "experts_w2": "down_proj"}
 _PER_EXPERT = {"mixtral": {"experts_w1": "w1", "experts_w3": "w3", "experts_w2": "w2"},
-               "qwen3_moe": {"experts_w1": "gate_proj", "experts_w3": "up_proj",
-                             "experts_w2": "down_proj"}}
+               "qwen3_moe": _GATE_UP_DOWN, **dict.fromkeys(_DEEPSEEK, _GATE_UP_DOWN)}
+# the MoE layer's own parameters beyond the experts, by family: DeepSeek's router score bias
+# (e_score_correction_bias) and shared experts
+_MOE_EXTRA = dict.fromkeys(_DEEPSEEK, {
+    "router_score_bias": "gate.e_score_correction_bias",
+    "shared_w1": "shared_experts.gate_proj.weight", "shared_w3": "shared_experts.up_proj.weight",
+    "shared_w2": "shared_experts.down_proj.weight"})
 # where the text decoder sits: a causal LM's, or Gemma 3's multimodal checkpoint (old and new)
 _PREFIXES = (("model.", "lm_head.weight"),
              ("language_model.model.", "language_model.lm_head.weight"),
@@ -145,6 +158,8 @@ def sources(cfg: ModelConfig, names: set[str]) -> dict[str, Source]:
             elif leaf in ("router", "router_bias"):
                 key = _ROUTER[cfg.family] if leaf == "router" else "router.bias"
                 out[name] = Source((layer + moe + key,), (shape,))
+            elif leaf in _MOE_EXTRA.get(cfg.family, {}):
+                out[name] = Source((layer + moe + _MOE_EXTRA[cfg.family][leaf],), (shape,))
             else:
                 out[name] = Source((hf_name(name, cfg, prefix),), (shape,))
     return out
@@ -191,12 +206,29 @@ def _check(cfg: ModelConfig, path: str, shapes: dict[str, tuple[int, ...]],
             used.add(key)
     prefix, head = _prefix(set(shapes))
     vision = prefix != _PREFIXES[0][0]  # a multimodal checkpoint: its image encoder is not ours
+    mtp = _mtp_tensors(cfg, prefix, shapes)
     extra = sorted(k for k in shapes if k not in used and not _SKIPPED.search(k)
                    and not (cfg.tie_embeddings and k == head)
-                   and not (vision and _VISION.match(k)))
+                   and not (vision and _VISION.match(k)) and k not in mtp)
     require(not extra, "checkpoint", path,
             f"holds {extra[0] if extra else ''}, which the {cfg.family} model of its config.json "
             "does not have (a checkpoint of another model, or a config.json that leaves it out)")
+
+
+def _mtp_tensors(cfg: ModelConfig, prefix: str, shapes: dict[str, tuple[int, ...]]) -> set[str]:
+    """A DeepSeek checkpoint's multi-token-prediction layers (`model.layers.{num_hidden_layers}.*`
+    on: DeepSeek-V3's layer 61), which transformers skips by name and seqpar too, saying so once
+    a load."""
+    if cfg.family not in _DEEPSEEK:
+        return set()
+    first = re.compile(rf"^{re.escape(prefix)}layers\.(\d+)\.")
+    found = {k for k in shapes if (m := first.match(k)) and int(m[1]) >= cfg.layers}
+    if found:
+        logging.getLogger("seqpar.hf").warning(
+            "skipping the %d tensors of the multi-token-prediction layer (%slayers.%d.* on), as "
+            "transformers does: seqpar trains the next-token model", len(found), prefix,
+            cfg.layers)
+    return found
 
 
 def load(net: nn.Module, path: str) -> None:

@@ -23,9 +23,10 @@ from torch import nn
 
 INIT_STD = 0.02
 NORMS = frozenset({"attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm",
-                   "norm"})
+                   "norm", "q_a_norm", "kv_a_norm"})
 ZEROS = frozenset({"bq", "bk", "bv", "bo", "b1", "b3", "b2", "sinks", "router_bias",
-                   "experts_b1", "experts_b3", "experts_b2"})  # biases and sinks
+                   "experts_b1", "experts_b3", "experts_b2",
+                   "router_score_bias"})  # biases and sinks
 ROW_BLOCK = 256  # rows per seeded block: small enough that a shard boundary wastes little
 
 

@@ -1,4 +1,5 @@
-"""A mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, gpt-oss) and its load-balancing loss.
+"""A mixture-of-experts feed-forward (Mixtral, Qwen3-MoE, gpt-oss, DeepSeek-V3) and its
+load-balancing loss.
 
     out, stats = moe_ffn(x, p, cfg)          # x (b, s, d); p: ffn_shapes(cfg, moe=True) by name
     aux = aux_loss([stats, ...], cfg, group)  # the whole sequence's, on every rank of `group`
@@ -51,12 +52,16 @@ def router_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def route(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig) -> Routing:
     """Route tokens x (n, d): softmax_topk (Mixtral, Qwen3-MoE): softmax over every expert, the k
-    largest, renormalised to sum 1 when norm_topk; topk_softmax (gpt-oss): the k largest logits,
-    softmax over those k."""
+    largest, renormalised to sum 1 when norm_topk, times routed_scale (DeepSeek-V2's greedy);
+    topk_softmax (gpt-oss): the k largest logits, softmax over those k; sigmoid_group
+    (DeepSeek-V3): `group_topk`."""
     logits = F.linear(x, p["router"], p.get("router_bias"))
     dtype = router_dtype(logits.dtype)
     probs = torch.softmax(logits, dim=-1, dtype=dtype)
     k = cfg.experts_per_tok
+    if cfg.router == "sigmoid_group":
+        experts, weights = group_topk(logits.to(dtype), p["router_score_bias"], cfg)
+        return Routing(experts, weights, probs)
     if cfg.router == "topk_softmax":
         top, experts = torch.topk(logits, k, dim=-1)
         weights = torch.softmax(top, dim=-1, dtype=dtype)
@@ -64,7 +69,30 @@ def route(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig) -> Routing:
         weights, experts = torch.topk(probs, k, dim=-1)
         if cfg.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if cfg.routed_scale != 1.0:  # DeepSeek-V2's routed_scaling_factor
+            weights = weights * cfg.routed_scale
     return Routing(experts, weights, probs)
+
+
+def group_topk(logits: Tensor, score_bias: Tensor, cfg: ModelConfig) -> tuple[Tensor, Tensor]:
+    """DeepSeek-V3's routing (noaux_tc): sigmoid scores; the experts chosen by score + score_bias
+    (its e_score_correction_bias: it picks, it never weighs) among the topk_group of n_group
+    groups whose two best biased scores sum highest; their unbiased scores as weights,
+    renormalised where norm_topk (+1e-20, as the reference), times routed_scale. (experts (n, k),
+    weights (n, k))."""
+    scores = torch.sigmoid(logits)
+    n, e = scores.shape
+    per = e // cfg.n_group
+    choice = scores.detach() + score_bias.detach().to(scores.dtype)
+    best = choice.view(n, cfg.n_group, per).topk(min(2, per), dim=-1).values.sum(dim=-1)
+    kept = torch.topk(best, cfg.topk_group, dim=-1, sorted=False).indices
+    allowed = torch.zeros_like(best, dtype=torch.bool).scatter_(1, kept, True)
+    choice = choice.masked_fill(~allowed.repeat_interleave(per, dim=1), float("-inf"))
+    experts = torch.topk(choice, cfg.experts_per_tok, dim=-1, sorted=False).indices
+    weights = scores.gather(1, experts)
+    if cfg.norm_topk:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return experts, weights * cfg.routed_scale
 
 
 def run_experts(xs: Tensor, counts: Sequence[int], p: Mapping[str, Tensor],

@@ -51,7 +51,7 @@ from torch import nn
 from seqpar.algorithms import Attention, Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len
 from seqpar.errors import require
-from seqpar.model import checkpointing, grads, head, init, moe
+from seqpar.model import checkpointing, grads, head, init, mla, moe
 from seqpar.model import states as model_states
 from seqpar.model.block import Block, RouterLog, layer_rope
 from seqpar.model.config import ModelConfig
@@ -181,7 +181,8 @@ class Transformer(nn.Module):
                               **attention_options)
         self.attend = layers[0]  # deals the tokens (every layer's deal, `build_layers`)
         self.sp = SPGroup(self.attend, self.rank, self.world, layers)
-        self._inv_freq = {rope: torch.tensor(inv_freq(rope, cfg.head_dim), dtype=torch.float64)
+        self._inv_freq = {rope: torch.tensor(inv_freq(rope, mla.rope_width(cfg)),
+                                             dtype=torch.float64)
                           for rope in {layer_rope(cfg, i) for i in range(cfg.layers)} if rope}
         sharded = states_policy.sharded  # fsdp, dist-opt: FSDP2 over the world
         stored, build_on = states_policy.param_dtype(dtype), torch.device("meta") if sharded else device

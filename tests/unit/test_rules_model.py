@@ -64,7 +64,7 @@ def test_the_presets_are_files_and_the_published_sizes():
 @pytest.mark.parametrize(("key", "value", "rule"), [
     ("attn_logit_softcapping", 50.0, "soft-capping (Gemma 2) is not modelled"),
     ("ssm_state_size", 16, "state-space (Mamba) layers are not modelled"),
-    ("kv_lora_rank", 512, "multi-head latent attention"),
+    ("kv_lora_rank", 512, "is not a field seqpar knows for model_type llama"),
     ("frobnicate", 3, "is not a field seqpar knows for model_type llama"),
     ("layer_types", ["full_attention"], "must name one kind per layer"),
     ("num_attention_heads", None, "is missing")])
