@@ -1,8 +1,8 @@
 """Every family's tiny checkpoint, saved by Hugging Face transformers (the families' reference), read
 back by seqpar (its config.json by `rules.model.load`, its tensors by `hf.load`) computes the
-reference's mean next-token loss in float64 to relative 1e-6 (transformers' RoPE and norms run in
-float32 even in a float64 model: the rest of the difference), and the same model under ring and
-ulysses at P = 2 equals the one-process model, loss and every gradient.
+reference's mean next-token loss in float64 to relative 1e-6 (transformers' RoPE, norms and softmax
+run in float32 even in a float64 model: lifted to float64, the losses agree to 1e-12).
+test_family_sp.py: the same models under ring and ulysses at P = 2.
 
 The random weights are drawn large enough (matrices at 1/sqrt(fan-in), norms, biases and sinks away
 from 1 and 0) that every part of a layer moves the loss: the two models that were silently wrong
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +24,7 @@ from seqpar.model.block import layer_rope
 from seqpar.model.layers import apply_rope, rotary_tables
 from seqpar.rules import model as rules_model
 from seqpar.rules.rope import Rope, attention_factor, inv_freq
+from tests.model.test_family_sp import seqpar_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -102,13 +102,6 @@ def reference_loss(model, tokens: torch.Tensor) -> float:
     if aux:  # the reference adds its load-balancing loss where the config turns it on
         loss = loss + model.config.router_aux_loss_coef * out.aux_loss
     return loss.item()
-
-
-def seqpar_model(path, **kwargs) -> Transformer:
-    cfg = rules_model.load(str(path / "config.json"))
-    net = Transformer(cfg, dtype=torch.float64, seed=1, **kwargs)
-    hf.load(net, str(path))
-    return net
 
 
 @pytest.mark.parametrize("family", list(family_configs()))
@@ -257,38 +250,3 @@ def test_a_rotary_fraction_turns_the_first_dimensions_of_each_head_only(seed):
     got = apply_rope(x, cos, signed)
     assert torch.allclose(got, want, rtol=0, atol=1e-14) and torch.equal(got[..., 8:], rest)
     assert not torch.allclose(got[..., :8], turned)
-
-
-# ----------------------------------------------------------------------------------- under SP
-def _sp_runs(env, path: str, tokens: torch.Tensor):
-    out = []
-    for attention, layout, states, mode, fused in (
-            ("ring", "zigzag", "fsdp", "sc++", True),
-            ("ulysses", "stripe", "replicated", "sequence", False)):
-        net = seqpar_model(Path(path), attention=attention, layout=layout, group=env.group(2),
-                           states=states, checkpoint=mode, fused_head=fused, head_tiles=(7, 50))
-        loss = net.loss(tokens)
-        loss.backward()
-        out.append((attention, loss.item(), net.full_grads()))
-    return out
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("family", ["gemma3", "gpt-oss", "mixtral"])
-def test_a_family_under_ring_and_ulysses_equals_one_process(gang, tmp_path, seed, family):
-    """Gemma 3 (sliding and full layers with their own RoPE, tied head, sandwich and QK norms),
-    gpt-oss (sinks, YaRN, MoE with biases) and Mixtral (MoE and its load-balancing loss over the
-    whole sequence): ring (FSDP2 over the 2 ranks: a tied embedding sharded, the fused head) and
-    ulysses at P = 2 give the one-process model's loss and every gradient."""
-    _, tokens = save_family(family, tmp_path, seed)
-    net = seqpar_model(tmp_path)
-    loss = net.loss(tokens)
-    loss.backward()
-    want = {k: p.grad for k, p in net.named_parameters()}
-    assert ("head" in want) == (family != "gemma3")  # Gemma 3 ties its head to the embedding
-    for runs in gang.run(_sp_runs, str(tmp_path), tokens, size=2):
-        for attention, got, grads in runs:
-            assert abs(got - loss.item()) < 1e-10, (attention, got, loss.item())
-            for name, g in grads.items():
-                err = ((g - want[name]).abs().max() / want[name].abs().max()).item()
-                assert err < 1e-8, (attention, name, err)
