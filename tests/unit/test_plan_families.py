@@ -220,3 +220,10 @@ def test_a_plan_of_lengths_refuses_the_model_s_windows_in_one_line():
     with pytest.raises(ConfigError, match="sliding-window layers \\(window 1024\\) are planned at one"):
         LengthPlan.make(H100, published("gemma-3-27b"), work, 8, 1)
     assert LengthPlan.make(H100, published("mixtral-8x7b"), work, 8, 1).cfg.experts == 8
+
+
+def test_a_weight_the_planner_does_not_price_is_refused_by_name():
+    latent = replace(published("qwen3-8b"), head_dim=192, kv_lora_rank=512, qk_rope_dim=64,
+                     v_head_dim=128, qk_norm=False)  # multi-head latent attention's projections
+    with pytest.raises(ConfigError, match=r"blocks\.0\.wkv_a=.*the planner does not price yet"):
+        make_setup(H100, latent, 8192, None, 8, 1)
