@@ -18,7 +18,7 @@ backward (`unsink`, which gives this rank's partial dsinks; None without sinks).
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -201,8 +201,18 @@ class Attention:
         shards dealt by `layouts.shard(..., mask=)`). sinks: gpt-oss's attention sinks, a learned
         logit per query head (heads,) in every query's softmax denominator once (its column
         dropped); their gradient is this rank's part (sum it over the group, as every weight's)."""
-        a = self.algo
-        shape = shape_of(q, k, v, a.world)
+        shape = shape_of(q, k, v, self.algo.world)
+        return self.run(shape, (q, k, v), lambda a, *ts: _Shell.apply(a, *ts, sinks), cu_seqlens,
+                        mask, sinks)
+
+    def run(self, shape: AttnShape, tensors: Sequence[torch.Tensor],
+            apply: Callable[..., torch.Tensor], cu_seqlens: torch.Tensor | Sequence[int] | None,
+            mask: masks.Mask | None, sinks: torch.Tensor | None) -> torch.Tensor:
+        """apply(the algorithm for this call, *tensors) on this rank's shards `tensors` (q first,
+        each (batch, seq, ...)) of a call on `shape`: the call's rules checked, its relation set,
+        uneven shards padded to the common length and the output cut back (`__call__`, and MLA's
+        latent call with q and the latent)."""
+        a, q = self.algo, tensors[0]
         check_sinks(a, q, sinks)
         mask = mask if mask is not None else a.mask
         cu = layouts.as_cu(cu_seqlens)
@@ -217,19 +227,19 @@ class Attention:
             cu = layouts.normal_cu(a.layout, a.world, shape.seq_len, cu)
         type(a).check(shape, a.world, a.layout, a.causal, a.options, cu)
         kernels.resolve_backend(a.backend, q.device, q.dtype,
-                                head_dim=max(q.shape[-1], v.shape[-1]))
+                                head_dim=max(shape.head_dim, shape.v_dim))
         relation = call_relation(a.layout, a.world, shape.seq_len, a.causal, cu, a.window, mask)
         a = a.for_call(relation, sinks)
         held = len(rank_positions(a.layout, a.rank, a.world, shape.seq_len, relation))
         if cu is None and held == q.shape[1]:
-            return _Shell.apply(a, q, k, v, sinks)
+            return apply(a, *tensors)
         require(q.shape[1] == held, "q.shape", tuple(q.shape),
                 f"rank {a.rank} holds {held} of the N={shape.seq_len} tokens in the {a.layout} "
                 f"layout (layouts.shard with cu_seqlens or mask)")
         pad = shape.shard_len(a.world) - held
         if pad:
-            q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        return _Shell.apply(a, q, k, v, sinks).narrow(1, 0, held)
+            tensors = [F.pad(t, (0, 0, 0, 0, 0, pad)) for t in tensors]
+        return apply(a, *tensors).narrow(1, 0, held)
 
     def positions(self, n: int, cu_seqlens: Sequence[int] | None = None,
                   mask: masks.Mask | None = None) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 
 from seqpar.algorithms import blocks, layouts
 from seqpar.algorithms.kernels import acc_dtype
+from seqpar.algorithms.latent import UpProjection
 from seqpar.algorithms.ring import Ring, RingComms, carry, plan_of
 from seqpar.rules import route
 from seqpar.rules.algorithms.burst import (  # noqa: F401 (the rules, also from here)
@@ -141,6 +142,19 @@ class Burst(BurstRules, Ring):
     def backward(self, dout, saved, state):
         q, k, v, out, lse = saved
         dout, dsinks = self.unsink(dout, out, lse)
+        return (*self.query_ring(dout, q, k, v, out, lse), dsinks)
+
+    def latent_backward(self, dout, saved, state):
+        """K,V stay home: rebuilt once from this rank's own latent, their gradients taken back
+        through the up-projection once; no latent travels in backward."""
+        q, latent, wkv_b, out, lse = saved
+        dout, dsinks = self.unsink(dout, out, lse)
+        up = UpProjection(q, latent, wkv_b)
+        dq, dk, dv = self.query_ring(dout, q, *up.kv(latent), out, lse)
+        return dq, up.backward(latent, dk, dv), up.dw, dsinks
+
+    def query_ring(self, dout, q, k, v, out, lse):
+        """(dq, dk, dv) of Alg. 2: this rank's queries travel, its K,V stay."""
         seq_len = q.shape[1] * self.world
         dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
 
@@ -154,4 +168,4 @@ class Burst(BurstRules, Ring):
         plan = plan_of(comms, None if need is None else route.transpose(need))
         parts = query_parts(q, dout, rowsum_delta(dout, out), lse)
         dq = query_ring_backward(parts, comms, compute, self.grad_dtype(q), plan)
-        return dq, dk, dv, dsinks
+        return dq, dk, dv

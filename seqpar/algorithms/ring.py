@@ -22,6 +22,7 @@ import torch
 from seqpar.algorithms import blocks, kernels, layouts
 from seqpar.algorithms.base import Algorithm
 from seqpar.algorithms.comm import Comm, Handle
+from seqpar.algorithms.latent import UpProjection
 from seqpar.algorithms.mesh import Mesh
 from seqpar.rules import route
 from seqpar.rules.algorithms.ring import (  # noqa: F401 (the rules, also from here)
@@ -179,16 +180,19 @@ def carry(comms: RingComms, payload: torch.Tensor, plan: route.Plan,
 def ring_forward(q: torch.Tensor, kv: torch.Tensor, comms: RingComms, tasks_for: TasksFor,
                  acc_out: torch.Tensor, acc_lse: torch.Tensor, backend: str,
                  scale: float | None, plan: route.Plan | None = None,
-                 kv_index: torch.Tensor | None = None, fresh: bool = False) -> None:
+                 kv_index: torch.Tensor | None = None, fresh: bool = False,
+                 rebuild: UpProjection | None = None) -> None:
     """Merge attention over every position's kv into the accumulators; `tasks_for(src)` plans the
     block that started at position src. `kv_index` (usp with K,V head ranges): the K,V head of
     each query head within the travelling block, expanded locally before the kernel. `fresh`:
     the accumulators hold nothing yet (`blocks.new_partial`), so each row's first result is
-    copied in, not merged (`blocks.Seen`)."""
+    copied in, not merged (`blocks.Seen`). `rebuild` (mla_pass latent): kv is MLA's latent, and
+    each block's K,V are rebuilt from it on arrival."""
     seen = blocks.Seen() if fresh else None
     for _, src, block in travel(comms, kv, plan):
         if block is not None:
-            k, v = _expanded(block, kv_index, q, backend)
+            k, v = (rebuild.kv(block) if rebuild is not None
+                    else _expanded(block, kv_index, q, backend))
             blocks.forward_tasks(q, k, v, tasks_for(src), acc_out, acc_lse, backend, scale, seen)
 
 
@@ -205,14 +209,23 @@ def ring_backward(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: to
                   lse: torch.Tensor, comms: RingComms, tasks_for: TasksFor, dq: torch.Tensor,
                   backend: str, scale: float | None, grad_dtype: torch.dtype,
                   plan: route.Plan | None = None,
-                  kv_index: torch.Tensor | None = None) -> torch.Tensor:
+                  kv_index: torch.Tensor | None = None,
+                  rebuild: UpProjection | None = None) -> torch.Tensor:
     """Add dq in place; return this rank's own dK,dV (packed) after they have travelled home.
 
     K,V move as in `ring_forward`; each block's dK,dV accumulator follows its block one step
     behind (`size` hops in all, unskipped), in `grad_dtype`. With `kv_index` the gradients of the
-    expanded heads are summed back into the block's own heads before they travel.
+    expanded heads are summed back into the block's own heads before they travel. With `rebuild`
+    the latent travels, K,V are rebuilt again, and the latent's gradient (through the
+    up-projection) is what follows the block home; wkv_b's part stays in `rebuild.dw`.
     """
     def compute(block: torch.Tensor, src: int) -> torch.Tensor:
+        if rebuild is not None:
+            k, v = rebuild.kv(block)
+            dk, dv = blocks.zeros_acc(k), blocks.zeros_acc(v)
+            blocks.backward_tasks(dout, q, k, v, out, lse, tasks_for(src), dq, dk, dv, backend,
+                                  scale)
+            return rebuild.backward(block, dk, dv)
         k, v = _expanded(block, kv_index, q, backend)
         if kv_index is None:  # dK and dV accumulate in the two parts of one packed buffer
             dkv = blocks.zeros_acc(block)
@@ -270,3 +283,24 @@ class Ring(RingRules, Algorithm):
                             tasks_for, dq, self.backend, self.scale, self.grad_dtype(k), plan)
         dk, dv = blocks.unpack_kv(dkv, k.shape[-1])
         return dq, dk, dv, dsinks
+
+    # -- MLA with the latent on the ring (mla_pass latent, `algorithms.latent`) --------------------
+    def latent_forward(self, q, latent, wkv_b):
+        seq_len = q.shape[1] * self.world
+        tasks_for, comms = self.tasks_for(seq_len), RingComms.of(self.mesh)
+        plan = plan_of(comms, self.need(seq_len))
+        up = UpProjection(q, latent, wkv_b)
+        acc_out, acc_lse = blocks.new_partial(q, up.v_dim)
+        ring_forward(q, latent, comms, tasks_for, acc_out, acc_lse, self.backend, self.scale, plan,
+                     fresh=True, rebuild=up)
+        out = self.sink(acc_out, acc_lse).to(q.dtype)
+        return out, (q, latent, wkv_b, out, acc_lse), (tasks_for, plan)
+
+    def latent_backward(self, dout, saved, state):
+        q, latent, wkv_b, out, lse = saved
+        tasks_for, plan = state
+        dout, dsinks = self.unsink(dout, out, lse)
+        dq, up = blocks.zeros_acc(q), UpProjection(q, latent, wkv_b)
+        dlatent = ring_backward(dout, q, latent, out, lse, RingComms.of(self.mesh), tasks_for, dq,
+                                self.backend, self.scale, self.grad_dtype(q), plan, rebuild=up)
+        return dq, dlatent, up.dw, dsinks

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from seqpar.algorithms import blocks, layouts, tokens
 from seqpar.algorithms.base import Algorithm
+from seqpar.algorithms.latent import UpProjection
 from seqpar.algorithms.ring import (
     RingComms,
     plan_of,
@@ -112,6 +113,44 @@ class Usp(UspRules, Algorithm):
             (dq,) = heads_to_seq([dq.to(qh.dtype)], hp, inverse)
             dk, dv = kv_grads_to_seq(dkh, dvh, hp, ranges, inverse, kv_heads)
         return dq, dk, dv, dsinks
+
+    # -- MLA with the latent on the context ring (mla_pass latent, `algorithms.latent`) ----------
+    def latent_forward(self, q, latent, wkv_b):
+        """q to head shards as ever; the latent, one head every query head reads, all-gathered
+        over HP instead; the HP group's latents travel the context ring, and each member rebuilds
+        its own heads' K,V from them (its rows of wkv_b)."""
+        hp, comms = self.mesh.comm("hp"), RingComms.of(self.mesh, "cp")
+        me, n = comms.ring.rank, q.shape[1] * self.world
+        plan, path = self.plan(n), plan_of(comms, self.need(n))
+        order = plan.order(me, q.device)
+        (qh,) = seq_to_heads([q], hp, order)
+        lat = blocks.permute(hp.all_gather(latent, dim=1), order)
+        up = UpProjection(qh, lat, wkv_b, hp.rank, hp.size)
+
+        def tasks_for(src: int):
+            return plan.tasks(me, src)
+
+        acc_out, acc_lse = blocks.new_partial(qh, up.v_dim)
+        ring_forward(qh, lat, comms, tasks_for, acc_out, acc_lse, self.backend, self.scale, path,
+                     fresh=True, rebuild=up)
+        out_h = self.sink(acc_out, acc_lse, head_shard(hp, qh.shape[2])).to(q.dtype)
+        (out,) = heads_to_seq([out_h], hp, plan.inverse(me, q.device))
+        return out, (qh, lat, wkv_b, out_h, acc_lse), (plan, me, tasks_for, path)
+
+    def latent_backward(self, dout, saved, state):
+        qh, lat, wkv_b, out_h, lse = saved
+        plan, me, tasks_for, path = state
+        hp, comms = self.mesh.comm("hp"), RingComms.of(self.mesh, "cp")
+        dq, up = blocks.zeros_acc(qh), UpProjection(qh, lat, wkv_b, hp.rank, hp.size)
+        # one fixed order on every rank: a2a, ring (latent then its gradient), a2a, reduce-scatter
+        (doh,) = seq_to_heads([dout], hp, plan.order(me, dout.device))
+        doh, dsinks = self.unsink(doh, out_h, lse, head_shard(hp, qh.shape[2]))
+        dlat = ring_backward(doh, qh, lat, out_h, lse, comms, tasks_for, dq, self.backend,
+                             self.scale, self.grad_dtype(qh), path, rebuild=up)
+        inverse = plan.inverse(me, dout.device)
+        (dq,) = heads_to_seq([dq.to(qh.dtype)], hp, inverse)
+        dlatent = hp.reduce_scatter(blocks.permute(dlat, inverse), dim=1)
+        return dq, dlatent, up.dw, dsinks
 
 
 

@@ -18,6 +18,7 @@ import torch
 
 from seqpar import algorithms
 from seqpar.algorithms.base import Geometry
+from seqpar.algorithms.latent import LatentAttention, up_project
 from seqpar.rules.shape import TOLERANCE, AttnShape
 
 ALGORITHMS = {  # name -> options at P
@@ -82,11 +83,14 @@ def keep_of(case: Case) -> torch.Tensor:
     return keep
 
 
-def reference(case: Case, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def reference(case: Case, x: dict[str, torch.Tensor], leaves: bool = True
+              ) -> dict[str, torch.Tensor]:
     """out and every gradient of the one-process attention: softmax(q kᵀ / sqrt(D)) v, with the
-    sink column where the case has sinks."""
+    sink column where the case has sinks (leaves=False: x's tensors as they are, their gradients
+    left on whatever they came from)."""
     sinks = case[-1]
-    leaves = {n: x[n].clone().requires_grad_() for n in ("q", "k", "v", "sinks")}
+    names = ("q", "k", "v", "sinks")
+    leaves = {n: x[n].clone().requires_grad_() if leaves else x[n] for n in names}
     q, k, v = leaves["q"], leaves["k"], leaves["v"]
     kx, vx = (t.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for t in (k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kx) / math.sqrt(q.shape[-1])
@@ -138,11 +142,12 @@ def _rank_runs(env, world: int, seed: int) -> list[dict]:
     return out
 
 
-def unshard(rows: list[dict], n: int) -> dict[str, torch.Tensor]:
-    """The ranks' shards as full-sequence tensors; dsinks summed over the ranks."""
+def unshard(rows: list[dict], n: int, summed: tuple[str, ...] = ("dsinks",)
+            ) -> dict[str, torch.Tensor]:
+    """The ranks' shards as full-sequence tensors; the weights' parts (`summed`) summed."""
     full = {}
     for name, like in rows[0]["got"].items():
-        if name == "dsinks":
+        if name in summed:
             full[name] = sum(r["got"][name] for r in rows)
             continue
         t = torch.zeros(like.shape[0], n, *like.shape[2:], dtype=like.dtype)
@@ -161,6 +166,89 @@ def test_v_head_dim_of_its_own_is_exact_in_every_algorithm(gang, seed, world):
         rows = [ranks[i] for ranks in per_rank]
         want = reference(case, inputs(case, seed + i))
         got = unshard(rows, case[3])
+        failures += [f"{case}: {name} error {error(got[name], want[name]):.1e}" for name in want
+                     if not error(got[name], want[name]) <= TOLERANCE["float64"]]
+        failures += [f"{case} rank {r}: bytes {row['sent']} != {row['want']}"
+                     for r, row in enumerate(rows) if row["sent"] != row["want"]]
+    assert not failures, "\n".join(failures)
+
+
+# ----------------------------------------------------------------- the latent on the ring family
+LATENT = {"ring": lambda p: {}, "double_ring": ALGORITHMS["double_ring"],
+          "usp": ALGORITHMS["usp"], "burst": ALGORITHMS["burst"]}
+NOPE, ROPE, DV, RANK = 4, 2, 3, 5  # q/k 6 wide, v 3, a latent of 5 + 2 values a token
+
+
+def latent_cases(world: int) -> list[Case]:
+    """The latent-carrying algorithms over the same covering design (MHA: every head reads the
+    rebuilt K,V; heads divisible by usp's dhp)."""
+    h = HEADS[world][0][0]
+    return [(name, layout, causal, n, cu, window, h, h, NOPE + ROPE, DV, j % 3 == 0)
+            for name, (lay, layout), (j, (causal, n, cu, window)) in itertools.product(
+                LATENT, enumerate(LAYOUTS), enumerate(relations(world))) if (lay + j) % 2 == 0]
+
+
+def latent_inputs(case: Case, seed: int) -> dict[str, torch.Tensor]:
+    *_, n, _, _, h, _, _, _, _ = case
+    g = torch.Generator().manual_seed(seed)
+    x = {"q": (B, n, h, NOPE + ROPE), "c": (B, n, 1, RANK), "k_rope": (B, n, 1, ROPE),
+         "wkv_b": (h * (NOPE + DV), RANK), "dout": (B, n, h, DV)}
+    out = {name: torch.randn(*s, generator=g, dtype=torch.float64) for name, s in x.items()}
+    out["sinks"] = 1.5 * torch.randn(h, generator=g, dtype=torch.float64) + 1.0
+    return out
+
+
+def latent_reference(case: Case, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The one-process attention over K,V rebuilt from the whole latent (the model's kv path):
+    out, dq, dc, dk_rope, dwkv_b (and dsinks)."""
+    leaves = {n: x[n].clone().requires_grad_() for n in ("q", "c", "k_rope", "wkv_b", "sinks")}
+    k, v = up_project(torch.cat([leaves["c"], leaves["k_rope"]], dim=-1), leaves["wkv_b"],
+                      case[6], DV)
+    got = reference(case, {**x, "q": leaves["q"], "k": k, "v": v, "sinks": leaves["sinks"]},
+                    leaves=False)
+    return {"out": got["out"], **{f"d{n}": leaves[n].grad for n in leaves
+                                  if n != "sinks" or case[-1]}}
+
+
+def _latent_runs(env, world: int, seed: int) -> list[dict]:
+    out = []
+    for i, case in enumerate(latent_cases(world)):
+        name, layout, causal, n, cu, window, *_, sinks = case
+        attn = LatentAttention(algorithms.build_attention(
+            name, causal=causal, layout=layout, window=window, group=env.group(world),
+            **LATENT[name](world)))
+        x = latent_inputs(case, seed + i)
+        pos = attn.positions(n, cu)
+        leaves = {k: x[k].index_select(1, pos).requires_grad_() for k in ("q", "c", "k_rope")}
+        w = x["wkv_b"].clone().requires_grad_()
+        s = x["sinks"].clone().requires_grad_() if sinks else None
+        with algorithms.recording() as ledger:
+            o = attn(*leaves.values(), wkv_b=w, cu_seqlens=cu, sinks=s)
+            o.backward(x["dout"].index_select(1, pos))
+        got = {"out": o.detach(), **{f"d{k}": t.grad for k, t in leaves.items()}, "dwkv_b": w.grad}
+        if s is not None:
+            got["dsinks"] = s.grad
+        shape = AttnShape(B, n, case[6], case[6], NOPE + ROPE, 8, DV)
+        geometry = Geometry.of(shape, world, layout, causal, cu, window)
+        want = algorithms.get(name).latent_bytes(shape, world, LATENT[name](world), env.rank,
+                                                 RANK + ROPE, geometry)
+        out.append({"pos": pos, "got": got, "want": want,
+                    "sent": {p: ledger.total(phase=p) for p in ("forward", "backward")}})
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_latent_on_the_ring_family_is_exact(gang, seed, world):
+    """mla_pass latent: out and the gradients of q, the latent, its RoPE key and wkv_b (each rank's
+    part, summed) equal the one-process attention over the rebuilt K,V; every rank's bytes equal
+    the latent count."""
+    per_rank = gang.run(_latent_runs, world, seed, size=world)
+    failures = []
+    for i, case in enumerate(latent_cases(world)):
+        rows = [ranks[i] for ranks in per_rank]
+        want = latent_reference(case, latent_inputs(case, seed + i))
+        got = unshard(rows, case[3], summed=("dsinks", "dwkv_b"))
         failures += [f"{case}: {name} error {error(got[name], want[name]):.1e}" for name in want
                      if not error(got[name], want[name]) <= TOLERANCE["float64"]]
         failures += [f"{case} rank {r}: bytes {row['sent']} != {row['want']}"

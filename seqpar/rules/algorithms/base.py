@@ -37,6 +37,14 @@ def call_relation(layout: str, world: int, n: int, causal: bool = True,
     return Relation(causal, cu, window)
 
 
+def latent_message(shape: AttnShape, world: int, width: int, options: Options | None = None,
+                   tokens_factor: int = 1) -> int:
+    """Bytes of one rank's shard (tokens_factor shards) of MLA's latent, `width` values a token, in
+    the input dtype, or with `options` in the gradient dtype (its gradient's message)."""
+    elem = shape.elem_bytes if options is None else shape.grad_bytes(options)
+    return shape.batch * shape.shard_len(world) * tokens_factor * width * elem
+
+
 @dataclass(frozen=True)
 class Geometry:
     """What the queries of a call see, as the analytic byte counts need it: the layout, the padded
@@ -70,6 +78,8 @@ class Rules:
     summary: ClassVar[str]
     Options: ClassVar[type[Options]] = Options
     axes: ClassVar[tuple[str, ...]] = ()  # the mesh axes it communicates on besides "sp"
+    # whether it can carry MLA's latent in place of K,V (mla_pass latent: `latent_bytes`)
+    latent_pass: ClassVar[bool] = False
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | Options | None) -> Options:
@@ -128,6 +138,14 @@ class Rules:
             return sent
         skipped = cls.skipped_bytes(shape, world, opts, rank, geometry)
         return {p: sent[p] - skipped[p] for p in sent}
+
+    @classmethod
+    def latent_bytes(cls, shape: AttnShape, world: int, options: Mapping[str, Any] | Options | None,
+                     rank: int, width: int, geometry: Geometry | None = None) -> dict[str, int]:
+        """Bytes `rank` sends per call with mla_pass latent: MLA's latent (`width` values a token:
+        kv_lora_rank + qk_rope_dim) travels where K,V did; with `geometry`, net of the skipped
+        transfers. Only where `latent_pass`."""
+        raise NotImplementedError(f"{cls.name} does not carry the latent")
 
     @classmethod
     def skipped_of_rank(cls, shape: AttnShape, world: int,

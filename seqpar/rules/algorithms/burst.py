@@ -84,6 +84,14 @@ class BurstRules(RingRules):
         return {"forward": forward, "backward": query_ring_bytes(block, dq, world)}
 
     @classmethod
+    def latent_bytes(cls, shape, world, options, rank, width, geometry=None):
+        """The forward ring carries MLA's latent; backward's query ring is burst's own (K,V stay
+        home, rebuilt once from the rank's own latent)."""
+        forward = super().latent_bytes(shape, world, options, rank, width, geometry)["forward"]
+        return {"forward": forward,
+                "backward": cls.bytes_of_rank(shape, world, options, rank, geometry)["backward"]}
+
+    @classmethod
     def ring_inner(cls, world: int, options: Options) -> int:
         """The inner ring of the grid without a topology: ranks_per_node, else the flat ring (a
         mesh's own node map, which the class cannot see, may cut it otherwise)."""

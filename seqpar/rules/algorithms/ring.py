@@ -4,7 +4,7 @@ the messages a route skips (`rules.route`)."""
 from __future__ import annotations
 
 from seqpar.rules import route
-from seqpar.rules.algorithms.base import Geometry, Rules
+from seqpar.rules.algorithms.base import Geometry, Rules, latent_message
 from seqpar.rules.options import Options
 from seqpar.rules.shape import AttnShape
 
@@ -30,6 +30,20 @@ def skipped_ring_bytes(kv_bytes: int, grad_bytes: int, plan: route.Plan) -> dict
 class RingRules(Rules):
     name = "ring"
     summary = "K,V shards travel a ring; online-softmax merge; overlapped p2p"
+    latent_pass = True
+
+    @classmethod
+    def latent_bytes(cls, shape, world, options, rank, width, geometry=None):
+        """The ring's messages with MLA's latent in place of K,V (and its gradient in place of
+        dK,dV)."""
+        opts = cls.parse(options)
+        kv, grad = latent_message(shape, world, width), latent_message(shape, world, width, opts)
+        sent = ring_bytes(kv, world, grad)
+        if geometry is None or world == 1 or not opts.skips(geometry.relation):
+            return sent
+        plan = route.plan(world, cls.ring_inner(world, opts), rank, geometry.need(world))
+        skipped = skipped_ring_bytes(kv, grad, plan)
+        return {p: sent[p] - skipped[p] for p in sent}
 
     @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from seqpar.errors import require
 from seqpar.rules import blocks, groups, route
-from seqpar.rules.algorithms.base import Geometry, Rules
+from seqpar.rules.algorithms.base import Geometry, Rules, latent_message
 from seqpar.rules.algorithms.ring import ring_bytes, skipped_ring_bytes
 from seqpar.rules.algorithms.ulysses import (
     head_plan_bytes,
@@ -83,6 +83,28 @@ class UspRules(Rules):
     summary = "LoongTrain 2D: all-to-all in head-parallel groups, (double) ring in context groups"
     Options = UspOptions
     axes = ("hp", "cp", "inner", "outer")
+    latent_pass = True
+
+    @classmethod
+    def latent_bytes(cls, shape, world, options, rank, width, geometry=None):
+        """With MLA's latent: q and out (dout and dq) by all-to-all over HP; the latent all-gathered
+        over HP (every member rebuilds its own heads from every token's latent), the HP group's
+        latents around the context ring, their gradient reduce-scattered over HP."""
+        opts = cls.parse(options)
+        dhp, dcp, _, inner = opts.resolved(world)
+        one, grad = latent_message(shape, world, width), latent_message(shape, world, width, opts)
+        a2a = (dhp - 1) * (shape.heads // dhp) * shape.kv_unit(world)
+        ring = ring_bytes(dhp * one, dcp, dhp * grad)
+        sent = {"forward": a2a + (dhp - 1) * one + ring["forward"],
+                "backward": a2a + ring["backward"] + (dhp - 1) * grad}
+        if geometry is None or dcp == 1 or not opts.skips(geometry.relation):
+            return sent
+        grid = usp_grid(world, opts)
+        need = blocks.layout_need(geometry.layout, world, geometry.seq_len, geometry.relation,
+                                  grid.groups("hp"))
+        plan = route.plan(dcp, inner, grid.coord("cp", rank), need)
+        skipped = skipped_ring_bytes(dhp * one, dhp * grad, plan)
+        return {p: sent[p] - skipped[p] for p in sent}
 
     @classmethod
     def grid(cls, world: int, options: Options, nodes: Sequence[int] | None = None) -> Grid:
