@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from seqpar.errors import ConfigError, require
+from seqpar.rules.hf_defaults import with_defaults
 from seqpar.rules.rope import Rope
 
 # keys that do not change what the model computes
@@ -48,6 +49,8 @@ NOT_MODELLED = {
     "hidden_dropout": "dropout is not modelled (it draws noise each step)",
 }
 NEUTRAL = (None, 0, 0.0, False, [], "")
+# families whose sliding layers slide only with use_sliding_window (else their window is None)
+WINDOW_SWITCH = ("qwen2", "qwen3", "qwen3_moe", "smollm3")
 KINDS = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear"}
 
 BASE = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -65,7 +68,8 @@ FAMILIES: dict[str, set[str]] = {
     "smollm3": {"attention_bias", "mlp_bias", "no_rope_layers"},
     "gemma3_text": {"attention_bias", "hidden_activation", "query_pre_attn_scalar",
                     "rope_local_base_freq"},
-    "gpt_oss": {"attention_bias", "swiglu_limit", "swiglu_alpha"} | MOE,
+    "gpt_oss": {"attention_bias", "swiglu_limit", "swiglu_alpha", "experts_per_token",
+                "initial_context_length"} | MOE,
     "mixtral": MOE,
     "qwen3_moe": {"attention_bias"} | MOE,
 }
@@ -110,6 +114,7 @@ def read(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
         raise ConfigError(f"{where}: {extra[0]}", config[extra[0]],
                           f"is not a field seqpar knows for model_type {family} "
                           "(it may change what the model computes)")
+    config = with_defaults(config, family)
     out = _base(config, where, family)
     out.update(_attention(config, where, family, out))
     out.update(_feed_forward(config, where, family, out))
@@ -215,6 +220,8 @@ def _attention(config: dict[str, Any], where: str, family: str,
     kinds = [KINDS[k] for k in (config.get("layer_types") or [])]
     if not kinds:
         kinds = _default_kinds(config, family, layers, window)
+    if family in WINDOW_SWITCH and not config.get("use_sliding_window"):
+        kinds = ["full" if k == "sliding" else k for k in kinds]  # the reference's window: None
     require(len(kinds) == layers, f"{where}: layer_types", len(kinds),
             f"must name one kind per layer (num_hidden_layers {layers})")
     require("linear" not in kinds or family == "qwen3_next", f"{where}: layer_types",
@@ -241,8 +248,9 @@ def _attention(config: dict[str, Any], where: str, family: str,
                    lin_k_dim=config["linear_key_head_dim"],
                    lin_v_dim=config["linear_value_head_dim"],
                    conv_kernel=config["linear_conv_kernel_dim"])
-    if family == "smollm3" and config.get("no_rope_layers") is not None:
-        flags = config["no_rope_layers"]
+    if family == "smollm3":  # 1: the layer rotates; by default every 4th does not
+        every = config.get("no_rope_layer_interval") or 4
+        flags = config.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(layers)]
         require(len(flags) == layers, f"{where}: no_rope_layers", len(flags),
                 f"must hold one flag per layer ({layers})")
         out["nope_layers"] = tuple(i for i, use in enumerate(flags) if not use)
@@ -304,6 +312,9 @@ def _feed_forward(config: dict[str, Any], where: str, family: str,
     else:
         out["moe_ffn"] = base["ffn"]
     if family == "gpt_oss":
+        alias = config.get("experts_per_token", out["experts_per_tok"])  # OpenAI's own name
+        require(alias == out["experts_per_tok"], f"{where}: experts_per_token", alias,
+                f"must equal num_experts_per_tok ({out['experts_per_tok']})")
         alpha = config.get("swiglu_alpha", 1.702)
         require(alpha == 1.702, f"{where}: swiglu_alpha", alpha,
                 "must be 1.702 (gpt-oss's clamped SwiGLU)")

@@ -19,6 +19,7 @@ Pure Python: the planner reads shapes without torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -142,10 +143,11 @@ class ModelConfig:
         else:
             require(not (self.q_lora_rank or self.qk_rope_dim), "model.kv_lora_rank", 0,
                     "must be positive where q_lora_rank or qk_rope_dim are given (MLA)")
+        # rope_theta is the base (dataclasses.replace(cfg, rope_theta=...) moves it); rope the rest
         rope = self.rope if self.rope is not None else Rope(theta=self.rope_theta)
         require(isinstance(rope, Rope), "model.rope", rope, "must be a rules.rope.Rope")
-        require(rope.theta == self.rope_theta, "model.rope.theta", rope.theta,
-                f"must equal rope_theta ({self.rope_theta})")
+        if rope.theta != self.rope_theta:
+            rope = dataclasses.replace(rope, theta=float(self.rope_theta))
         rope.rotary_dim(self.head_dim)
         object.__setattr__(self, "rope", rope)
         self._layer_kinds()

@@ -124,7 +124,8 @@ def expert_numel(cfg: ModelConfig) -> int:
 
 
 def param_shapes(cfg: ModelConfig) -> Shapes:
-    """Every parameter of the decoder by name (`Transformer.named_parameters()` order)."""
+    """Every parameter of the decoder by name (the embedding, each layer's, the final norm, the
+    head unless tied)."""
     out: Shapes = {"embed": (cfg.vocab, cfg.hidden)}
     for i in range(cfg.layers):
         out.update({f"blocks.{i}.{k}": s for k, s in layer_shapes(cfg, i).items()})

@@ -177,3 +177,43 @@ def test_every_ignored_key_is_one_that_cannot_change_the_function():
                      "rope_theta", "rope_scaling", "tie_word_embeddings", "attention_bias"}
     assert not architectural & hf_config.IGNORED
     assert ModelConfig(vocab=10, hidden=8, layers=1, heads=2, kv_heads=1, ffn=8).head_dim == 4
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILY_CONFIGS) | {"deepseek_v3", "qwen3_next"}))
+def test_the_defaults_of_a_key_left_out_are_the_references(family):
+    from seqpar.rules.hf_defaults import DEFAULTS
+
+    names = {**FAMILY_CONFIGS, "deepseek_v3": "DeepseekV3Config", "qwen3_next": "Qwen3NextConfig"}
+    ref = getattr(transformers, names[family])()
+    rope = ref.rope_parameters
+    rope = rope.get("full_attention", rope)
+    for key, value in DEFAULTS[family].items():
+        if key == "rope_theta":
+            assert rope["rope_theta"] == value, key
+        elif key == "rope_scaling":
+            assert {k: rope[k] for k in value} == value
+        elif key in ("rope_local_base_freq", "partial_rotary_factor"):
+            local = ref.rope_parameters.get("sliding_attention", ref.rope_parameters)
+            assert local.get("rope_theta" if key == "rope_local_base_freq" else key) == value
+        elif not (key == "sliding_window" and not getattr(ref, "use_sliding_window", True)):
+            assert getattr(ref, key) == value, key  # (Qwen's unused window reads None there)
+    # a config that leaves everything but its dimensions out reads as the reference's defaults
+    dims = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
+    bare = {"model_type": ref.model_type, **{k: getattr(ref, k) for k in dims}}
+    if family in ("deepseek_v3",):
+        bare.update({k: getattr(ref, k) for k in ("kv_lora_rank", "q_lora_rank",
+                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+                     "moe_intermediate_size")})
+    if family == "qwen3_next":
+        bare.update({k: getattr(ref, k) for k in ("linear_num_key_heads", "linear_num_value_heads",
+                     "linear_key_head_dim", "linear_value_head_dim", "num_experts",
+                     "moe_intermediate_size", "shared_expert_intermediate_size")})
+    if family in ("mixtral", "gpt_oss", "qwen3_moe"):
+        bare["num_local_experts" if family != "qwen3_moe" else "num_experts"] = \
+            getattr(ref, "num_local_experts", None) or ref.num_experts
+    if family in ("deepseek_v3", "qwen3_next"):
+        pytest.skip("read, refused until the torch decoder computes it") if any(
+            k in hf_config.NOT_MODELLED for k in ("kv_lora_rank", "linear_num_value_heads")
+            if k in bare) else None
+    full = json.loads(ref.to_json_string())
+    assert from_hf(bare) == from_hf(full)

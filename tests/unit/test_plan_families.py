@@ -18,7 +18,6 @@ a token is not sent to, embeddings in both):
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import replace
 
@@ -36,29 +35,15 @@ from seqpar.planner.step import step
 from seqpar.rules import flops, masks
 from seqpar.rules.counts import largest_layer_numel, layer_classes, model_params
 from seqpar.rules.memory import ELEM, TrainPolicy, predicted_states
-from seqpar.rules.model import MODEL_FILES, ModelConfig, from_hf, load, preset_names
+from seqpar.rules.model import ModelConfig, load
 
 RNG = random.Random()
 H100 = clusters.load("h100-sxm")
-PENDING = MODEL_FILES / "pending"  # published files rules.hf_config does not read yet
 
 
 def published(name: str) -> ModelConfig:
-    """A preset, or a published config.json waiting under models/pending/ for rules.hf_config:
-    read with what transformers itself reads (gpt-oss's `experts_per_token` and
-    `initial_context_length` are attributes its modelling code never uses; Gemma 3's text_config
-    omits `vocab_size`, whose Gemma3TextConfig default is 262,208)."""
-    if name in preset_names():
-        return load(name)
-    data = json.loads((PENDING / f"{name}.json").read_text())
-    try:
-        return from_hf(data, f"{name}.json")
-    except ConfigError:
-        for key in ("experts_per_token", "initial_context_length"):
-            data.pop(key, None)
-        if "text_config" in data:
-            data["text_config"].setdefault("vocab_size", 262208)
-        return from_hf(data, f"{name}.json")
+    """A preset: its config.json as published."""
+    return load(name)
 
 
 def all_full(cfg: ModelConfig) -> ModelConfig:

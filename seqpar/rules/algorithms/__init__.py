@@ -43,6 +43,26 @@ def get(name: str) -> type[Rules]:
     return REGISTRY[name]
 
 
+MLA_PASSES = ("kv", "latent")  # what an MLA model's ring carries: each rank's K,V or its latent
+
+
+def check_mla_pass(mla_pass: str, mla: bool, algorithm: str, checkpoint: str = "none") -> None:
+    """mla_pass (a model's attention option): 'kv' (K,V rebuilt where the latent is made, then any
+    algorithm) or 'latent' (the ring family carries the latent, `Rules.latent_pass`), which needs
+    a model with multi-head latent attention and a checkpointing mode that does not re-run a
+    prefix of the attention itself (seq-attn)."""
+    require(mla_pass in MLA_PASSES, "mla_pass", mla_pass, f"must be one of {', '.join(MLA_PASSES)}")
+    if mla_pass == "kv":
+        return
+    require(mla, "mla_pass", mla_pass,
+            "needs a model with multi-head latent attention (model.kv_lora_rank > 0)")
+    require(get(algorithm).latent_pass, "mla_pass", mla_pass,
+            f"carries the latent on a ring: ring, double_ring, usp or burst, not {algorithm} "
+            "(ulysses and allgather move K,V heads after the up-projection: mla_pass kv)")
+    require(checkpoint != "seq-attn", "mla_pass", mla_pass,
+            "does not run under checkpoint seq-attn (its prefix re-runs the attention on K,V)")
+
+
 def grid_of(cls: type[Rules], world: int, nodes: Sequence[int] | None = None,
             **options: Any) -> Grid:
     """The rank grid `cls` lays on `world` ranks (nodes: each rank's node id)."""
@@ -133,7 +153,7 @@ def option_space(name: str, world: int) -> list[dict[str, Any]]:
     return option_space_of(get(name), world)
 
 
-__all__ = ["PHASES", "REGISTRY", "AttnShape", "Geometry", "Grid", "Options", "Rules",
-           "call_relation", "check", "check_of", "defaults_of", "expected_bytes",
+__all__ = ["MLA_PASSES", "PHASES", "REGISTRY", "AttnShape", "Geometry", "Grid", "Options", "Rules",
+           "call_relation", "check", "check_mla_pass", "check_of", "defaults_of", "expected_bytes",
            "expected_bytes_of", "get", "grid_for", "grid_of", "option_space", "option_space_of",
            "options_of", "skipped_bytes_of"]
