@@ -48,8 +48,7 @@ def check_model(model: str, names: Sequence[str], layouts: Sequence[str], world:
             "no case fits: " + "; ".join(dict.fromkeys(why for *_, why in skipped)))
     results = checking.check_models(fixed, stepped, world, device, say=err_console.print)
     rows = [_row(r) for r in results]
-    rows += [[kind, name, layout, "-", "-", "-", f"skipped: {why}"]
-             for kind, name, layout, why in skipped]
+    rows += _skipped_rows(skipped)
     display_table(f"seqpar check --model {model}: its family's tiny model ({checker.shape_line(tiny)}),"
                   f" P={world}, N={seq_len(world)} fixed, steps of up to {CAPACITY * world} tokens "
                   "a sequence, float64",
@@ -100,6 +99,15 @@ def _steps(tiny: ModelConfig, names: Sequence[str], layouts: Sequence[str], worl
                 continue
             cases.append(case)
     return cases, skipped
+
+
+def _skipped_rows(skipped: list[tuple[str, ...]]) -> list[list[Any]]:
+    """One row per step kind, layout and reason, naming every algorithm it skipped."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for kind, name, layout, why in skipped:
+        grouped.setdefault((kind, layout, why), []).append(name)
+    return [[kind, ", ".join(names), layout, "-", "-", "-", f"skipped: {why}"]
+            for (kind, layout, why), names in grouped.items()]
 
 
 def _row(r: checker.ModelCheck) -> list[Any]:
