@@ -208,7 +208,8 @@ def answer(q: Question) -> int | None:
         seen = f", mask {mask}" if mask else ""
         steps_table(result.ranked, f"{q.model} N={q.seq_len:,} P={q.world} on {c.name} ({nodes} "
                     f"node(s)), scope model, kernel {q.kernel}{seen}", c, q.top, q.as_json,
-                    {"scope": "model", "kernel": q.kernel, "mask": mask or "causal",
+                    {"scope": "model", "model_params": result.model_params,
+                     "kernel": q.kernel, "mask": mask or "causal",
                      "world": q.world, "nodes": nodes, "dominated": result.dominated,
                      "too_big": result.too_big}, result)
     else:
@@ -216,7 +217,7 @@ def answer(q: Question) -> int | None:
                                 scope=q.scope, dtype=q.dtype, kernel=q.kernel, filters=filters,
                                 layouts=layouts, mask=mask)
         attention_table(ranked, c, q.model, q.seq_len, q.world, nodes, q.top, q.as_json,
-                        q.kernel, mask)
+                        q.kernel, mask, perf_plan.model_params_of(q.model))
     return nodes
 
 
@@ -226,7 +227,8 @@ def _cluster(q: Question, c, nodes: int, filters: Filters, mask: str | None) -> 
     setup = make_setup(c, q.model, q.seq_len, tokens, q.world, nodes, kernel=q.kernel,
                        dtype=q.dtype, mask=mask)
     result = search(setup, filters, keep=q.top or None, every=q.top == 0)
-    head = {"scope": "cluster", "model": q.model, "kernel": q.kernel, "kernel_source":
+    head = {"scope": "cluster", "model": q.model, "model_params": result.model_params,
+            "kernel": q.kernel, "kernel_source":
             setup.kernel_source, "world": q.world, "nodes": nodes, "seq_len": q.seq_len,
             "tokens_per_step": tokens, "mask": mask or "causal",
             "splits": [{"dp": d, "sp": s, "micro_batches": m} for d, s, m in result.splits],

@@ -86,6 +86,7 @@ def plan_lengths(c: Any, model: str, lengths: str, seq_len: int, tokens: int | N
     if not steps and plan.unrunnable:  # what the runner refuses: a group size it cannot run
         raise next(iter(plan.unrunnable.values()))
     head = {"cluster": c.name, "memory_gb": c.memory_gb, "scope": "cluster", "model": model,
+            "model_params": plan.model_params,
             "kernel": kernel, "kernel_source": plan.kernel_source, "world": world,
             "nodes": nodes, "seq_len": seq_len, "lengths": dist.spec, "tokens_per_step": tokens,
             "capacity": capacity, "batches": batches, "mask": mask or "causal",

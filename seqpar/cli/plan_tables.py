@@ -98,10 +98,12 @@ def _fold(steps: list) -> list:
 
 
 def attention_table(ranked: list, c, model: str, seq_len: int, world: int, nodes: int, top: int,
-                    as_json: bool, kernel: str, mask: str | None = None) -> None:
+                    as_json: bool, kernel: str, mask: str | None = None,
+                    model_params: dict[str, int] | None = None) -> None:
 
     if as_json:
         print(json.dumps({"cluster": c.name, "kernel": kernel, "mask": mask or "causal",
+                          "model_params": model_params,
                           "configs": [p.json() for p in ranked]}, indent=1))
         return
     groups = perf_plan.equivalents(ranked)

@@ -18,8 +18,12 @@ a token is not sent to, embeddings in both):
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +216,13 @@ def test_a_weight_the_planner_does_not_price_is_refused_by_name():
                      v_head_dim=128, qk_norm=False)  # multi-head latent attention's projections
     with pytest.raises(ConfigError, match=r"blocks\.0\.wkv_a=.*the planner does not price yet"):
         make_setup(H100, latent, 8192, None, 8, 1)
+
+
+def test_json_carries_model_params_in_every_scope():
+    seqpar = str(Path(sys.executable).with_name("seqpar"))
+    want = model_params(load("qwen3-8b"))
+    for scope in ("attention", "model", "cluster"):
+        out = subprocess.run([seqpar, "plan", "--scope", scope, "--model", "qwen3-8b", "--world",
+                              "4", "--seq-len", "4096", "--top", "1", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        assert json.loads(out)["model_params"] == want, scope
