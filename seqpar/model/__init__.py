@@ -1,4 +1,5 @@
-"""The model level: a LLaMA-style decoder trained with any registered sequence-parallel attention
+"""The model level: a decoder of any family seqpar models (docs/models.md: LLaMA's with what Qwen,
+Gemma, gpt-oss, Mixtral and DeepSeek change over it), trained with any sequence-parallel attention
 (no Ray, no MLflow; torch only). `config.py` holds the shape, `transformer.py` the model,
 `checkpointing.py` the activation checkpointing modes, `head.py` the (fused) LM head with
 cross-entropy, `init.py` the parameter values drawn shard by shard, `states.py` replicated or FSDP2

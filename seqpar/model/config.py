@@ -1,5 +1,5 @@
-"""The shape of a decoder-only (LLaMA-style) model: re-exported from `seqpar.rules.model`, where it
-lives without torch (the planner reads it too).
+"""The shape of a decoder of any family seqpar models: re-exported from `seqpar.rules.model`,
+where it lives without torch (the planner reads it too).
 
     cfg = ModelConfig(vocab=97, hidden=64, layers=2, heads=4, kv_heads=2, ffn=128)
     cfg = ModelConfig.load("llama3.1-8b")        # a preset, a YAML of its fields or a config.json
