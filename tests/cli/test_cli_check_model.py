@@ -6,6 +6,7 @@ line, exit 2, before any rank starts."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 
 import pytest
@@ -61,6 +62,8 @@ def test_the_tiny_model_keeps_the_familys_fields_and_one_period_of_its_layers():
     assert tiny.head_dim * tiny.heads != tiny.hidden  # a free head_dim stays free
     gemma = check_model.tiny_of(from_hf(_gemma()), 3)
     assert gemma.layer_types == ("sliding",) * 5 + ("full",) and gemma.window == 5
+    dense_first = dataclasses.replace(cfg, moe_layers=tuple(range(1, cfg.layers)))
+    assert check_model.tiny_of(dense_first).moe_layers == (1,)  # no period: each kind met once
 
 
 @pytest.mark.parametrize(("args", "says"), [

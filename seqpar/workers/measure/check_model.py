@@ -294,10 +294,10 @@ def tiny_of(cfg: ModelConfig, world: int = 4) -> ModelConfig:
     experts = min(cfg.experts, TINY_EXPERTS)
     moe = {}
     if cfg.experts:  # top-k of fewer experts: still a choice where the family makes one
-        top = cfg.experts_per_tok if cfg.experts_per_tok < experts else max(1, experts // 2)
-        moe = dict(experts=experts, experts_per_tok=top if cfg.experts_per_tok < cfg.experts
-                   else experts,
-                   moe_ffn=TINY_FFN // 2, shared_ffn=TINY_FFN // 2 if cfg.shared_ffn else 0,
+        top = (min(cfg.experts_per_tok, max(1, experts // 2))
+               if cfg.experts_per_tok < cfg.experts else experts)
+        moe = dict(experts=experts, experts_per_tok=top, moe_ffn=TINY_FFN // 2,
+                   shared_ffn=TINY_FFN // 2 if cfg.shared_ffn else 0,
                    moe_layers=tuple(i for i in range(layers) if cfg.is_moe(i)))
     return dataclasses.replace(
         cfg, vocab=min(cfg.vocab, TINY_VOCAB), hidden=hidden, layers=layers, heads=heads,
@@ -310,15 +310,12 @@ def _period(cfg: ModelConfig) -> int:
     """The fewest first layers whose pattern (kind, no-RoPE, MoE) repeats over the model, or
     that meet every kind of layer (at least 2)."""
     sig = [(cfg.layer_types[i], i in cfg.nope_layers, cfg.is_moe(i)) for i in range(cfg.layers)]
-    for p in range(1, cfg.layers + 1):
+    for p in range(1, cfg.layers // 2 + 1):
         if all(sig[i] == sig[i % p] for i in range(cfg.layers)):
-            return max(2, p) if cfg.layers >= 2 else 1
-    seen: set = set()
-    for i, s in enumerate(sig):
-        seen.add(s)
-        if len(seen) == len(set(sig)):
-            return max(2, i + 1)
-    return cfg.layers  # pragma: no cover (the loop always returns)
+            return min(cfg.layers, max(2, p))
+    kinds = set(sig)  # no period: the first layers that meet every kind
+    return min(cfg.layers,
+               max(2, next(i + 1 for i in range(cfg.layers) if set(sig[:i + 1]) == kinds)))
 
 
 def overrides_of(cfg: ModelConfig, base: ModelConfig) -> tuple[tuple[str, Any], ...]:
