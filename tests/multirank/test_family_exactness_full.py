@@ -22,6 +22,7 @@ from tests.multirank.test_family_exactness import (
     family,
     fixed_cases,
     layouts_of,
+    no_aux_loss,
     step_case,
 )
 
@@ -44,6 +45,7 @@ def test_family_fixed_length_matrix(gang, name, algorithm, world, seed):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_family_lengths_matrix(gang, name, algorithm, world, policy, seed):
     cfg = family(name)
+    no_aux_loss(name, cfg)
     layouts = layouts_of(cfg)
     k = WORLDS.index(world) + 3 * POLICIES.index(policy)  # 6 steps: every layout met
     layout = layouts[(k + ALGORITHMS.index(algorithm)) % len(layouts)]

@@ -28,7 +28,7 @@ from seqpar.algorithms import recording
 from seqpar.algorithms.base import AttnShape, Geometry
 from seqpar.case import TrainCase
 from seqpar.model import ModelConfig, Transformer
-from seqpar.model.step import padding, train_step
+from seqpar.model.step import StepModel, padding, train_step
 from seqpar.rules.lengths import boundaries
 from seqpar.workers.measure.varlen import tokens_of
 from seqpar.workers.step_check import GRAD_TOLERANCE, LOSS_TOLERANCE, on_pool
@@ -117,11 +117,19 @@ def model_rules(cfg: ModelConfig, layout: str) -> None:
     Transformer(cfg, layout=layout, dtype=torch.float64)
 
 
+@functools.lru_cache(maxsize=64)
+def step_rules(cfg: ModelConfig, layout: str) -> None:
+    """`model_rules`, and the step of lengths' own (`model.step.StepModel`: no load-balancing loss
+    in a step of packed sequences), on one process."""
+    StepModel.build(Transformer(cfg, layout=layout, dtype=torch.float64), None,
+                    {1: ("local", {})}, layout)
+
+
 def validate_step(case: TrainCase) -> None:
-    """A step case's rules and its model's for its layout (ConfigError), before any rank starts:
-    a rank that refused its model would leave the pool's other ranks waiting."""
+    """A step case's rules and its model's (ConfigError), before any rank starts: a rank that
+    refused its model would leave the pool's other ranks waiting."""
     case.validate()
-    model_rules(case.config(), case.layout)
+    step_rules(case.config(), case.layout)
 
 
 def tokens_for(case: ModelCase) -> torch.Tensor:
