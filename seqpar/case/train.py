@@ -19,6 +19,7 @@ from seqpar.model.memory import TrainPolicy
 from seqpar.model.states import StatePolicy
 from seqpar.rules import masks
 from seqpar.rules import pool as pool_rules
+from seqpar.rules.algorithms import check_mla_pass
 from seqpar.rules.deal import Batch
 from seqpar.rules.memory import check_seq_attn, uses_fraction
 
@@ -67,6 +68,7 @@ class TrainCase:
     # (size, algorithm, options as sorted (key, value) pairs)
     algorithms_by_size: tuple[tuple[int, str, tuple[tuple[str, Any], ...]], ...] = ()
     window: int | None = None        # a causal sliding window inside each sequence
+    mla_pass: str = "kv"             # an MLA model's ring carries K,V or the latent (MLA_PASSES)
     batches: tuple[Batch, ...] = ()  # the replayed batches and their deals, made on the driver
 
     def config(self) -> ModelConfig:
@@ -118,6 +120,7 @@ class TrainCase:
                 self.master_dtype, f"must be one of {', '.join(DTYPES)} (or none)")
         self.state_policy().check(DTYPES[self.dtype], None)
         cfg = self.config()
+        check_mla_pass(self.mla_pass, cfg.mla, self.algorithm, self.checkpoint)
         require(self.text is None or cfg.vocab >= 256, "vocab", cfg.vocab,
                 "must be at least 256 to train on text (one token per byte)")
         require(self.text is None or self.batch == 1, "batch", self.batch,

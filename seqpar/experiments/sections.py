@@ -359,6 +359,10 @@ class TrainSpec(_Strict):
         False, description="to host memory (CUDA): a list drawn from optimizer, params, "
                            "activations ([] none; true: FSDP2's CPU offload of the states)")
     tiled: bool = Field(False, description="the MLP over token tiles, recomputed per tile (ALST)")
+    mla_pass: Literal["kv", "latent"] = Field(
+        "kv", description="an MLA model (DeepSeek): what its ring carries, each rank's K,V or its "
+                          "latent (kv_lora_rank + qk_rope_dim values a token, K,V rebuilt on "
+                          "arrival; ring, double_ring, usp, burst)")
 
     def overrides(self) -> tuple[tuple[str, int], ...]:
         return (("vocab", self.vocab),) if self.vocab is not None else ()

@@ -128,5 +128,6 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend,
                 mode: str, fraction: float) -> torch.Tensor:
         """The block under a checkpointing mode (one forward call: FSDP2 gathers around it)."""
-        return checkpointing.run_block(self.pre, self.post, attend, x, cos, sin, mode, fraction,
+        pre, attend = mla.bind(self, attend) if self.cfg.mla else (self.pre, attend)
+        return checkpointing.run_block(pre, self.post, attend, x, cos, sin, mode, fraction,
                                        self.opt("sinks"))

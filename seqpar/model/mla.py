@@ -14,12 +14,15 @@ hands the attention (q, c, k_rope): the latent pass of the ring family rebuilds 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from seqpar.algorithms.latent import up_project
+from seqpar.algorithms import Attention
+from seqpar.algorithms.latent import LatentAttention, up_project
 from seqpar.model.layers import apply_rope, rms_norm
 from seqpar.rules.model import ModelConfig
 
@@ -76,3 +79,22 @@ def pre(h: torch.Tensor, p: Params, cfg: ModelConfig, cos: torch.Tensor, sin: to
         return q, c, k_rope
     k, v = up_project(torch.cat([c, k_rope], dim=-1), p("wkv_b"), cfg.heads, cfg.v_head_dim)
     return q, k, v
+
+
+def carrying(attention: Attention, mla_pass: str) -> Attention:
+    """A layer's attention as its model's mla_pass has it: as built ('kv'), or carrying the
+    latent ('latent': `LatentAttention`; `rules.algorithms.check_mla_pass` said where)."""
+    return LatentAttention(attention) if mla_pass == "latent" else attention
+
+
+def bind(block: Any, attend: Callable) -> tuple[Callable, Callable]:
+    """(pre, attend) of an MLA block's call (`model.block.Block`): as they are, or where the
+    attention carries the latent, the pre that stops before the up-projection and the attention
+    bound to the layer's wkv_b."""
+    if not isinstance(getattr(attend, "func", attend), LatentAttention):
+        return block.pre, attend
+
+    def latent_pre(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        return pre(block.norm(x, "attn_norm"), block.opt, block.cfg, cos, sin, latent=True)
+
+    return latent_pre, functools.partial(attend, wkv_b=block.opt("wkv_b"))

@@ -57,6 +57,7 @@ from seqpar.model.block import Block, RouterLog, layer_rope
 from seqpar.model.config import ModelConfig
 from seqpar.model.layers import norm, rotary_tables
 from seqpar.rules import masks
+from seqpar.rules.algorithms import check_mla_pass
 from seqpar.rules.rope import attention_factor, inv_freq
 
 
@@ -107,13 +108,15 @@ def build_layers(name: str, cfg: ModelConfig, *, window: int | None = None, layo
         require(given is None or given == cfg.attn_scale, "scale", given,
                 f"must be the model's softmax scale ({cfg.attn_scale}) or None")
         options = {**options, "scale": cfg.attn_scale}
+    mla_pass = options.pop("mla_pass", "kv")  # MLA: what the ring carries (`mla.carrying`)
+    check_mla_pass(mla_pass, cfg.mla, name)
     built: dict[int | None, Attention] = {}
     for w in kinds:
         first = next(iter(built.values()), None)
         place = {"group": group, "mesh": mesh} if first is None else {"mesh": first.mesh}
         built[w] = build_attention(name, causal=True, layout=layout, window=w, mask=mask,
                                    **place, **options)
-    return tuple(built[w] for w in windows)
+    return tuple(mla.carrying(built[w], mla_pass) for w in windows)
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ class Transformer(nn.Module):
             group = mesh.comm("sp").group
             dp_group = mesh.comm("dp").group if "dp" in mesh.comms else None
         checkpointing.check_mode(checkpoint, seq_fraction)
+        check_mla_pass(attention_options.get("mla_pass", "kv"), cfg.mla, attention, checkpoint)
         require(len(head_tiles) == 2 and all(isinstance(t, int) and t > 0 for t in head_tiles),
                 "head_tiles", head_tiles, "must be two positive integers (tokens, vocabulary)")
         require(mlp_tile is None or (isinstance(mlp_tile, int) and mlp_tile > 0), "mlp_tile",

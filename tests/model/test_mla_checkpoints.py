@@ -148,3 +148,29 @@ def test_the_grouped_sigmoid_router_picks_and_weighs_as_the_reference(seed):
     assert torch.equal(got_e, want_e.sort(dim=-1).values)
     want = want_w.gather(1, want_e.sort(dim=-1).indices)
     assert torch.allclose(r.weights.gather(1, order), want, rtol=1e-6, atol=0)
+
+
+def test_train_mla_pass_is_a_sweep_key_checked_before_any_rank_starts(tmp_path, seed):
+    """train.mla_pass reaches the trial (latent for a DeepSeek config.json on a ring), is refused
+    in one line naming train.mla_pass for a model without MLA or an algorithm that moves heads,
+    and leaves the hash of a spec that does not set it as it was."""
+    from seqpar.experiments.spec import ExperimentSpec
+
+    save("deepseek-v3", tmp_path, seed)
+    model = str(tmp_path / "config.json")
+
+    def spec(train: dict, algorithm: str = "ring") -> ExperimentSpec:
+        return ExperimentSpec.parse({"plan": {"algorithm": algorithm, "world": 2},
+                                     "workload": {"seq_len": 64}, "train": train})
+
+    assert spec({"model": model, "mla_pass": "latent"}).to_case().mla_pass == "latent"
+    assert spec({"model": model}).hash == spec({"model": model, "mla_pass": "kv"}).hash
+    assert spec({"model": model}).hash != spec({"model": model, "mla_pass": "latent"}).hash
+    for train, algorithm, words in (({"model": "tiny", "mla_pass": "latent"}, "ring",
+                                     "multi-head latent attention"),
+                                    ({"model": model, "mla_pass": "latent"}, "ulysses",
+                                     "move K,V heads")):
+        with pytest.raises(ConfigError) as err:
+            spec(train, algorithm)
+        assert "train.mla_pass" in str(err.value) and words in str(err.value)
+        assert "\n" not in str(err.value)

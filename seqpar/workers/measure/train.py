@@ -107,7 +107,8 @@ def build(case: TrainCase, sp_group: dist.ProcessGroup | None,
                        fused_head=case.fused_head, head_tiles=case.head_tiles, seed=case.seed,
                        dtype=DTYPES[case.dtype], mesh=mesh, master_dtype=policy.master_dtype,
                        states=policy.states, offload=policy.offload, device=device,
-                       tiled=case.tiled, mask=case.attention_mask, **dict(case.options))
+                       tiled=case.tiled, mask=case.attention_mask, mla_pass=case.mla_pass,
+                       **dict(case.options))
 
 
 def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
