@@ -133,8 +133,9 @@ class LatentAttention(Attention):
     def __init__(self, attention: Attention):
         algo = attention.algo
         require(type(algo).latent_pass, "mla_pass", "latent",
-                f"carries the latent on a ring: ring, double_ring, usp or burst, not {algo.name} "
-                "(ulysses and allgather move K,V heads after the up-projection: mla_pass kv)")
+                "carries the latent on a ring: ring, double_ring, usp, burst or wallfacer, not "
+                f"{algo.name} (ulysses and allgather move K,V heads after the up-projection: "
+                "mla_pass kv)")
         super().__init__(algo)
 
     def __call__(self, q: torch.Tensor, c: torch.Tensor, k_rope: torch.Tensor, *,

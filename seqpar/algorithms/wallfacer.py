@@ -34,6 +34,7 @@ from seqpar.algorithms.burst import (
     unpack_bytes,
 )
 from seqpar.algorithms.comm import Comm
+from seqpar.algorithms.latent import UpProjection
 from seqpar.algorithms.ring import RingComms, plan_of, ring_forward
 from seqpar.algorithms.softmax_merge import merge_into
 from seqpar.rules import route
@@ -106,40 +107,57 @@ class WallFacer(WallFacerRules, Algorithm):
         return subring_needs(self.world, self.options, self.rank, mask)
 
     def forward(self, q, k, v):
+        return self._forward(q, [k, v])
+
+    def latent_forward(self, q, latent, wkv_b):
+        """MLA's latent in place of K,V: gathered, placed and around the sub-ring, each block's
+        K,V rebuilt on arrival (`algorithms.latent`)."""
+        return self._forward(q, [latent], wkv_b)
+
+    def _forward(self, q, kv, wkv_b=None):
         grid = grid_of(self.world, self.options)
         team, ring = self.mesh.comm("team"), RingComms.of(self.mesh, "subring")
         plan = self.plan(q.shape[1] * self.world)
         need_f, need_b = self.needs(q.shape[1] * self.world)
         mine = grid.coords(self.rank)[0]
-        heads = tuple(t.shape[2:] for t in (q, k, v))  # (heads, width) of each
+        shapes = tuple(t.shape[2:] for t in (q, *kv))  # (heads, width) of each
         # Alg. 1 line 1: the team's q, k, v in one all-gather, then in the plan's order
-        qkv = blocks.permute(team.all_gather(_flat_cat([q, k, v]), dim=1),
-                             plan.order(mine, q.device))
-        q_t, k_t, v_t = (t.contiguous() for t in _flat_split(qkv, heads))
+        gathered = blocks.permute(team.all_gather(_flat_cat([q, *kv]), dim=1),
+                                  plan.order(mine, q.device))
+        q_t, *kv_t = (t.contiguous() for t in _flat_split(gathered, shapes))
+        up = None if wkv_b is None else UpProjection(q_t, kv_t[0], wkv_b)
         # Alg. 2: the team's K,V block to its initial place in the sub-rings
-        kv0 = _place(self.comm, blocks.pack_kv(k_t, v_t), grid.init_send(self.rank),
-                     grid.init_recv(self.rank))
+        kv0 = _place(self.comm, blocks.pack_kv(*kv_t) if up is None else kv_t[0],
+                     grid.init_send(self.rank), grid.init_recv(self.rank))
         sub = grid.subring(self.rank)
 
         def tasks_for(j: int):  # the team's queries against the block sub-ring member j placed
             return plan.tasks(mine, grid.block_team(sub[j]))
 
-        acc_out, acc_lse = blocks.new_partial(q_t, v_t.shape[-1])
+        acc_out, acc_lse = blocks.new_partial(q_t, kv_t[-1].shape[-1] if up is None else up.v_dim)
         ring_forward(q_t, kv0, ring, tasks_for, acc_out, acc_lse, self.backend, self.scale,
-                     plan_of(ring, need_f), fresh=True)
+                     plan_of(ring, need_f), fresh=True, rebuild=up)
         out, lse = combine(team, acc_out, acc_lse, plan.inverse(mine, q.device))
         out = self.sink(out, lse).to(q.dtype)
-        return out, (q_t, kv0, out, lse), (plan, heads, need_b)
+        kept = () if wkv_b is None else (wkv_b,)
+        return out, (q_t, kv0, out, lse, *kept), (plan, shapes[0], need_b)
 
     def backward(self, dout, saved, state):
-        q_t, kv0, out, lse = saved
-        plan, heads, need_b = state
+        return self._backward(dout, saved, state)
+
+    def latent_backward(self, dout, saved, state):
+        return self._backward(dout, saved, state)
+
+    def _backward(self, dout, saved, state):
+        q_t, kv0, out, lse, *kept = saved
+        plan, q_shape, need_b = state
         dout, dsinks = self.unsink(dout, out, lse)
         grid = grid_of(self.world, self.options)
         team, ring = self.mesh.comm("team"), RingComms.of(self.mesh, "subring")
         mine, dtype = grid.coords(self.rank)[0], q_t.dtype
         grad_dtype = self.grad_dtype(q_t)
-        k0, v0 = blocks.unpack_kv(kv0, q_t.shape[-1])
+        up = UpProjection(q_t, kv0, kept[0]) if kept else None  # K,V placed: rebuilt once
+        k0, v0 = blocks.unpack_kv(kv0, q_t.shape[-1]) if up is None else up.kv(kv0)
         dk0, dv0 = blocks.zeros_acc(k0), blocks.zeros_acc(v0)
         sub = grid.subring(self.rank)
         held = grid.block_team(self.rank)
@@ -157,15 +175,15 @@ class WallFacer(WallFacerRules, Algorithm):
                                   for j in range(3))
         parts = query_parts(q_t, dout_t, delta_t, lse_t.transpose(1, 2))
         dq_t = query_ring_backward(parts, ring, compute, grad_dtype, plan_of(ring, need_b))
-        # dK,dV of the placed block go back to the rank that placed it (Alg. 2 inverse)
-        dkv = _place(self.comm, blocks.pack_kv(dk0, dv0).to(grad_dtype),
-                     grid.init_recv(self.rank), grid.init_send(self.rank))
-        grads = blocks.permute(_flat_cat([dq_t.to(grad_dtype), dkv]),
+        # dK,dV (the latent's gradient) of the placed block go back to the rank that placed it
+        # (Alg. 2 inverse)
+        d0 = blocks.pack_kv(dk0, dv0) if up is None else up.backward(kv0, dk0, dv0)
+        d0 = _place(self.comm, d0.to(grad_dtype), grid.init_recv(self.rank),
+                    grid.init_send(self.rank))
+        grads = blocks.permute(_flat_cat([dq_t.to(grad_dtype), d0]),
                                plan.inverse(mine, dout.device))
-        dq, dkv = _flat_split(team.reduce_scatter(grads, dim=1), (heads[0], kv0.shape[2:]))
-        dk, dv = blocks.unpack_kv(dkv, q_t.shape[-1])
+        dq, d0 = _flat_split(team.reduce_scatter(grads, dim=1), (q_shape, kv0.shape[2:]))
+        if up is not None:
+            return dq.to(dtype), d0, up.dw, dsinks
+        dk, dv = blocks.unpack_kv(d0, q_t.shape[-1])
         return dq.to(dtype), dk.to(dtype), dv.to(dtype), dsinks
-
-
-
-

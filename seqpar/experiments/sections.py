@@ -362,7 +362,7 @@ class TrainSpec(_Strict):
     mla_pass: Literal["kv", "latent"] = Field(
         "kv", description="an MLA model (DeepSeek): what its ring carries, each rank's K,V or its "
                           "latent (kv_lora_rank + qk_rope_dim values a token, K,V rebuilt on "
-                          "arrival; ring, double_ring, usp, burst)")
+                          "arrival; ring, double_ring, usp, burst, wallfacer)")
 
     def overrides(self) -> tuple[tuple[str, int], ...]:
         return (("vocab", self.vocab),) if self.vocab is not None else ()

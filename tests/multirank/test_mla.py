@@ -184,7 +184,8 @@ def test_v_head_dim_of_its_own_is_exact_in_every_algorithm(gang, seed, world):
 
 # ----------------------------------------------------------------- the latent on the ring family
 LATENT = {"ring": lambda p: {}, "double_ring": ALGORITHMS["double_ring"],
-          "usp": ALGORITHMS["usp"], "burst": ALGORITHMS["burst"]}
+          "usp": ALGORITHMS["usp"], "burst": ALGORITHMS["burst"],
+          "wallfacer": ALGORITHMS["wallfacer"]}
 NOPE, ROPE, DV, RANK = 4, 2, 3, 5  # q/k 6 wide, v 3, a latent of 5 + 2 values a token
 
 
@@ -280,6 +281,7 @@ MODEL_RUNS = (  # (attention, layout, options, mla_pass, checkpoint)
     ("usp", "zigzag", {"dhp": 2}, "latent", "full"),
     ("burst", "contiguous", {"ranks_per_node": 2}, "latent", "none"),
     ("double_ring", "stripe", {"inner_ring": 2}, "latent", "sequence"),
+    ("wallfacer", "zigzag", {"team_size": 2}, "latent", "sc++"),
     ("ulysses", "zigzag", {}, "kv", "sc++"),
 )
 
@@ -299,7 +301,7 @@ def _model_runs(env, tokens: torch.Tensor) -> list:
 @pytest.mark.multirank
 def test_an_mla_model_under_the_ring_family_equals_one_process(gang, seed):
     """A tiny DeepSeek-V3 (low-rank q, interleaved RoPE, YaRN, grouped sigmoid MoE) at P = 4:
-    the latent on ring, usp, burst and the double ring, K,V on ring and ulysses, under
+    the latent on ring, usp, burst, the double ring and WallFacer, K,V on ring and ulysses, under
     checkpointing modes, give the one-process model's loss and every gradient."""
     tokens = torch.randint(0, TINY_V3.vocab, (2, 33), generator=torch.Generator().manual_seed(seed))
     net = Transformer(TINY_V3, dtype=torch.float64, seed=3)

@@ -57,7 +57,7 @@ def check_mla_pass(mla_pass: str, mla: bool, algorithm: str, checkpoint: str = "
     require(mla, "mla_pass", mla_pass,
             "needs a model with multi-head latent attention (model.kv_lora_rank > 0)")
     require(get(algorithm).latent_pass, "mla_pass", mla_pass,
-            f"carries the latent on a ring: ring, double_ring, usp or burst, not {algorithm} "
+            f"carries the latent on a ring: ring, double_ring, usp, burst or wallfacer, not {algorithm} "
             "(ulysses and allgather move K,V heads after the up-projection: mla_pass kv)")
     require(checkpoint != "seq-attn", "mla_pass", mla_pass,
             "does not run under checkpoint seq-attn (its prefix re-runs the attention on K,V)")

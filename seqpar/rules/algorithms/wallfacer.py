@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from seqpar.errors import require
 from seqpar.rules import blocks, groups, route
-from seqpar.rules.algorithms.base import Geometry, Rules
+from seqpar.rules.algorithms.base import Geometry, Rules, latent_message
 from seqpar.rules.algorithms.burst import (
     packed_size,
     query_block_bytes,
@@ -78,49 +78,74 @@ class WallFacerRules(Rules):
     def grid(cls, world: int, options: Options, nodes: Sequence[int] | None = None) -> Grid:
         return wallfacer_grid(world, options)
 
+    latent_pass = True
+
     @classmethod
     def rank_bytes(cls, shape: AttnShape, world: int, options: Options,
                    rank: int) -> dict[str, int]:
         """Bytes `rank` sends per call: Eq. 6 (collectives) and Eq. 7 (p2p), with GQA heads, lse,
         packing and gradients in the gradient dtype."""
-        grid = grid_of(world, options)
-        c, t = grid.team_size, grid.ring_size
-        u, uv, h, hkv = shape.unit(world), shape.v_unit(world), shape.heads, shape.kv_heads
-        gu, gkv = shape.grad_unit(world, options), shape.kv_grad_unit(world, options)
-        stats = shape.batch * shape.shard_len(world) * h * shape.acc_bytes  # a shard's lse or D
-        block = c * hkv * shape.kv_unit(world)                    # a team's K,V
-        mine = grid.init_send(rank) != rank
-        q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)
-        forward = ((c - 1) * (h * u + hkv * shape.kv_unit(world))  # all-gather q, k, v
-                   + (block if mine else 0) + (t - 1) * block     # Alg. 2 placement, sub-ring
-                   + (c - 1) * (h * uv * shape.acc_bytes // shape.elem_bytes + stats))  # combine
-        backward = ((c - 1) * packed_size([stats, stats, h * uv])  # all-gather D, lse, dO
-                    + query_ring_bytes(q_block, dq_block, t)
-                    + (c * hkv * gkv if mine else 0)              # placed dK,dV home
-                    + (c - 1) * (h * gu + hkv * gkv))             # reduce-scatter dq, dk, dv
-        return {"forward": forward, "backward": backward}
+        return _bytes(shape, world, options, rank, shape.kv_heads * shape.kv_unit(world),
+                      shape.kv_heads * shape.kv_grad_unit(world, options))
+
+    @classmethod
+    def latent_bytes(cls, shape, world, options, rank, width, geometry=None):
+        """With MLA's latent in place of K,V: gathered in the team, placed, around the sub-ring;
+        its gradient placed home and reduce-scattered with dq (the query ring is unchanged)."""
+        opts = cls.parse(options)
+        one = latent_message(shape, world, width)
+        sent = _bytes(shape, world, opts, rank, one, latent_message(shape, world, width, opts))
+        if geometry is None:
+            return sent
+        skipped = _skipped(shape, world, opts, rank, geometry, one)
+        return {p: sent[p] - skipped[p] for p in sent}
 
     @classmethod
     def skipped_bytes(cls, shape: AttnShape, world: int, options: Options, rank: int,
                       mask: Geometry) -> dict[str, int]:
         """The sub-ring's skipped messages (team collectives and the placement send all)."""
-        grid = grid_of(world, options)
-        c, t = grid.team_size, grid.ring_size
-        if not options.skips(mask.relation) or t == 1:
-            return super().skipped_bytes(shape, world, options, rank, mask)
-        need_f, need_b = subring_needs(world, options, rank, mask)
-        pos = grid.subring(rank).index(rank)
-        fwd, bwd = route.plan(t, t, pos, need_f), route.plan(t, t, pos, need_b)
-        q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)
-        return {"forward": skipped_ring_bytes(c * shape.kv_heads * shape.kv_unit(world), 0,
-                                              fwd)["forward"],
-                "backward": skipped_query_ring_bytes(q_block, dq_block, bwd)}
+        return _skipped(shape, world, options, rank, mask,
+                        shape.kv_heads * shape.kv_unit(world))
 
     @classmethod
     def expected_bytes(cls, shape: AttnShape, world: int, options: Options) -> dict[str, int]:
         """The most any rank sends (every rank that places its block elsewhere)."""
         per_rank = [cls.rank_bytes(shape, world, options, r) for r in range(world)]
         return {p: max(b[p] for b in per_rank) for p in ("forward", "backward")}
+
+
+def _bytes(shape: AttnShape, world: int, options: Options, rank: int, kv: int,
+           kv_grad: int) -> dict[str, int]:
+    """`rank_bytes` with a shard's K,V (or MLA's latent) of `kv` bytes, its gradient `kv_grad`."""
+    grid = grid_of(world, options)
+    c, t = grid.team_size, grid.ring_size
+    u, uv, h = shape.unit(world), shape.v_unit(world), shape.heads
+    stats = shape.batch * shape.shard_len(world) * h * shape.acc_bytes  # a shard's lse or D
+    block = c * kv                                                # a team's K,V
+    mine = grid.init_send(rank) != rank
+    q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)
+    forward = ((c - 1) * (h * u + kv)                             # all-gather q, k, v
+               + (block if mine else 0) + (t - 1) * block         # Alg. 2 placement, sub-ring
+               + (c - 1) * (h * uv * shape.acc_bytes // shape.elem_bytes + stats))  # combine
+    backward = ((c - 1) * packed_size([stats, stats, h * uv])      # all-gather D, lse, dO
+                + query_ring_bytes(q_block, dq_block, t)
+                + (c * kv_grad if mine else 0)                    # placed dK,dV home
+                + (c - 1) * (h * shape.grad_unit(world, options) + kv_grad))  # reduce-scatter
+    return {"forward": forward, "backward": backward}
+
+
+def _skipped(shape: AttnShape, world: int, options: Options, rank: int, mask: Geometry,
+             kv: int) -> dict[str, int]:
+    grid = grid_of(world, options)
+    c, t = grid.team_size, grid.ring_size
+    if not options.skips(mask.relation) or t == 1:
+        return {"forward": 0, "backward": 0}
+    need_f, need_b = subring_needs(world, options, rank, mask)
+    pos = grid.subring(rank).index(rank)
+    fwd, bwd = route.plan(t, t, pos, need_f), route.plan(t, t, pos, need_b)
+    q_block, dq_block = query_block_bytes(shape, world, tokens_factor=c, options=options)
+    return {"forward": skipped_ring_bytes(c * kv, 0, fwd)["forward"],
+            "backward": skipped_query_ring_bytes(q_block, dq_block, bwd)}
 
 
 def subring_needs(world: int, options: WallFacerOptions, rank: int,
