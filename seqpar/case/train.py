@@ -96,9 +96,8 @@ class TrainCase:
     @property
     def shape(self) -> AttnShape:
         """One attention layer of the model over the SP group (per DP replica)."""
-        c = self.config()
-        return AttnShape(self.batch, self.seq_len, c.heads, c.kv_heads, c.head_dim,
-                         DTYPES[self.dtype].itemsize)
+        return AttnShape.of_model(self.config(), self.batch, self.seq_len,
+                                  DTYPES[self.dtype].itemsize)
 
     def validate(self) -> None:
         """Every rule of this training case, before any actor starts. Raises ConfigError."""

@@ -43,6 +43,14 @@ class AttnShape:
         """The value (and output) head width."""
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
+    @classmethod
+    def of_model(cls, cfg: Any, batch: int, seq_len: int, elem_bytes: int) -> AttnShape:
+        """One softmax attention layer of a decoder (`rules.model.ModelConfig`): multi-head latent
+        attention's K,V have every query head (rebuilt from the latent) and V its own width."""
+        kv_heads = cfg.heads if cfg.mla else cfg.kv_heads
+        v = None if cfg.v_head_dim in (0, cfg.head_dim) else cfg.v_head_dim
+        return cls(batch, seq_len, cfg.heads, kv_heads, cfg.head_dim, elem_bytes, v)
+
     def shard_len(self, world: int) -> int:
         """s: rows of every rank's shard as it travels, ceil(N / P) (uneven shards are padded)."""
         return shard_len(self.seq_len, world)
