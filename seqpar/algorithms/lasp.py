@@ -19,7 +19,7 @@ rank sends the same bytes whatever the documents: the count `rules.linear.lasp_b
 
 The short convolution before the rule needs the `width` (kernel - 1) tokens before a rank's first:
 one point-to-point message from the previous rank, its gradient returned in backward.
-Only the contiguous layout (one stretch a rank) is taken: `check_layout`.
+Only the contiguous layout (one stretch a rank) is taken: `rules.linear.check_lasp`.
 """
 
 from __future__ import annotations
@@ -37,13 +37,6 @@ from seqpar.rules import layouts
 from seqpar.rules.linear import LASP_MODES
 
 HALO_TAG, STATE_TAG = 7101, 7102  # gloo matches by tag where NCCL's order is not emulated
-
-
-def check_layout(layout: str, world: int) -> None:
-    """LASP runs over one stretch of tokens a rank: the contiguous layout (or one rank)."""
-    require(world == 1 or layout == "contiguous", "layout", layout,
-            "must be contiguous for a model with linear-attention layers under SP (LASP passes "
-            "one state a rank; zigzag, stripe and balanced shards hold several stretches)")
 
 
 @dataclass(frozen=True)

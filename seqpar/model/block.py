@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from seqpar.model import checkpointing, mla
+from seqpar.model import checkpointing, deltanet, mla
 from seqpar.model.layers import apply_rope, glu, norm
 from seqpar.model.moe import RouterStats, moe_ffn
 from seqpar.rules.model import ModelConfig, ffn_shapes, layer_shapes
@@ -89,7 +89,7 @@ class Block(nn.Module):
         h = self.norm(x, "attn_norm")
         if c.mla:  # multi-head latent attention (DeepSeek): `model.mla`
             return mla.pre(h, opt, c, cos, sin)
-        q = F.linear(h, opt("wq"), opt("bq")).view(b, s, c.heads, c.head_dim)
+        q = F.linear(h, *self.q_rows(0)).view(b, s, c.heads, c.head_dim)
         k = F.linear(h, opt("wk"), opt("bk")).view(b, s, c.kv_heads, c.head_dim)
         v = F.linear(h, opt("wv"), opt("bv")).view(b, s, c.kv_heads, c.head_dim)
         if c.qk_norm:  # per head over head_dim, before the rotation
@@ -97,6 +97,15 @@ class Block(nn.Module):
         if self.rope is None:
             return q, k, v
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def q_rows(self, part: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """wq's (and bq's) rows of the queries (part 0) or, with attn_gate, of the output gate
+        (1): Qwen3-Next's q_proj holds each head's query, then its gate."""
+        wq, bq, c = self.opt("wq"), self.opt("bq"), self.cfg
+        if not c.attn_gate:
+            return wq, bq
+        w = wq.view(c.heads, 2, c.head_dim, -1)[:, part].reshape(c.heads * c.head_dim, -1)
+        return w, None if bq is None else bq.view(c.heads, 2, c.head_dim)[:, part].reshape(-1)
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         """The dense gated feed-forward of normed h."""
@@ -115,8 +124,15 @@ class Block(nn.Module):
         return self.norm(y, "post_ffn_norm") if self.cfg.sandwich_norms else y
 
     def post(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        o = F.linear(a.reshape(x.shape[0], x.shape[1], -1), self.opt("wo"), self.opt("bo"))
-        x = x + (self.norm(o, "post_attn_norm") if self.cfg.sandwich_norms else o)
+        a = a.reshape(x.shape[0], x.shape[1], -1)
+        if self.cfg.attn_gate:  # the gate's rows again from x (token-wise: every mode's spans)
+            a = a * torch.sigmoid(F.linear(self.norm(x, "attn_norm"), *self.q_rows(1)))
+        o = F.linear(a, self.opt("wo"), self.opt("bo"))
+        return self.residual_ffn(x + (self.norm(o, "post_attn_norm") if self.cfg.sandwich_norms
+                                      else o))
+
+    def residual_ffn(self, x: torch.Tensor) -> torch.Tensor:
+        """x plus the feed-forward of x (over tiles of mlp_tile tokens where tiled)."""
         tile, s = self.mlp_tile, x.shape[1]
         if tile is None or s <= tile or not torch.is_grad_enabled():
             return x + self.mlp(x)
@@ -127,7 +143,10 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend,
                 mode: str, fraction: float) -> torch.Tensor:
-        """The block under a checkpointing mode (one forward call: FSDP2 gathers around it)."""
+        """The block under a checkpointing mode (one forward call: FSDP2 gathers around it); a
+        linear layer's `attend` is its gated DeltaNet (`model.deltanet`)."""
+        if self.cfg.layer_types[self.layer] == "linear":
+            return deltanet.run_block(self, x, attend, mode)
         pre, attend = mla.bind(self, attend) if self.cfg.mla else (self.pre, attend)
         return checkpointing.run_block(pre, self.post, attend, x, cos, sin, mode, fraction,
                                        self.opt("sinks"))

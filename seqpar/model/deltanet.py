@@ -3,6 +3,7 @@ process or under LASP (`algorithms.lasp`: this rank's stretch of the sequence).
 
     mixer = DeltaNet(Lasp(comm, "lasp2"))           # or DeltaNet() on one process
     out = mixer(h, p, cfg, cu_seqlens=None)         # h (b, s, d) normed; p: the layer's lin_* params
+    layers = mixers(cfg, attentions, layout, mask, linear_sp="lasp2")   # a model's, `build_layers`
 
     q, k, v, z, b, a = split(W_qkvz h, W_ba h)      # grouped by key head, as the checkpoint stores them
     q, k, v = silu(short causal depthwise conv([q k v]))   # inside each document; the rank's first
@@ -17,18 +18,25 @@ float32 there; the float64 path is seqpar's reference).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
+from seqpar.algorithms import Attention, ledger
 from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.delta_rule import resolve
 from seqpar.algorithms.lasp import Lasp, Stretch
+from seqpar.errors import require
+from seqpar.rules.linear import check_lasp
 from seqpar.rules.model import ModelConfig
 
 L2_EPS = 1e-6  # transformers' (and fla's) l2norm of q and k
+LINEAR = ("lin_qkvz", "lin_ba", "lin_conv", "lin_dt_bias", "lin_a_log", "lin_norm", "lin_out")
+OPTIONS = ("linear_sp", "linear_backend")  # a model's linear layers' options (`mixers`)
 
 Tensor = torch.Tensor
 
@@ -85,10 +93,19 @@ def gated_norm(o: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 class DeltaNet:
     """The layer's computation on this rank's tokens (see the module docstring): its SP is `lasp`
-    (None: one process)."""
+    (None: one process). In a model, `dealer` is the attention on the same mesh that deals the
+    tokens (`positions`), so a linear layer can stand first among the model's layers."""
 
-    def __init__(self, lasp: Lasp | None = None):
+    def __init__(self, lasp: Lasp | None = None, dealer: Attention | None = None):
         self.lasp = lasp if lasp is not None else Lasp(Comm.solo())
+        self.dealer = dealer
+
+    @property
+    def mesh(self):
+        return self.dealer.mesh
+
+    def positions(self, n: int, cu_seqlens: Any = None, mask: Any = None) -> Tensor:
+        return self.dealer.positions(n, cu_seqlens, mask)
 
     def __call__(self, h: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig,
                  cu_seqlens: Any = None) -> Tensor:
@@ -112,3 +129,36 @@ class DeltaNet:
         o = lasp.delta_rule(q, k, v, g, b.sigmoid(), cfg.lin_k_dim ** -0.5, st)
         o = gated_norm(o, z, p["lin_norm"], cfg.norm_eps)
         return F.linear(o.reshape(*bs, -1), p["lin_out"])
+
+
+def mixers(cfg: ModelConfig, layers: Sequence[Attention], layout: str, mask: Any = None,
+           linear_sp: str | None = None, linear_backend: str = "auto") -> tuple:
+    """`layers` (each layer's attention) with each linear layer's replaced by a DeltaNet under
+    LASP (`linear_sp`, default lasp2) on the first attention's SP group."""
+    dealer = layers[0]
+    comm = dealer.mesh.comm("sp")
+    mode = check_lasp(cfg, layout, comm.size, linear_sp)
+    if mode is None:
+        return tuple(layers)
+    require(mask is None, "mask", "given", "must be None for a model with linear-attention "
+            "layers (their state runs causally within each document: pass cu_seqlens)")
+    mixer = DeltaNet(Lasp(comm, mode, linear_backend), dealer)
+    return tuple(mixer if kind == "linear" else a
+                 for kind, a in zip(cfg.layer_types, layers, strict=True))
+
+
+def run_block(blk: Any, x: Tensor, mixer: Any, mode: str) -> Tensor:
+    """A linear layer's block (`Block`): x + mixer(norm(x)), then the feed-forward's residual.
+    Under checkpoint 'full' it is recomputed in backward (LASP's communication again, booked as
+    forward); the other modes split softmax attention and keep a linear layer's activations."""
+
+    def body(x: Tensor) -> Tensor:
+        y = mixer(blk.norm(x, "attn_norm"), {n: blk.opt(n) for n in LINEAR}, blk.cfg)
+        return blk.residual_ffn(x + (blk.norm(y, "post_attn_norm") if blk.cfg.sandwich_norms
+                                     else y))
+
+    if mode != "full" or not torch.is_grad_enabled():
+        return body(x)
+    saved = ledger.active()
+    return checkpoint(body, x, use_reentrant=False, preserve_rng_state=False,
+                      context_fn=lambda: (contextlib.nullcontext(), ledger.replay_of(saved)))

@@ -50,22 +50,32 @@ _BLOCK = {"attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_lay
           # multi-head latent attention (DeepSeek, Kimi K2)
           "wq_a": "self_attn.q_a_proj.weight", "q_a_norm": "self_attn.q_a_layernorm.weight",
           "wq_b": "self_attn.q_b_proj.weight", "wkv_a": "self_attn.kv_a_proj_with_mqa.weight",
-          "kv_a_norm": "self_attn.kv_a_layernorm.weight", "wkv_b": "self_attn.kv_b_proj.weight"}
+          "kv_a_norm": "self_attn.kv_a_layernorm.weight", "wkv_b": "self_attn.kv_b_proj.weight",
+          # gated DeltaNet (Qwen3-Next's linear layers)
+          "lin_qkvz": "linear_attn.in_proj_qkvz.weight", "lin_ba": "linear_attn.in_proj_ba.weight",
+          "lin_conv": "linear_attn.conv1d.weight", "lin_dt_bias": "linear_attn.dt_bias",
+          "lin_a_log": "linear_attn.A_log", "lin_norm": "linear_attn.norm.weight",
+          "lin_out": "linear_attn.out_proj.weight"}
 _SANDWICH = {"ffn_norm": "pre_feedforward_layernorm.weight",  # Gemma
              "post_attn_norm": "post_attention_layernorm.weight",
              "post_ffn_norm": "post_feedforward_layernorm.weight"}
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 _ROUTER = {"mixtral": "gate.weight", "qwen3_moe": "gate.weight", "gpt_oss": "router.weight",
+           "qwen3_next": "gate.weight",
            **dict.fromkeys(_DEEPSEEK, "gate.weight")}
 _GATE_UP_DOWN = {"experts_w1": "gate_proj", "experts_w3": "up_proj", "experts_w2": "down_proj"}
 _PER_EXPERT = {"mixtral": {"experts_w1": "w1", "experts_w3": "w3", "experts_w2": "w2"},
-               "qwen3_moe": _GATE_UP_DOWN, **dict.fromkeys(_DEEPSEEK, _GATE_UP_DOWN)}
+               "qwen3_moe": _GATE_UP_DOWN, "qwen3_next": _GATE_UP_DOWN,
+               **dict.fromkeys(_DEEPSEEK, _GATE_UP_DOWN)}
 # the MoE layer's own parameters beyond the experts, by family: DeepSeek's router score bias
 # (e_score_correction_bias) and shared experts
 _MOE_EXTRA = dict.fromkeys(_DEEPSEEK, {
     "router_score_bias": "gate.e_score_correction_bias",
     "shared_w1": "shared_experts.gate_proj.weight", "shared_w3": "shared_experts.up_proj.weight",
     "shared_w2": "shared_experts.down_proj.weight"})
+_MOE_EXTRA["qwen3_next"] = {  # one shared expert, gated
+    "shared_w1": "shared_expert.gate_proj.weight", "shared_w3": "shared_expert.up_proj.weight",
+    "shared_w2": "shared_expert.down_proj.weight", "shared_gate": "shared_expert_gate.weight"}
 # where the text decoder sits: a causal LM's, or Gemma 3's multimodal checkpoint (old and new)
 _PREFIXES = (("model.", "lm_head.weight"),
              ("language_model.model.", "language_model.lm_head.weight"),

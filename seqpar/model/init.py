@@ -27,6 +27,7 @@ NORMS = frozenset({"attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "
 ZEROS = frozenset({"bq", "bk", "bv", "bo", "b1", "b3", "b2", "sinks", "router_bias",
                    "experts_b1", "experts_b3", "experts_b2",
                    "router_score_bias"})  # biases and sinks
+ONES = frozenset({"lin_norm", "lin_dt_bias"})  # a gated DeltaNet's gated norm (w, not 1 + w), dt bias
 ROW_BLOCK = 256  # rows per seeded block: small enough that a shard boundary wastes little
 
 
@@ -81,6 +82,8 @@ def fill_value(name: str, norm_offset: bool) -> float | None:
     leaf = name.rsplit(".", 1)[-1]
     if leaf in NORMS:
         return 0.0 if norm_offset else 1.0
+    if leaf in ONES:
+        return 1.0
     return 0.0 if leaf in ZEROS else None
 
 

@@ -122,9 +122,11 @@ def run_experts(xs: Tensor, counts: Sequence[int], p: Mapping[str, Tensor],
 
 
 def shared_ffn(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig) -> Tensor:
-    """The shared experts: one gated feed-forward every token goes through."""
+    """The shared experts: one gated feed-forward every token goes through; with shared_gate
+    (Qwen3-Next) scaled by sigmoid(shared_gate x), a scalar a token."""
     h = glu(F.linear(x, p["shared_w1"]), F.linear(x, p["shared_w3"]), cfg.act, cfg.swiglu_limit)
-    return F.linear(h, p["shared_w2"])
+    y = F.linear(h, p["shared_w2"])
+    return torch.sigmoid(F.linear(x, p["shared_gate"])) * y if cfg.shared_gate else y
 
 
 def moe_ffn(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig,

@@ -51,7 +51,7 @@ from torch import nn
 from seqpar.algorithms import Attention, Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len
 from seqpar.errors import require
-from seqpar.model import checkpointing, grads, head, init, mla, moe
+from seqpar.model import checkpointing, deltanet, grads, head, init, mla, moe
 from seqpar.model import states as model_states
 from seqpar.model.block import Block, RouterLog, layer_rope
 from seqpar.model.config import ModelConfig
@@ -91,7 +91,10 @@ def build_layers(name: str, cfg: ModelConfig, *, window: int | None = None, layo
                  mask: masks.Mask | None = None, **options: Any) -> tuple[Attention, ...]:
     """Each layer's attention `name`: one per distinct window (`layer_windows`), the first laid on
     `group` or `mesh`, the others on its mesh (no process group made twice), every one with the
-    model's softmax scale (cfg.attn_scale; 0: the attention's default, head_dim^-1/2)."""
+    model's softmax scale (cfg.attn_scale; 0: the attention's default, head_dim^-1/2). A linear
+    layer's is its gated DeltaNet under LASP on the same group (`deltanet.mixers`: options
+    linear_sp, linear_backend)."""
+    linear = {k: options.pop(k) for k in deltanet.OPTIONS if k in options}
     windows = layer_windows(cfg, window)
     kinds = list(dict.fromkeys(windows))
     sliding = "sliding" in cfg.layer_types
@@ -116,7 +119,8 @@ def build_layers(name: str, cfg: ModelConfig, *, window: int | None = None, layo
         place = {"group": group, "mesh": mesh} if first is None else {"mesh": first.mesh}
         built[w] = build_attention(name, causal=True, layout=layout, window=w, mask=mask,
                                    **place, **options)
-    return tuple(mla.carrying(built[w], mla_pass) for w in windows)
+    return deltanet.mixers(cfg, tuple(mla.carrying(built[w], mla_pass) for w in windows),
+                           layout, mask, **linear)
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,6 @@ IGNORED = frozenset({
 })
 # keys of architectures seqpar does not model, refused whatever their value unless neutral
 NOT_MODELLED = {
-    # read below (DEEPSEEK, QWEN3_NEXT); refused until the torch decoder computes them
-    "linear_num_value_heads": "linear-attention layers (gated DeltaNet) are not modelled",
     "ssm_state_size": "state-space (Mamba) layers are not modelled",
     "mamba_d_state": "state-space (Mamba) layers are not modelled",
     "attn_logit_softcapping": "attention logit soft-capping (Gemma 2) is not modelled",

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from seqpar.errors import require
 from seqpar.rules.shape import PHASES
 
 if TYPE_CHECKING:
@@ -26,6 +27,23 @@ if TYPE_CHECKING:
 
 LASP_MODES = ("lasp2", "lasp1")  # all-gather of pairs (one collective) | a ring of states (serial)
 CHUNK = 64  # the chunked rule's tokens a chunk (algorithms.delta_rule.CHUNK)
+
+
+def check_lasp(cfg: ModelConfig, layout: str, world: int, linear_sp: str | None = None) -> str | None:
+    """LASP's rules for `cfg` on `world` ranks dealt in `layout`, checkable before any rank
+    starts; the mode its linear layers run (None: the model has none)."""
+    linear = "linear" in cfg.layer_types
+    require(linear_sp is None or linear, "linear_sp", linear_sp,
+            f"applies to linear-attention layers, and this {cfg.family} model has none "
+            "(model.layer_types)")
+    if not linear:
+        return None
+    mode = linear_sp or "lasp2"
+    require(mode in LASP_MODES, "linear_sp", mode, f"must be one of {', '.join(LASP_MODES)}")
+    require(world == 1 or layout == "contiguous", "layout", layout,
+            "must be contiguous for a model with linear-attention layers under SP (LASP passes "
+            "one state a rank; zigzag, stripe and balanced shards hold several stretches)")
+    return mode
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,17 @@ CUDA only and refused elsewhere in one line."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from seqpar.algorithms.delta_rule import delta_rule, resolve
 from seqpar.errors import ConfigError
+from seqpar.model import Transformer, hf
 from seqpar.model.deltanet import DeltaNet
+from seqpar.rules import model as rules_model
 from seqpar.rules.model import ModelConfig
 
 transformers = pytest.importorskip("transformers")
@@ -163,3 +167,77 @@ def test_bfloat16_layer_close_to_float64():
     want = DeltaNet()(h, p64, CFG)
     got = DeltaNet()(h.bfloat16(), {n: t.bfloat16() for n, t in p64.items()}, CFG)
     assert got.dtype == torch.bfloat16 and rel(got.double(), want) < 5e-2
+
+
+# ------------------------------------------------------------- the hybrid checkpoint (Qwen3-Next)
+VOCAB, N = 128, 80  # more tokens than a chunk (64)
+
+
+def save_qwen3_next(path, seed: int):
+    """A random float64 Qwen3-Next checkpoint saved by transformers: three linear layers to one
+    gated full-attention layer, partial rotary (a quarter), zero-centred norms, MoE with a gated
+    shared expert (layer 1 dense); (the reference model, its tokens)."""
+    config = transformers.Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, partial_rotary_factor=0.25,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=24, mlp_only_layers=[1],
+        norm_topk_prob=True, tie_word_embeddings=False, max_position_embeddings=256,
+        rms_norm_eps=1e-6)
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
+    gen = torch.Generator().manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            if key.endswith("A_log"):
+                r = torch.rand(p.shape, generator=gen, dtype=torch.float64).add(0.5).log()
+            elif key.endswith("linear_attn.norm.weight"):  # the gated norm scales by w
+                r = 1 + 0.3 * r
+            elif p.dim() > 1:
+                r = r * 0.5 if "conv1d" in key else r / p.shape[-1] ** 0.5
+            else:  # the other norms scale by 1 + w
+                r = 0.3 * r
+            p.copy_(r)
+    model.save_pretrained(path, safe_serialization=True)
+    return model, torch.randint(0, VOCAB, (2, N + 1), generator=gen)
+
+
+def reference_loss(model, tokens: torch.Tensor) -> float:
+    with torch.no_grad():
+        logits = model(input_ids=tokens[:, :-1]).logits
+    return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)).item()
+
+
+def test_a_qwen3_next_checkpoint_computes_the_reference_loss(tmp_path, seed):
+    model, tokens = save_qwen3_next(tmp_path, seed)
+    cfg = rules_model.load(str(tmp_path / "config.json"))
+    assert cfg.layer_types == ("linear", "linear", "linear", "full") and cfg.shared_gate
+    net = Transformer(cfg, dtype=torch.float64, seed=1)
+    hf.load(net, str(tmp_path))
+    got, want = net.loss(tokens).item(), reference_loss(model, tokens)
+    err = abs(got - want) / abs(want)
+    print(f"qwen3-next: seqpar {got!r} transformers {want!r} relative {err:.2e}")
+    assert err < 1e-6, (got, want, err)
+    ours = dict(net.named_parameters())
+    for change in ({"attn_gate": False}, {"shared_gate": False}):  # the gates dropped: far off
+        other = Transformer(dataclasses.replace(cfg, **change), dtype=torch.float64, seed=1)
+        with torch.no_grad():
+            for name, p in other.named_parameters():
+                q = ours[name]
+                if p.shape != q.shape:  # wq without the gate: each head's query rows
+                    q = q.view(cfg.heads, 2, cfg.head_dim, -1)[:, 0].reshape(p.shape)
+                p.copy_(q)
+        assert abs(other.loss(tokens).item() - want) / want > 1e-4, change
+
+
+def test_linear_sp_on_a_model_without_linear_layers_is_one_line():
+    cfg = ModelConfig(vocab=32, hidden=16, layers=2, heads=2, kv_heads=2, ffn=16)
+    with pytest.raises(ConfigError, match=r"^linear_sp='lasp2': applies to linear-attention "
+                                          r"layers, and this llama model has none") as e:
+        Transformer(cfg, dtype=torch.float64, linear_sp="lasp2")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^linear_sp='lasp3': must be one of lasp2, lasp1"):
+        Transformer(CFG, dtype=torch.float64, linear_sp="lasp3")

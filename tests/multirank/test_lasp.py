@@ -7,17 +7,25 @@ heads than key heads throughout; a sequence longer than a chunk (64) in one case
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import yaml
 
+from seqpar import algorithms
 from seqpar.algorithms import recording
+from seqpar.algorithms.base import Geometry
 from seqpar.algorithms.comm import Comm, StrictOrder
 from seqpar.algorithms.lasp import Lasp
+from seqpar.model import Transformer
 from seqpar.model.deltanet import DeltaNet
 from seqpar.rules import layouts
-from seqpar.rules.linear import LinearShape, lasp_bytes_by_op
+from seqpar.rules.linear import LinearShape, lasp_bytes, lasp_bytes_by_op
 from seqpar.rules.model import ModelConfig, layer_shapes
-from seqpar.rules.shape import TOLERANCE
+from seqpar.rules.rope import Rope
+from seqpar.rules.shape import PHASES, TOLERANCE, AttnShape
+from seqpar.workers import step_check
 
 B = 2
 CFG = ModelConfig(vocab=32, hidden=16, layers=1, heads=2, kv_heads=2, ffn=16,
@@ -114,3 +122,123 @@ def test_lasp_exact_and_bytes_as_counted(gang, seed, world, mode):
             if row["sent"] != expect:
                 failures.append(f"n={n} cu={cu} rank {r}: bytes {row['sent']} != {expect}")
     assert not failures, "\n".join(failures)
+
+
+# ------------------------------------------------------------------ the hybrid model under SP
+HYBRID = ModelConfig(vocab=61, hidden=32, layers=4, heads=4, kv_heads=2, ffn=40, head_dim=8,
+                     family="qwen3_next", layer_types=("linear", "linear", "linear", "full"),
+                     rope=Rope(theta=10000.0, fraction=0.5), qk_norm=True, norm_offset=True,
+                     attn_gate=True, norm_eps=1e-6, lin_k_heads=2, lin_v_heads=4, lin_k_dim=4,
+                     lin_v_dim=4, conv_kernel=4, experts=4, experts_per_tok=2, moe_ffn=12,
+                     shared_ffn=16, shared_gate=True, moe_layers=(0, 2, 3))
+
+
+def model_cases(world: int) -> list[tuple[str, tuple[int, ...] | None]]:
+    """(the full layer's algorithm, documents): one sequence; three documents (ulysses where
+    the 4 heads split over the ranks)."""
+    n = 8 * world
+    return [("ring", None), ("ulysses" if HYBRID.heads % world == 0 else "ring", (0, 5, n - 3, n))]
+
+
+@torch.no_grad()
+def perturb(net) -> None:
+    """Every parameter away from its start (and from 0 and 1), the same on every rank."""
+    g = torch.Generator().manual_seed(7)
+    for name, p in net.named_parameters():
+        r = torch.randn(p.shape, generator=g, dtype=torch.float64)
+        if name.endswith("lin_a_log"):
+            r = torch.rand(p.shape, generator=g, dtype=torch.float64).add(0.5).log()
+        elif p.dim() > 1:
+            r = r / p.shape[-1] ** 0.5
+        p.copy_(r * 0.3 + (1.0 if name.endswith("lin_norm") else 0.0) if p.dim() == 1 else r)
+
+
+def hybrid_tokens(world: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, HYBRID.vocab, (B, 8 * world + 1),
+                         generator=torch.Generator().manual_seed(seed))
+
+
+def _model_rank(env, world: int, mode: str, seed: int) -> list[tuple]:
+    out = []
+    for attention, cu in model_cases(world):
+        net = Transformer(HYBRID, attention=attention, group=env.group(world), seed=1,
+                          dtype=torch.float64, linear_sp=mode)
+        perturb(net)
+        with recording() as ledger:
+            loss = net.loss(hybrid_tokens(world, seed), cu)
+            loss.backward()
+        sent = {p: ledger.total(phase=p) for p in PHASES}
+        out.append((loss.item(), {k: v.detach() for k, v in net.full_grads().items()}, sent))
+    return out
+
+
+def hybrid_bytes(attention: str, mode: str, world: int, rank: int, cu) -> dict[str, int]:
+    """A rank's bytes for the whole model: the full layer's attention call, the three linear
+    layers' LASP."""
+    shape = AttnShape(B, 8 * world, HYBRID.heads, HYBRID.kv_heads, HYBRID.head_dim, 8)
+    geometry = Geometry.of(shape, world, "contiguous", True, cu, None)
+    full = algorithms.get(attention).bytes_of_rank(shape, world, {}, rank, geometry)
+    linear = lasp_bytes(mode, LinearShape.of(HYBRID, B, 8), world, rank)
+    return {p: full[p] + 3 * linear[p] for p in PHASES}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("mode", ["lasp2", "lasp1"])
+def test_hybrid_model_under_sp_is_the_one_process_model(gang, seed, world, mode):
+    """Qwen3-Next's pattern (three linear layers, a gated full-attention layer with partial
+    rotary, zero-centred norms, MoE with a gated shared expert): ring or ulysses on the full
+    layer, LASP on the linear ones, give the one-process loss and every gradient; bytes as
+    counted."""
+    per_rank = gang.run(_model_rank, world, mode, seed, size=world)
+    failures = []
+    for i, (attention, cu) in enumerate(model_cases(world)):
+        ref = Transformer(HYBRID, seed=1, dtype=torch.float64)
+        perturb(ref)
+        loss = ref.loss(hybrid_tokens(world, seed), cu)
+        loss.backward()
+        for r, (got, grads, sent) in enumerate(row[i] for row in per_rank):
+            if not abs(got - loss.item()) <= TOLERANCE["float64"] * abs(loss.item()):
+                failures.append(f"{attention} cu={cu} rank {r}: loss {got} != {loss.item()}")
+            for name, p in ref.named_parameters():
+                if not error(grads[name], p.grad) <= TOLERANCE["float64"]:
+                    failures.append(f"{attention} rank {r}: {name} error "
+                                    f"{error(grads[name], p.grad):.1e}")
+            want = hybrid_bytes(attention, mode, world, r, cu)
+            if sent != want:
+                failures.append(f"{attention} cu={cu} rank {r}: bytes {sent} != {want}")
+    assert not failures, "\n".join(failures[:20])
+
+
+def model_file(cfg: ModelConfig, file) -> str:
+    """cfg as a model file (a step case names its model by file)."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    fields["rope"] = dataclasses.asdict(cfg.rope)
+    file.write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v
+                                    for k, v in fields.items()}))
+    return str(file)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("policy", "world", "mode"), [("dynamic", 4, "lasp2"),
+                                                       ("static", 3, "lasp1")])
+def test_hybrid_step_of_lengths_is_the_one_process_model(gang, seed, tmp_path, policy, world,
+                                                          mode):
+    """A step of variable-length sequences: each sequence's linear layers run LASP on the group
+    its deal gives it (the dynamic policy: groups of several sizes, a group of one alone)."""
+    from seqpar.experiments.steps import make_case
+
+    # the deal by the costs of the same model with full layers (the planner prices no linear
+    # layer yet), then the hybrid trained on it
+    full = dataclasses.replace(HYBRID, layer_types=("full",) * HYBRID.layers, attn_gate=False,
+                               shared_gate=False)
+    case = make_case("ring", world, f"lognormal:mean=9,sigma=1.0,min=4,max={6 * world}",
+                     tokens=20 * world, capacity=6, policy=policy, seed=seed % 1000,
+                     model=model_file(full, tmp_path / "full.yaml"), layout="contiguous",
+                     longest=6 * world, options={"linear_sp": mode})
+    case = dataclasses.replace(case, model=model_file(HYBRID, tmp_path / "hybrid.yaml"))
+    if policy == "dynamic":
+        sizes = {m.size for b in case.batches for m in b.deal.micro if m.seqs}
+        assert len(sizes) > 1 and max(sizes) > 1, sizes
+    got = step_check.compare(case, gang.run(step_check.rank_run, case), step_check.reference(case))
+    assert got.ok, f"{case.label()}: {got.failures}"

@@ -75,7 +75,7 @@ def test_legacy_keys_and_rope_parameters_read_alike():
 
 @pytest.mark.parametrize(("key", "value", "words"), [
     ("kv_lora_rank", 512, "is not a field seqpar knows for model_type qwen3"),
-    ("linear_num_value_heads", 32, "linear-attention layers"),
+    ("linear_num_value_heads", 32, "is not a field seqpar knows for model_type qwen3"),
     ("ssm_state_size", 16, "state-space (Mamba)"),
     ("final_logit_softcapping", 30.0, "soft-capping"),
     ("attention_chunk_size", 8192, "chunked attention"),
