@@ -165,6 +165,8 @@ def test_check_plans_its_cases(cmd, workdir, monkeypatch, capsys):
     planned: list = []
     monkeypatch.setattr(checking, "check_cases", lambda cases, *a, **k: planned.extend(cases) or [])
     monkeypatch.setattr(checking, "check_steps", lambda cases, *a, **k: planned.extend(cases) or [])
+    monkeypatch.setattr(checking, "check_models",  # check --model: its cases and its steps
+                        lambda fixed, steps, *a, **k: planned.extend([*fixed, *steps]) or [])
     argv = runnable(cmd, scratch=workdir)
     _ran(cmd, argv, *seqpar(argv, monkeypatch, capsys))
     assert planned, f"{cmd.text}: no case planned"
