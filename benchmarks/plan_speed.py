@@ -2,7 +2,12 @@
 of the command as a user runs it, median of --repeats runs, with the host's load; and whether torch
 was imported (`python -X importtime`).
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_speed.py [--repeats 3]
+As a user runs it: an installed package's modules are compiled to bytecode once (pip does it at
+install, Python on the first run), so each case runs once unmeasured with a bytecode cache (a
+temporary PYTHONPYCACHEPREFIX, whatever PYTHONDONTWRITEBYTECODE says). --compile measures runs
+that compile every module each time instead (no bytecode cache: PYTHONDONTWRITEBYTECODE=1).
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_speed.py [--repeats 3] [--compile]
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,36 +44,51 @@ CASES = {
 }
 
 
-def run(args: list[str]) -> tuple[float, float, float]:
+def environment(cache: str | None) -> dict[str, str]:
+    """The command's environment: bytecode cached in `cache`, or (None) compiled every run."""
+    env = {**os.environ, "COLUMNS": "120"}
+    if cache is None:
+        return {**env, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return {**env, "PYTHONPYCACHEPREFIX": cache}
+
+
+def run(args: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     """(wall s, CPU s of the child, its max RSS in MB)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([SEQPAR, *args], check=True, capture_output=True, env={**os.environ,
-                                                                         "COLUMNS": "120"})
+    subprocess.run([SEQPAR, *args], check=True, capture_output=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, after.ru_maxrss / 1024
 
 
-def imports_torch(args: list[str]) -> bool:
+def imports_torch(args: list[str], env: dict[str, str]) -> bool:
     out = subprocess.run([sys.executable, "-X", "importtime", SEQPAR, *args], capture_output=True,
-                         text=True, check=True)
+                         text=True, check=True, env=env)
     return any(line.rstrip().endswith(" torch") for line in out.stderr.splitlines())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--compile", action="store_true",
+                    help="compile every module each run (no bytecode cache)")
     a = ap.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
-    for name, args in CASES.items():
-        runs = [run(args) for _ in range(a.repeats)]
-        wall, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
-        rss = max(r[2] for r in runs)
-        print(f"{name}: wall {wall:.2f} s, CPU {cpu:.2f} s (median of {a.repeats}), max RSS "
-              f"{rss:.0f} MB, imports torch: {imports_torch(args)}")
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    with tempfile.TemporaryDirectory(prefix="plan_speed_pycache_") as cache:
+        env = environment(None if a.compile else cache)
+        print(f"load average before: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores); "
+              + ("every module compiled each run" if a.compile else "bytecode cached"))
+        for name, args in CASES.items():
+            if not a.compile:
+                run(args, env)  # compiles what this case imports, as a first run does
+            runs = [run(args, env) for _ in range(a.repeats)]
+            wall, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
+            rss = max(r[2] for r in runs)
+            print(f"{name}: wall {wall:.2f} s, CPU {cpu:.2f} s (median of {a.repeats}), max RSS "
+                  f"{rss:.0f} MB, imports torch: {imports_torch(args, env)}")
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 
 import numpy as np
 
@@ -27,11 +28,26 @@ from seqpar.rules.relation import Relation
 PROXY = 4  # proxy tokens per layout chunk (>= 2 so diagonal runs are seen)
 
 
+@lru_cache(maxsize=64)
+def _proxies(layout: str, world: int) -> list[tuple[int, ...] | None]:
+    """Each rank's proxy positions, asked of the layout when first needed (a plan unites them
+    in thousands of ways)."""
+    return [None] * world
+
+
+def _proxy(layout: str, world: int, rank: int) -> tuple[int, ...]:
+    held = _proxies(layout, world)
+    got = held[rank]
+    if got is None:
+        n = layouts.chunk_count(layout, world) * PROXY
+        got = held[rank] = layouts.positions(layout, rank, world, n)
+    return got
+
+
 @lru_cache(maxsize=8192)
 def proxy_positions(layout: str, world: int, members: tuple[int, ...]) -> tuple[int, ...]:
     """Sorted proxy positions of the union of `members`' shards."""
-    n = layouts.chunk_count(layout, world) * PROXY
-    return tuple(sorted(t for r in members for t in layouts.positions(layout, r, world, n)))
+    return tuple(sorted(chain.from_iterable(_proxy(layout, world, r) for r in members)))
 
 
 @lru_cache(maxsize=1024)

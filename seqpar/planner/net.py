@@ -112,6 +112,25 @@ class Net:
         sends = self._sends.get(pairs, lambda: self._sends_of(pairs))
         if not sends.moving or nbytes <= 0:
             return Cost(0.0)
+        return self._cost(sends, nbytes, self._p2p_cost)
+
+    def _cost(self, how: _Sends | _Spread, nbytes: float,
+              make: Callable[[Any, float], Cost]) -> Cost:
+        """`make(how, nbytes)`, memoised: a plan sends the same bytes the same way under every
+        layout and phase (a Cost is frozen: shared; it keeps nbytes' type)."""
+        key = (how, nbytes, type(nbytes))
+        got = self._costs.get(key)
+        if got is None:
+            if len(self._costs) >= 4096:
+                self._costs.clear()
+            got = self._costs[key] = make(how, nbytes)
+        return got
+
+    @cached_property
+    def _costs(self) -> dict[tuple, Cost]:
+        return {}
+
+    def _p2p_cost(self, sends: _Sends, nbytes: float) -> Cost:
         c = self.cluster
         if sends.crossing:
             t_inter = c.inter.seconds(nbytes, sends.share)
@@ -122,6 +141,12 @@ class Net:
 
     @cached_property
     def _sends(self) -> ByIdentity:
+        return ByIdentity()
+
+    @cached_property
+    def memo(self) -> ByIdentity:
+        """What a caller derives from these links and one of a schedule's objects, by the object
+        (a ring stage's transfers: `ring._carry`; a plan times a stage under every layout)."""
         return ByIdentity()
 
     def _sends_of(self, pairs: Sequence[tuple[int, int]] | np.ndarray) -> _Sends:
@@ -144,6 +169,9 @@ class Net:
         spread = self._spreads.get(groups, lambda: self._spread_of(groups))
         if nbytes <= 0 or spread is None:
             return Cost(0.0)
+        return self._cost(spread, nbytes, self._collective_cost)
+
+    def _collective_cost(self, spread: _Spread, nbytes: float) -> Cost:
         c, m = self.cluster, spread.m
 
         def inter(apart: int) -> float:

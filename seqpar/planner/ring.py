@@ -12,7 +12,7 @@ a closed form (`_ordered`); other rings count them over a (steps x positions) ar
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -51,46 +51,71 @@ def _first_max(cands: list[tuple[float, float]]) -> tuple[float, float]:
     return worst, flops
 
 
-def _ordered(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
-    """Per step (worst seconds, its FLOPs, all ranks' seconds) when a block depends only on
-    whether src is before, at or after pos. At step (0, 0) every position holds its own block;
-    at (0, i > 0) the outer*(w - i) positions with inner index >= i hold an earlier block and the
-    rest a later one; at o > 0 the (outer - o)*w positions of inner rings >= o an earlier one.
-    Position 0 holds a later block in every step but the first (it comes first on a tie)."""
-    n, w = st.size, st.inner
+class _Walk(NamedTuple):
+    """A ring of n positions in inner rings of w, step by step, whatever it carries: the first step
+    (every position at home), how many positions hold an earlier and a later block (`_ordered`),
+    and how many blocks each position sends (`ring_time`'s fixed costs)."""
+
+    outer: int
+    first: np.ndarray
+    n_earlier: np.ndarray
+    n_later: np.ndarray
+    blocks_out: np.ndarray
+
+
+@lru_cache(maxsize=64)
+def _walk(n: int, w: int) -> _Walk:
     outer, (o, i) = n // w, steps(n, w)
+    first = (o == 0) & (i == 0)
+    n_earlier = np.where(first, 0, np.where(o == 0, outer * (w - i), (outer - o) * w))
+    n_later = np.where(first, 0, np.where(o == 0, outer * i, o * w))
+    blocks_out = ((i < w - 1).astype(int) + ((i == 0) & (o < outer - 1))) if n > 1 else 0 * i
+    return _Walk(outer, first, n_earlier, n_later, blocks_out)
+
+
+def _ordered(job: Job, st: RingStage, rings: int, copies: int,
+             total: bool) -> tuple[np.ndarray, ...]:
+    """Per step (worst seconds, its FLOPs, all ranks' seconds: with `total`, else None) when a
+    block depends only on whether src is before, at or after pos. At step (0, 0) every position
+    holds its own block; at (0, i > 0) the outer*(w - i) positions with inner index >= i hold an
+    earlier block and the rest a later one; at o > 0 the (outer - o)*w positions of inner rings
+    >= o an earlier one. Position 0 holds a later block in every step but the first (it comes
+    first on a tie)."""
+    n = st.size
     own = [_cost(job, st, r, 0, 0) for r in range(rings)]
     if n == 1:
         (t, f), = own
         return np.array([t]), np.array([f]), np.array([t * copies])
     earlier = [_cost(job, st, r, 1, 0) for r in range(rings)]
     later = [_cost(job, st, r, 0, 1) for r in range(rings)]
-    first = (o == 0) & (i == 0)
-    n_earlier = np.where(first, 0, np.where(o == 0, outer * (w - i), (outer - o) * w))
-    n_later = np.where(first, 0, np.where(o == 0, outer * i, o * w))
+    walk = _walk(n, st.inner)
+    first = walk.first
     mixed = _first_max([x for pair in zip(later, earlier, strict=True) for x in pair])
     at_home = _first_max(own)
     worst = np.where(first, at_home[0], mixed[0])
     flops = np.where(first, at_home[1], mixed[1])
-    total = (n_earlier * sum(t for t, _ in earlier) + n_later * sum(t for t, _ in later)
-             + np.where(first, n * sum(t for t, _ in own), 0.0)) * copies
-    return worst, flops, total
+    if not total:
+        return worst, flops, None
+    return worst, flops, (walk.n_earlier * sum(t for t, _ in earlier)
+                          + walk.n_later * sum(t for t, _ in later)
+                          + np.where(first, n * sum(t for t, _ in own), 0.0)) * copies
 
 
 def _kinds(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
     """Per step and kind of block: how many ranks hold one, and the first of them in ring order
     (`_NONE` where none does); and per kind one (ring, position, source) that meets it. A kind is
-    a way the block's keys compare; at most 3^parts of them. Memoised on the stage: a plan asks
-    for each layout."""
-    return _KINDS.get(st, lambda: _kinds_alike(st, rings), rings)
+    a way the block's keys compare; at most 3^parts of them. Memoised on the stage's keys (a plan
+    asks for each layout; a schedule shares one grid's keys between its stages and shapes)."""
+    assert st.keys is not None
+    return _KINDS.get(st.keys, lambda: _kinds_alike(st, rings), st.size, st.inner, rings)
 
 
 def _kinds_alike(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray,
                                                      list[tuple[int, int, int]]]:
     """`_kinds_of`, shared by the stages whose rings' keys are the same (the configurations of
     one algorithm a plan ranks build them again: wallfacer's sub-rings by placement, say)."""
-    key = (st.size, st.inner, *(tuple(tuple(map(tuple, ring)) for ring in k[:rings])
-                                for k in st.keys))
+    here, there = (k[:rings] for k in st.keys)
+    key = (st.size, st.inner, *((k.shape, k.dtype.str, k.tobytes()) for k in (here, there)))
     got = _ALIKE.get(key)
     if got is None:
         if len(_ALIKE) >= 256:
@@ -102,9 +127,12 @@ def _kinds_alike(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray,
 def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
     n, w = st.size, st.inner
     src = sources(n, w)
-    here, there = (np.asarray(k[:rings], dtype=np.int64).reshape(rings, n, -1) for k in st.keys)
-    signs = np.sign(there[:, src] - here[:, None, :, :]) + 1  # (rings, steps, positions, parts)
-    kind = (signs * 3 ** np.arange(signs.shape[3])).sum(axis=3).transpose(1, 0, 2)
+    here, there = (k[:rings].reshape(rings, n, -1) for k in st.keys)
+    kind = np.zeros((rings, len(src), n), dtype=np.int64)  # (rings, steps, positions)
+    for part in range(here.shape[2]):  # how the part compares: 0 before, 1 at, 2 after
+        kind += (np.sign(there[:, src, part] - here[:, None, :, part]) + 1) * 3 ** part
+    kind = kind.transpose(1, 0, 2).astype(np.int8 if 3 ** here.shape[2] <= 127 else np.int64,
+                                          order="C")
     steps_n, kinds = len(src), np.flatnonzero(np.bincount(kind.ravel()))  # the kinds met
     held = kind.reshape(steps_n, -1)  # (steps, ranks in ring order)
     count = np.empty((steps_n, len(kinds)), dtype=np.int64)
@@ -124,20 +152,22 @@ _ALIKE: dict[tuple, tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]] =
 _NONE = np.iinfo(np.int64).max
 
 
-def _keyed(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
-    """Per step (worst seconds, its FLOPs, all ranks' seconds) from the rings' keys: a block is
-    costed once per way its keys compare, whichever ring meets it; a step's busiest rank is the
-    first in ring order to hold its dearest kind."""
+def _keyed(job: Job, st: RingStage, rings: int, copies: int,
+           total: bool) -> tuple[np.ndarray, ...]:
+    """Per step (worst seconds, its FLOPs, all ranks' seconds: with `total`, else None) from the
+    rings' keys: a block is costed once per way its keys compare, whichever ring meets it; a
+    step's busiest rank is the first in ring order to hold its dearest kind."""
     count, first, meets = _kinds(st, rings)
     cost = np.array([_cost(job, st, r, pos, src) for r, pos, src in meets])
     t, f = cost[:, 0], cost[:, 1]
     held = np.where(count > 0, t, -np.inf)
     worst = held.max(axis=1)
     dearest = np.where(held == worst[:, None], first, _NONE).argmin(axis=1)
-    return (worst, np.where(worst > 0, f[dearest], 0.0), (count * t).sum(axis=1) * copies)
+    return (worst, np.where(worst > 0, f[dearest], 0.0),
+            (count * t).sum(axis=1) * copies if total else None)
 
 
-def _each(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray, ...]:
+def _each(job: Job, st: RingStage, rings: int, copies: int, total: bool) -> tuple[np.ndarray, ...]:
     """Per step (worst seconds, its FLOPs, all ranks' seconds) under any mask: every (position,
     block) costs its own (what a mask lets a position's queries see of a block is its own)."""
     n, src = st.size, sources(st.size, st.inner)
@@ -156,37 +186,39 @@ def _each(job: Job, st: RingStage, rings: int, copies: int) -> tuple[np.ndarray,
 
 
 def _host(job: Job, worst: np.ndarray, total: np.ndarray) -> np.ndarray:
-    """Cluster.host_seconds of every step (a device per rank: the busiest rank's time)."""
+    """Cluster.host_seconds of every step, on a host whose cores the ranks share."""
     c = job.cluster
-    if c.host_seconds(1.0, float("inf"), job.world) == 1.0:
-        return worst
     return np.array([c.host_seconds(a, b, job.world)
                      for a, b in zip(worst.tolist(), total.tolist(), strict=True)])
 
 
-def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
+class _Carry(NamedTuple):
+    """What a ring stage costs beside its blocks' kernels, alike under every layout: each step's
+    fixed work, and the transfers (inner hop, outer prefetch, the last gradient's trip home) with
+    the stage's cost (its slowest hop's seconds, the busiest rank's bytes by link) and link time."""
+
+    fixed: np.ndarray
+    x_in: Cost
+    x_out: Cost
+    home: Cost
+    cost: Cost
+    busy: dict[str, float]
+
+
+def _carry(job: Job, st: RingStage) -> _Carry:
     c, net, n, w = job.cluster, job.net, st.size, st.inner
-    outer, (o, i) = n // w, steps(n, w)
-    ranks = n * len(st.rings)
-    rings = 1 if st.same_blocks else len(st.rings)
-    copies = len(st.rings) if st.same_blocks else 1
-    cost = _each if job.any_mask else _ordered if st.keys is None else _keyed
-    worst, worst_f, total = cost(job, st, rings, copies)
+    walk = _walk(n, w)
+    outer = walk.outer
     # what every rank does beside its kernels: the fixed step cost; backward, packing the
     # travelling gradient and adding the one that arrives; on a host transport, sending and
     # receiving this step's messages (K,V or the query block, while one more is to come; the
     # outer prefetch at an inner ring's start; the gradient every step)
     grads = 1 if (st.grad and n > 1) else 0
-    blocks_out = ((i < w - 1).astype(int) + ((i == 0) & (o < outer - 1))) if n > 1 else 0 * i
     fixed = np.array([c.step_us * 1e-6 + c.copy_seconds(2 * grads * st.grad)
                       + c.transport_seconds(2 * (b * st.msg + grads * st.grad), 2 * (b + grads))
-                      for b in range(3)])[blocks_out]
-    comp = _host(job, worst + fixed, total + ranks * fixed)
-    flops = float((worst_f * st.factor).sum())
-    total_compute = float(comp.sum())
+                      for b in range(3)])[walk.blocks_out]
     if n == 1:
-        timing.add(st.label, total_compute, total_compute, Cost(0.0), flops)
-        return
+        return _Carry(fixed, Cost(0.0), Cost(0.0), Cost(0.0), Cost(0.0), {})
     inner_pairs, outer_pairs = _HOPS.get(st.rings, lambda: _hops(st.rings, w), w)
 
     def both(pairs):  # the block and the gradient behind it: one link, or (emulated) each its own
@@ -200,9 +232,6 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     x_out = both(outer_pairs) if outer > 1 else Cost(0.0)
     # the last gradient's trip home is exposed (its host transport cost is the last step's)
     home = net.p2p(outer_pairs if outer > 1 else inner_pairs, st.grad)
-    per_outer = comp.reshape(outer, w)
-    inner_time = np.maximum(per_outer[:, :-1], x_in.seconds).sum(axis=1) + per_outer[:, -1]
-    seconds = float(np.maximum(inner_time[:-1], x_out.seconds).sum() + inner_time[-1]) + home.seconds
     cost = max((x_in, x_out), key=lambda x: x.seconds)
     # bytes by link: the busiest rank's messages, inner and outer hops as the ring makes them
     intra = inter = 0
@@ -217,7 +246,34 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
             intra += last
     busy = {link: x_in.busy(link) * (w - 1) * outer + x_out.busy(link) * (outer - 1)
             + home.busy(link) for link in ("intra", "inter")}
-    timing.add(st.label, seconds, total_compute, Cost(cost.seconds, intra, inter), flops, busy)
+    return _Carry(fixed, x_in, x_out, home, Cost(cost.seconds, intra, inter), busy)
+
+
+def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
+    """Add the ring stage's time, compute, bytes and link time to `timing`. What does not depend
+    on the layout (`_carry`) is memoised on the links per stage: a plan times each of its
+    configurations' stages under each layout."""
+    c, n = job.cluster, st.size
+    rings = 1 if st.same_blocks else len(st.rings)
+    copies = len(st.rings) if st.same_blocks else 1
+    # a host whose ranks share its cores: a step lasts at least all ranks' work over the cores
+    shared = c.host_seconds(1.0, float("inf"), job.world) != 1.0
+    cost = _each if job.any_mask else _ordered if st.keys is None else _keyed
+    worst, worst_f, total = cost(job, st, rings, copies, shared)
+    carry = job.net.memo.get(st, lambda: _carry(job, st))
+    fixed = carry.fixed
+    comp = (_host(job, worst + fixed, total + n * len(st.rings) * fixed) if shared
+            else worst + fixed)
+    flops = float((worst_f * st.factor).sum())
+    total_compute = float(comp.sum())
+    if n == 1:
+        timing.add(st.label, total_compute, total_compute, Cost(0.0), flops)
+        return
+    per_outer = comp.reshape(-1, st.inner)
+    inner_time = np.maximum(per_outer[:, :-1], carry.x_in.seconds).sum(axis=1) + per_outer[:, -1]
+    seconds = (float(np.maximum(inner_time[:-1], carry.x_out.seconds).sum() + inner_time[-1])
+               + carry.home.seconds)
+    timing.add(st.label, seconds, total_compute, carry.cost, flops, carry.busy)
 
 
 def _hops(rings: list[list[int]], w: int) -> tuple[np.ndarray, np.ndarray]:

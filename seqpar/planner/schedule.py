@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any
+from functools import cache, lru_cache
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -65,10 +66,11 @@ class RingStage:
     factor: float = 1.0
     same_blocks: bool = True  # every ring meets the same blocks (blocks ignores its ring argument)
     # what a block depends on (perf.ring): blocks(r, pos, src) is one block for every (r, pos, src)
-    # whose keys compare alike, part by part (keys[0][r][pos] against keys[1][r][src]); None: the
-    # positions themselves (a block depends only on whether src is before, at or after pos: true
-    # of every layout's shards, and of unions of ranks that are translates of each other)
-    keys: tuple[list[list[tuple[int, ...]]], list[list[tuple[int, ...]]]] | None = None
+    # whose keys compare alike, part by part (keys[0][r, pos] against keys[1][r, src]: arrays of
+    # rings x positions x parts); None: the positions themselves (a block depends only on whether
+    # src is before, at or after pos: true of every layout's shards, and of unions of ranks that
+    # are translates of each other)
+    keys: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def size(self) -> int:
@@ -109,11 +111,18 @@ def all_ranks(world: int) -> tuple[int, ...]:
     return tuple(range(world))
 
 
+@lru_cache(maxsize=64)
+def _whole(world: int) -> list[list[int]]:
+    """All ranks as one group (one ring), one object a world for every schedule: what the links
+    derive from a group is memoised by the group object (`net.ByIdentity`)."""
+    return [list(range(world))]
+
+
 def _ring(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
     b = algorithms.expected_bytes("ring", shape, world, **options)
     msg = _per_msg(b["forward"], world - 1)
     grad = _per_msg(b["backward"] - (world - 1) * msg, world)
-    ring = [list(range(world))]
+    ring = _whole(world)
 
     def blocks(_r: int, pos: int, src: int) -> tuple[Members, Members]:
         return (pos,), (src,)
@@ -130,7 +139,7 @@ def _burst(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int)
     b = algorithms.expected_bytes("burst", shape, world, **options)
     msg = _per_msg(b["forward"], world - 1)
     q_block, dq = burst.query_block_bytes(shape, world, options=_parsed("burst", options))
-    ring = [list(range(world))]
+    ring = _whole(world)
     s = Schedule()
     s.phases["forward"].append(RingStage("burst ring", ring, inner, msg, 0, shape.heads,
                                     lambda _r, pos, src: ((pos,), (src,))))
@@ -169,7 +178,7 @@ def _usp_groups(dhp: int, dcp: int, placement: str) -> tuple[list, list, list[Me
 
 def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
     b = algorithms.expected_bytes("ulysses", shape, world, **options)
-    group = [list(range(world))]
+    group = _whole(world)
     s = Schedule()
     for phase, factor in (("forward", 1.0), ("backward", BACKWARD)):
         s.phases[phase] += [Collective("all-to-all", group, b[phase] // 2),
@@ -181,7 +190,7 @@ def _ulysses(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: in
 
 def _allgather(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
     b = algorithms.expected_bytes("allgather", shape, world, **options)
-    group = [list(range(world))]
+    group = _whole(world)
     s = Schedule()
     s.phases["forward"] += [Collective("all-gather K,V", group, b["forward"]),
                             Kernel("attention", (world - 1,), all_ranks(world), shape.heads)]
@@ -197,63 +206,79 @@ def _local(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int)
     return s
 
 
-def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
-    grid = WallFacerGrid(world, options.get("team_size", 1),
-                         options.get("placement", "collective-intra"))
+class _Teams(NamedTuple):
+    """A WallFacer grid's ranks, whatever the shape (built once per grid: every shape and phase of
+    it shares these objects, and what the links derive from them, `net.ByIdentity`)."""
+
+    grid: WallFacerGrid
+    team_groups: list[list[int]]  # each team's ranks, by member
+    rings: list[list[int]]        # each sub-ring's ranks, in ring order
+    pairs: list[tuple[int, int]]  # (rank, where its block goes) of the initial placement
+    busiest: int                  # the first rank whose block moves (0: none moves)
+    placing: bool                 # whether any block moves
+    team: np.ndarray              # (ranks, C): each rank's team
+    held: np.ndarray              # (ranks, C): the team whose K,V each rank holds once placed
+    keys: tuple[np.ndarray, np.ndarray] | None       # the sub-rings' keys (`RingStage.keys`)
+    keys_back: tuple[np.ndarray, np.ndarray] | None  # and backward
+
+
+@lru_cache(maxsize=64)
+def _teams(world: int, team_size: int, placement: str) -> _Teams:
+    grid = WallFacerGrid(world, team_size, placement)
     c, t = grid.team_size, grid.ring_size
-    spec = algorithms.get("wallfacer")
     # WallFacerGrid's maps are arithmetic: they take every rank at once as an array
     every = np.arange(world)
     sends = grid.init_send(every)
     placing = every[sends != every].tolist()
-    busiest = placing[0] if placing else 0
-    rb = spec.bytes_of_rank(shape, world, options, busiest)
-    teams = world // c
-    ring_fwd = algorithms.expected_bytes("ring", shape, teams, **{})["forward"]
-    block = _per_msg(ring_fwd, teams - 1)  # a team's K,V: the ring message of P/C team-sized shards
-    placed = block if placing else 0
-    q_block, dq = burst.query_block_bytes(shape, world, tokens_factor=c,
-                                          options=_parsed("wallfacer", options))
-    team_groups = [grid.members(i) for i in range(teams)]
-    rings = [grid.subring(grid.rank(g * t * c + a)) for g in range(c) for a in range(c)]
-    pairs = list(zip(every.tolist(), sends.tolist(), strict=True))
-
-    def q_of(rank: int) -> Members:
-        return tuple(grid.team(rank))
-
-    def held(rank: int) -> Members:
-        return tuple(grid.members(grid.block_team(rank)))
-
-    def fwd_blocks(r: int, pos: int, src: int) -> tuple[Members, Members]:
-        ring = rings[r]
-        return q_of(ring[pos]), held(ring[src])
-
-    def bwd_blocks(r: int, pos: int, src: int) -> tuple[Members, Members]:
-        ring = rings[r]
-        return q_of(ring[src]), held(ring[pos])
-
+    members = np.stack(grid.members(np.arange(world // c)), axis=1)
+    starts = grid.rank(np.array([g * t * c + a for g in range(c) for a in range(c)]))
+    ring_ranks = np.stack(grid.subring(starts), axis=1)
     # a team is (team group, index in it): two teams' ranks interleave by how those compare
-    ring_ranks = np.asarray(rings)
     q_keys, k_keys = (np.stack(divmod(team, t), axis=-1) for team in
                       (grid.coords(ring_ranks)[0], grid.block_team(ring_ranks)))
     ordered = np.stack(np.broadcast_arrays(0, np.arange(t)), axis=-1)
     one_ring = (q_keys == k_keys).all() and (q_keys == ordered).all()  # one team a rank: a ring
-    keys = None if one_ring else (q_keys.tolist(), k_keys.tolist())
+    keys = None if one_ring else (q_keys, k_keys)
+    return _Teams(grid, members.tolist(), ring_ranks.tolist(),
+                  list(zip(every.tolist(), sends.tolist(), strict=True)),
+                  placing[0] if placing else 0, bool(placing), members[grid.coords(every)[0]],
+                  members[grid.block_team(every)], keys, keys and keys[::-1])
+
+
+def _wallfacer(shape: AttnShape, world: int, options: Mapping[str, Any], nodes: int) -> Schedule:
+    teams = _teams(world, options.get("team_size", 1), options.get("placement", "collective-intra"))
+    c, t = teams.grid.team_size, teams.grid.ring_size
+    rb = algorithms.get("wallfacer").bytes_of_rank(shape, world, options, teams.busiest)
+    ring_fwd = algorithms.expected_bytes("ring", shape, world // c, **{})["forward"]
+    block = _per_msg(ring_fwd, world // c - 1)  # a team's K,V: the ring message of P/C team-sized shards
+    placed = block if teams.placing else 0
+    q_block, dq = burst.query_block_bytes(shape, world, tokens_factor=c,
+                                          options=_parsed("wallfacer", options))
+    rings = teams.rings
+
+    def fwd_blocks(r: int, pos: int, src: int) -> tuple[Members, Members]:
+        ring = rings[r]
+        return tuple(teams.team[ring[pos]].tolist()), tuple(teams.held[ring[src]].tolist())
+
+    def bwd_blocks(r: int, pos: int, src: int) -> tuple[Members, Members]:
+        ring = rings[r]
+        return tuple(teams.team[ring[src]].tolist()), tuple(teams.held[ring[pos]].tolist())
 
     fwd_coll = rb["forward"] - placed - (t - 1) * block
     bwd_ring = burst.query_ring_bytes(q_block, dq, t)
     bwd_coll = rb["backward"] - bwd_ring - placed
     s = Schedule()
-    s.phases["forward"] += [Collective("team all-gather q,k,v + combine", team_groups, fwd_coll),
-                            P2P("initial placement", pairs, placed),
+    s.phases["forward"] += [Collective("team all-gather q,k,v + combine", teams.team_groups,
+                                       fwd_coll),
+                            P2P("initial placement", teams.pairs, placed),
                             RingStage("sub-ring", rings, t, block, 0, shape.heads, fwd_blocks,
-                                 same_blocks=False, keys=keys)]
-    s.phases["backward"] += [RingStage("query sub-ring", rings, t, q_block, dq, shape.heads, bwd_blocks,
-                                  BACKWARD, same_blocks=False,
-                                  keys=keys and keys[::-1]),
-                             P2P("placement back", pairs, placed),
-                             Collective("team all-gather dO,D,lse + reduce-scatter", team_groups,
-                                        bwd_coll)]
+                                      same_blocks=False, keys=teams.keys)]
+    s.phases["backward"] += [RingStage("query sub-ring", rings, t, q_block, dq, shape.heads,
+                                       bwd_blocks, BACKWARD, same_blocks=False,
+                                       keys=teams.keys_back),
+                             P2P("placement back", teams.pairs, placed),
+                             Collective("team all-gather dO,D,lse + reduce-scatter",
+                                        teams.team_groups, bwd_coll)]
     return s
 
 
@@ -283,15 +308,21 @@ def schedule(name: str, shape: AttnShape, world: int, options: Mapping[str, Any]
 _BUILT: dict[tuple, Schedule] = {}
 
 
+@cache
+def _defaults(name: str) -> Mapping[str, Any]:
+    """`algorithms.options_of`, read once an algorithm (a plan builds hundreds of schedules)."""
+    return MappingProxyType(dict(algorithms.options_of(name)))
+
+
 def _build(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
            nodes: int) -> Schedule:
-    resolved = {**algorithms.options_of(name), **options}  # the algorithm's defaults, then ours
+    resolved = {**_defaults(name), **options}  # the algorithm's defaults, then ours
     if name not in BUILDERS:  # a peer, or an algorithm that lands later: its bytes as one
         # collective, then the whole attention spread evenly over the ranks
         b = algorithms.expected_bytes(name, shape, world, **options)
         s = Schedule()
         for ph, factor in (("forward", 1.0), ("backward", BACKWARD)):
-            s.phases[ph] += [Collective(name, [list(range(world))], b[ph]),
+            s.phases[ph] += [Collective(name, _whole(world), b[ph]),
                              Kernel("attention", all_ranks(world), all_ranks(world), shape.heads,
                                     factor / world)]
         return s
