@@ -63,7 +63,7 @@ def check(
     model: Annotated[str | None, typer.Option(
         "--model", help="A model to check instead of the attention alone: a config.json, a YAML "
         "of ModelConfig's fields or a preset name, shrunk to its family's tiny model (every field "
-        "that changes a layer kept; docs/training.md), trained by every algorithm in every layout "
+        "that changes a layer kept; docs/models.md), trained by every algorithm in every layout "
         "(a fixed-length step, and steps of lengths under the static and the dynamic policy) "
         "against the one-process model in float64. --world, --algorithms, --layouts, --device and "
         "--seed apply.")] = None,
