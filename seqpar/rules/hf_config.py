@@ -76,7 +76,7 @@ DEEPSEEK = {"attention_bias", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
             "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace",
             "moe_layer_freq", "n_group", "topk_group", "topk_method", "scoring_func",
             "routed_scaling_factor", "norm_topk_prob", "rope_interleave", "ep_size",
-            "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux"}
+            "num_nextn_predict_layers", "aux_loss_alpha", "seq_aux", "mlp_bias"}
 FAMILIES.update({
     "deepseek_v2": DEEPSEEK, "deepseek_v3": DEEPSEEK, "kimi_k2": DEEPSEEK,
     "qwen3_next": {"attention_bias", "partial_rotary_factor", "linear_num_key_heads",
