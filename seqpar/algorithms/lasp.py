@@ -34,7 +34,7 @@ from seqpar.algorithms.comm import Comm
 from seqpar.algorithms.delta_rule import delta_rule
 from seqpar.errors import require
 from seqpar.rules import layouts
-from seqpar.rules.linear import LASP_MODES
+from seqpar.rules.linear import LASP_MODES, halo_gathered
 
 HALO_TAG, STATE_TAG = 7101, 7102  # gloo matches by tag where NCCL's order is not emulated
 
@@ -69,7 +69,7 @@ class Lasp:
         self.comm, self.mode, self.backend = comm, mode, backend
         self.world, self.rank = comm.size, comm.rank
 
-    def stretch(self, s: int, cu_seqlens: Any = None, width: int = 0) -> Stretch:
+    def stretch(self, s: int, cu_seqlens: Any = None) -> Stretch:
         """This rank's stretch of a call whose local shard holds s tokens; n from the documents
         (cu_seqlens [0, ..., n], the same on every rank) or s x world."""
         cu = layouts.as_cu(cu_seqlens)
@@ -79,18 +79,21 @@ class Lasp:
         lo, hi = pos[0], pos[-1] + 1
         require(hi - lo == s, "tokens", s, f"rank {self.rank} holds {hi - lo} of the n={n} tokens "
                 f"in the contiguous layout")
-        require(self.world == 1 or n // self.world >= max(width, 1), "seq_len", n,
-                f"must give every rank at least {max(width, 1)} tokens under LASP (the "
-                f"convolution's reach, conv_kernel - 1, comes from the previous rank alone)")
         starts = tuple(c - lo for c in docs[:-1] if lo <= c < hi)
         first = max(c for c in docs[:-1] if c <= lo)
         return Stretch(lo, hi, starts, first, n)
 
-    def halo(self, x: torch.Tensor, width: int) -> torch.Tensor:
-        """(b, width, c): the previous rank's last `width` rows of x (b, s, c); zeros on rank 0."""
+    def halo(self, x: torch.Tensor, width: int, st: Stretch) -> torch.Tensor:
+        """(b, width, c): the `width` rows of x (b, s, c) before this rank's first (zeros before
+        the sequence): the previous rank's last rows, or, where shards are shorter than `width`,
+        the earlier ranks' last rows all-gathered (`rules.linear.halo_gathered`)."""
         if width == 0 or self.world == 1:
             return x.new_zeros(x.shape[0], width, *x.shape[2:])
-        return _Halo.apply(x, self.comm, width)
+        if not halo_gathered(st.n, self.world, width):
+            return _Halo.apply(x, self.comm, width)
+        lengths = [len(layouts.positions("contiguous", r, self.world, st.n, (0, st.n)))
+                   for r in range(self.world)]
+        return _HaloGather.apply(x, self.comm, width, lengths)
 
     def delta_rule(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                    beta: torch.Tensor, scale: float, st: Stretch) -> torch.Tensor:
@@ -109,14 +112,13 @@ class Lasp:
         dv = v.shape[-1]
         acc = torch.promote_types(v.dtype, torch.float32)
         cut = (inner[0] if inner else s) if st.carries else 0
-        outs = []
-        pair = None
+        outs = [v.new_zeros(b, 0, h, dk + dv)]
+        eye = torch.eye(dk, dtype=acc, device=v.device).expand(b, h, dk, dk)
+        pair = torch.cat([eye, eye.new_zeros(b, h, dk, dv)], dim=-1)  # no token: the identity
         if cut:  # the tokens the entering state reaches, from [I | 0] with values [0 | v]
-            eye = torch.eye(dk, dtype=acc, device=v.device).expand(b, h, dk, dk)
-            state0 = torch.cat([eye, eye.new_zeros(b, h, dk, dv)], dim=-1)
             v0 = torch.cat([v.new_zeros(b, cut, h, dk), v[:, :cut]], dim=-1)
             o, pair = delta_rule(q[:, :cut], k[:, :cut], v0, g[:, :cut], beta[:, :cut], scale,
-                                 state0, (), self.backend)
+                                 pair, (), self.backend)
             outs.append(o)
         if cut < s:  # a document starts here: the state leaving owes nothing to the one entering
             o, last = delta_rule(*(t[:, cut:] for t in (q, k, v, g, beta)), scale, None,
@@ -165,6 +167,41 @@ class _Halo(torch.autograd.Function):
         dx = grad.new_zeros(ctx.shape)
         dx[:, -width:] = back
         return dx, None, None
+
+
+class _HaloGather(torch.autograd.Function):
+    """The `width` rows before this rank's first where a shard is shorter than that (the previous
+    rank alone does not hold them): every rank's last rows (zeros before a short shard's first)
+    all-gathered, the earlier ranks' taken in order; backward: their gradients reduce-scattered
+    back to the ranks that hold them."""
+
+    @staticmethod
+    def forward(ctx, x, comm: Comm, width: int, lengths: list[int]):
+        b, s = x.shape[:2]
+        take = min(width, s)
+        tail = x.new_zeros(b, width, *x.shape[2:])
+        tail[:, width - take:] = x[:, s - take:]
+        tails = comm.all_gather(tail.unsqueeze(0), dim=0)  # (P, b, width, c)
+        rows = [(j, i) for j in range(comm.rank)
+                for i in range(width - min(width, lengths[j]), width)][-width:]
+        halo = x.new_zeros(b, width, *x.shape[2:])
+        for at, (j, i) in enumerate(rows, start=width - len(rows)):
+            halo[:, at] = tails[j, :, i]
+        ctx.comm, ctx.rows, ctx.shape, ctx.ledgers = comm, rows, x.shape, ledger.active()
+        return halo
+
+    @staticmethod
+    def backward(ctx, grad):
+        width, s = grad.shape[1], ctx.shape[1]
+        d = grad.new_zeros(ctx.comm.size, *grad.shape)
+        for at, (j, i) in enumerate(ctx.rows, start=width - len(ctx.rows)):
+            d[j, :, i] += grad[:, at]
+        with ledger.backward_of(ctx.ledgers):
+            mine = ctx.comm.reduce_scatter(d, dim=0)[0]
+        take = min(width, s)
+        dx = grad.new_zeros(ctx.shape)
+        dx[:, s - take:] = mine[:, width - take:]
+        return dx, None, None, None
 
 
 def _entering(pairs: torch.Tensor, upto: int) -> list[torch.Tensor]:

@@ -21,6 +21,7 @@ from seqpar.rules import masks
 from seqpar.rules import pool as pool_rules
 from seqpar.rules.algorithms import check_mla_pass
 from seqpar.rules.deal import Batch
+from seqpar.rules.linear import check_lasp
 from seqpar.rules.memory import check_seq_attn, uses_fraction
 
 
@@ -69,6 +70,7 @@ class TrainCase:
     algorithms_by_size: tuple[tuple[int, str, tuple[tuple[str, Any], ...]], ...] = ()
     window: int | None = None        # a causal sliding window inside each sequence
     mla_pass: str = "kv"             # an MLA model's ring carries K,V or the latent (MLA_PASSES)
+    linear_sp: str | None = None     # a hybrid's linear layers: lasp2 | lasp1 (None: lasp2)
     batches: tuple[Batch, ...] = ()  # the replayed batches and their deals, made on the driver
 
     def config(self) -> ModelConfig:
@@ -120,6 +122,7 @@ class TrainCase:
         self.state_policy().check(DTYPES[self.dtype], None)
         cfg = self.config()
         check_mla_pass(self.mla_pass, cfg.mla, self.algorithm, self.checkpoint)
+        check_lasp(cfg, self.layout, self.sp, self.linear_sp)
         require(self.text is None or cfg.vocab >= 256, "vocab", cfg.vocab,
                 "must be at least 256 to train on text (one token per byte)")
         require(self.text is None or self.batch == 1, "batch", self.batch,

@@ -363,6 +363,10 @@ class TrainSpec(_Strict):
         "kv", description="an MLA model (DeepSeek): what its ring carries, each rank's K,V or its "
                           "latent (kv_lora_rank + qk_rope_dim values a token, K,V rebuilt on "
                           "arrival; ring, double_ring, usp, burst, wallfacer)")
+    linear_sp: Literal["lasp2", "lasp1"] | None = Field(
+        None, description="a hybrid model's linear-attention layers (Qwen3-Next) under SP: LASP-2's "
+                          "one all-gather of states a layer, or LASP-1's ring of states (none: "
+                          "lasp2); the layout must be contiguous")
 
     def overrides(self) -> tuple[tuple[str, int], ...]:
         return (("vocab", self.vocab),) if self.vocab is not None else ()

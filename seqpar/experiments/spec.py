@@ -231,7 +231,8 @@ class ExperimentSpec(_Strict):
             exclude["plan"] = set(VARLEN_PLAN_FIELDS)
         if self.train is not None:
             exclude["train"] = ({"tiled"} if not self.train.tiled else set()) | (
-                {"mla_pass"} if self.train.mla_pass == "kv" else set())
+                {"mla_pass"} if self.train.mla_pass == "kv" else set()) | (
+                {"linear_sp"} if self.train.linear_sp is None else set())
         data = self.model_dump(mode="json", exclude=exclude)
         data["model"]["kv_heads"] = self.model.hkv
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -299,6 +300,7 @@ def _plain_train_case(spec: ExperimentSpec) -> TrainCase:
                      master_dtype=t.master_dtype,
                      offload=tuple(t.offload) if isinstance(t.offload, list) else t.offload,
                      tiled=t.tiled, mask=w.mask_spec, mla_pass=t.mla_pass,
+                     linear_sp=t.linear_sp,
                      text=text.path() if text is not None else None,
                      text_separator=text.separator if text is not None else "\n\n")
     if isinstance(w.data, CorpusSource) and w.lengths is None:  # with lengths: dealt reads it
@@ -310,7 +312,7 @@ _TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkp
                "seq_fraction": "train.seq_fraction", "model": "train.model",
                "states": "train.states", "master_dtype": "train.master_dtype",
                "offload": "train.offload", "vocab": "train.vocab", "capacity": "plan.capacity",
-               "mla_pass": "train.mla_pass",
+               "mla_pass": "train.mla_pass", "linear_sp": "train.linear_sp",
                "sp_policy": "plan.sp_policy", "packing": "plan.packing",
                "degrees": "plan.degrees",
                "degree": "plan.world", "sp_group": "plan.world", "lengths": "workload.lengths",

@@ -111,11 +111,11 @@ class DeltaNet:
                  cu_seqlens: Any = None) -> Tensor:
         lasp = self.lasp
         kernel = cfg.conv_kernel
-        st = lasp.stretch(h.shape[1], cu_seqlens, width=kernel - 1)
+        st = lasp.stretch(h.shape[1], cu_seqlens)
         q, k, v, z, b, a = split(F.linear(h, p["lin_qkvz"]), F.linear(h, p["lin_ba"]), cfg)
         bs = h.shape[:2]
         x = torch.cat([q.reshape(*bs, -1), k.reshape(*bs, -1), v.reshape(*bs, -1)], dim=-1)
-        x = short_conv(x, lasp.halo(x, kernel - 1), p["lin_conv"], st)
+        x = short_conv(x, lasp.halo(x, kernel - 1, st), p["lin_conv"], st)
         kd, vd = cfg.lin_k_heads * cfg.lin_k_dim, cfg.lin_v_heads * cfg.lin_v_dim
         q, k, v = x.split([kd, kd, vd], dim=-1)
         acc = torch.promote_types(h.dtype, torch.float32)

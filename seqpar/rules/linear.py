@@ -11,7 +11,9 @@ float32 at least, as the rule keeps it; halo: b x (kernel - 1) x conv_dim activa
 
 Neither depends on the sequence length or the documents (a rank where a document starts still sends
 its pair, or a zero state gradient): LASP-2 sends (dk + dv) / dv x P-1 states a rank in one
-collective, LASP-1 one state a rank in P-1 dependent steps.
+collective, LASP-1 one state a rank in P-1 dependent steps. Only a call whose shards are shorter
+than the halo (floor(n / P) < kernel - 1: a pack of a few tokens) all-gathers every rank's last
+rows instead, (P-1) halos a rank each way (`halo_gathered`).
 """
 
 from __future__ import annotations
@@ -87,27 +89,44 @@ class LinearShape:
         return self.batch * (self.conv_kernel - 1) * self.conv_dim * self.elem
 
 
-def lasp_bytes_by_op(mode: str, shape: LinearShape, world: int, rank: int
-                     ) -> dict[tuple[str, str], int]:
-    """{(op, phase): bytes} rank `rank` of `world` sends in one linear layer's call."""
+def halo_gathered(seq_len: int, world: int, width: int) -> bool:
+    """Whether the convolution's halo is all-gathered: a shard (contiguous: floor(n / P) tokens
+    the shortest) holds fewer than its `width` (kernel - 1) tokens, so the previous rank alone
+    does not have them (a pack of a few tokens; never at training lengths)."""
+    return world > 1 and seq_len // world < width
+
+
+def lasp_bytes_by_op(mode: str, shape: LinearShape, world: int, rank: int,
+                     seq_len: int | None = None) -> dict[tuple[str, str], int]:
+    """{(op, phase): bytes} rank `rank` of `world` sends in one linear layer's call (of
+    `seq_len` tokens: only a call too short for the halo's point-to-point needs it)."""
     if world == 1:
         return {}
-    halo_f = shape.halo_bytes if rank < world - 1 else 0
-    halo_b = shape.halo_bytes if rank > 0 else 0
-    out = {("p2p", "forward"): halo_f, ("p2p", "backward"): halo_b}
-    if mode == "lasp2":
-        out[("all_gather", "forward")] = (world - 1) * shape.pair_bytes
-        out[("reduce_scatter", "backward")] = (world - 1) * shape.pair_bytes
+    out: dict[tuple[str, str], int] = {}
+
+    def add(op: str, phase: str, n: int) -> None:
+        out[(op, phase)] = out.get((op, phase), 0) + n
+
+    if seq_len is not None and halo_gathered(seq_len, world, shape.conv_kernel - 1):
+        add("all_gather", "forward", (world - 1) * shape.halo_bytes)
+        add("reduce_scatter", "backward", (world - 1) * shape.halo_bytes)
     else:
-        out[("p2p", "forward")] += shape.state_bytes if rank < world - 1 else 0
-        out[("p2p", "backward")] += shape.state_bytes if rank > 0 else 0
+        add("p2p", "forward", shape.halo_bytes if rank < world - 1 else 0)
+        add("p2p", "backward", shape.halo_bytes if rank > 0 else 0)
+    if mode == "lasp2":
+        add("all_gather", "forward", (world - 1) * shape.pair_bytes)
+        add("reduce_scatter", "backward", (world - 1) * shape.pair_bytes)
+    else:
+        add("p2p", "forward", shape.state_bytes if rank < world - 1 else 0)
+        add("p2p", "backward", shape.state_bytes if rank > 0 else 0)
     return out
 
 
-def lasp_bytes(mode: str, shape: LinearShape, world: int, rank: int) -> dict[str, int]:
+def lasp_bytes(mode: str, shape: LinearShape, world: int, rank: int,
+               seq_len: int | None = None) -> dict[str, int]:
     """{phase: bytes} rank `rank` sends in one linear layer's call (`lasp_bytes_by_op` summed)."""
     out = dict.fromkeys(PHASES, 0)
-    for (_, phase), n in lasp_bytes_by_op(mode, shape, world, rank).items():
+    for (_, phase), n in lasp_bytes_by_op(mode, shape, world, rank, seq_len).items():
         out[phase] += n
     return out
 

@@ -241,3 +241,28 @@ def test_linear_sp_on_a_model_without_linear_layers_is_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"^linear_sp='lasp3': must be one of lasp2, lasp1"):
         Transformer(CFG, dtype=torch.float64, linear_sp="lasp3")
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"model": "llama3.1-8b", "linear_sp": "lasp1"}, "linear_sp='lasp1': applies to linear"),
+    ({"layout": "zigzag"}, "layout='zigzag': must be contiguous for a model with linear"),
+])
+def test_a_training_case_refuses_lasp_it_cannot_run_before_any_rank_starts(tmp_path, change,
+                                                                           words):
+    """A sweep's training case: `train.linear_sp` on a model without linear layers, a hybrid in a
+    layout of several stretches a rank: one line, from `TrainCase.validate`."""
+    import yaml
+
+    from seqpar.case.train import TrainCase
+
+    fields = {f.name: getattr(CFG, f.name) for f in dataclasses.fields(CFG)}
+    fields["rope"] = dataclasses.asdict(CFG.rope)
+    model = tmp_path / "hybrid.yaml"
+    model.write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v
+                                     for k, v in fields.items()}))
+    good = TrainCase(algorithm="ring", sp=2, seq_len=64, model=str(model), layout="contiguous",
+                     linear_sp="lasp2")
+    good.validate()
+    with pytest.raises(ConfigError) as e:
+        dataclasses.replace(good, **change).validate()
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)

@@ -37,11 +37,13 @@ NAMES = [n for n in layer_shapes(CFG, 0) if n.startswith("lin_")]
 def cases(world: int) -> list[tuple[int, tuple[int, ...] | None]]:
     """(n, cu_seqlens): one sequence; documents starting on a rank boundary, two tokens past
     one and one before one (the convolution reaches across them), inside a rank; uneven
-    lengths; a long one (chunks of 64 on a rank, a document across ranks and chunks)."""
+    lengths; a long one (chunks of 64 on a rank, a document across ranks and chunks); shards
+    shorter than the convolution's reach (the halo from two ranks back)."""
     s = 6
     n = s * world
     return [(n, None), (n, (0, s, s + 2, n - 1, n)), (n - 1, (0, s - 1, n - 1)),
-            (n + 1, (0, n + 1)), (40 * world, (0, 70, 40 * world))]
+            (n + 1, (0, n + 1)), (40 * world, (0, 70, 40 * world)),
+            (2 * world + 1, (0, 3, 2 * world + 1))]  # shards shorter than the halo
 
 
 def params(seed: int) -> dict[str, torch.Tensor]:
@@ -118,7 +120,7 @@ def test_lasp_exact_and_bytes_as_counted(gang, seed, world, mode):
         failures += [f"n={n} cu={cu}: {name} error {error(got[name], want[name]):.1e}"
                      for name in want if not error(got[name], want[name]) <= TOLERANCE["float64"]]
         for r, row in enumerate(rows):
-            expect = {k: v for k, v in lasp_bytes_by_op(mode, shape, world, r).items() if v}
+            expect = {k: v for k, v in lasp_bytes_by_op(mode, shape, world, r, n).items() if v}
             if row["sent"] != expect:
                 failures.append(f"n={n} cu={cu} rank {r}: bytes {row['sent']} != {expect}")
     assert not failures, "\n".join(failures)
@@ -235,8 +237,10 @@ def test_hybrid_step_of_lengths_is_the_one_process_model(gang, seed, tmp_path, p
     case = make_case("ring", world, f"lognormal:mean=9,sigma=1.0,min=4,max={6 * world}",
                      tokens=20 * world, capacity=6, policy=policy, seed=seed % 1000,
                      model=model_file(full, tmp_path / "full.yaml"), layout="contiguous",
-                     longest=6 * world, options={"linear_sp": mode})
-    case = dataclasses.replace(case, model=model_file(HYBRID, tmp_path / "hybrid.yaml"))
+                     longest=6 * world)
+    case = dataclasses.replace(case, model=model_file(HYBRID, tmp_path / "hybrid.yaml"),
+                               linear_sp=mode)
+    case.validate()
     if policy == "dynamic":
         sizes = {m.size for b in case.batches for m in b.deal.micro if m.seqs}
         assert len(sizes) > 1 and max(sizes) > 1, sizes

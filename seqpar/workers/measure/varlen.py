@@ -61,7 +61,9 @@ def build(case: TrainCase, pool: Pool | None, device: torch.device) -> StepModel
                       dtype=DTYPES[case.dtype], master_dtype=policy.master_dtype,
                       states=policy.states, offload=policy.offload, device=device,
                       tiled=case.tiled, shard_group=None if pool is None else pool.whole)
-    options = {size: case.options_at(size) for size in case.group_sizes()}
+    linear = {"linear_sp": case.linear_sp} if case.linear_sp else {}
+    options = {size: (name, {**opts, **linear})
+               for size, (name, opts) in ((s, case.options_at(s)) for s in case.group_sizes())}
     return StepModel.build(net, pool, options, case.layout, case.window)
 
 
