@@ -4,11 +4,12 @@ parameter gradient within 1e-8 (relative to the gradient's largest entry), on ev
 Matrix: every algorithm x P in {2, 4} x model states (replicated, FSDP2-sharded over the group)
 under `make test-full`; `make test` runs each algorithm once at P = 4 (where every algorithm's
 options do their non-trivial thing), in FSDP for every other one, replicated for the rest; inside
-each, the full cross product layout x checkpoint mode (3 x 5 = 15 runs), with MHA/GQA
-alternating so that every layout and every mode meets both ((layout index + mode index) odd -> GQA)
-and the fused head on for half of them. DP=2 x SP=2 for ring, ulysses and usp in every layout, in
-both states modes (FSDP over all four ranks). Gradients are read with `net.full_grads()`, the same
-call in every mode. The reference is computed in the test process (no group).
+each, every checkpoint mode once with the layout rotating over the algorithms (every layout meets
+every mode; `make test-full`: the cross product layout x checkpoint mode, 3 x 5 = 15 runs), with
+MHA/GQA alternating ((layout index + mode index) odd -> GQA) and the fused head on for half.
+DP=2 x SP=2 for ring, ulysses and usp in every layout, in both states modes (FSDP over all four
+ranks). Gradients are read with `net.full_grads()`, the same call in every mode. The reference
+is computed in the test process (no group).
 """
 
 from __future__ import annotations
@@ -53,10 +54,24 @@ def tokens_for(seed: int, batch: int = BATCH) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, N + 1), generator=torch.Generator().manual_seed(seed))
 
 
-def matrix() -> list[tuple[str, str, str, bool]]:
-    """(layout, checkpoint, heads kind, fused) for the 15 runs of one algorithm x P."""
+def matrix(algorithm: str) -> list[tuple[str, str, str, bool]]:
+    """(layout, checkpoint, heads kind, fused) of one algorithm x P's runs: the 15 of layout x
+    checkpoint mode under SEQPAR_TEST_FULL, else each mode once, the layout rotating with the
+    algorithm (over the seven algorithms every layout meets every mode)."""
+    a = ALGORITHMS.index(algorithm)
     return [(layout, mode, "gqa" if (i + j) % 2 else "mha", (i + 2 * j) % 2 == 0)
-            for i, layout in enumerate(LAYOUTS) for j, mode in enumerate(CHECKPOINT_MODES)]
+            for i, layout in enumerate(LAYOUTS) for j, mode in enumerate(CHECKPOINT_MODES)
+            if FULL or (j + a) % len(LAYOUTS) == i]
+
+
+def test_the_runs_cover_every_layout_with_every_mode_heads_and_head():
+    runs = [run for a in ALGORITHMS for run in matrix(a)]
+    assert {(lay, mode) for lay, mode, _, _ in runs} == {
+        (lay, mode) for lay in LAYOUTS for mode in CHECKPOINT_MODES}
+    for a in ALGORITHMS:  # each algorithm: every mode, both head kinds, the fused head on and off
+        assert {r[1] for r in matrix(a)} == set(CHECKPOINT_MODES)
+        assert {r[2] for r in matrix(a)} == {"mha", "gqa"} and {r[3] for r in matrix(a)} == {
+            True, False}
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,7 +132,7 @@ def covered(algorithm: str, world: int, states: str) -> bool:
     (a, w, s) for a in ALGORITHMS for w in (2, 4) for s in ("replicated", "fsdp")
     if covered(a, w, s)])
 def test_model_matches_one_process(gang, algorithm, world, states, seed):
-    runs = matrix()
+    runs = matrix(algorithm)
     per_rank = gang.run(_sp_runs, algorithm, world, runs, seed, states, size=world)
     for i, (layout, mode, kind, fused) in enumerate(runs):
         want = reference(kind, fused, seed)

@@ -29,11 +29,17 @@ VARIANTS = ((None, False), ("float64", False), (None, True))  # (master dtype, t
 
 
 def _cases() -> list[tuple[str, bool, str | None, bool]]:
-    """Every checkpoint mode x fused head x variant under SEQPAR_TEST_FULL; else each (mode, fused)
-    once, the variant cycling (every variant meets both heads)."""
+    """Every checkpoint mode x fused head x variant under SEQPAR_TEST_FULL; else each mode once,
+    the head alternating and the variant cycling (every variant meets both heads)."""
     return [(mode, fused, *VARIANTS[v]) for i, mode in enumerate((*CHECKPOINT_MODES, "seq-attn"))
             for j, fused in enumerate((False, True)) for v in range(len(VARIANTS))
-            if FULL or v == (i + 2 * j) % len(VARIANTS)]
+            if FULL or (j == i % 2 and v == i % len(VARIANTS))]
+
+
+def test_the_cases_meet_every_mode_head_and_variant():
+    cases = _cases()
+    assert {c[0] for c in cases} == {*CHECKPOINT_MODES, "seq-attn"}
+    assert {(c[1], *c[2:]) for c in cases} == {(f, *v) for f in (False, True) for v in VARIANTS}
 
 
 @pytest.mark.parametrize(("mode", "fused", "master", "tiled"), _cases())

@@ -5,13 +5,15 @@ bytes against the analytic count.
 
 One gang round-trip per (algorithm, options, P) runs the whole batch. `make test` runs a covering
 design of a quarter of the full product layout x {causal, full} x {MHA, GQA} x relation (39 of 156
-cases) at each P: every relation with every layout, with causal and full and with MHA and GQA; and
-in each kind of relation (documents, windows, uneven lengths) every layout x {causal, full} x
-{MHA, GQA}; each P meets its own quarter (the design seed is P), at P = 3 and 4 (at P = 2 and 8
-the any-mask matrix, tests/multirank/test_masks.py, runs documents and windows in make test). The
-design is fixed (the same cases on every run, so a broken combination fails every time; the inputs
-still change with the seed). `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at
-every P, 8 included."""
+cases) at one P per algorithm (`DOCUMENTS_AT`: P = 3 for allgather, ulysses and ring, P = 4 for
+burst and the two-level algorithms): every relation with every layout, with causal and full and
+with MHA and GQA; and in each kind of relation (documents, windows, uneven lengths) every layout x
+{causal, full} x {MHA, GQA}; each P meets its own quarter (the design seed is P). The any-mask
+matrix (tests/multirank/test_masks.py) runs documents and windows at P = 2 and 4. The design is
+fixed (the same cases on every run, so a broken combination fails every time; the inputs still
+change with the seed). Plain calls of any length run each algorithm at one P of 2, 3 and 4
+(`PLAIN_AT`). `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at every P, 8
+included."""
 
 from __future__ import annotations
 
@@ -34,6 +36,17 @@ ALGORITHMS = {  # name -> options per world
     "burst": lambda p: (),
 }
 LAYOUTS = ("contiguous", "zigzag", "stripe")
+TWO_LEVEL = ("usp", "double_ring", "wallfacer")  # their options do their two-level thing at P = 4
+# make test: each algorithm at one P (the rest in make test-full); the two-level ones at P = 4
+DOCUMENTS_AT = {a: 4 if a in TWO_LEVEL or a == "burst" else 3 for a in ALGORITHMS}
+PLAIN_AT = {**{a: 4 for a in TWO_LEVEL}, "allgather": 2, "ulysses": 3, "ring": 3, "burst": 2}
+
+
+def at(worlds: list[int], covered: dict[str, int]) -> list:
+    """(algorithm, P) parameters: `covered`'s P in make test, every other one marked slow."""
+    return [pytest.param(a, w, id=f"{a}-{w}",
+                         marks=() if covered[a] == w else pytest.mark.slow)
+            for a in ALGORITHMS for w in worlds]
 
 Relation = tuple[int, tuple[int, ...], int | None]  # (N, cu_seqlens, window)
 
@@ -122,9 +135,7 @@ def test_the_sampled_design_covers_what_the_full_product_does():
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.slow), 3, 4,
-                                   pytest.param(8, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize(("algorithm", "world"), at([2, 3, 4, 8], DOCUMENTS_AT))
 def test_documents_and_windows_are_exact(gang, algorithm, world, seed):
     cases = batch(algorithm, world, seed)
     failures = failures_of(gang, cases)
@@ -147,8 +158,7 @@ def plain(algorithm: str, world: int, seed: int) -> list[Case]:
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize(("algorithm", "world"), at([2, 3, 4], PLAIN_AT))
 def test_plain_calls_of_any_length_per_rank_are_exact(gang, algorithm, world, seed):
     cases = plain(algorithm, world, seed)
     assert all(c.seq_len % (2 * world) for c in cases)

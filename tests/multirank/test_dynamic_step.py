@@ -4,9 +4,10 @@ runs `local`), at P = 2, 3 (a pool that is not a power of two), 4 and 8, MHA and
 
 The step is the runner's own (`model.step.train_step` on the pool built by `build_pool`, the deal
 made by `rules.deal`); the reference trains one process on the same sequences one at a time. `make
-test` runs a covering design: each algorithm under each policy once, the pool size rotating through
-2, 3, 4, 8 and MHA/GQA alternating, with FSDP over the pool (equal counts), cost-balanced packing,
-DP = 2 and a window each met; `make test-full` runs the full product (7 x 2 x 4 x 2). Disjoint
+test` runs a covering design: each algorithm once, the policies by turns, the pool size through 2,
+3, 4 and 8 and MHA/GQA alternating, with FSDP over the pool (equal counts), cost-balanced packing,
+DP = 2 and a window each met (`COVERING`); `make test-full` runs the full product (7 x 2 x 4 x 2)
+and ZeRO-1 under both policies. Disjoint
 groups run at the same time: a test holds two groups' micro-batches to overlapping in wall time.
 """
 
@@ -47,18 +48,37 @@ def build(algorithm: str, world: int, policy: str, gqa: bool, k: int, seed: int)
         overrides=shape(world, gqa), longest=CAPACITY * world // dp)
 
 
-def design() -> list[tuple[str, str, int, bool]]:
-    full = [(a, p, w, g) for a in ALGORITHMS for p in POLICIES for w in WORLDS for g in (False, True)]
+# make test: each algorithm once (its case index k the row's), the policies by turns, the pool
+# through P = 2, 3, 4 and 8 once, MHA/GQA alternating; rows 0, 3 and 6 FSDP, 1 and 5 DP = 2 with
+# cost-balanced packing (3 too), 2 a window (`build`); test_the_design_meets_every_feature holds it
+COVERING = (("allgather", "dynamic", 2, False), ("ulysses", "static", 4, True),
+            ("ring", "dynamic", 8, True), ("usp", "static", 3, False),
+            ("double_ring", "dynamic", 4, True), ("wallfacer", "static", 4, False),
+            ("burst", "dynamic", 3, True))
+
+
+def design() -> list[tuple[str, str, int, bool, int]]:
+    """(algorithm, policy, P, GQA, case index k): the full product under SEQPAR_TEST_FULL, else
+    the covering rows."""
     if FULL:
-        return full
-    return [(a, p, WORLDS[(i + j) % 4], (i + j) % 2 == 1)
-            for i, a in enumerate(ALGORITHMS) for j, p in enumerate(POLICIES)]
+        return [(a, p, w, g, ALGORITHMS.index(a) + 2 * POLICIES.index(p) + WORLDS.index(w))
+                for a in ALGORITHMS for p in POLICIES for w in WORLDS for g in (False, True)]
+    return [(*row, k) for k, row in enumerate(COVERING)]
+
+
+def test_the_design_meets_every_feature():
+    rows = design()
+    cases = [build(a, w, p, g, k, seed=1) for a, p, w, g, k in rows]
+    assert {r[0] for r in rows} == set(ALGORITHMS) and {r[1] for r in rows} == set(POLICIES)
+    assert {r[2] for r in rows} == set(WORLDS) and {r[3] for r in rows} == {False, True}
+    assert {c.layout for c in cases} == set(LAYOUTS)
+    assert any(c.states == "fsdp" for c in cases) and any(c.dp == 2 for c in cases)
+    assert any(c.window for c in cases) and any(c.packing == "cost-balanced" for c in cases)
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize(("algorithm", "policy", "world", "gqa"), design())
-def test_step_matches_one_process(gang, seed, algorithm, policy, world, gqa):
-    k = ALGORITHMS.index(algorithm) + 2 * POLICIES.index(policy) + WORLDS.index(world)
+@pytest.mark.parametrize(("algorithm", "policy", "world", "gqa", "k"), design())
+def test_step_matches_one_process(gang, seed, algorithm, policy, world, gqa, k):
     case = build(algorithm, world, policy, gqa, k, seed)
     if policy == "dynamic":  # the deal uses groups of more than one size, larger than one rank
         sizes = {m.size for b in case.batches for m in b.deal.micro if m.seqs}
@@ -97,7 +117,7 @@ def test_disjoint_groups_run_at_the_same_time(gang, seed):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", ["static", pytest.param("dynamic", marks=pytest.mark.slow)])
 def test_zero1_steps_as_replicated_states_do_and_holds_its_share_of_the_moments(gang, seed, policy):
     """ZeRO-1 (`train.states: zero1`, the optimizer's moments sharded over the pool) on a pool of
     3 (a partition that is not even): after an optimizer step on each of two batches every rank

@@ -37,7 +37,8 @@ def test_ulysses_uneven_kv_heads_are_exact_with_exact_bytes(gang, world, heads, 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("world,heads,kv_heads,dhp", [
-    (4, 6, 3, 2), (8, 12, 6, 4), pytest.param(8, 6, 3, 2, marks=pytest.mark.slow)])
+    (4, 6, 3, 2),  # make test: P = 8's two grids (dhp = 4 and 2) are the same split, twice the cost
+    pytest.param(8, 12, 6, 4, marks=pytest.mark.slow), pytest.param(8, 6, 3, 2, marks=pytest.mark.slow)])
 def test_usp_uneven_kv_heads_are_exact_with_exact_bytes(gang, world, heads, kv_heads, dhp, seed):
     """usp whose kv_heads neither split nor replicate over dhp: each HP member receives its
     query heads' K,V heads, the context ring carries that range, gradients go back summed."""

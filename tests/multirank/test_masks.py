@@ -5,8 +5,10 @@ against `expected_bytes(mask=)` net of the transfers the rings skip.
 The mask kinds: the eight constructors (causal, documents, causal and bidirectional windows,
 block-sparse, dilated, prefix-LM, shared question, from_dense with rows that see nothing) and random
 slice lists of all four slice kinds. `make test` runs a covering design: every (algorithm, layout,
-mask kind) once, spread over P = 2, 4 and 8 and over MHA and GQA, with uneven lengths among them;
-`SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at every P with both head counts."""
+mask kind) once, spread over P = 2 and 4 (P = 4 alone for the two-level algorithms) and over MHA
+and GQA, with uneven lengths among them; P = 8 costs 3-4 times P = 4 on 2 cores and runs the same
+code (test_algorithms.py and test_usp.py keep P = 8 in make test). `SEQPAR_TEST_FULL=1` (`make
+test-full`) runs the full product at every P, 8 included, with both head counts."""
 
 from __future__ import annotations
 
@@ -31,6 +33,13 @@ ALGORITHMS = {  # name -> options per world
 }
 LAYOUTS = ("contiguous", "zigzag", "stripe", "balanced")
 WORLDS = (2, 4, 8)
+TWO_LEVEL = ("usp", "double_ring", "wallfacer")  # their options do nothing at P = 2
+
+
+def covered(algorithm: str) -> tuple[int, ...]:
+    """make test's worlds for `algorithm`: P = 2 and 4, or 4 alone where P = 2 would run the
+    two-level algorithms as one level; P = 8 in make test-full."""
+    return (4,) if algorithm in TWO_LEVEL else (2, 4)
 
 
 def random_slices(n: int, rng: np.random.Generator) -> str:
@@ -90,9 +99,8 @@ def heads(world: int, gqa: bool) -> tuple[int, int]:
 
 def design(algorithm: str, world: int) -> list[tuple[str, int, bool, int]]:
     """(mask kind, layout index, gqa, n) of the cases one gang round-trip runs: the full product
-    under SEQPAR_TEST_FULL, else every (kind, layout) at the one P where (kind + layout + P) % 3
-    meets it, MHA or GQA alternating, an uneven length for every third case."""
-    w = WORLDS.index(world)
+    under SEQPAR_TEST_FULL, else every (kind, layout) at the one P of `covered` where (kind +
+    layout + algorithm) meets it, MHA or GQA alternating, an uneven length for every third case."""
     a = list(ALGORITHMS).index(algorithm)
     rows = []
     for k, lay in itertools.product(range(len(KINDS)), range(len(LAYOUTS))):
@@ -100,8 +108,8 @@ def design(algorithm: str, world: int) -> list[tuple[str, int, bool, int]]:
                                                                           "dilated") else 0)
         if FULL:
             rows += [(KINDS[k], lay, gqa, n) for gqa in (False, True)]
-        elif (k + lay + a) % 3 == w:
-            rows.append((KINDS[k], lay, (k + lay) % 2 == 1, n))
+        elif world in (ps := covered(algorithm)) and (k + lay + a) % len(ps) == ps.index(world):
+            rows.append((KINDS[k], lay, (k + lay) // 2 % 2 == 1, n))
     return rows
 
 
@@ -126,8 +134,9 @@ def test_the_design_covers_every_algorithm_layout_and_mask_kind_once():
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize(("algorithm", "world"), [
+    pytest.param(a, w, marks=() if w in covered(a) else pytest.mark.slow, id=f"{a}-{w}")
+    for a in ALGORITHMS for w in WORLDS])
 def test_every_mask_is_exact_forward_and_backward(gang, algorithm, world, seed):
     cases = batch(algorithm, world, seed)
     for c in cases:

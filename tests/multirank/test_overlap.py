@@ -41,8 +41,9 @@ def _waited_ms(runs, link: comm.LinkModel) -> float:
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize(("world", "options", "mode"), [
-    (4, (), "fwd+bwd"), (8, (("inner_ring", 2),), "fwd")], ids=["ring", "double_ring-prefetch"])
+@pytest.mark.parametrize(("world", "options", "mode"), [  # the double ring: make test-full
+    pytest.param(4, (), "fwd+bwd", id="ring"),
+    pytest.param(8, (("inner_ring", 2),), "fwd", id="double_ring-prefetch", marks=pytest.mark.slow)])
 def test_transfer_hides_behind_compute(gang, world, options, mode):
     """Ring P = 4 on 2 nodes, forward and backward. The double ring P = 8 on 4 nodes, inner rings
     of 2 = the nodes, in forward: the only inter-node transfers are the outer ring's 3 prefetches,

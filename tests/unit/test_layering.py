@@ -5,6 +5,7 @@ import), and no import cycle among seqpar's modules."""
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import sys
 
@@ -36,6 +37,7 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
     return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
 
 
+@functools.cache  # parsed once for every floor's test (read it, do not change it)
 def imports() -> dict[str, set[str]]:
     """module -> every name it imports, anywhere in the file."""
     out: dict[str, set[str]] = {}
