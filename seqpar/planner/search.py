@@ -34,6 +34,7 @@ from seqpar.rules import algorithms, masks
 from seqpar.rules.flops import block_params
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
+from seqpar.rules.linear import check_lasp
 from seqpar.rules.memory import OFFLOADS
 from seqpar.rules.model import ModelConfig, load
 
@@ -194,6 +195,8 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
     # with the busiest rank doing ~2x their work: never faster, so not timed unless asked for
     if filters.layout:
         layouts = [filters.layout]
+    elif layouts is None and "linear" in setup.cfg.layer_types:
+        layouts = ["contiguous"]  # LASP passes one state a rank (`rules.linear.check_lasp`)
     elif layouts is None:
         layouts = [lay for lay in LAYOUTS if not (setup.causal and setup.mask is None
                                                    and lay == "contiguous")]
@@ -213,6 +216,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
             for layout in layouts:
                 try:
                     algorithms.check(name, setup.shape, sp, layout, setup.causal, **options)
+                    check_lasp(setup.cfg, layout, sp)
                 except ConfigError:
                     continue
                 policies, thin = usable.of(name, layout)
@@ -236,6 +240,9 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                 timed[layout] = (replace(twin, layout=layout) if twin is not None
                                  else setup.attention(sp, name, dict(options), layout))
                 predictions.append(timed[layout])
+                latent = setup.latent(sp, timed[layout])  # MLA: the latent's ring beside K,V's
+                if latent is not None:
+                    predictions.append(latent)
         kept, same, beaten = pareto([_metrics(setup, sp, p, usable.prefixes)
                                      for p in predictions])
         result.dominated += len(beaten)

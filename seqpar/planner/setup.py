@@ -6,7 +6,7 @@ its kernel's band, and the K,V its ring skips), seq-attn's prefix, the visible p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -15,16 +15,34 @@ from seqpar.planner import host
 from seqpar.planner.api import Prediction, predict
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.net import Net
-from seqpar.rules import masks
-from seqpar.rules.counts import LayerClass, layer_classes, model_params
+from seqpar.planner.rates import gemm_rate
+from seqpar.rules import algorithms, masks
+from seqpar.rules.counts import LayerClass, layer_classes, mla_rebuild_flops, model_params
 from seqpar.rules.flops import causal_pairs, window_pairs
+from seqpar.rules.linear import CHUNK, LinearShape, lasp_bytes_by_op, lasp_flops
 from seqpar.rules.memory import prefix_layout
 from seqpar.rules.model import ModelConfig
 from seqpar.rules.shape import DTYPE_BYTES, AttnShape
 
 
 def shape_of(cfg: ModelConfig, seq_len: int, batch: int = 1, elem_bytes: int = 2) -> AttnShape:
-    return AttnShape(batch, seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim, elem_bytes)
+    """A softmax layer's attention (MLA: every head's K,V, query/key and value widths apart)."""
+    return AttnShape.of_model(cfg, batch, seq_len, elem_bytes)
+
+
+@dataclass
+class MlaPrediction(Prediction):
+    """A multi-head latent attention layer's prediction: its ring passes K,V or the latent."""
+
+    mla_pass: str = "kv"
+
+    def json(self) -> dict[str, Any]:
+        return {**super().json(), "mla_pass": self.mla_pass}
+
+
+def _with_pass(p: Prediction, mla_pass: str, **changes: Any) -> MlaPrediction:
+    base = {f.name: getattr(p, f.name) for f in fields(Prediction)}
+    return MlaPrediction(**{**base, **changes}, mla_pass=mla_pass)
 
 
 @dataclass(frozen=True)
@@ -71,10 +89,86 @@ class Setup:
         return max(1, sp // self.per_node)
 
     def attention(self, sp: int, name: str, options: dict[str, Any], layout: str) -> Prediction:
-        """One layer's attention (forward + backward) over an SP group of sp ranks."""
-        return predict(host.bare(self.cluster), name, self.shape, sp, nodes=self.sp_nodes(sp),
-                       options=options,
-                       layout=layout, causal=self.causal, dtype=self.dtype, mask=self.mask)
+        """One layer's attention (forward + backward) over an SP group of sp ranks (an MLA
+        model's: with K,V on the ring, `mla_pass` kv)."""
+        p = predict(host.bare(self.cluster), name, self.shape, sp, nodes=self.sp_nodes(sp),
+                    options=options,
+                    layout=layout, causal=self.causal, dtype=self.dtype, mask=self.mask)
+        return _with_pass(p, "kv") if self.cfg.mla else p
+
+    def latent(self, sp: int, kv: Prediction) -> MlaPrediction | None:
+        """`kv`'s configuration with MLA's latent on the ring in place of K,V (mla_pass latent;
+        None where the algorithm moves heads, not shards): its bytes and the links' busy time
+        scaled by the latent's bytes over K,V's (`latent_bytes` over `bytes_of_rank`, the
+        algorithm's rules), the exposed communication less the time saved, and the rebuild of
+        every arriving shard's K,V (wkv_b over the other sp - 1 shards' tokens: forward, and
+        backward twice) added to the compute."""
+        rules = algorithms.get(kv.algorithm)
+        if not self.cfg.mla or sp == 1 or not rules.latent_pass:
+            return None
+        width = self.cfg.kv_lora_rank + self.cfg.qk_rope_dim
+        sent = sum(rules.latent_bytes(self.shape, sp, kv.options, 0, width).values())
+        full = sum(rules.bytes_of_rank(self.shape, sp, kv.options, 0).values())
+        r = sent / full if full else 1.0
+        tokens = (sp - 1) * self.shape.shard_len(sp) * self.shape.batch
+        rate = gemm_rate(self.cluster, self.dtype, min(tokens, self.cfg.kv_lora_rank))
+        fwd = 1e3 * mla_rebuild_flops(self.cfg, tokens) / rate
+        exposed = {k: max(0.0, v - (1 - r) * kv.link_ms.get(k, 0.0))
+                   for k, v in kv.exposed_ms.items()}
+        saved = sum(kv.exposed_ms.values()) - sum(exposed.values())
+        share = kv.forward_ms / kv.attention_ms if kv.attention_ms else 0.5
+        return _with_pass(
+            kv, "latent", attention_ms=kv.attention_ms - saved + 3 * fwd,
+            forward_ms=kv.forward_ms - share * saved + fwd, compute_ms=kv.compute_ms + 3 * fwd,
+            exposed_ms=exposed, bytes_intra=round(r * kv.bytes_intra),
+            bytes_inter=round(r * kv.bytes_inter),
+            forward_bytes=(round(r * kv.forward_bytes[0]), round(r * kv.forward_bytes[1])),
+            link_ms={k: r * v for k, v in kv.link_ms.items()},
+            forward_link_ms={k: r * v for k, v in kv.forward_link_ms.items()})
+
+    def linear(self, sp: int) -> Prediction:
+        """One linear-attention layer (forward + backward) over an SP group of sp ranks under
+        LASP-2: the chunked delta rule over a rank's shard (the last rank's: the augmented pass
+        and the scan over every earlier rank's pair, `rules.linear.lasp_flops`) at the GEMM
+        rate of a chunk's products, backward twice the forward; the all-gather of (transition,
+        state) pairs forward and its reduce-scatter backward, and the convolution's halo to the
+        next rank, each exposed (the rule waits on them; memoised)."""
+        key = ("linear", sp)
+        got = self.cache.get(key)
+        if got is not None:
+            return got
+        shape = LinearShape.of(self.cfg, self.shape.batch, self.shape.elem_bytes)
+        tokens = self.shape.shard_len(sp)
+        flops = lasp_flops("lasp2", shape, tokens, sp, sp - 1)
+        fwd = flops / gemm_rate(self.cluster, self.dtype, CHUNK)
+        cost = {"forward": [], "backward": []}
+        groups = [list(range(g * sp, (g + 1) * sp)) for g in range(max(1, self.world // sp))]
+        for (op, phase), n in lasp_bytes_by_op("lasp2", shape, sp, 0, self.seq_len).items():
+            if op == "p2p":
+                pairs = [(g[i], g[i + 1]) for g in groups for i in range(sp - 1)]
+                cost[phase].append(self.net.p2p(pairs, n))
+            else:
+                cost[phase].append(self.net.collective(groups, n))
+        exposed = {"intra": 0.0, "inter": 0.0}
+        link = {"intra": 0.0, "inter": 0.0}
+        forward_link = {"intra": 0.0, "inter": 0.0}
+        for phase, costs in cost.items():
+            for one in costs:
+                exposed[one.link] += 1e3 * one.seconds
+                for k in link:
+                    link[k] += 1e3 * one.busy(k)
+                    if phase == "forward":
+                        forward_link[k] += 1e3 * one.busy(k)
+        comm_fwd = sum(1e3 * one.seconds for one in cost["forward"])
+        moved = [sum(getattr(one, k) for costs in cost.values() for one in costs)
+                 for k in ("intra", "inter")]
+        got = self.cache[key] = Prediction(
+            "lasp2", {}, "contiguous", 3e3 * fwd + sum(exposed.values()), 1e3 * fwd + comm_fwd,
+            3e3 * fwd, exposed, moved[0], moved[1], 0, True, "compute",
+            forward_bytes=tuple(sum(getattr(one, k) for one in cost["forward"])  # type: ignore
+                                for k in ("intra", "inter")),
+            link_ms=link, forward_link_ms=forward_link)
+        return got
 
     def prefix(self, sp: int, attn: Prediction, fraction: float, kind: str = "full") -> Prediction:
         """The forward seq-attn re-runs in backward: the attention over the first fraction x N
@@ -124,6 +218,9 @@ class Setup:
         ring skips; memoised)."""
         out = {}
         for kind in dict.fromkeys(c.kind for c in self.classes):
+            if kind == "linear":
+                out[kind] = self.linear(sp)
+                continue
             mask = self.sliding_mask if kind == "sliding" else None
             if mask is None:
                 out[kind] = attn
@@ -150,7 +247,8 @@ class Setup:
         if len({c.kind for c in self.classes}) == 1 and self.classes[0].kind == "full":
             return full
         sliding = self.sliding_mask
-        each = {"full": full, "sliding": full if sliding is None else float(sliding.area)}
+        each = {"full": full, "sliding": full if sliding is None else float(sliding.area),
+                "linear": 0.0}
         if sliding is not None and self.mask is None and self.causal:
             each["sliding"] = window_pairs(self.seq_len, self.cfg.window)
         return sum(c.count * each[c.kind] for c in self.classes) / self.cfg.layers

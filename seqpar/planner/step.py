@@ -51,7 +51,7 @@ from seqpar.planner.compute import (  # noqa: F401  (layer_seconds: lengths_cost
 )
 from seqpar.planner.fsdp import Traffic, traffic
 from seqpar.planner.policy import Policy
-from seqpar.planner.setup import Setup
+from seqpar.planner.setup import MlaPrediction, Setup
 from seqpar.rules.counts import layer_numel
 from seqpar.rules.flops import conventions, recomputed_flops
 from seqpar.rules.memory import (
@@ -120,6 +120,8 @@ class Step:
     def json(self) -> dict[str, Any]:
         return {"dp": self.dp, "sp": self.sp, "algorithm": self.algorithm, "options": self.options,
                 "layout": self.layout, **self.policy.fields(), "kernel": self.kernel,
+                **({"mla_pass": self.attention.mla_pass}
+                   if isinstance(self.attention, MlaPrediction) else {}),
                 "micro_batches": self.micro_batches,
                 "predicted": {"step_ms": round(self.step_ms, 3), "tgs": round(self.tgs, 2),
                               "mfu": round(self.mfu, 4),

@@ -59,7 +59,7 @@ class Gemm:
         return self.active * self.rows * self.cols
 
 
-KINDS = ("full", "sliding")  # the attention kinds the planner prices
+KINDS = ("full", "sliding", "linear")  # the token mixers the planner prices
 
 
 @lru_cache(maxsize=256)
@@ -75,22 +75,28 @@ def layer_classes(cfg: ModelConfig) -> tuple[LayerClass, ...]:
     return tuple(LayerClass(k, m, tuple(ls)) for (k, m), ls in groups.items())
 
 
-ATTENTION = ("wq", "wk", "wv", "wo")
+# softmax attention's projections, multi-head latent attention's (q's low-rank pair, the latent's
+# down-projection and wkv_b, its up-projection to K,V) and a linear layer's (q, k, v, z; b, a; out)
+ATTENTION = ("wq", "wk", "wv", "wo", "wq_a", "wq_b", "wkv_a", "wkv_b", "lin_qkvz", "lin_ba",
+             "lin_out")
 DENSE_FFN = ("w1", "w3", "w2")
 SHARED_FFN = ("shared_w1", "shared_w3", "shared_w2")
 EXPERTS = ("experts_w1", "experts_w3", "experts_w2")
 # a layer's weights that are no matrix product: norms, biases, attention sinks
 NOT_GEMMS = ("attn_norm", "ffn_norm", "post_attn_norm", "post_ffn_norm", "q_norm", "k_norm",
              "bq", "bk", "bv", "bo", "b1", "b3", "b2", "sinks", "router_bias", "experts_b1",
-             "experts_b3", "experts_b2")
+             "experts_b3", "experts_b2", "router_score_bias", "q_a_norm", "kv_a_norm",
+             "lin_conv", "lin_dt_bias", "lin_a_log", "lin_norm")
 
 
 @lru_cache(maxsize=1024)
 def gemms(cfg: ModelConfig, layer: int) -> tuple[Gemm, ...]:
     """The matrix products of layer `layer`, in creation order: q, k, v, o; then the dense
     feed-forward, or the router, the routed experts (each run by k/E of the tokens) and the
-    shared experts. Biases, norms and sinks are not matrix products; any other weight (multi-head
-    latent attention's, a gate's) is refused by name: the planner does not price it yet."""
+    shared experts. MLA's and a linear layer's projections count as the attention's (a rank's own
+    tokens through wkv_b; the latent ring's rebuild of arriving K,V is `mla_rebuild_flops`); biases,
+    norms, sinks and the linear layer's depthwise convolution are not matrix products; any other
+    weight is refused by name."""
     shapes = layer_shapes(cfg, layer)
     out = []
     for name, shape in shapes.items():
@@ -98,7 +104,7 @@ def gemms(cfg: ModelConfig, layer: int) -> tuple[Gemm, ...]:
             continue
         if name in ATTENTION:
             out.append(Gemm(name, *shape))
-        elif name in DENSE_FFN or name in SHARED_FFN or name == "router":
+        elif name in DENSE_FFN or name in SHARED_FFN or name in ("router", "shared_gate"):
             out.append(Gemm(name, *shape, mlp=True))
         elif name in EXPERTS:
             e, rows, cols = shape
@@ -143,6 +149,20 @@ def model_params(cfg: ModelConfig) -> dict[str, int]:
     """{"total", "active"}: every parameter (a tied embedding once), and those one token's forward
     uses (all but the routed experts it is not sent to; embeddings in both)."""
     return {"total": cfg.params(), "active": cfg.active_params()}
+
+
+def mla_rebuild_flops(cfg: ModelConfig, tokens: float) -> float:
+    """Forward FLOPs of rebuilding `tokens` tokens' K,V from their latent (wkv_b: kv_lora_rank ->
+    heads x (qk_nope + v)), what a latent ring step adds for the shard it receives (backward:
+    twice this, the latent's gradient and wkv_b's)."""
+    nope = cfg.head_dim - cfg.qk_rope_dim
+    return 2.0 * tokens * cfg.kv_lora_rank * cfg.heads * (nope + cfg.v_head_dim)
+
+
+def mla_widths(cfg: ModelConfig) -> tuple[int, int]:
+    """(latent, K,V) values one token's MLA ring message carries: kv_lora_rank + qk_rope_dim, or
+    every head's key (head_dim) and value (v_head_dim)."""
+    return cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.heads * (cfg.head_dim + cfg.v_head_dim)
 
 
 def ffn_width(cfg: ModelConfig, layer: int) -> float:

@@ -133,8 +133,9 @@ def window_pairs(seq_len: int, window: int) -> float:
 
 def model_pairs(cfg: ModelConfig, seq_len: int) -> float:
     """Visible pairs a layer of the model's own attention sees, on average over its layers: a full
-    layer causal (N²/2), a sliding layer its window's band."""
-    return per_layer(cfg, lambda c: causal_pairs(seq_len) if c.kind == "full"
+    layer causal (N²/2), a sliding layer its window's band, a linear layer none."""
+    each = {"full": causal_pairs(seq_len), "linear": 0.0}  # a linear layer sees no pairs
+    return per_layer(cfg, lambda c: each[c.kind] if c.kind in each
                      else window_pairs(seq_len, cfg.window))
 
 

@@ -34,12 +34,12 @@ from seqpar.planner.lengths import Workload
 from seqpar.planner.lengths_plan import LengthPlan
 from seqpar.planner.memory import gathered_bytes
 from seqpar.planner.policy import Policy
-from seqpar.planner.search import Result, make_setup
+from seqpar.planner.search import Result, make_setup, search
 from seqpar.planner.step import step
 from seqpar.rules import flops, masks
 from seqpar.rules.counts import largest_layer_numel, layer_classes, model_params
 from seqpar.rules.memory import ELEM, TrainPolicy, predicted_states
-from seqpar.rules.model import ModelConfig, load
+from seqpar.rules.model import ModelConfig, from_hf, load
 
 RNG = random.Random()
 H100 = clusters.load("h100-sxm")
@@ -211,11 +211,59 @@ def test_a_plan_of_lengths_refuses_the_model_s_windows_in_one_line():
     assert LengthPlan.make(H100, published("mixtral-8x7b"), work, 8, 1).cfg.experts == 8
 
 
-def test_a_weight_the_planner_does_not_price_is_refused_by_name():
-    latent = replace(published("qwen3-8b"), head_dim=192, kv_lora_rank=512, qk_rope_dim=64,
-                     v_head_dim=128, qk_norm=False)  # multi-head latent attention's projections
-    with pytest.raises(ConfigError, match=r"blocks\.0\.wkv_a=.*the planner does not price yet"):
-        make_setup(H100, latent, 8192, None, 8, 1)
+def _hf(name: str) -> ModelConfig:
+    """transformers' default config of a family: the published model's (DeepSeek-V3,
+    Qwen3-Next-80B-A3B)."""
+    transformers = pytest.importorskip("transformers")
+    return from_hf(json.loads(getattr(transformers, name)().to_json_string()))
+
+
+@pytest.mark.parametrize(("name", "total", "active"), [
+    ("DeepseekV3Config", 671.03e9, 37.55e9),   # DeepSeek's card: 671B, 37B activated
+    ("Qwen3NextConfig", 79.67e9, 3.875e9),     # Qwen's card: 80B, 3B activated (3.9B with embeddings)
+])
+def test_model_params_of_mla_and_linear_families(name, total, active):
+    got = model_params(_hf(name))
+    assert got["total"] == pytest.approx(total, rel=1e-3)
+    assert got["active"] == pytest.approx(active, rel=1e-3)
+
+
+def test_mla_is_priced_latent_beside_kv_and_the_json_says_which():
+    cfg = replace(_hf("DeepseekV3Config"), experts=8, experts_per_tok=2, layers=4,
+                  layer_types=("full",) * 4, moe_layers=(3,))  # its attention, a small MoE
+    setup = make_setup(H100, cfg, 131072, None, 64, 8)
+    assert (setup.shape.head_dim, setup.shape.v_dim, setup.shape.kv_heads) == (192, 128, 128)
+    kv = setup.attention(64, "ring", {}, "zigzag")
+    latent = setup.latent(64, kv)
+    assert (kv.mla_pass, latent.mla_pass) == ("kv", "latent")
+    r = (512 + 64) / (128 * (192 + 128))  # the latent's values a token over K,V's
+    assert latent.bytes_inter + latent.bytes_intra == pytest.approx(
+        r * (kv.bytes_inter + kv.bytes_intra), rel=0.05)
+    assert latent.compute_ms > kv.compute_ms  # the rebuild of every arriving shard's K,V
+    assert setup.latent(64, setup.attention(64, "ulysses", {}, "zigzag")) is None
+    s = step(setup, 1, 64, latent, Policy("dp_sp", "full"))
+    assert s.json()["mla_pass"] == "latent"
+    best = search(setup, keep=2).fitting
+    assert {x.json()["mla_pass"] for x in best} <= {"kv", "latent"}
+
+
+def test_a_linear_hybrid_is_priced_per_layer_class():
+    cfg = _hf("Qwen3NextConfig")
+    assert [(c.kind, c.count) for c in layer_classes(cfg)] == [("linear", 36), ("full", 12)]
+    setup = make_setup(H100, cfg, 262144, None, 64, 8)
+    lin = setup.linear(64)
+    assert lin.bytes_intra + lin.bytes_inter > 0 and lin.compute_ms > 0
+    short = make_setup(H100, cfg, 65536, None, 64, 8).linear(64)
+    assert (short.bytes_intra, short.bytes_inter) == (lin.bytes_intra, lin.bytes_inter)  # no N
+    assert short.compute_ms < lin.compute_ms
+    assert setup.pairs == pytest.approx(12 * flops.causal_pairs(262144) / 48)
+    attn = setup.attention(64, "ring", {}, "contiguous")
+    hybrid = step(setup, 1, 64, attn, Policy("dp_sp", "full"))
+    assert hybrid.attention_kinds["linear"] < hybrid.attention_kinds["full"] / 10
+    full = make_setup(H100, all_full(cfg), 262144, None, 64, 8)
+    assert hybrid.step_ms < step(full, 1, 64, full.attention(64, "ring", {}, "contiguous"),
+                                 Policy("dp_sp", "full")).step_ms
+    assert {x.layout for x in search(setup, keep=1).fitting} == {"contiguous"}  # LASP's rule
 
 
 def test_json_carries_model_params_in_every_scope():
