@@ -56,7 +56,7 @@ class ModelCase:
     @property
     def shape(self) -> AttnShape:
         c = self.cfg
-        return AttnShape(self.batch, self.seq_len, c.heads, c.kv_heads, c.head_dim, FLOAT64_BYTES)
+        return AttnShape.of_model(c, self.batch, self.seq_len, FLOAT64_BYTES)
 
     def validate(self) -> None:
         """The model's rules for this layout and the algorithm's for one attention layer of this
@@ -147,7 +147,9 @@ def reference(case: ModelCase) -> tuple[float, dict[str, torch.Tensor]]:
     net = _model(case)
     loss = net.loss(tokens_for(case))
     loss.backward()
-    return loss.item(), {n: p.grad.detach().clone() for n, p in net.named_parameters()}
+    # a weight with no gradient (DeepSeek's score bias: it picks experts, never weighs them) none
+    return loss.item(), {n: p.grad.detach().clone() for n, p in net.named_parameters()
+                         if p.grad is not None}
 
 
 def rank_run(env: Any, cases: Sequence[ModelCase]) -> list[tuple[float, dict, dict[str, int]]]:
@@ -248,7 +250,7 @@ def micro_bytes(case: TrainCase, lengths: Sequence[int], group: tuple[int, ...],
     n = sum(lengths)
     pad = padding(n, boundaries(list(lengths)), case.layout, size)
     cu = boundaries([*lengths, pad] if pad else list(lengths))
-    shape = AttnShape(1, n + pad, cfg.heads, cfg.kv_heads, cfg.head_dim, FLOAT64_BYTES)
+    shape = AttnShape.of_model(cfg, 1, n + pad, FLOAT64_BYTES)
     name, options = case.options_at(size)
     return sum(layer_bytes(cfg, name, size, options, shape, case.layout, group.index(rank),
                            cu).values())
@@ -307,6 +309,16 @@ def tiny_of(cfg: ModelConfig, world: int = 4) -> ModelConfig:
         moe = dict(experts=experts, experts_per_tok=top, moe_ffn=TINY_FFN // 2,
                    shared_ffn=TINY_FFN // 2 if cfg.shared_ffn else 0,
                    moe_layers=tuple(i for i in range(layers) if cfg.is_moe(i)))
+    if cfg.router == "sigmoid_group":  # DeepSeek: 2 groups of the tiny experts, the best one kept
+        moe.update(n_group=2, topk_group=1, experts_per_tok=min(moe["experts_per_tok"],
+                                                                experts // 2))
+    if cfg.mla:  # q/k 8 wide (4 of them the shared RoPE key), v 6: widths of their own
+        moe.update(kv_lora_rank=16, q_lora_rank=12 if cfg.q_lora_rank else 0,
+                   qk_rope_dim=TINY_HEAD_DIM // 2, v_head_dim=6)
+    if "linear" in cfg.layer_types:
+        moe.update(lin_k_heads=2, lin_v_heads=4, lin_k_dim=TINY_HEAD_DIM,
+                   lin_v_dim=TINY_HEAD_DIM, conv_kernel=min(cfg.conv_kernel, 4))
+    moe.setdefault("v_head_dim", 0)  # 0: head_dim's, unless MLA gives V its own
     return dataclasses.replace(
         cfg, vocab=min(cfg.vocab, TINY_VOCAB), hidden=hidden, layers=layers, heads=heads,
         kv_heads=kv_heads, ffn=TINY_FFN, head_dim=TINY_HEAD_DIM if free else 0,
