@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 import typer
-import yaml
 
 from seqpar.cli.display import err_console
 from seqpar.errors import ConfigError, require
@@ -98,6 +97,8 @@ def read(path: str, ctx: typer.Context) -> dict[str, Any]:
     file = Path(path)
     require(file.is_file(), "plan", path, "no such file (a plan file is what `seqpar plan "
             "--save FILE` writes)")
+    import yaml  # only for a plan file: a plan asked by its flags needs none (a tenth of its start)
+
     try:
         data = yaml.safe_load(file.read_text())
     except yaml.YAMLError as err:
@@ -163,6 +164,8 @@ def write(path: str, q: Question, ctx: typer.Context, resolved: dict[str, str]) 
 
 
 def _line(key: str, value: Any) -> str:
+    import yaml  # only for a plan file (`read`)
+
     return yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False,
                           width=10_000).strip().removeprefix("{").removesuffix("}")
 

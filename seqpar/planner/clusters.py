@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from seqpar.errors import ConfigError, require
@@ -227,6 +226,8 @@ class Cluster(_Strict):
         return min(local_gpu // per_nic, self.nics_per_node - 1)
 
     def to_yaml(self) -> str:
+        import yaml  # only for a cluster file: a preset needs none (a tenth of a plan's start)
+
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
@@ -330,6 +331,8 @@ def load(name_or_path: str) -> Cluster:
         path = FILES / f"{name_or_path}.yaml"
     require(path.is_file(), "cluster", name_or_path,
             f"must be one of {', '.join(names())} or a YAML file")
+    import yaml  # only for a cluster file (`Cluster.to_yaml`)
+
     try:
         return Cluster.model_validate(yaml.safe_load(path.read_text()))
     except ValidationError as err:
