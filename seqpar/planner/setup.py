@@ -101,8 +101,9 @@ class Setup:
         None where the algorithm moves heads, not shards): its bytes and the links' busy time
         scaled by the latent's bytes over K,V's (`latent_bytes` over `bytes_of_rank`, the
         algorithm's rules), the exposed communication less the time saved, and the rebuild of
-        every arriving shard's K,V (wkv_b over the other sp - 1 shards' tokens: forward, and
-        backward twice) added to the compute."""
+        every arriving shard's K,V (wkv_b over the other sp - 1 shards' tokens, usp's members
+        their heads alone: forward, and backward twice) added to the compute. The latent's
+        smaller buffers are not credited to the peak (K,V's held)."""
         rules = algorithms.get(kv.algorithm)
         if not self.cfg.mla or sp == 1 or not rules.latent_pass:
             return None
@@ -111,8 +112,10 @@ class Setup:
         full = sum(rules.bytes_of_rank(self.shape, sp, kv.options, 0).values())
         r = sent / full if full else 1.0
         tokens = (sp - 1) * self.shape.shard_len(sp) * self.shape.batch
+        # usp: each head-parallel member rebuilds its own heads from every token's latent
+        dhp = rules.parse(kv.options).resolved(sp)[0] if kv.algorithm == "usp" else 1
         rate = gemm_rate(self.cluster, self.dtype, min(tokens, self.cfg.kv_lora_rank))
-        fwd = 1e3 * mla_rebuild_flops(self.cfg, tokens) / rate
+        fwd = 1e3 * mla_rebuild_flops(self.cfg, tokens) / dhp / rate
         exposed = {k: max(0.0, v - (1 - r) * kv.link_ms.get(k, 0.0))
                    for k, v in kv.exposed_ms.items()}
         saved = sum(kv.exposed_ms.values()) - sum(exposed.values())

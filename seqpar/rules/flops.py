@@ -131,6 +131,17 @@ def window_pairs(seq_len: int, window: int) -> float:
     return float(band_pairs(seq_len, seq_len, (1 - window, 1)))
 
 
+def pair_width(cfg: ModelConfig) -> float:
+    """A visible pair's FLOPs over 4 a head: half of q.k's and p.v's widths (head_dim where they
+    agree; MLA's (192 + 128) / 2)."""
+    return (cfg.head_dim + (cfg.v_head_dim or cfg.head_dim)) / 2
+
+
+def softmax_share(cfg: ModelConfig) -> float:
+    """The share of the layers that run softmax attention (a linear layer sees no pairs)."""
+    return per_layer(cfg, lambda c: 0.0 if c.kind == "linear" else 1.0)
+
+
 def model_pairs(cfg: ModelConfig, seq_len: int) -> float:
     """Visible pairs a layer of the model's own attention sees, on average over its layers: a full
     layer causal (N²/2), a sliding layer its window's band, a linear layer none."""
@@ -147,7 +158,7 @@ def step_flops(cfg: ModelConfig, batch: int, seq_len: int, pairs: float | None =
     model's own: causal N²/2 a full layer, a window's band a sliding one; N² counts it unmasked).
     The default `backward` is the model's 2x (`mfu`); BACKWARD_FLOPS gives what the kernels run."""
     pairs = model_pairs(cfg, seq_len) if pairs is None else pairs
-    attn = cfg.layers * 4.0 * batch * pairs * cfg.heads * cfg.head_dim
+    attn = cfg.layers * 4.0 * batch * pairs * cfg.heads * pair_width(cfg)
     return 6.0 * dense_params(cfg) * batch * seq_len + (1.0 + backward) * attn
 
 
@@ -160,7 +171,7 @@ def attention_model_flops(backward_kernel_flops: float) -> float:
 def visible_pairs(backward_kernel_flops: float, cfg: ModelConfig, sequences: int) -> float:
     """Visible (query, key) pairs a sequence from what a step's attention backward kernels ran,
     all ranks together (2.5x the forward by area, every layer once)."""
-    per_pair = BACKWARD_FLOPS * 4.0 * cfg.heads * cfg.head_dim * cfg.layers * sequences
+    per_pair = BACKWARD_FLOPS * 4.0 * cfg.heads * pair_width(cfg) * cfg.layers * sequences
     return backward_kernel_flops / per_pair
 
 
@@ -169,7 +180,8 @@ def conventions(cfg: ModelConfig, batch: int, seq_len: int, pairs: float | None 
     """FLOPs of one step of batch sequences under each of `CONVENTIONS` (see the module
     docstring); `recomputed`: the FLOPs checkpointing recomputes, all ranks together (hfu)."""
     return {"mfu": step_flops(cfg, batch, seq_len, pairs),
-            "mfu_unmasked_attention": step_flops(cfg, batch, seq_len, float(seq_len) ** 2),
+            "mfu_unmasked_attention": step_flops(cfg, batch, seq_len,
+                                                 float(seq_len) ** 2 * softmax_share(cfg)),
             "hfu": step_flops(cfg, batch, seq_len, pairs, BACKWARD_FLOPS) + recomputed}
 
 
@@ -197,7 +209,7 @@ def recomputed_flops(cfg: ModelConfig, batch: int, seq_len: int, world: int, mod
     pairs = model_pairs(cfg, seq_len) if pairs is None else pairs
 
     def attention(share: float) -> float:
-        return 4.0 * batch * pairs * share * cfg.heads * cfg.head_dim / world
+        return 4.0 * batch * pairs * share * cfg.heads * pair_width(cfg) / world
 
     per_layer = {"none": 0.0, "sequence": dense, "sc++": dense + qkv, "sc++,sequence": dense + qkv,
                  "full": dense + attention(1.0),
