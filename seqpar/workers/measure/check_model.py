@@ -30,6 +30,7 @@ from seqpar.case import TrainCase
 from seqpar.model import ModelConfig, Transformer
 from seqpar.model.step import StepModel, padding, train_step
 from seqpar.rules.lengths import boundaries
+from seqpar.rules.linear import LinearShape, check_lasp, lasp_bytes
 from seqpar.workers.measure.varlen import tokens_of
 from seqpar.workers.step_check import GRAD_TOLERANCE, LOSS_TOLERANCE, on_pool
 from seqpar.workers.step_check import compare as compare_steps
@@ -62,6 +63,7 @@ class ModelCase:
         """The model's rules for this layout and the algorithm's for one attention layer of this
         model (ConfigError), before any rank starts."""
         model_rules(self.cfg, self.layout)
+        check_lasp(self.cfg, self.layout, self.world)  # a rank's rule: LASP's layout under SP
         algorithms.check(self.algorithm, self.shape, self.world, self.layout, True,
                          **dict(self.options))
 
@@ -101,9 +103,14 @@ def layer_bytes(cfg: ModelConfig, algorithm: str, world: int, options: dict[str,
     net of the transfers the schedule skips."""
     spec = algorithms.get(algorithm)
     out = dict.fromkeys(PHASES, 0)
-    for window in cfg.window_of:
-        geometry = Geometry.of(shape, world, layout, True, cu, window)
-        got = spec.bytes_of_rank(shape, world, options, rank, geometry)
+    for kind, window in zip(cfg.layer_types, cfg.window_of, strict=True):
+        if kind == "linear":  # LASP's pairs and halo (rules.linear), not an attention's
+            got = lasp_bytes(check_lasp(cfg, layout, world) or "lasp2",
+                             LinearShape.of(cfg, shape.batch, shape.elem_bytes), world, rank,
+                             shape.seq_len)
+        else:
+            geometry = Geometry.of(shape, world, layout, True, cu, window)
+            got = spec.bytes_of_rank(shape, world, options, rank, geometry)
         for p in PHASES:
             out[p] += got[p]
     return out
@@ -130,6 +137,7 @@ def validate_step(case: TrainCase) -> None:
     refused its model would leave the pool's other ranks waiting."""
     case.validate()
     step_rules(case.config(), case.layout)
+    check_lasp(case.config(), case.layout, case.world)
 
 
 def tokens_for(case: ModelCase) -> torch.Tensor:
