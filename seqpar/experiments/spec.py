@@ -230,9 +230,8 @@ class ExperimentSpec(_Strict):
         if self.plan.changed_varlen_field() is None:
             exclude["plan"] = set(VARLEN_PLAN_FIELDS)
         if self.train is not None:
-            exclude["train"] = ({"tiled"} if not self.train.tiled else set()) | (
-                {"mla_pass"} if self.train.mla_pass == "kv" else set()) | (
-                {"linear_sp"} if self.train.linear_sp is None else set())
+            defaults = {"tiled": False, "mla_pass": "kv", "linear_sp": None}  # hashed when set
+            exclude["train"] = {k for k, v in defaults.items() if getattr(self.train, k) == v}
         data = self.model_dump(mode="json", exclude=exclude)
         data["model"]["kv_heads"] = self.model.hkv
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -299,8 +298,7 @@ def _plain_train_case(spec: ExperimentSpec) -> TrainCase:
                      warmup=w.warmup, iters=w.iters, seed=w.seed, lr=t.lr, states=t.states,
                      master_dtype=t.master_dtype,
                      offload=tuple(t.offload) if isinstance(t.offload, list) else t.offload,
-                     tiled=t.tiled, mask=w.mask_spec, mla_pass=t.mla_pass,
-                     linear_sp=t.linear_sp,
+                     tiled=t.tiled, mask=w.mask_spec, mla_pass=t.mla_pass, linear_sp=t.linear_sp,
                      text=text.path() if text is not None else None,
                      text_separator=text.separator if text is not None else "\n\n")
     if isinstance(w.data, CorpusSource) and w.lengths is None:  # with lengths: dealt reads it
