@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from seqpar.planner.clusters import MEMORY_EFFICIENCY, Cluster
 from seqpar.planner.rates import gemm_rate
-from seqpar.rules.counts import ffn_width, gemms, layer_classes, norm_width
+from seqpar.rules.counts import ffn_width, gemms, layer_classes, mixer_widths, norm_width
 from seqpar.rules.flops import head_flops, per_layer
 from seqpar.rules.memory import ELEM
 from seqpar.rules.model import ModelConfig
@@ -44,7 +44,7 @@ def block_gemm_seconds(c: Cluster, cfg: ModelConfig, tokens: float, dtype: str,
 
 def elementwise_bytes(cfg: ModelConfig, tokens: float, e: int, layer: int = 0) -> float:
     """Bytes layer `layer`'s element-wise kernels move forward (the module docstring)."""
-    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
+    q, kv = mixer_widths(cfg, layer)
     per = 10 * cfg.hidden + 2 * (q + kv) + 3 * ffn_width(cfg, layer) + norm_width(cfg)
     if cfg.is_moe(layer):
         per += 2 * cfg.experts + 4 * cfg.experts_per_tok * cfg.hidden

@@ -165,6 +165,16 @@ def mla_widths(cfg: ModelConfig) -> tuple[int, int]:
     return cfg.kv_lora_rank + cfg.qk_rope_dim, cfg.heads * (cfg.head_dim + cfg.v_head_dim)
 
 
+def mixer_widths(cfg: ModelConfig, layer: int) -> tuple[int, int]:
+    """(q, k) values a token's element-wise mixer work touches in layer `layer` (RoPE on q and
+    k): softmax attention's heads x head_dim (MLA's keys rebuilt for every head); a linear
+    layer's q, and its k and v (the short convolution and the norms)."""
+    if cfg.layer_types[layer] == "linear":
+        k = cfg.lin_k_heads * cfg.lin_k_dim
+        return k, k + cfg.lin_v_heads * cfg.lin_v_dim
+    return cfg.heads * cfg.head_dim, (cfg.heads if cfg.mla else cfg.kv_heads) * cfg.head_dim
+
+
 def ffn_width(cfg: ModelConfig, layer: int) -> float:
     """The feed-forward's inner width a token holds in layer `layer`: the dense ffn, or k routed
     experts' and the shared experts' (an activation counts 4 tensors of this width)."""

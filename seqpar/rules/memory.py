@@ -26,6 +26,7 @@ from seqpar.rules.counts import (
     norm_width,
     routing_width,
 )
+from seqpar.rules.linear import CHUNK
 from seqpar.rules.model import ModelConfig, layer_shapes, numel, param_shapes
 
 ELEM = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
@@ -257,6 +258,14 @@ class AttentionHeld:
     relayout: bool = False
 
 
+def linear_saved(cfg: ModelConfig) -> float:
+    """Elements a linear layer's rule keeps for backward a token: q, k, v before and after the
+    short convolution, the output gate z, the b and a gates, and each chunk's starting state
+    (v_heads x dk x dv a chunk of CHUNK tokens, `rules.linear`)."""
+    k, v, hv = cfg.lin_k_heads * cfg.lin_k_dim, cfg.lin_v_heads * cfg.lin_v_dim, cfg.lin_v_heads
+    return 2 * (2 * k + v) + v + 2 * hv + hv * cfg.lin_k_dim * cfg.lin_v_dim / CHUNK
+
+
 def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_per_elem: float,
                 batch: int, layer: int = 0) -> float:
     """Elements block `layer` keeps for backward per token of the rank's shard (see
@@ -272,6 +281,9 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
     q = cfg.heads * cfg.head_dim
     out = q * (2 if attn.relayout else 1)
     attention = attn.saved + lse + out
+    if cfg.layer_types[layer] == "linear":
+        attn, lse, out = AttentionHeld(linear_saved(cfg), 0.0), 0.0, cfg.lin_v_heads * cfg.lin_v_dim
+        q, attention = out, linear_saved(cfg) + out
     none = 2 * (2 * d + 1) + 2 * d + mlp + norm_width(cfg) + attention
     if policy.tiled:
         none -= (2 * d + 1) + mlp
