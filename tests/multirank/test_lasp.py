@@ -135,11 +135,14 @@ HYBRID = ModelConfig(vocab=61, hidden=32, layers=4, heads=4, kv_heads=2, ffn=40,
                      shared_ffn=16, shared_gate=True, moe_layers=(0, 2, 3))
 
 
-def model_cases(world: int) -> list[tuple[str, tuple[int, ...] | None]]:
-    """(the full layer's algorithm, documents): one sequence; three documents (ulysses where
-    the 4 heads split over the ranks)."""
+def model_cases(world: int) -> list[tuple[str, tuple[int, ...] | None, str]]:
+    """(the full layer's algorithm, documents, checkpointing): one sequence; three documents
+    (ulysses where the 4 heads split over the ranks); every block recomputed in backward (its
+    communication again, booked as forward)."""
     n = 8 * world
-    return [("ring", None), ("ulysses" if HYBRID.heads % world == 0 else "ring", (0, 5, n - 3, n))]
+    docs = (0, 5, n - 3, n)
+    return [("ring", None, "none"), ("ulysses" if HYBRID.heads % world == 0 else "ring", docs,
+                                     "none"), ("ring", docs, "full")]
 
 
 @torch.no_grad()
@@ -162,9 +165,9 @@ def hybrid_tokens(world: int, seed: int) -> torch.Tensor:
 
 def _model_rank(env, world: int, mode: str, seed: int) -> list[tuple]:
     out = []
-    for attention, cu in model_cases(world):
+    for attention, cu, checkpoint in model_cases(world):
         net = Transformer(HYBRID, attention=attention, group=env.group(world), seed=1,
-                          dtype=torch.float64, linear_sp=mode)
+                          dtype=torch.float64, linear_sp=mode, checkpoint=checkpoint)
         perturb(net)
         with recording() as ledger:
             loss = net.loss(hybrid_tokens(world, seed), cu)
@@ -174,14 +177,16 @@ def _model_rank(env, world: int, mode: str, seed: int) -> list[tuple]:
     return out
 
 
-def hybrid_bytes(attention: str, mode: str, world: int, rank: int, cu) -> dict[str, int]:
+def hybrid_bytes(attention: str, mode: str, world: int, rank: int, cu, checkpoint: str
+                 ) -> dict[str, int]:
     """A rank's bytes for the whole model: the full layer's attention call, the three linear
-    layers' LASP."""
+    layers' LASP; every forward twice where backward recomputes the blocks."""
     shape = AttnShape(B, 8 * world, HYBRID.heads, HYBRID.kv_heads, HYBRID.head_dim, 8)
     geometry = Geometry.of(shape, world, "contiguous", True, cu, None)
     full = algorithms.get(attention).bytes_of_rank(shape, world, {}, rank, geometry)
     linear = lasp_bytes(mode, LinearShape.of(HYBRID, B, 8), world, rank)
-    return {p: full[p] + 3 * linear[p] for p in PHASES}
+    out = {p: full[p] + 3 * linear[p] for p in PHASES}
+    return {**out, "forward": out["forward"] * (2 if checkpoint == "full" else 1)}
 
 
 @pytest.mark.multirank
@@ -194,7 +199,7 @@ def test_hybrid_model_under_sp_is_the_one_process_model(gang, seed, world, mode)
     counted."""
     per_rank = gang.run(_model_rank, world, mode, seed, size=world)
     failures = []
-    for i, (attention, cu) in enumerate(model_cases(world)):
+    for i, (attention, cu, checkpoint) in enumerate(model_cases(world)):
         ref = Transformer(HYBRID, seed=1, dtype=torch.float64)
         perturb(ref)
         loss = ref.loss(hybrid_tokens(world, seed), cu)
@@ -206,7 +211,7 @@ def test_hybrid_model_under_sp_is_the_one_process_model(gang, seed, world, mode)
                 if not error(grads[name], p.grad) <= TOLERANCE["float64"]:
                     failures.append(f"{attention} rank {r}: {name} error "
                                     f"{error(grads[name], p.grad):.1e}")
-            want = hybrid_bytes(attention, mode, world, r, cu)
+            want = hybrid_bytes(attention, mode, world, r, cu, checkpoint)
             if sent != want:
                 failures.append(f"{attention} cu={cu} rank {r}: bytes {sent} != {want}")
     assert not failures, "\n".join(failures[:20])
