@@ -248,7 +248,10 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
         result.dominated += len(beaten)
         for i in kept:
             alternatives = [(predictions[j].options, predictions[j].layout) for j in same[i]]
-            policies = usable.of(predictions[i].algorithm, predictions[i].layout)[0]
+            policies = _runnable(setup, predictions[i],
+                                 usable.of(predictions[i].algorithm, predictions[i].layout)[0])
+            if not policies:
+                continue
             bound = _bound(setup, dp, sp, predictions[i], policies) if keep else 0.0
             candidates.append((bound, dp, sp, predictions[i], alternatives, policies))
         if every:
@@ -285,6 +288,13 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
     steps.sort(key=lambda s: (not s.fits, -s.tgs if s.fits else s.peak_mem_bytes))
     result.ranked = steps
     return result
+
+
+def _runnable(setup: Setup, p: Prediction, policies: list[Policy]) -> list[Policy]:
+    """The policies `p` runs under: MLA's latent ring not with seq-attn (`check_mla_pass`)."""
+    if getattr(p, "mla_pass", "kv") == "kv":
+        return policies
+    return [t for t in policies if t.train(setup.dtype).checkpoint != "seq-attn"]
 
 
 def _better(s: Step, than: Step | None) -> bool:

@@ -274,3 +274,13 @@ def test_json_carries_model_params_in_every_scope():
                               "4", "--seq-len", "4096", "--top", "1", "--json"],
                              capture_output=True, text=True, check=True).stdout
         assert json.loads(out)["model_params"] == want, scope
+
+
+def test_the_latent_ring_is_not_planned_under_seq_attn():
+    cfg = replace(_hf("DeepseekV3Config"), experts=8, experts_per_tok=2, layers=4,
+                  layer_types=("full",) * 4, moe_layers=(3,))
+    setup = make_setup(H100, cfg, 32768, None, 8, 1)
+    got = search(setup).ranked
+    assert {s.json()["mla_pass"] for s in got} == {"kv", "latent"}
+    assert not any(s.json()["mla_pass"] == "latent" and s.policy.checkpoint.startswith("seq-attn")
+                   for s in got)
