@@ -59,6 +59,9 @@ class LengthCosts:
                 work.spec, f"a plan of lengths prices every layer's attention alike: the model's "
                 f"sliding-window layers (window {cfg.window}) are planned at one length "
                 "(without --lengths)")
+        require("linear" not in cfg.layer_types, "lengths", work.spec,
+                "a plan of lengths prices every layer's attention alike: a model with "
+                "linear-attention layers is planned at one length (without --lengths)")
         block_params(cfg)  # a layer kind or weight the planner does not price: one line
         c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
         return cls(c, cfg, work, world, nodes, dtype, kernel, source)

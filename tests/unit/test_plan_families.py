@@ -284,3 +284,9 @@ def test_the_latent_ring_is_not_planned_under_seq_attn():
     assert {s.json()["mla_pass"] for s in got} == {"kv", "latent"}
     assert not any(s.json()["mla_pass"] == "latent" and s.policy.checkpoint.startswith("seq-attn")
                    for s in got)
+
+
+def test_a_plan_of_lengths_refuses_linear_layers_in_one_line():
+    work = Workload.of("fixed:4096", tokens=2 ** 15, longest=4096, capacity=4096)
+    with pytest.raises(ConfigError, match="linear-attention layers is planned at one length"):
+        LengthPlan.make(H100, _hf("Qwen3NextConfig"), work, 8, 1)
