@@ -69,6 +69,18 @@ FAMILIES: dict[str, dict] = {
     "qwen3-moe": {**_COMMON, **_MOE, "model_type": "qwen3_moe", "hidden_size": 48,
                   "head_dim": 8, "num_hidden_layers": 3, "num_experts": 4,
                   "mlp_only_layers": [0], "norm_topk_prob": True},
+    "deepseek-v3": {**_COMMON, **_MOE, "model_type": "deepseek_v3", "hidden_size": 48,
+                    "num_key_value_heads": 12, "first_k_dense_replace": 1, "q_lora_rank": 12,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 4, "qk_rope_head_dim": 4,
+                    "v_head_dim": 6, "n_routed_experts": 4, "n_group": 2, "topk_group": 1,
+                    "n_shared_experts": 1},  # latent attention, V its own width, grouped router
+    "qwen3-next": {**_COMMON, **_MOE, "model_type": "qwen3_next", "hidden_size": 48,
+                   "head_dim": 8, "num_key_value_heads": 6, "partial_rotary_factor": 0.5,
+                   "layer_types": ["linear_attention", "full_attention"],
+                   "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                   "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+                   "linear_conv_kernel_dim": 4, "num_experts": 4,
+                   "shared_expert_intermediate_size": 16},  # a DeltaNet layer under LASP-2
 }
 
 
@@ -105,6 +117,8 @@ def layouts_of(cfg: ModelConfig) -> tuple[str, ...]:
         except ConfigError as err:
             assert layout == "balanced" and "different windows" in str(err), err
             continue
+        if "linear" in cfg.layer_types and layout != "contiguous":
+            continue  # LASP passes one state a rank: contiguous shards only (refused in a line)
         out.append(layout)
     return tuple(out)
 
