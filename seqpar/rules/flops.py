@@ -32,6 +32,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from seqpar.rules.counts import LayerClass, gemms, layer_classes, matmul_params
+from seqpar.rules.linear import LinearShape, delta_rule_flops
 from seqpar.rules.model import ModelConfig
 
 FORWARD_MATMULS = 2     # QKᵀ, PV
@@ -155,11 +156,17 @@ def step_flops(cfg: ModelConfig, batch: int, seq_len: int, pairs: float | None =
     """FLOPs of one forward + backward over batch sequences of seq_len tokens (all ranks together,
     no recompute): 6·dense params·tokens + (1 + backward)·the attention's forward over `pairs`
     visible (query, key) pairs a sequence and layer, on average over the layers (default the
-    model's own: causal N²/2 a full layer, a window's band a sliding one; N² counts it unmasked).
-    The default `backward` is the model's 2x (`mfu`); BACKWARD_FLOPS gives what the kernels run."""
+    model's own: causal N²/2 a full layer, a window's band a sliding one; N² counts it unmasked),
+    and each linear layer's chunked delta rule. The default `backward` is the model's 2x (`mfu`);
+    BACKWARD_FLOPS gives what the kernels run."""
     pairs = model_pairs(cfg, seq_len) if pairs is None else pairs
     attn = cfg.layers * 4.0 * batch * pairs * cfg.heads * pair_width(cfg)
-    return 6.0 * dense_params(cfg) * batch * seq_len + (1.0 + backward) * attn
+    out = 6.0 * dense_params(cfg) * batch * seq_len + (1.0 + backward) * attn
+    linear = cfg.layer_types.count("linear")
+    if linear:  # the linear layers' chunked rule (one pass over the whole sequence)
+        out += (1.0 + backward) * linear * delta_rule_flops(LinearShape.of(cfg, batch, 2),
+                                                              seq_len)
+    return out
 
 
 def attention_model_flops(backward_kernel_flops: float) -> float:
