@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import resources
+from tests import budget, resources
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # NCCL's semantics for every collective the suite runs (algorithms/comm.py: tags ignored, a group's
@@ -97,6 +97,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
         resources.close_after(item)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    budget.configure(config)  # SEQPAR_TEST_BUDGET=FILE: every test's CPU and wall seconds
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     if not resources.FULL:  # `make test`: the slow scenarios are make test-full's
@@ -126,6 +130,22 @@ def ray_runner():
     from seqpar.workers.trial import TrialRunner
 
     return resources.shared("ray_runner", lambda: TrialRunner(device="cpu"))
+
+
+@pytest.fixture
+def sweeps_share_a_gang(monkeypatch) -> None:
+    """The sweeps this test runs on `ray_runner` take their ranks from the shared gang id
+    (resources.RAY_GANG) instead of one named by the sweep (seqpar:sweep-<id>:rank-<r>), so the
+    idle gang an earlier test left is reused. The sweep prints and tags its own id as before; a
+    test of those actor names (tests/platform/test_artifact_store.py) does not take this."""
+    from seqpar.sweeps import runner
+
+    run_until_stable = runner.run_until_stable
+
+    def shared(point, trial_runner, retries, gang_id, *args, **kwargs):
+        return run_until_stable(point, trial_runner, retries, resources.RAY_GANG, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_until_stable", shared)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from seqpar.cli import app as cli_app
 from seqpar.cli import options
 from seqpar.platform.tracking import Tracker
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("sweeps_share_a_gang")]  # one gang of 2
 
 TWO_TRIALS = """\
 name: cli-faults

@@ -11,6 +11,7 @@ from seqpar.case import TrainCase, Trial
 from seqpar.errors import ConfigError
 from seqpar.experiments.registry import STUDIES
 from seqpar.experiments.spec import ExperimentSpec
+from tests.resources import RAY_GANG  # the gang the Ray tests' trials share
 
 TINY_SHAPE = {"heads": 4, "kv_heads": 2, "head_dim": 16}
 
@@ -67,7 +68,7 @@ def test_training_studies_have_only_valid_points(name, preset):
 def test_dp2_training_trial_runs_on_ray(ray_runner):
     case = TrainCase(algorithm="ring", sp=1, dp=2, layout="zigzag", seq_len=64, checkpoint="sc++",
                      fused_head=True, iters=2)
-    result = ray_runner.run(Trial(case, "train-platform", timeout_s=300))
+    result = ray_runner.run(Trial(case, RAY_GANG, timeout_s=300))
     assert result.status == "FINISHED", result.cause
     m = result.metrics
     for key in ("tgs", "tokens_per_s", "model_flops_per_s",
@@ -102,7 +103,7 @@ def test_dynamic_training_trial_runs_on_ray(ray_runner):
         make_case("ring", 2, "lognormal:mean=40,sigma=1.0,min=8,max=128", tokens=512,
                   capacity=64, policy="dynamic", dtype="float32", batches=2),
         warmup=1, iters=2)
-    result = ray_runner.run(Trial(case, "train-platform", timeout_s=300))
+    result = ray_runner.run(Trial(case, RAY_GANG, timeout_s=300))
     assert result.status == "FINISHED", result.cause
     m = result.metrics
     assert m["tokens_per_s"] == pytest.approx(512 / (m["step_ms"] / 1e3))

@@ -18,12 +18,12 @@ import pytest
 from tests import resources
 from tests.ray_head import BIN, child_env, local_ray_head
 
-GANG = "platform-tests"  # one gang id: consecutive tests reuse one gang of 4
-
 
 @pytest.fixture
 def gang_id() -> str:
-    return GANG
+    """One gang id for every trial here, the sweeps' too (`sweeps_share_a_gang`): consecutive
+    tests of the same world reuse one gang."""
+    return resources.RAY_GANG
 
 
 @pytest.fixture

@@ -69,6 +69,7 @@ def test_a_running_trial_shows_its_phase_and_iterations_and_every_series_reads_b
     gang, tag = gang_id, metrics.trial_tag(label, "0123456789ab")
     assert len(tag) > 48 and tag.endswith(" 0123456789ab")
     trial = Trial(slow_ring(seed), gang, links={"intra": LinkModel(latency_s=0.05)})
+    ray_runner.pool.evict()  # a gang of its own: a reused one would name the sweep that started it
     out: dict[str, object] = {}
     thread = threading.Thread(target=lambda: out.update(r=ray_runner.run(trial, tag=tag)))
     thread.start()

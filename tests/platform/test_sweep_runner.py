@@ -12,7 +12,7 @@ from seqpar.sweeps import report, spec
 from seqpar.sweeps.report.table import sort_key
 from seqpar.sweeps.runner import run_sweep
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("sweeps_share_a_gang")]  # one gang of 2
 
 MINI = {"name": "mini",
         "base": {"model": {"heads": 4, "kv_heads": 2, "head_dim": 8}, "plan": {"world": 2},

@@ -16,7 +16,7 @@ from seqpar.sweeps.report.baseline import against
 from seqpar.sweeps.report.view import TrialView
 from seqpar.workers import stability
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("sweeps_share_a_gang")]  # one gang of 2
 
 ONE = {"name": "one",
        "base": {"model": {"heads": 2, "kv_heads": 2, "head_dim": 8}, "plan": {"world": 2},
