@@ -9,7 +9,6 @@ import pytest
 from seqpar.errors import ConfigError
 from seqpar.platform.tracking import Tracker
 from seqpar.sweeps import report, spec
-from seqpar.sweeps.report.table import sort_key
 from seqpar.sweeps.runner import run_sweep
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("sweeps_share_a_gang")]  # one gang of 2
@@ -85,11 +84,11 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
 
     cmp = report.comparison(tracker, sweep=outcome.sweep_id)
     assert len(cmp.rows) == 6
-    ordered = sorted(report.trials(runs), key=sort_key)
-    tps = [t.metrics["tokens_per_s"] for t in ordered]
-    assert cmp.best == tps.index(max(tps))
-    steps = [t.metrics["step_ms"] for t in ordered]
-    assert report.comparison(tracker, metric="step_ms").best == steps.index(min(steps))
+    tps = [t.metrics["tokens_per_s"] for t in report.trials(runs)]  # best: its row, in row order
+    assert cmp.trials[cmp.best].metrics["tokens_per_s"] == max(tps)
+    by_step = report.comparison(tracker, metric="step_ms")
+    assert by_step.trials[by_step.best].metrics["step_ms"] == min(
+        t.metrics["step_ms"] for t in report.trials(runs))
     assert len(report.comparison(tracker, study="mini").rows) == 6
     with pytest.raises(ConfigError, match="metric='speed'"):
         report.comparison(tracker, metric="speed")
