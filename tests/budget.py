@@ -63,11 +63,18 @@ class Meter:
             self.total()
 
 
+def host_busy_s() -> float:
+    """CPU seconds the whole host has been busy (every process, every core)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
 class Budget:
     """The pytest plugin: a test's phases timed and metered, one line per test."""
 
     def __init__(self, path: str) -> None:
         self.path, self.meter, self.rows = path, Meter(), []
+        self.started = (time.monotonic(), self.meter.total(), host_busy_s())
         threading.Thread(target=self.meter.run, daemon=True, name="budget-meter").start()
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -96,6 +103,10 @@ class Budget:
         write = terminalreporter.write_line
         write(f"budget: {len(self.rows)} tests, {cpu:.0f} CPU s, {wall:.0f} wall s "
               f"(mean load {load:.1f} on {os.cpu_count()} cores; every test in {self.path})")
+        (w0, c0, h0), w1, c1 = self.started, time.monotonic(), self.meter.total()
+        others = (host_busy_s() - h0 - (c1 - c0)) / ((w1 - w0) * (os.cpu_count() or 1))
+        write(f"  the session: {w1 - w0:.0f} wall s, {c1 - c0:.0f} CPU s (collection and set-ups "
+              f"included); other processes took {max(0.0, others):.0%} of the host meanwhile")
         for folder, (n, c, w) in sorted(by.items(), key=lambda kv: -kv[1][1]):
             write(f"  {folder:18} {n:5} tests {c:7.1f} CPU s {w:7.1f} wall s")
 

@@ -15,6 +15,7 @@ from seqpar.experiments.registry import MEMORY_CLUSTER, STUDIES
 from seqpar.experiments.train_studies import CPU_FAMILIES
 from seqpar.model import ModelConfig, Transformer
 from seqpar.planner import clusters
+from tests.resources import RAY_GANG  # the gang the Ray tests' trials share
 
 STUDY = STUDIES["model-families"]
 
@@ -58,7 +59,7 @@ def test_the_sinks_decoder_trains_on_ray_and_its_loss_falls(ray_runner):
                 if p.spec.to_case().model == "tiny-gpt-oss" and p.spec.plan.algorithm == "ring")
     case = spec.to_case()
     short = dataclasses.replace(case, seq_len=128, warmup=0, iters=8)
-    result = ray_runner.run(Trial(short, "model-families", timeout_s=300))
+    result = ray_runner.run(Trial(short, RAY_GANG, timeout_s=300))
     assert result.status == "FINISHED", result.cause
     assert result.metrics["tgs"] > 0 and result.metrics["peak_mem_bytes"] > 0
     losses = result.per_rank[0].extra["losses"]
