@@ -233,6 +233,7 @@ class Quickstart:
     dashboard_text: str = ""  # what the actors page showed last
     dashboard_address: str = ""  # the dashboard the sweep announced
     timings: dict[str, float] = field(default_factory=dict)
+    sweep_id: str = ""  # the quickstart's sweep run (other sweeps may land in the store later)
 
 
 def _browser_tests_selected(session: pytest.Session) -> bool:
@@ -335,4 +336,9 @@ def quickstart(request, tmp_path_factory, empty_store_file) -> Quickstart:
         t.join(timeout=10)
     run.stdout, run.stderr = "".join(out), "".join(err)
     run.timings["sweep_s"] = time.monotonic() - t0
+    if run.returncode == 0:
+        from seqpar.platform.tracking import Tracker
+
+        latest = Tracker(run.uri, existing=True).latest_sweep()
+        run.sweep_id = latest.run_id if latest is not None else ""
     return run

@@ -34,8 +34,8 @@ def test_quickstart_sweep_lands_in_mlflow_and_compares(quickstart, tmp_path):
     assert "OVERSUBSCRIBED" not in out.stdout and "flags: O" not in out.stdout  # a rank a core
 
     tracker = Tracker(uri)
-    sweep = tracker.latest_sweep()
-    assert sweep is not None and sweep.status == "FINISHED"
+    sweep = tracker.client.get_run(quickstart.sweep_id).info
+    assert sweep.status == "FINISHED"
     assert tracker.experiment_name(sweep) == "quickstart"
     runs = tracker.trials(sweep.run_id)
     assert len(runs) == 8
@@ -55,7 +55,8 @@ def test_quickstart_sweep_lands_in_mlflow_and_compares(quickstart, tmp_path):
         assert (sent == 0) == (run.params["plan.algorithm"] == "local")
     assert not (quickstart.workdir / "mlflow.db").exists()  # --tracking-uri wins over the default
 
-    shown = seqpar("--tracking-uri", uri, "compare", "--json", cwd=tmp_path, timeout=120)
+    shown = seqpar("--tracking-uri", uri, "compare", "--sweep", quickstart.sweep_id, "--json",
+                   cwd=tmp_path, timeout=120)
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)
     assert len(rows) == 8 and {r["status"] for r in rows} == {"FINISHED"}

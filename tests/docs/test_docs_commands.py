@@ -144,10 +144,8 @@ def _writes(cmd: Command) -> list[str]:
 @pytest.mark.parametrize("cmd", _params(SEQPAR, ("store",)))
 def test_command_runs_on_the_quickstart_store(cmd, quickstart, workdir, monkeypatch, capsys):
     assert quickstart.returncode == 0, quickstart.stderr[-2000:]
-    from seqpar.platform.tracking import Tracker
 
-    sweep = Tracker(quickstart.uri, existing=True).latest_sweep()
-    argv = runnable(cmd, store=quickstart.uri, sweep_id=sweep.run_id, scratch=workdir)
+    argv = runnable(cmd, store=quickstart.uri, sweep_id=quickstart.sweep_id, scratch=workdir)
     code, out = seqpar(argv, monkeypatch, capsys)
     _ran(cmd, argv, code, out)
     _, name, args = subcommand(argv)

@@ -94,6 +94,33 @@ def test_each_trial_is_a_child_run_logged_when_it_ends(ray_runner, tracker, tmp_
         report.comparison(tracker, metric="speed")
 
 
+# before the failing sweeps: it takes the first sweep's idle gang (a failure kills a gang)
+def test_a_long_sweep_keeps_views_logs_without_searching_and_resumes_with_one_search(
+        ray_runner, tracker):
+    """A covering size of issue 39's long sweep (32 tiny trials, past a screen; the 1,000-trial
+    run is benchmarks/sweep_scale.py): the driver keeps each trial's view, the per-rank records
+    of a dozen at most; logging never searches the store; the comparison is the digest; a resume
+    with every trial done finds them with one search."""
+    from seqpar.sweeps.report import digest
+
+    plan = spec.parse({**MINI, "name": "long", "grid": {
+        "plan.algorithm": ["ring", "ulysses", "allgather", "usp"],
+        "workload.seq_len": [64 + 16 * i for i in range(8)]}})
+    searches: list[str] = []
+    tracker.client.search_runs = _counted(tracker.client.search_runs, "search", searches)
+    outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False)
+    assert len(outcome.trials) == 32 and searches == []
+    assert 0 < len(outcome.kept) <= 12 and all(not hasattr(t, "result") for t in outcome.trials)
+    cmp = digest.screen(report.table("long", outcome.views(), "tokens_per_s"))
+    assert len(cmp.rows) == 8 and "the winner of each group by N" in cmp.title
+    assert any(n.startswith("wins ") for n in cmp.notes) and any("--all" in n for n in cmp.notes)
+    assert "report.csv" in tracker.artifacts(outcome.sweep_id)
+
+    again = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False,
+                      resume=outcome.sweep_id)
+    assert again.resumed == 32 and again.trials == [] and searches == ["search"]
+
+
 @pytest.mark.slow  # resume through the CLI: tests/cli/test_cli_on_ray.py
 def test_interrupted_sweep_resumes_with_only_the_rest_and_no_duplicates(ray_runner, tracker):
     plan = spec.parse({**MINI, "grid": {**MINI["grid"], "workload.seq_len": [64]}})  # 3 trials
@@ -153,29 +180,3 @@ def test_tuning_profiles_every_valid_configuration_and_logs_it_as_a_sweep(ray_ru
     cmp = report.comparison(tracker, sweep=outcome.sweep_id, metric="tokens_per_s")
     best = max((r for r in runs if r.status == "FINISHED"), key=lambda r: r.metrics["tokens_per_s"])
     assert cmp.rows[cmp.best][0] == report.TrialView.of(best).config
-
-
-def test_a_long_sweep_keeps_views_logs_without_searching_and_resumes_with_one_search(
-        ray_runner, tracker):
-    """A covering size of issue 39's long sweep (32 tiny trials, past a screen; the 1,000-trial
-    run is benchmarks/sweep_scale.py): the driver keeps each trial's view, the per-rank records
-    of a dozen at most; logging never searches the store; the comparison is the digest; a resume
-    with every trial done finds them with one search."""
-    from seqpar.sweeps.report import digest
-
-    plan = spec.parse({**MINI, "name": "long", "grid": {
-        "plan.algorithm": ["ring", "ulysses", "allgather", "usp"],
-        "workload.seq_len": [64 + 16 * i for i in range(8)]}})
-    searches: list[str] = []
-    tracker.client.search_runs = _counted(tracker.client.search_runs, "search", searches)
-    outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False)
-    assert len(outcome.trials) == 32 and searches == []
-    assert 0 < len(outcome.kept) <= 12 and all(not hasattr(t, "result") for t in outcome.trials)
-    cmp = digest.screen(report.table("long", outcome.views(), "tokens_per_s"))
-    assert len(cmp.rows) == 8 and "the winner of each group by N" in cmp.title
-    assert any(n.startswith("wins ") for n in cmp.notes) and any("--all" in n for n in cmp.notes)
-    assert "report.csv" in tracker.artifacts(outcome.sweep_id)
-
-    again = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False,
-                      resume=outcome.sweep_id)
-    assert again.resumed == 32 and again.trials == [] and searches == ["search"]

@@ -54,6 +54,8 @@ def corpus_sweep(ui_sweep, ray_runner, tmp_path_factory):
         outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False)
         run = tracker.client.get_run(outcome.trials[0].run_id)
         yield run, run.info.experiment_id
+        for done in (*outcome.trials, outcome.sweep_id):  # the quickstart's store as it was
+            tracker.client.delete_run(getattr(done, "run_id", done))
     finally:
         mp.undo()
 
