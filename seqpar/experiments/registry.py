@@ -19,6 +19,7 @@ from typing import Any
 from seqpar import planner
 from seqpar.errors import ConfigError, require
 from seqpar.experiments.grid import Point, expand
+from seqpar.experiments.kind_studies import _attention_kinds
 from seqpar.experiments.mask_studies import _masks, _sparse
 from seqpar.experiments.sweep_bases import (  # noqa: F401  (the names studies are built from)
     CPU_BASE,
@@ -317,6 +318,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("model-families", "the families' decoders (dense, QK-norm, a window pattern, sinks, "
           "MoE) trained alike: TGS, memory and the loss falling on real text", "tgs",
           _model_families),
+    Study("attention-kinds", "MHA, GQA, MLA (K,V or latent ring) and a linear hybrid (3 gated "
+          "DeltaNet layers to 1 full, LASP-2) trained at equal width: TGS, bytes, memory", "tgs",
+          _attention_kinds),
     Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "
           "FLOPs) per algorithm and layout, beside equal work", "tokens_per_s", _varlen),
     Study("sliding-window", "window W from N/32 to N/2 against full causal: time, FLOPs and bytes "
