@@ -214,6 +214,8 @@ class TrainCase:
         head += " tiled" if self.tiled else ""
         head += f" mask={self.mask[:32]}" if self.mask else ""
         head += f" master={self.master_dtype}" if self.master_dtype else ""
+        head += f" mla_pass={self.mla_pass}" if self.mla_pass != "kv" else ""
+        head += f" {self.linear_sp}" if self.linear_sp else ""
         if self.lengths:
             head += f" {self.sp_policy}" + (f"/{self.packing}" if self.sp_policy == "static"
                                              else " any-size" if self.any_size else "")

@@ -42,5 +42,7 @@ def predict_trial(spec: Any, cluster: Cluster) -> Any:
     if name == AUTO:  # what the largest group of its deals runs (the driver chose it)
         name, options = case.options_at(max(case.group_sizes()))
     attn = replace(setup.attention(case.sp, name, options, case.layout), options=options)
+    if getattr(case, "mla_pass", "kv") == "latent":  # MLA's latent on the ring, K,V rebuilt
+        attn = setup.latent(case.sp, attn) or attn
     policy, train = policy_of_case(case)
     return step(setup, case.dp, case.sp, attn, policy, train)
