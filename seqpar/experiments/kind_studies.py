@@ -45,10 +45,10 @@ def kind_axis(suffix: str = "") -> list[dict[str, Any]]:
 
 def _attention_kinds(preset: str) -> Sweep:
     """Each kind trained with ring and Ulysses at equal width: TGS, bytes sent and peak memory. The
-    cpu preset runs P = 2 (one rank a core) on 1024 random tokens a step, 5 timed steps."""
+    cpu preset runs P = 2 (one rank a core) on 1024 random tokens a step, 10 timed steps."""
     if preset == "cpu":
         return (_train_base(preset, model="kinds-mha", plan={"world": 2, "layout": "contiguous"},
-                            workload={"seq_len": 1024, "warmup": 1, "iters": 5}),
+                            workload={"seq_len": 1024, "warmup": 1, "iters": 10}),
                 {"kind": kind_axis(), "plan.algorithm": ["ring", "ulysses"]})
     return (_train_base(preset, model="kinds-mha-8b",
                         plan={"world": 16, "nodes": 2, "layout": "contiguous"},
