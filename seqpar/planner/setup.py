@@ -61,6 +61,7 @@ class Setup:
     kernel_source: str = ""
     causal: bool = True
     mask: masks.Mask | None = None  # any mask of seq_len tokens (None: plain causal / full)
+    routing_skew: float = 1.0  # a mixture's busiest EP rank's routed pairs over the mean (`ep`)
     cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @cached_property
