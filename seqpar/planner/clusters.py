@@ -93,6 +93,10 @@ class Cluster(_Strict):
         default_factory=dict, description="measured kernel TFLOP/s (fwd+bwd) by mask (causal | full) "
         "and call tokens, in the measured dtype (`seqpar calibrate`); when given it replaces "
         "attention_tflops x t / (t + kernel_half_tokens)")
+    linear_tflops_by_dim: dict[int, float] = Field(
+        default_factory=dict, description="measured TFLOP/s (fwd+bwd, FLOPs as rules.linear counts "
+        "them) of a linear layer's chunked delta rule by head dim (`seqpar calibrate`: torch's rule, "
+        "a CPU rank's); none: the GEMM rate at a chunk's products (fla's kernels on a GPU)")
     attention_backward_tflops: dict[str, float] = Field(
         default_factory=dict, description="sustained backward TFLOP/s by dtype (default: the "
         "forward's, attention_tflops)")

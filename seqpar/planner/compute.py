@@ -7,14 +7,24 @@ Element-wise bytes a token moves forward: ~10d (two norms, residuals) + 2(q + kv
 k, heads x head_dim wide) + 3 x the feed-forward's width (the gate), and where a family has them
 the extra norms (Gemma's two, QK-norm) and an MoE layer's routing (its router's softmax and top-k,
 each token's input sent to k experts and their outputs summed back).
+
+A linear layer's mixer outside its projections (its convolution, norms, gates and chunked delta
+rule) runs at its measured rate where the cluster has one (`linear_rate`: on a CPU host torch's
+rule, small products and element-wise passes over chunk x chunk blocks, a few GFLOP/s of the rule's
+FLOPs where a GEMM runs at ~100), else at the GEMM rate of a chunk's products (fla on a GPU).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
+from seqpar.planner.api import Prediction
 from seqpar.planner.clusters import MEMORY_EFFICIENCY, Cluster
 from seqpar.planner.rates import gemm_rate
 from seqpar.rules.counts import ffn_width, gemms, layer_classes, mixer_widths, norm_width
 from seqpar.rules.flops import head_flops, per_layer
+from seqpar.rules.linear import CHUNK
 from seqpar.rules.memory import ELEM
 from seqpar.rules.model import ModelConfig
 
@@ -81,3 +91,30 @@ def layer_seconds(c: Cluster, cfg: ModelConfig, dtype: str, tokens: float,
             for cl in layer_classes(cfg)}
     g, mlp, ew = (per_layer(cfg, lambda cl, i=i: each[cl.first][i]) for i in range(3))
     return g, mlp, ew, head_seconds(c, cfg, dtype, tokens, world)
+
+
+def linear_rate(c: Cluster, dtype: str, dim: int) -> float:
+    """FLOP/s of a linear layer's mixer outside its projections (forward + backward, over the
+    rule's FLOPs as `rules.linear` counts them) at head dim `dim`: the cluster's measured table
+    (`linear_tflops_by_dim`, by `seqpar calibrate`), interpolated in log dim and held at its ends;
+    else the GEMM rate of a chunk's products."""
+    table = c.linear_tflops_by_dim
+    if not table:
+        return gemm_rate(c, dtype, CHUNK)
+    dims = sorted(table)
+    lo = max((d for d in dims if d <= dim), default=dims[0])
+    hi = min((d for d in dims if d >= dim), default=dims[-1])
+    if lo == hi:
+        return table[lo] * 1e12
+    f = (math.log(dim) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    return (table[lo] + f * (table[hi] - table[lo])) * 1e12
+
+
+def linear_at_rate(c: Cluster, cfg: ModelConfig, dtype: str, p: Prediction) -> Prediction:
+    """A linear layer's prediction (`Setup.linear`: its rule at the GEMM rate of a chunk) with the
+    rule at `linear_rate` instead; its communication as it was."""
+    extra = p.compute_ms * (gemm_rate(c, dtype, CHUNK) / linear_rate(c, dtype, cfg.lin_k_dim) - 1)
+    if extra == 0.0:
+        return p
+    return replace(p, attention_ms=p.attention_ms + extra, forward_ms=p.forward_ms + extra / 3,
+                   compute_ms=p.compute_ms + extra)

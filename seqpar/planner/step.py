@@ -47,6 +47,7 @@ from seqpar.planner.compute import (  # noqa: F401  (layer_seconds: lengths_cost
     class_seconds,
     head_seconds,
     layer_seconds,
+    linear_at_rate,
     stream_seconds,
 )
 from seqpar.planner.fsdp import Traffic, traffic
@@ -154,6 +155,16 @@ class Block:
         return len(self.layers)
 
 
+def layer_kinds(setup: Setup, sp: int, attn: Prediction) -> dict[str, Prediction]:
+    """One layer's attention of each kind (`Setup.kinds`), a linear layer's rule at its kernel's
+    rate (`compute.linear_at_rate`)."""
+    kinds = setup.kinds(sp, attn)
+    if "linear" in kinds:
+        kinds = {**kinds, "linear": linear_at_rate(setup.cluster, setup.cfg, setup.dtype,
+                                                   kinds["linear"])}
+    return kinds
+
+
 def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
             train: TrainPolicy) -> list[Block]:
     """Each class of the model's layers (`Setup.classes`) as a micro-step runs it: its GEMMs and
@@ -164,7 +175,7 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     stored = ELEM[train.master_dtype or dtype]
     mode, frac = train.checkpoint, train.seq_fraction
     share = {"none": 0.0, "full": 1.0, "sc++": 1.0, "seq-attn": 1.0}.get(mode, frac)
-    kinds = setup.kinds(sp, attn)
+    kinds = layer_kinds(setup, sp, attn)
     out = []
     for cl in setup.classes:
         a = kinds[cl.kind]
@@ -250,7 +261,7 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
                 flops["mfu"] / peak, flops["mfu_unmasked_attention"] / peak, flops["hfu"] / peak,
                 mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS}, mem,
                 host_bound=host.bound(c, device, m * issue_micro + issue_step),
-                attention_kinds={k: p.attention_ms for k, p in setup.kinds(sp, attn).items()})
+                attention_kinds={k: p.attention_ms for k, p in layer_kinds(setup, sp, attn).items()})
 
 
 def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp: int

@@ -10,7 +10,10 @@ the tiny cases below) their median:
   also summarised as time(t) = c + F(t) (1 + t_half / t) / R (R: `attention_tflops`);
 - merge: `softmax_merge.merge_into` of a block's partial output, time = merge_us + bytes / rate;
 - copy: an accumulation `acc += g` (what gradients and travelling messages cost), bytes / s;
-- dispatch: the host's time to issue one operation that launches work (`calibrate.host`).
+- dispatch: the host's time to issue one operation that launches work (`calibrate.host`);
+- linear: forward + backward of a linear layer's mixer outside its projections (the gated DeltaNet
+  a CPU rank runs: convolution, norms, gates and torch's chunked delta rule) by head dim, as a
+  rate of the rule's FLOPs as `rules.linear` counts them.
 Between two local ranks (a LocalGang): the link's wall latency and bandwidth (a ping-pong), and
 the ranks' own CPU per message and per byte of an exchange as a ring step makes it (process time:
 gloo's threads included). Then what the
@@ -29,12 +32,16 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from seqpar.algorithms.base import AttnShape
 from seqpar.algorithms.kernels import attend, attend_backward, attention_flops
 from seqpar.algorithms.softmax_merge import merge_into
+from seqpar.model.deltanet import DeltaNet
 from seqpar.planner.api import predict
 from seqpar.planner.clusters import Cluster, Link
+from seqpar.rules.linear import LinearShape, delta_rule_flops
+from seqpar.rules.model import ModelConfig, param_shapes
 from seqpar.sweeps.calibrate.host import dispatch_seconds
 
 BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -42,6 +49,7 @@ MASKS = ("causal", "full")
 MERGE_BLOCKS = (64, 256, 1024)
 HEADS, HEAD_DIM = 8, 32  # the `tiny` preset's attention shape
 PING_SIZES = (4, 1 << 20, 4 << 20)
+LINEAR_DIMS, LINEAR_HEADS, LINEAR_TOKENS = (16, 32, 64, 128), 8, 512  # dk = dv; 8 chunks
 STEP_TOKENS = 64  # the tiny cases' sequence: kernels, merges and messages are fixed costs there
 
 
@@ -141,6 +149,37 @@ TINY = ("local", "ring", "ulysses")
 FIXED = {"local": ("call_us", 1), "ring": ("step_us", 4), "ulysses": ("collective_us", 4)}
 
 
+def linear_rates(dims: tuple[int, ...] = LINEAR_DIMS) -> dict[int, float]:
+    """FLOP/s of a linear layer's mixer outside its projections (`model.deltanet.DeltaNet` on one
+    process: the short convolution, the norms and gates, the chunked rule), forward + backward, by
+    head dim d: LINEAR_HEADS value heads and half as many key heads of d (Qwen3-Next's), hidden
+    heads x d, over LINEAR_TOKENS tokens; its time less its three projections' (the planner's
+    GEMMs), over 3x the rule's FLOPs (`delta_rule_flops`); the least of 3 repeats."""
+    out = {}
+    gen = torch.Generator().manual_seed(0)
+    h, n = LINEAR_HEADS, LINEAR_TOKENS
+    mixer = DeltaNet()
+    for d in dims:
+        cfg = ModelConfig(vocab=2, hidden=h * d, layers=1, heads=h, kv_heads=h, ffn=2,
+                          family="qwen3_next", layer_types=("linear",), lin_k_heads=h // 2,
+                          lin_v_heads=h, lin_k_dim=d, lin_v_dim=d, conv_kernel=4)
+        p = {k.split(".")[-1]: (0.1 * torch.randn(*shape, generator=gen)).requires_grad_()
+             for k, shape in param_shapes(cfg).items() if ".lin_" in k}
+        x = torch.randn(1, n, cfg.hidden, generator=gen, requires_grad=True)
+
+        def run(x=x, p=p, cfg=cfg) -> None:
+            mixer(x, p, cfg).sum().backward()
+
+        def projections(x=x, p=p, cfg=cfg) -> None:
+            o = torch.zeros(1, n, cfg.lin_v_heads * cfg.lin_v_dim, requires_grad=True)
+            ys = [F.linear(x, p["lin_qkvz"]), F.linear(x, p["lin_ba"]), F.linear(o, p["lin_out"])]
+            sum(y.sum() for y in ys).backward()
+
+        rest = _best(run, repeats=3) - _best(projections, repeats=3)
+        out[d] = 3 * delta_rule_flops(LinearShape.of(cfg, 1, 4), n) / max(rest, 1e-9)
+    return out
+
+
 def fixed_costs(cluster: Cluster, tiny: dict[str, float]) -> Cluster:
     """`cluster` with its fixed host costs per call, ring step and collective: each tiny case's CPU
     per iteration less the model's prediction of it with the costs found before it, over its
@@ -176,6 +215,7 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
         merge_us, merge_slope = fit_line({float(b): s for b, s in merge_times().items()})
         copy = copy_rate()
         gemm = gemm_rate()
+        linear = linear_rates()
         dispatch, _ = dispatch_seconds()
     finally:
         torch.set_num_threads(threads)
@@ -191,6 +231,7 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
         kernel_half_tokens=half, memory_gb=round(mem, 1),
         attention_tflops_by_block={m: {t: round(r / 1e12, 6) for t, r in rates.items()}
                                    for m, rates in table.items()},
+        linear_tflops_by_dim={d: round(r / 1e12, 6) for d, r in linear.items()},
         intra=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), nics_per_node=1,
         inter=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), cores=n,
         merge_gb_per_s=round(1 / merge_slope / 1e9, 3), merge_us=round(merge_us * 1e6, 1),
