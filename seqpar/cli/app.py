@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 from typer.main import get_command_from_info, get_group
 from typer.models import CommandInfo
 
+from seqpar.cli import coerce
 from seqpar.cli.display import err_console
 from seqpar.cli.options import Settings
 from seqpar.errors import SeqparError
@@ -58,6 +59,10 @@ class LazyCommands(TyperGroup):
                                f"{', '.join(repr(n) for n in near)}?")
             raise
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        coerce.install(self, ctx)  # the root's own options (--address, --tracking-uri)
+        return super().parse_args(ctx, args)
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module, function, panel = COMMANDS[cmd_name]
@@ -71,6 +76,7 @@ class LazyCommands(TyperGroup):
                     pretty_exceptions_short=app.pretty_exceptions_short,
                     rich_markup_mode=self.rich_markup_mode)
             command.rich_help_panel = panel  # type: ignore[attr-defined]
+            coerce.install(command, ctx)
             self.commands[cmd_name] = command
         return self.commands.get(cmd_name)
 
