@@ -1,0 +1,93 @@
+"""The `attention-kinds` study: MHA, GQA, MLA (its ring carrying K,V or the latent) and a
+Qwen3-Next-like linear hybrid trained at equal width (the same vocabulary, hidden size, layers,
+query heads and feed-forward; models/kinds-*.json), with ring and Ulysses; every point a valid trial
+the planner prices, the latent ring priced apart from the K,V ring (what `seqpar plan --validate`
+holds it to)."""
+
+from __future__ import annotations
+
+import pytest
+
+from seqpar import planner
+from seqpar.case import TrainCase
+from seqpar.experiments.kind_studies import KINDS
+from seqpar.experiments.registry import MEMORY_CLUSTER, STUDIES
+from seqpar.planner import clusters, compute
+from seqpar.planner.rates import gemm_rate
+from seqpar.rules.linear import CHUNK, LinearShape, lasp_flops
+
+STUDY = STUDIES["attention-kinds"]
+WIDTH = ("vocab", "hidden", "layers", "heads", "ffn", "rope_theta", "experts")
+
+
+def test_the_cpu_preset_trains_every_kind_at_equal_width():
+    points = STUDY.points("cpu")
+    cases = [p.spec.to_case() for p in points if p.spec is not None]
+    assert all(isinstance(c, TrainCase) and c.world == 2 and c.layout == "contiguous"
+               for c in cases)
+    runs = {(c.model, c.mla_pass, c.linear_sp, c.algorithm) for c in cases}
+    assert runs == {(m, o.get("train.mla_pass", "kv"), o.get("train.linear_sp"), a)
+                    for _, m, o in KINDS for a in ("ring", "ulysses")} - {
+        ("kinds-mla", "latent", None, "ulysses")}
+    skipped = [p for p in points if p.spec is None]  # Ulysses moves heads, not a latent
+    assert len(skipped) == 1 and "not ulysses" in str(skipped[0].error)
+    cfgs = {c.model: c.config() for c in cases}
+    width = {tuple(getattr(cfg, k) for k in WIDTH) for cfg in cfgs.values()}
+    assert len(width) == 1  # equal width
+    mha, gqa, mla, hybrid = (cfgs[f"kinds-{k}"] for k in ("mha", "gqa", "mla", "hybrid"))
+    d = mha.hidden // mha.heads
+    assert (mha.kv_heads, gqa.kv_heads) == (mha.heads, mha.heads // 4)
+    assert mla.mla and (mla.head_dim, mla.v_head_dim, mla.kv_lora_rank) == (3 * d // 2, d, 4 * d)
+    assert hybrid.layer_types == ("linear",) * 3 + ("full",)
+    assert hybrid.lin_v_heads * hybrid.lin_v_dim == hybrid.hidden
+
+
+@pytest.mark.parametrize("preset", ("cpu", "gpu-cluster"))
+def test_every_point_is_priced_and_the_latent_ring_sends_fewer_bytes(preset):
+    cluster = clusters.load(MEMORY_CLUSTER[preset])
+    priced = {}
+    for p in STUDY.points(preset):
+        if p.spec is not None:
+            step = planner.predict_trial(p.spec, cluster)
+            assert 0 < step.step_ms and step.peak_mem_bytes <= cluster.memory_gb * 1e9
+            c = p.spec.to_case()
+            priced[(c.model, c.mla_pass, c.algorithm)] = step
+    mla = next(m for m, _, _ in priced if m.startswith("kinds-mla"))
+    kv, latent = priced[(mla, "kv", "ring")], priced[(mla, "latent", "ring")]
+    assert latent.attention.mla_pass == "latent" and kv.attention.mla_pass == "kv"
+    assert 0 < latent.attention.bytes_intra + latent.attention.bytes_inter \
+        < kv.attention.bytes_intra + kv.attention.bytes_inter
+
+
+def test_a_linear_layer_is_priced_at_its_measured_rate_where_the_cluster_has_one():
+    """On this machine a linear layer's mixer (torch's chunked rule, its convolution, norms and
+    gates) runs at the rate `seqpar calibrate` measured by head dim, interpolated between the
+    measured dims and held at the ends; a cluster without the table (a GPU's: fla) at the GEMM
+    rate of a chunk's products, as before."""
+    local = clusters.load("local")
+    table = local.linear_tflops_by_dim
+    assert table and all(r > 0 for r in table.values())
+    dims = sorted(table)
+    lo, hi = dims[0], dims[1]
+    mid = compute.linear_rate(local, "float32", (lo + hi) // 2)
+    assert compute.linear_rate(local, "float32", lo // 2) == table[lo] * 1e12
+    assert compute.linear_rate(local, "float32", 4 * dims[-1]) == table[dims[-1]] * 1e12
+    assert min(table[lo], table[hi]) * 1e12 <= mid <= max(table[lo], table[hi]) * 1e12
+    h100 = clusters.load("h100-sxm")
+    assert compute.linear_rate(h100, "bfloat16", 128) == gemm_rate(h100, "bfloat16", CHUNK)
+
+    spec = next(p.spec for p in STUDY.points("cpu")
+                if p.spec is not None and p.spec.to_case().model == "kinds-hybrid")
+    measured = planner.predict_trial(spec, local)
+    bare = planner.predict_trial(spec, local.model_copy(update={"linear_tflops_by_dim": {}}))
+    assert measured.attention_kinds["full"] == bare.attention_kinds["full"]
+    slower = gemm_rate(local, "float32", CHUNK) / compute.linear_rate(local, "float32", 16)
+    assert slower > 5  # a few GFLOP/s against a GEMM's ~100
+    # the rule's forward + backward (the last rank's: LASP-2's augmented pass and scan) from the
+    # GEMM rate to the measured one; its communication unchanged
+    case = spec.to_case()
+    flops = lasp_flops("lasp2", LinearShape.of(case.config(), 1, 4), case.seq_len // 2, 2, 1)
+    rule_ms = 3e3 * flops / gemm_rate(local, "float32", CHUNK)
+    assert measured.attention_kinds["linear"] == pytest.approx(
+        bare.attention_kinds["linear"] + rule_ms * (slower - 1))
+    assert measured.step_ms > bare.step_ms
