@@ -64,6 +64,7 @@ class Training:
     fused_head: bool
     vocab: str | None
     states: str = "replicated"
+    layers: str = ""  # an MLA ring's pass and a hybrid's LASP where set: " mla_pass=latent lasp2"
 
     def label(self, world: int) -> str:
         ckpt = self.checkpoint
@@ -72,7 +73,8 @@ class Training:
         head = " fused-head" if self.fused_head else ""
         vocab = f" V={self.vocab}" if self.vocab is not None else ""
         states = f" {self.states}" if self.states != "replicated" else ""
-        return f"SP={world // max(self.dp, 1)} DP={self.dp} ckpt={ckpt}{head}{vocab}{states}"
+        return (f"SP={world // max(self.dp, 1)} DP={self.dp} ckpt={ckpt}{head}{vocab}{states}"
+                f"{self.layers}")
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,9 @@ class TrialView:
         if "train.model" in p:
             training = Training(p["train.model"], _int(p, "train.dp"), p.get("train.checkpoint", ""),
                                 p.get("train.seq_fraction"), p.get("train.fused_head") == "True",
-                                _text(p, "train.vocab"), p.get("train.states") or "replicated")
+                                _text(p, "train.vocab"), p.get("train.states") or "replicated",
+                                (" mla_pass=latent" if p.get("train.mla_pass") == "latent" else "")
+                                + (f" {p['train.linear_sp']}" if _text(p, "train.linear_sp") else ""))
         try:
             cores = int(tags["seqpar.cpu_count"])
         except (KeyError, ValueError):
