@@ -112,6 +112,20 @@ class ModelConfig:
     topk_group: int = 1
     routed_scale: float = 1.0     # sigmoid_group: the routed experts' weights times this
 
+    def __hash__(self) -> int:
+        """The dataclass's hash of every field, computed once: the planner's memos look a config
+        up tens of thousands of times a plan, and its ~60 fields (a kind a layer) are hashed
+        anew each time otherwise. Not pickled (`__getstate__`): a string hashes differently in
+        another process."""
+        got = self.__dict__.get("_hash")
+        if got is None:
+            got = hash(tuple([getattr(self, name) for name in _HASHED]))
+            object.__setattr__(self, "_hash", got)
+        return got
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def __post_init__(self) -> None:
         for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "ffn"):
             value = getattr(self, name)
@@ -234,6 +248,9 @@ class ModelConfig:
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
+
+# the fields the dataclass's own __hash__ would hash, in its order
+_HASHED = tuple(f.name for f in fields(ModelConfig) if (f.compare if f.hash is None else f.hash))
 
 def _num(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
