@@ -259,11 +259,18 @@ class AttentionHeld:
 
 
 def linear_saved(cfg: ModelConfig) -> float:
-    """Elements a linear layer's rule keeps for backward a token: q, k, v before and after the
-    short convolution, the output gate z, the b and a gates, and each chunk's starting state
-    (v_heads x dk x dv a chunk of CHUNK tokens, `rules.linear`)."""
-    k, v, hv = cfg.lin_k_heads * cfg.lin_k_dim, cfg.lin_v_heads * cfg.lin_v_dim, cfg.lin_v_heads
-    return 2 * (2 * k + v) + v + 2 * hv + hv * cfg.lin_k_dim * cfg.lin_v_dim / CHUNK
+    """Elements a linear layer's mixer keeps for backward a token (torch's chunked rule, counted
+    from what autograd saves in `model.deltanet` and `algorithms.delta_rule`): per value head,
+    four chunk x chunk blocks a chunk (the decay, the UT system, the query-key scores and their
+    decayed product: 4 CHUNK a token) and eight dk- and eight dv-wide tensors (k, k beta, w, the
+    scaled q, q_in, k_out and the products' contiguous copies; v beta, u, each chunk's fresh
+    values, v, z, the rule's output and the gated norm's); the short convolution's input, halo
+    included, its output and its SiLU (conv_dim wide, four), the gated output (v wide), the b, a
+    and g gates, and each chunk's state (dk x dv a head every CHUNK tokens)."""
+    dk, dv, hv = cfg.lin_k_dim, cfg.lin_v_dim, cfg.lin_v_heads
+    conv = 2 * cfg.lin_k_heads * dk + hv * dv
+    return (hv * (4 * CHUNK + 8 * dk + 8 * dv) + 4 * conv + hv * dv + 3 * hv
+            + hv * dk * dv / CHUNK)
 
 
 def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_per_elem: float,

@@ -91,3 +91,36 @@ def test_a_linear_layer_is_priced_at_its_measured_rate_where_the_cluster_has_one
     assert measured.attention_kinds["linear"] == pytest.approx(
         bare.attention_kinds["linear"] + rule_ms * (slower - 1))
     assert measured.step_ms > bare.step_ms
+
+
+def test_a_linear_layers_kept_activations_are_what_autograd_saves():
+    """`rules.memory.linear_saved` against the bytes autograd saves for one gated DeltaNet call on
+    one process (each storage once, the parameters and the input left out): within 15%, at two
+    shapes whose key and value widths differ."""
+    import torch
+
+    from seqpar.model.deltanet import DeltaNet
+    from seqpar.rules.memory import linear_saved
+    from seqpar.rules.model import ModelConfig, param_shapes
+
+    gen = torch.Generator().manual_seed(0)
+    for hk, hv, dk, dv, n in ((2, 6, 8, 12, 256), (4, 8, 16, 16, 384)):
+        cfg = ModelConfig(vocab=2, hidden=hv * dv, layers=1, heads=hv, kv_heads=hv, ffn=2,
+                          family="qwen3_next", layer_types=("linear",), lin_k_heads=hk,
+                          lin_v_heads=hv, lin_k_dim=dk, lin_v_dim=dv, conv_kernel=4)
+        p = {k.split(".")[-1]: (0.1 * torch.randn(*s, generator=gen)).requires_grad_()
+             for k, s in param_shapes(cfg).items() if ".lin_" in k}
+        x = torch.randn(1, n, cfg.hidden, generator=gen, requires_grad=True)
+        skip = {t.untyped_storage().data_ptr() for t in (x, *p.values())}
+        kept: dict[int, int] = {}
+
+        def pack(t, kept=kept, skip=skip):
+            key = t.untyped_storage().data_ptr()
+            if key not in skip:
+                kept[key] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            DeltaNet()(x, p, cfg)
+        measured = sum(kept.values()) / 4 / n
+        assert linear_saved(cfg) == pytest.approx(measured, rel=0.15), (cfg, measured)
