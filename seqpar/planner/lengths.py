@@ -275,11 +275,9 @@ class Table:
     @cached_property
     def rank_pairs(self) -> np.ndarray:
         """Each rank's share of the visible pairs (an even split over its group)."""
-        out = np.zeros(self.deal.pool)
         per_run = np.bincount(self.run, self.pairs / self.size, len(self.groups))
-        for g, x in zip(self.groups, per_run.tolist(), strict=True):
-            out[list(g)] += x
-        return out
+        ranks, owner = self._flat
+        return np.bincount(ranks, per_run[owner], self.deal.pool)  # in run order, as a loop adds
 
     def schedule(self, seconds: np.ndarray) -> tuple[np.ndarray, float]:
         """(busy seconds per rank, makespan) of the free schedule at these micro-batch seconds:
@@ -291,16 +289,25 @@ class Table:
             busy = np.where(rank_group >= 0, per_group[rank_group], 0.0)
             return busy, float(per_group.max(initial=0.0))
         free = [0.0] * self.deal.pool
-        busy = np.zeros(self.deal.pool)
+        held = free.__getitem__
         for g, s in zip(self.groups, per_run.tolist(), strict=True):
             if len(g) == 1:
                 free[g[0]] += s
             else:
-                t = max(free[r] for r in g) + s
+                t = max(map(held, g)) + s
                 for r in g:
                     free[r] = t
-            busy[list(g)] += s
+        ranks, owner = self._flat
+        # each rank's seconds summed in run order, as adding each run's to its ranks would
+        busy = np.bincount(ranks, per_run[owner], self.deal.pool)
         return busy, max(free, default=0.0)
+
+    @cached_property
+    def _flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every run's ranks in run order, and each one's run."""
+        sizes = [len(g) for g in self.groups]
+        ranks = np.fromiter((r for g in self.groups for r in g), dtype=np.int64, count=sum(sizes))
+        return ranks, np.repeat(np.arange(len(self.groups)), sizes)
 
     def rounds(self, seconds: np.ndarray) -> np.ndarray:
         """The longest micro-batch of each round (rounds no micro-batch fills: 0)."""
