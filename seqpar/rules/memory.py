@@ -258,23 +258,21 @@ class AttentionHeld:
     relayout: bool = False
 
 
-def linear_saved(cfg: ModelConfig) -> float:
-    """Elements a linear layer's mixer keeps for backward a token (torch's chunked rule, counted
-    from what autograd saves in `model.deltanet` and `algorithms.delta_rule`): per value head,
-    four chunk x chunk blocks a chunk (the decay, the UT system, the query-key scores and their
-    decayed product: 4 CHUNK a token) and eight dk- and eight dv-wide tensors (k, k beta, w, the
-    scaled q, q_in, k_out and the products' contiguous copies; v beta, u, each chunk's fresh
-    values, v, z, the rule's output and the gated norm's); the short convolution's input, halo
-    included, its output and its SiLU (conv_dim wide, four), the gated output (v wide), the b, a
-    and g gates, and each chunk's state (dk x dv a head every CHUNK tokens)."""
+def linear_saved(cfg: ModelConfig, torch_rule: bool = True) -> float:
+    """Elements a linear layer's mixer keeps for backward a token. torch's chunked rule (32/64-bit:
+    what autograd saves in `model.deltanet`): per value head four chunk x chunk blocks a chunk
+    (decay, UT system, scores, their product), eight dk- and eight dv-wide tensors; four conv_dim
+    (the convolution's input, output, SiLU), the gated output, gates, each chunk's state. fla
+    (16-bit on a GPU): q, k, v before and after the convolution, z, b, a, each chunk's state."""
     dk, dv, hv = cfg.lin_k_dim, cfg.lin_v_dim, cfg.lin_v_heads
-    conv = 2 * cfg.lin_k_heads * dk + hv * dv
-    return (hv * (4 * CHUNK + 8 * dk + 8 * dv) + 4 * conv + hv * dv + 3 * hv
-            + hv * dk * dv / CHUNK)
+    conv, state = 2 * cfg.lin_k_heads * dk + hv * dv, hv * dk * dv / CHUNK
+    if torch_rule:
+        return hv * (4 * CHUNK + 8 * dk + 8 * dv) + 4 * conv + hv * dv + 3 * hv + state
+    return 2 * conv + hv * dv + 2 * hv + state
 
 
 def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_per_elem: float,
-                batch: int, layer: int = 0) -> float:
+                batch: int, layer: int = 0, torch_rule: bool = True) -> float:
     """Elements block `layer` keeps for backward per token of the rank's shard (see
     `seqpar.model.checkpointing`): the two RMSNorms (their rsqrt, normalised input and scaled
     output), the residual sums, the gated feed-forward's four ffn-wide tensors (an MoE layer: k
@@ -289,8 +287,9 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
     out = q * (2 if attn.relayout else 1)
     attention = attn.saved + lse + out
     if cfg.layer_types[layer] == "linear":
-        attn, lse, out = AttentionHeld(linear_saved(cfg), 0.0), 0.0, cfg.lin_v_heads * cfg.lin_v_dim
-        q, attention = out, linear_saved(cfg) + out
+        out = cfg.lin_v_heads * cfg.lin_v_dim
+        attn, lse, q = AttentionHeld(linear_saved(cfg, torch_rule), 0.0), 0.0, out
+        attention = attn.saved + out
     none = 2 * (2 * d + 1) + 2 * d + mlp + norm_width(cfg) + attention
     if policy.tiled:
         none -= (2 * d + 1) + mlp
@@ -318,7 +317,8 @@ def block_bytes(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, pol
                 attn: AttentionHeld, layer: int = 0) -> int:
     """Bytes block `layer` keeps for backward on one rank (what `offload: activations` moves)."""
     e = ELEM[dtype]
-    return int(batch * shard_tokens * block_elems(cfg, attn, policy, _acc(e) / e, batch, layer) * e)
+    return int(batch * shard_tokens * e * block_elems(cfg, attn, policy, _acc(e) / e, batch, layer,
+                                                      torch_rule=e >= 4))
 
 
 def blocks_bytes(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, policy: TrainPolicy,
@@ -384,8 +384,8 @@ def _working_set(cfg: ModelConfig, batch: int, shard_tokens: int, dtype: str, po
     lse = _acc(e) / e
     no_mlp = TrainPolicy(checkpoint="none", tiled=True)
     kept = TrainPolicy(checkpoint=policy.checkpoint, seq_fraction=policy.seq_fraction, tiled=True)
-    recomputed = (block_elems(cfg, attn, no_mlp, lse, batch, layer)
-                  - block_elems(cfg, attn, kept, lse, batch, layer))
+    recomputed = (block_elems(cfg, attn, no_mlp, lse, batch, layer, e >= 4)
+                  - block_elems(cfg, attn, kept, lse, batch, layer, e >= 4))
     t = batch * shard_tokens
     if policy.tiled:
         mlp_tokens = batch * tile_tokens(cfg, shard_tokens)
