@@ -65,21 +65,35 @@ class Options:
     # -- construction --------------------------------------------------------------------------
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        got = _NAMES.get(cls)
+        if got is None:
+            got = _NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        return got
 
     @classmethod
     def parse(cls, options: Mapping[str, Any] | Options | None, algorithm: str = "") -> Options:
-        """Options from a mapping; an unknown key names the keys this algorithm takes."""
+        """Options from a mapping; an unknown key names the keys this algorithm takes. Memoised
+        where every value is a plain str, int, bool, float or None (a plan parses each
+        configuration's options at every check; the options are frozen: one is shared)."""
         if isinstance(options, cls):
             return options
         if isinstance(options, Options):
             options = options.as_dict()
         options = dict(options or {})
+        key = _key(cls, options)
+        got = _PARSED.get(key) if key is not None else None
+        if got is not None:
+            return got
         names = cls.names()
         unknown = next((key for key in options if key not in names), None)
         require(unknown is None, "option", unknown,
                 f"{algorithm or cls.__name__} takes {', '.join(sorted(names))}")
-        return cls(**options)
+        got = cls(**options)
+        if key is not None:
+            if len(_PARSED) >= 4096:
+                _PARSED.clear()
+            _PARSED[key] = got
+        return got
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -97,3 +111,23 @@ class Options:
     def space(cls, world: int) -> list[Options]:
         """Every configuration worth tuning at this world size (default: the defaults)."""
         return [cls()]
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+_PARSED: dict[tuple, Options] = {}
+_PLAIN = (str, int, bool, type(None))
+
+
+def _key(cls: type, options: dict[str, Any]) -> tuple | None:
+    """`Options.parse`'s memo key: the class and each (key, type, value), a float by its repr
+    (-0.0 is not 0.0); None where a value is anything else (parsed anew)."""
+    items = []
+    for k, v in options.items():
+        t = type(v)
+        if t in _PLAIN:
+            items.append((k, t, v))
+        elif t is float:
+            items.append((k, t, repr(v)))
+        else:
+            return None
+    return (cls, frozenset(items))
