@@ -161,8 +161,10 @@ def _dp_sp_runs(env, runs, seed, states):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("states", ("replicated", "fsdp"))
-@pytest.mark.parametrize("algorithm", ["ring", "ulysses", "usp"])
+@pytest.mark.parametrize(("algorithm", "states"), [  # each algorithm once, each states kind: make test
+    ("ring", "replicated"), ("ulysses", "fsdp"), ("usp", "fsdp"),
+    *(pytest.param(a, s, marks=pytest.mark.slow)
+      for a, s in (("ring", "fsdp"), ("ulysses", "replicated"), ("usp", "replicated")))])
 def test_dp2_x_sp2_matches_one_process(gang, seed, algorithm, states):
     """DP = 2 x SP = 2 on one mesh (algorithms' grid with a data-parallel axis): loss and every
     gradient equal the one-process model on the whole 4-row batch."""

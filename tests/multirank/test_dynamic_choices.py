@@ -31,8 +31,11 @@ def case_of(algorithm: str, world: int, gqa: bool, seed: int, degrees: str = "sm
 
 # (algorithm, degrees, world, gqa): every world and both head layouts met, auto and cost apart
 # and together
-DESIGN = [("auto", "smallest", 2, False), ("ring", "cost", 3, True), ("auto", "cost", 4, True),
-          ("auto", "smallest", 8, True), ("ulysses", "cost", 2, True), ("auto", "cost", 3, False)]
+# make test: a fixed algorithm and auto, both degree rules, GQA and MHA; the rest make test-full's
+DESIGN = [pytest.param("auto", "smallest", 2, False, marks=pytest.mark.slow),
+          ("ring", "cost", 3, True), ("auto", "cost", 4, True), ("auto", "smallest", 8, True),
+          pytest.param("ulysses", "cost", 2, True, marks=pytest.mark.slow),
+          pytest.param("auto", "cost", 3, False, marks=pytest.mark.slow)]
 
 
 @pytest.mark.multirank

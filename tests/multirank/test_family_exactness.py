@@ -186,8 +186,15 @@ def test_a_familys_fixed_length_step_matches_one_process(gang, name, seed):
                                   (layouts[(i + 2) % len(layouts)],), seed))
 
 
+# make test's steps of lengths: every algorithm once, each family kind (windows, sinks, MoE, MLA,
+# linear layers) once; the other families' steps are make test-full's
+LENGTHS_IN_MAKE_TEST = ("llama3.1", "qwen2", "gemma3", "gpt-oss", "qwen3-moe", "deepseek-v3",
+                        "qwen3-next")
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", [n if n in LENGTHS_IN_MAKE_TEST else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in FAMILIES])
 def test_a_familys_step_of_lengths_matches_one_process(gang, name, seed):
     """One step of variable-length sequences a family: static and dynamic alternating, the
     algorithm, P and layout rotating."""

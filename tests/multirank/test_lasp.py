@@ -97,9 +97,14 @@ def error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max()) / max(float(want.abs().max()), 1e-6)
 
 
+# make test: LASP-2 at P = 3 and 4, LASP-1 at P = 3; every other (mode, P) is make test-full's
+IN_MAKE_TEST = {("lasp2", 3), ("lasp2", 4), ("lasp1", 3)}
+MODES_BY_P = [pytest.param(m, w, marks=() if (m, w) in IN_MAKE_TEST else pytest.mark.slow,
+                           id=f"{m}-{w}") for m in ("lasp2", "lasp1") for w in (2, 3, 4)]
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("mode", ["lasp2", "lasp1"])
+@pytest.mark.parametrize(("mode", "world"), MODES_BY_P)
 def test_lasp_exact_and_bytes_as_counted(gang, seed, world, mode):
     per_rank = gang.run(_rank, world, mode, seed, size=world)
     shape = LinearShape.of(CFG, B, 8)
@@ -190,8 +195,7 @@ def hybrid_bytes(attention: str, mode: str, world: int, rank: int, cu, checkpoin
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world", [2, 3, 4])
-@pytest.mark.parametrize("mode", ["lasp2", "lasp1"])
+@pytest.mark.parametrize(("mode", "world"), MODES_BY_P)
 def test_hybrid_model_under_sp_is_the_one_process_model(gang, seed, world, mode):
     """Qwen3-Next's pattern (three linear layers, a gated full-attention layer with partial
     rotary, zero-centred norms, MoE with a gated shared expert): ring or ulysses on the full

@@ -52,6 +52,7 @@ def test_every_point_is_priced_by_the_planner_or_says_why_not(preset):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a training trial on Ray: tests/model/test_train_platform.py; sinks exact: multirank
 def test_the_sinks_decoder_trains_on_ray_and_its_loss_falls(ray_runner):
     """gpt-oss's tiny decoder (sinks, alternating windows, experts) on two Ray ranks, on the
     study's text: its metrics logged, the loss of the last step below the first's."""
