@@ -11,7 +11,9 @@ runner's own) timed with them (`Table`).
 A micro-batch of sequences n_1..n_k (T tokens) on d ranks, one configuration, per rank:
 - attention: A_d x sum_i pairs(n_i) x (1 + half x d / n_i), its kernels on the busiest rank (the
   sum of L² over sequences; a short sequence's calls at the kernel's lower rate, `half` the
-  cluster's `kernel_half_tokens`);
+  cluster's `kernel_half_tokens`), the softmax layers' (MLA's with its ring's cheaper pass,
+  `mla_pass`); a hybrid's linear layers M_d x T / d (their chunked rule, `Setup.linear` at the
+  mixer's rate) and LASP-2's exposed all-gather of states a micro-batch, whatever its lengths;
 - SP communication: max(0, K_d x T - rho_d x attention): the group's links busy K_d a token,
   hidden under rho_d of the attention's compute (1 for a ring that hides it, 0 for all-to-alls);
 - the rest: GEMMs, element-wise work, the head and the recompute, per token / d;
@@ -34,7 +36,9 @@ from seqpar.errors import require
 from seqpar.planner import host
 from seqpar.planner.api import Prediction, predict
 from seqpar.planner.clusters import Cluster
+from seqpar.planner.compute import linear_at_rate
 from seqpar.planner.net import Net
+from seqpar.planner.setup import Setup
 from seqpar.planner.step import layer_seconds
 from seqpar.rules import lengths as length_rules
 from seqpar.rules import masks
@@ -127,7 +131,28 @@ def ring_link_s(net: Net, cfg: ModelConfig, dtype: str, d: int, tokens: int,
     group = pool_groups(net.world, d, ranks_per_node)[0]
     pairs = [(group[i], group[(i + 1) % d]) for i in range(d)]
     shard = tokens // d * 2 * cfg.kv_heads * cfg.head_dim * DTYPE_BYTES.get(dtype, 2)
-    return 3 * cfg.layers * (d - 1) * net.p2p(pairs, shard).seconds
+    return 3 * softmax_layers(cfg) * (d - 1) * net.p2p(pairs, shard).seconds
+
+
+def softmax_layers(cfg: ModelConfig) -> int:
+    """Layers whose attention is softmax attention (a hybrid's others are linear)."""
+    return cfg.layers - cfg.layer_types.count("linear")
+
+
+def mixer_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity: int,
+                world: int, nodes: int) -> tuple[float, float]:
+    """A hybrid's linear layers on a group of d ranks, every one of them, forward + backward:
+    (seconds a token of a rank, seconds a micro-batch whatever its tokens), from one full
+    micro-batch of d x capacity tokens (`Setup.linear`: the chunked rule at the mixer's rate,
+    `compute.linear_at_rate`; LASP-2's all-gather of states and the halo, exposed); (0, 0)
+    without linear layers."""
+    count = cfg.layer_types.count("linear")
+    if not count:
+        return 0.0, 0.0
+    setup = Setup(cluster, cfg, d * capacity, None, d, span(d, world, nodes), dtype)
+    q = linear_at_rate(cluster, cfg, dtype, setup.linear(d))
+    return (count * q.compute_ms / 1e3 / capacity,
+            count * max(0.0, q.attention_ms - q.compute_ms) / 1e3)
 
 
 def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | None = None,
@@ -145,12 +170,14 @@ def deal_cost(cfg: ModelConfig, cluster: Cluster, dtype: str, *, window: int | N
     GPU). The
     algorithm's own costs refine it in the plan (`SizeRates`); the deal is the same for every
     algorithm, so a sweep over algorithms compares them on one deal."""
-    pair = 4.0 * cfg.heads * cfg.head_dim * cfg.layers
+    softmax = softmax_layers(cfg)
+    pair = 4.0 * cfg.heads * cfg.head_dim * softmax
     rate = cluster.call_rate(dtype, 1e9, "causal")
     attention = pair * (1.0 + BACKWARD_FLOPS * cluster.backward_slowdown(dtype)) / rate
     g, _, ew, hd = layer_seconds(cluster, cfg, dtype, capacity)
-    linear = (3 * cfg.layers * (g + ew) + hd) / capacity
-    kv = 3 * cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * DTYPE_BYTES.get(dtype, 2)
+    linear = (3 * cfg.layers * (g + ew) + hd) / capacity + mixer_rates(
+        cluster, cfg, dtype, 1, capacity, 1, 1)[0]
+    kv = 3 * softmax * 2 * cfg.kv_heads * cfg.head_dim * DTYPE_BYTES.get(dtype, 2)
     comm_at: tuple[tuple[int, float], ...] = ()
     if world is not None and world > 1:
         rpn = ranks_per_node or max(1, world // nodes)
@@ -178,19 +205,28 @@ class SizeRates:
     hidden: float      # rho: the share of the attention's compute the link time hides under
     forward: float     # the forward's share of the attention's time (full checkpointing re-runs it)
     prediction: Prediction = field(compare=False)
+    mixer: float = 0.0        # a hybrid's linear layers, seconds a token of a rank (`mixer_rates`)
+    mixer_fixed: float = 0.0  # and seconds a micro-batch (LASP-2's exposed communication)
 
 
 def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity: int,
                name: str, options: dict[str, Any], layout: str, *, world: int, nodes: int,
-               window: int | None = None) -> SizeRates:
+               window: int | None = None, mla_pass: str | None = None) -> SizeRates:
     """`SizeRates` of (name, options, layout) on d of `world` ranks over `nodes` nodes, from the
-    attention scope's prediction of one full micro-batch (the host's issue apart: `issue_s`)."""
+    attention scope's prediction of one full micro-batch (the host's issue apart: `issue_s`); an
+    MLA model's ring with `mla_pass` (None: the faster of K,V and the latent, `Setup.latent`)."""
     n = d * capacity
-    shape = AttnShape(1, n, cfg.heads, cfg.kv_heads, cfg.head_dim, DTYPE_BYTES[dtype])
+    shape = AttnShape.of_model(cfg, 1, n, DTYPE_BYTES[dtype])
     mask = masks.parse(f"window:{window}", n) if window is not None and window < n else None
     p = predict(host.bare(cluster), name, shape, d, nodes=span(d, world, nodes), options=options,
                 layout=layout, dtype=dtype, mask=mask)
-    layers = cfg.layers
+    if cfg.mla:
+        setup = Setup(cluster, cfg, n, None, d, span(d, world, nodes), dtype)
+        kv = setup.attention(d, name, options, layout) if mask is None else p
+        latent = setup.latent(d, kv) if mla_pass != "kv" else None
+        p = latent if latent is not None and (mla_pass == "latent" or
+                                              latent.attention_ms < kv.attention_ms) else kv
+    layers = softmax_layers(cfg)
     eff = float(pairs_of(np.array([float(n)]), window)[0]) * (
         1.0 + cluster.kernel_half_tokens * d / n)
     compute, total = p.compute_ms / 1e3, p.attention_ms / 1e3
@@ -198,7 +234,8 @@ def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity:
     exposed = max(0.0, total - compute)
     hidden = 1.0 if exposed <= 1e-9 * total else min(1.0, max(0.0, (busy - exposed) / compute))
     return SizeRates(d, layers * compute / eff, layers * busy / n, hidden,
-                     p.forward_ms / max(p.attention_ms, 1e-12), replace(p))
+                     p.forward_ms / max(p.attention_ms, 1e-12), replace(p),
+                     *mixer_rates(cluster, cfg, dtype, d, capacity, world, nodes))
 
 
 @dataclass

@@ -44,6 +44,7 @@ class LengthCosts:
     dtype: str = "bfloat16"
     kernel: str = DEFAULT_KERNEL
     kernel_source: str = ""
+    mla_pass: str | None = None      # an MLA ring's pass (None: the faster at each group size)
     _tables: dict[Split, list[Table]] = field(default_factory=dict, repr=False)
     _rates: dict[tuple, SizeRates] = field(default_factory=dict, repr=False)
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
@@ -53,15 +54,11 @@ class LengthCosts:
              world: int, nodes: int = 1, *, dtype: str = "bfloat16",
              kernel: str = DEFAULT_KERNEL) -> _C:
         cfg = model if isinstance(model, ModelConfig) else load(model)
-        # one attention kind prices every layer here: a model's own windows are planned at one
-        # length (`search`), not yet under --lengths
+        # a model's own windows are planned at one length (`search`), not yet under --lengths
         require("sliding" not in cfg.layer_types or cfg.window >= work.longest, "lengths",
                 work.spec, f"a plan of lengths prices every layer's attention alike: the model's "
                 f"sliding-window layers (window {cfg.window}) are planned at one length "
                 "(without --lengths)")
-        require("linear" not in cfg.layer_types, "lengths", work.spec,
-                "a plan of lengths prices every layer's attention alike: a model with "
-                "linear-attention layers is planned at one length (without --lengths)")
         block_params(cfg)  # a layer kind or weight the planner does not price: one line
         c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
         return cls(c, cfg, work, world, nodes, dtype, kernel, source)
@@ -119,12 +116,13 @@ class LengthCosts:
         self._tables[split] = tables
 
     def rates(self, d: int, name: str, options: dict[str, Any], layout: str) -> SizeRates:
-        key = (d, name, tuple(sorted(options.items())), layout)
+        key = (d, name, tuple(sorted(options.items())), layout, self.mla_pass)
         got = self._rates.get(key)
         if got is None:
             got = self._rates[key] = size_rates(
                 self.cluster, self.cfg, self.dtype, d, self.work.capacity, name, options, layout,
-                world=self.world, nodes=self.nodes, window=self.work.window)
+                world=self.world, nodes=self.nodes, window=self.work.window,
+                mla_pass=self.mla_pass)
         return got
 
     def shape(self, d: int) -> AttnShape:

@@ -28,6 +28,7 @@ from seqpar.planner.search import attention_space, pareto
 from seqpar.rules import algorithms
 from seqpar.rules.deal import DEGREES, POLICIES
 from seqpar.rules.layouts import LAYOUTS
+from seqpar.rules.linear import check_lasp
 from seqpar.rules.pool import AUTO, LOCAL, options_at
 
 
@@ -137,6 +138,9 @@ class LengthPlan(LengthCosts):
         states choice."""
         layouts = ((filters.layout,) if filters.layout else
                    tuple(lay for lay in LAYOUTS if lay != "contiguous"))
+        if "linear" in self.cfg.layer_types:  # LASP passes one state a rank: contiguous
+            check_lasp(self.cfg, filters.layout or "contiguous", self.world)
+            layouts = ("contiguous",)
         budget, chosen, out = self.cluster.memory_gb * 1e9, self.policies(split, filters), []
         configs = self.configs(split, filters, layouts)
         kept, same, beaten = pareto([self._metrics(*c[2:]) for c in configs])

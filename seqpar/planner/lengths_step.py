@@ -76,6 +76,7 @@ class LengthStep:
     # nothing here): (options, layout) of each
     alternatives: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     host_bound: bool = False  # the host's issuing sets the step's pace (`planner.host`)
+    mla_pass: str | None = None  # an MLA ring carries kv or the latent (the largest group)
 
     @property
     def sp_policy(self) -> str:
@@ -99,6 +100,7 @@ class LengthStep:
                 "options_by_size": {str(d): {"algorithm": n, "options": o}
                                     for d, (n, o) in sorted(self.by_size.items())},
                 **self.policy.fields(), "kernel": self.kernel,
+                **({"mla_pass": self.mla_pass} if self.mla_pass else {}),
                 "micro_batches": round(self.micro_batches, 2),
                 "predicted": {"step_ms": round(self.step_ms, 3), "tgs": round(self.tgs, 2),
                               "mfu": round(self.mfu, 4),

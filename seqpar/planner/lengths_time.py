@@ -21,7 +21,7 @@ import numpy as np
 
 from seqpar.planner import host
 from seqpar.planner.clusters import Cluster
-from seqpar.planner.lengths import Table, Workload, layout_rank_pairs
+from seqpar.planner.lengths import Table, Workload, layout_rank_pairs, softmax_layers
 from seqpar.planner.lengths_costs import LengthCosts
 from seqpar.planner.lengths_step import PARTS, LengthStep, Split
 from seqpar.planner.policy import Policy, split_checkpoint
@@ -56,6 +56,7 @@ def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any
     overlaps = host.overlaps(plan.cluster)
     device_total = host_total = 0.0
     tables = plan.tables(split)
+    seen = softmax_layers(cfg) / layers  # of the layers, those that see (query, key) pairs
     totals = dict.fromkeys(PARTS, 0.0)
     spans, busy_imb, rank_pairs, flops = [], [], np.zeros(plan.world), [0.0, 0.0, 0.0]
     for t in tables:
@@ -64,9 +65,10 @@ def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any
         def of(key: str, at: np.ndarray = at) -> np.ndarray:
             return np.array([getattr(r, key) for r in rates])[at]
 
-        attn = of("attention") * t.eff
-        exposed = np.maximum(0.0, of("link") * t.tokens - of("hidden") * attn)
         per_rank = t.tokens / t.size
+        softmax = of("attention") * t.eff  # a hybrid's linear layers besides: LASP-2's exposed
+        attn = softmax + of("mixer") * per_rank
+        exposed = np.maximum(0.0, of("link") * t.tokens - of("hidden") * softmax) + of("mixer_fixed")
         other = (3 * layers * (g + ew) + hd) * per_rank
         rec = layers * rec_lin * per_rank + (of("forward") * (attn + exposed) if full else 0.0)
         device = attn + exposed + other + rec
@@ -96,9 +98,9 @@ def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any
         device_total, host_total = device_total + optimizer, host_total + once
         busy_imb.append(float(busy.max()) / mean if mean > 0 else 1.0)
         rank_pairs += t.rank_pairs
-        flops[0] += float(t.causal.sum() if plan.work.window is None else t.pairs.sum())
-        flops[1] += float(t.square.sum())
-        flops[2] += float(t.pairs.sum())
+        flops[0] += seen * float(t.causal.sum() if plan.work.window is None else t.pairs.sum())
+        flops[1] += seen * float(t.square.sum())
+        flops[2] += seen * float(t.pairs.sum())
     k = len(tables)
     totals["optimizer"] = optimizer * k
     seconds = sum(spans) / k
@@ -127,7 +129,8 @@ def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any
         {d: round(n / k, 2) for d, n in sorted(degrees.items())}, mem["peak"],
         mem["peak"] <= plan.cluster.memory_gb * 1e9,
         {key: 1e3 * v / k for key, v in totals.items()}, mem,
-        host_bound=host.bound(plan.cluster, device_total, host_total))
+        host_bound=host.bound(plan.cluster, device_total, host_total),
+        mla_pass=getattr(rates[-1].prediction, "mla_pass", None))
 
 
 def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
@@ -137,6 +140,7 @@ def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
                     case.capacity, len(case.batches), case.seed, case.window)
     plan = LengthCosts.make(cluster, case.config(), work, case.world, nodes, dtype=case.dtype,
                             kernel=cluster.kernel or DEFAULT_KERNEL)
+    plan.mla_pass = getattr(case, "mla_pass", "kv")  # as it ran
     split = Split(case.sp_policy, case.sp if case.sp_policy == "static" else None, case.packing,
                   case.equal_counts, case.any_size, getattr(case, "degrees", DEGREES[0]))
     plan.dealt(split, [Table.of(b.deal, plan.cluster.kernel_half_tokens, case.window)

@@ -33,7 +33,7 @@ from seqpar.planner.api import predict
 from seqpar.planner.lengths import Workload
 from seqpar.planner.lengths_plan import LengthPlan
 from seqpar.planner.memory import gathered_bytes
-from seqpar.planner.policy import Policy
+from seqpar.planner.policy import Filters, Policy
 from seqpar.planner.search import Result, make_setup, search
 from seqpar.planner.step import step
 from seqpar.rules import flops, masks
@@ -286,7 +286,8 @@ def test_the_latent_ring_is_not_planned_under_seq_attn():
                    for s in got)
 
 
-def test_a_plan_of_lengths_refuses_linear_layers_in_one_line():
+def test_a_plan_of_lengths_keeps_lasps_layout_for_linear_layers():
     work = Workload.of("fixed:4096", tokens=2 ** 15, longest=4096, capacity=4096)
-    with pytest.raises(ConfigError, match="linear-attention layers is planned at one length"):
-        LengthPlan.make(H100, _hf("Qwen3NextConfig"), work, 8, 1)
+    lengths = LengthPlan.make(H100, _hf("Qwen3NextConfig"), work, 8, 1)  # priced, not refused
+    with pytest.raises(ConfigError, match="layout='zigzag': must be contiguous"):
+        lengths.search(Filters(layout="zigzag", sp=8), ("static",), ("best-fit",))
