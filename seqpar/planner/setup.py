@@ -72,8 +72,8 @@ class Setup:
     def shape(self) -> AttnShape:
         return shape_of(self.cfg, self.seq_len, self.batch, DTYPE_BYTES[self.dtype])
 
-    @property
-    def per_node(self) -> int:
+    @cached_property
+    def per_node(self) -> int:  # asked at every configuration a search times: held
         return max(1, self.world // self.nodes)
 
     def step_tokens(self, dp: int) -> int:
