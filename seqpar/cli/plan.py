@@ -80,6 +80,12 @@ def plan(
                                              "option, KEY=VALUE (dhp=4, ...); repeatable.",
                                              metavar="K=V")
                       ] = None,
+    ep: Annotated[int | None, _opt("--ep", panel=SEARCH, help="Only this expert parallelism "
+                                   "(a mixture of experts: experts over EP groups of ep ranks; "
+                                   "searched when not given).")] = None,
+    routing_skew: Annotated[float, _opt("--routing-skew", panel=SEARCH, help="The busiest EP "
+                                        "rank's routed tokens over the mean (1: uniform).")
+                            ] = 1.0,
     states: Annotated[str | None, _opt("--states", panel=SEARCH, help="Only: dp_sp | sp | node "
                                        "| replicated | zero1.")] = None,
     checkpoint: Annotated[str | None, _opt("--checkpoint", panel=SEARCH, help="Only: none | "
@@ -168,12 +174,15 @@ def answer(q: Question) -> int | None:
         require(not q.max_seq, "mask", mask, "--max-seq plans plain causal attention (a mask "
                 "is of one length)")
         masks.parse(mask, q.seq_len)  # a bad mask: one line, before any search
+    require(q.ep in (None, 1) or (q.scope != "attention" and q.lengths is None and not q.max_seq),
+            "ep", q.ep, "plans a whole step of fixed-length sequences: --scope model or cluster, "
+            "without --lengths or --max-seq")
     nodes = q.nodes or max(1, -(-q.world // c.gpus_per_node))
     ranks_per_node_of(q.world, nodes, None)  # nodes divide the world: the one rule
     filters = Filters(sp=q.sp, algorithm=q.algorithm, layout=q.layout, states=q.states,
                       checkpoint=q.checkpoint, fused_head=q.fused_head, tiled=q.tiled,
                       offload=None if q.offload is None else offload_names(q.offload),
-                      options=pins.parse(q.option))
+                      options=pins.parse(q.option), ep=q.ep)
     names = [n for n in algorithms.REGISTRY if q.algorithm is None or n == q.algorithm]
     if q.scope == "cluster":
         worlds = [s for s in range(1, q.world + 1)
@@ -204,7 +213,8 @@ def answer(q: Question) -> int | None:
     elif q.scope == "model":
         result = perf_plan.model_search(c, q.model, q.seq_len, q.world, space, nodes=nodes,
                                         dtype=q.dtype, kernel=q.kernel, filters=filters,
-                                        layouts=layouts, mask=mask, every=q.top == 0)
+                                        layouts=layouts, mask=mask, every=q.top == 0,
+                                        routing_skew=q.routing_skew)
         seen = f", mask {mask}" if mask else ""
         steps_table(result.ranked, f"{q.model} N={q.seq_len:,} P={q.world} on {c.name} ({nodes} "
                     f"node(s)), scope model, kernel {q.kernel}{seen}", c, q.top, q.as_json,
@@ -225,7 +235,7 @@ def _cluster(q: Question, c, nodes: int, filters: Filters, mask: str | None) -> 
     """The DP x SP splits of the world, every algorithm and policy at each, ranked by TGS."""
     tokens = q.tokens_per_step
     setup = make_setup(c, q.model, q.seq_len, tokens, q.world, nodes, kernel=q.kernel,
-                       dtype=q.dtype, mask=mask)
+                       dtype=q.dtype, mask=mask, ep=q.ep, routing_skew=q.routing_skew)
     result = search(setup, filters, keep=q.top or None, every=q.top == 0)
     head = {"scope": "cluster", "model": q.model, "model_params": result.model_params,
             "kernel": q.kernel, "kernel_source":

@@ -22,7 +22,7 @@ VERSION = "seqpar"  # the file's key for the version that wrote it
 NULLS = {"lengths": "one length, seq-len", "nodes": "world / GPUs a node",
          "tokens_per_step": "one sequence a DP replica (with lengths: world x capacity)",
          "capacity": "the longest sequence, at most seq-len", "validate": "plan, not validate",
-         "option": "no pin"}
+         "option": "no pin", "ep": "searched (1 for a dense model)"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class Question:
     algorithm: str | None
     layout: str | None
     option: list[str] | None
+    ep: int | None
+    routing_skew: float
     states: str | None
     checkpoint: str | None
     fused_head: bool | None

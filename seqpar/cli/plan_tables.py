@@ -32,18 +32,21 @@ def steps_table(steps: list, title: str, c, top: int, as_json: bool, head: dict[
                       overflow="fold")
         return
     rows = []
+    ep = any(s.policy.ep > 1 for s in steps)  # the EP all-to-alls' part, where any has them
+    parts = PARTS if ep else tuple(k for k in PARTS if k != "ep_comm")
     kept = [s for s in steps if s.dominated_by is None]
     shown = _fold(kept)
     best = next((s for s in shown if s.fits), fitting[0])  # row 1: a fold keeps its least memory
     for i, s in enumerate(shown[:top] if top else shown):
         options, layouts = _describe(with_alternatives(result, s) if result else [s])
         p = s.parts
-        where = "/".join(f"{100 * p[k] / s.step_ms:.0f}" for k in PARTS)
+        where = "/".join(f"{100 * p[k] / s.step_ms:.0f}" for k in parts)
         rows.append([i + 1 if s.fits else "-", f"{s.dp}x{s.sp}", s.algorithm, options, layouts,
                      s.policy.label(), f"{s.step_ms / 1e3:.2f}", f"{s.tgs:,.0f}",
                      f"{s.peak_mem_bytes / 1e9:.1f}", where, why_slower(s, best)])
     display_table(title, ["#", "dp x\nsp", "algorithm", "options", "layout", "policy", "step\ns",
-                          "TGS", "mem\nGB", "at/ac/oc/rc/cm/op/ho\n% of step", "vs #1"],
+                          "TGS", "mem\nGB", "at/ac/oc/rc/cm/op/ho" + ("/ep" if ep else "")
+                          + "\n% of step", "vs #1"],
                   rows, highlight_row=0, compact=True, wrap=("options", "layout", "policy", "vs #1"))
     dominated = len(steps) - len(kept)
     console.print(f"{len(fitting)} of {len(steps)} timed configurations fit in {c.name}'s "
@@ -54,9 +57,10 @@ def steps_table(steps: list, title: str, c, top: int, as_json: bool, head: dict[
                   "attention kernels, ac the attention's exposed communication, oc other compute, "
                   "rc recompute, cm other exposed communication (FSDP, DP, zero1), op optimizer, ho "
                   "the host's issue the device does not hide (vs #1 says host-bound where ho is the "
-                  "step's largest part: the host sets the pace). "
+                  "step's largest part: the host sets the pace)"
+                  + (", ep the expert-parallel all-to-alls" if ep else "") + ". "
                   "Policy: +fh fused head, off: offloaded optimizer/params/activations, +tile "
-                  "tiled MLP and loss")
+                  "tiled MLP and loss" + (", epN experts over EP groups of N ranks" if ep else ""))
 
 
 def nothing_fits(steps: list, c, title: str, result: Any = None, per_node: int = 1) -> str:

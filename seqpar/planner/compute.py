@@ -39,16 +39,20 @@ def stream_seconds(c: Cluster, nbytes: float) -> float:
 
 
 def block_gemm_seconds(c: Cluster, cfg: ModelConfig, tokens: float, dtype: str,
-                       mlp: bool = False, layer: int = 0) -> float:
+                       mlp: bool = False, layer: int = 0, ep: int = 1, skew: float = 1.0) -> float:
     """Forward seconds of layer `layer`'s GEMMs (or its feed-forward's alone) for `tokens` tokens:
-    each routed expert over its k/E share of them."""
+    each routed expert over its k/E share of them; under expert parallelism (`planner.ep`) a
+    rank's E/ep experts over the k/E share of its EP group's ep x `tokens`, `skew` x that on the
+    busiest rank."""
     total = 0.0
     for g in gemms(cfg, layer):
         if mlp and not g.mlp:
             continue
-        rows = tokens if g.copies == 1 else tokens * g.share
-        total += g.copies * (2.0 * rows * g.rows * g.cols / gemm_rate(c, dtype, min(rows, g.rows,
-                                                                                   g.cols)))
+        copies, rows = g.copies, tokens
+        if copies > 1:
+            copies, rows = copies // ep, tokens * g.share * (ep * skew if ep > 1 else 1.0)
+        total += copies * (2.0 * rows * g.rows * g.cols / gemm_rate(c, dtype, min(rows, g.rows,
+                                                                                  g.cols)))
     return total
 
 
@@ -62,15 +66,17 @@ def elementwise_bytes(cfg: ModelConfig, tokens: float, e: int, layer: int = 0) -
 
 
 def class_seconds(c: Cluster, cfg: ModelConfig, dtype: str, tokens: float, world: int,
-                  layer: int) -> tuple[float, float, float]:
+                  layer: int, ep: int = 1, skew: float = 1.0) -> tuple[float, float, float]:
     """(GEMMs, the feed-forward's GEMMs, element-wise work) of layer `layer`, forward seconds of
-    `tokens` tokens on one of `world` ranks (CPU ranks share a host's cores)."""
+    `tokens` tokens on one of `world` ranks (CPU ranks share a host's cores; `ep`, `skew`:
+    `block_gemm_seconds`)."""
 
     def host(seconds: float) -> float:
         return c.host_seconds(seconds, seconds * world, world)
 
-    return (host(block_gemm_seconds(c, cfg, tokens, dtype, layer=layer)),
-            host(block_gemm_seconds(c, cfg, tokens, dtype, mlp=True, layer=layer)),
+    return (host(block_gemm_seconds(c, cfg, tokens, dtype, layer=layer, ep=ep, skew=skew)),
+            host(block_gemm_seconds(c, cfg, tokens, dtype, mlp=True, layer=layer, ep=ep,
+                                    skew=skew)),
             host(stream_seconds(c, elementwise_bytes(cfg, tokens, ELEM[dtype], layer))))
 
 

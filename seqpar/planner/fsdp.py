@@ -10,8 +10,9 @@ on the same links (`step.step`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from seqpar.planner import ep as ep_mod
 from seqpar.planner.net import Cost, Net
 from seqpar.planner.policy import REPLICATED, Policy
 from seqpar.rules.counts import root_numel
@@ -57,9 +58,15 @@ def groups(per_node: int, dp: int, sp: int, over: str) -> list[list[int]]:
 
 
 def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Policy,
-            train: TrainPolicy, block: int | None = None) -> Traffic:
+            train: TrainPolicy, block: int | None = None, routed: int = 0) -> Traffic:
     """The traffic of a DP x SP split of `net`'s ranks (`net.ranks_per_node` a node), a block of
-    `block` parameters (default: the mean block; a model whose layers differ asks per block)."""
+    `block` parameters (default: the mean block; a model whose layers differ asks per block).
+    Under expert parallelism (`policy.ep`) the block's `routed` experts' parameters are not the
+    whole group's: a rank's EP share (routed / ep) is sharded and reduced over the ranks that
+    hold the same experts (`ep.expert_groups`), the rest of the block as without EP."""
+    if policy.ep > 1 and routed:
+        return _with_experts(net, cfg, dtype, dp, sp, policy, train, block or block_numel(cfg),
+                             routed)
     e, stored = ELEM[dtype], ELEM[train.master_dtype or dtype]
     block, root = block or block_numel(cfg), root_numel(cfg)
     per_node = net.ranks_per_node
@@ -97,6 +104,35 @@ def traffic(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Po
     else:
         reduce = reduce_root = NONE
     return Traffic(gather, scatter, root_s, reduce, reduce_root.seconds, update)
+
+
+_EXPERT_GROUPS: dict[tuple[int, int], list[list[int]]] = {}  # one list each: `Net`'s memo key
+
+
+def _with_experts(net: Net, cfg: ModelConfig, dtype: str, dp: int, sp: int, policy: Policy,
+                  train: TrainPolicy, block: int, routed: int) -> Traffic:
+    """`traffic` of a block whose routed experts are spread over EP groups: the rest of the block
+    over every rank, the rank's experts (routed / ep) over its expert group of world / ep ranks:
+    FSDP's gathers and reduce-scatters (dp_sp), or the gradients' all-reduce (replicated)."""
+    rest = traffic(net, cfg, dtype, dp, sp, Policy(policy.states), train, block - routed)
+    world = dp * sp
+    size = world // policy.ep
+    if size < 2:
+        return rest
+    key = (world, policy.ep)
+    if key not in _EXPERT_GROUPS:
+        _EXPERT_GROUPS[key] = ep_mod.expert_groups(world, policy.ep)
+    over = _EXPERT_GROUPS[key]
+    share = routed // policy.ep
+    e, stored = ELEM[dtype], ELEM[train.master_dtype or dtype]
+
+    def coll(elem: int, factor: float) -> Cost:
+        return net.collective(over, int(factor * (size - 1) / size * share * elem))
+
+    if policy.states == "replicated":
+        return replace(rest, reduce=_plus(rest.reduce, coll(stored, 2)))
+    return replace(rest, gather=_plus(rest.gather, coll(e, 1)),
+                   scatter=_plus(rest.scatter, coll(stored, 1)))
 
 
 def _plus(a: Cost, b: Cost) -> Cost:

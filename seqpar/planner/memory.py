@@ -115,25 +115,35 @@ def _states(cfg: ModelConfig, dtype: str, policy: TrainPolicy, shards: int) -> i
 AXES = {"usp": 2, "double_ring": 2, "wallfacer": 2, "burst": 2}
 
 
-def communicators(name: str, sp: int, dp: int, states: str, per_node: int = 1) -> int:
+def communicators(name: str, sp: int, dp: int, states: str, per_node: int = 1,
+                  ep: int = 1) -> int:
     """Communicators one rank holds: the attention's axes, the states' sharding group, and the
     group that reduces gradients over the ranks the states are not sharded over (zero1: one group,
-    DP x SP, reduces the gradients and broadcasts the updated parameters)."""
+    DP x SP, reduces the gradients and broadcasts the updated parameters); under expert
+    parallelism its EP group and the group of ranks holding its experts."""
     attention = 0 if sp == 1 else 1 + AXES.get(name, 0)
     shards = {"dp_sp": dp * sp, "sp": sp, "node": min(per_node, dp * sp), "replicated": 1,
               "zero1": 1, "dist-opt": 1}[states]  # dist-opt: one group gathers and reduces
-    return attention + (shards > 1) + (dp * sp // shards > 1)
+    experts = (ep > 1) + (1 < ep < dp * sp)
+    return attention + (shards > 1) + (dp * sp // shards > 1) + experts
 
 
 def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, Any],
                 cfg: ModelConfig, policy: TrainPolicy, attention_bytes: int, dtype: str,
-                dp: int = 1, shards: int | None = None, comms: int = 0) -> dict[str, int]:
+                dp: int = 1, shards: int | None = None, comms: int = 0, ep: int = 1,
+                skew: float = 1.0) -> dict[str, int]:
     """A training step's memory on one rank of an SP group of `world` ranks (DP `dp`): `states`
     (on the device; sharded over `shards` ranks, default all dp x world), `activations` (kept for
     backward), `transient` (the largest working set on top: one block's recompute and backward
     beside the attention's peak, or the head's logits; plus FSDP's gathered blocks and NCCL's
-    buffers for `comms` communicators) and `peak`, their sum."""
+    buffers for `comms` communicators) and `peak`, their sum. Under expert parallelism over `ep`
+    ranks (`planner.ep`) a rank holds its EP share of the routed experts (replicated: whole;
+    FSDP: sharded over the ranks that hold them, as many as without EP), gathers that share alone,
+    and holds the all-to-alls' buffers (the pairs it receives, `skew` x the mean, and the outputs
+    it sends back) and its experts' activations for the pairs beyond the mean."""
     states = _states(cfg, dtype, policy, shards or world * dp)
+    if ep > 1 and policy.states == "replicated":
+        states = int(states * (1 - expert_share(cfg) * (1 - 1 / ep)))
     s = shape.shard_len(world)
     b = shape.batch
     held_by = attention_held(name, shape, world, options)
@@ -144,7 +154,16 @@ def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, A
     block = block_working_set(cfg, b, s, dtype, policy, held_by)
     gathered = 0
     if policy.states == "fsdp":  # the largest block and the next (prefetched), one's gradients
-        gathered = gathered_bytes(largest_layer_numel(cfg), dtype, policy)
+        gathered = gathered_bytes(largest_layer_numel(cfg) if ep == 1 else
+                                  largest_ep_numel(cfg, ep), dtype, policy)
+    if ep > 1:
+        pairs = b * s * cfg.experts_per_tok
+        block += 2 * skew * pairs * cfg.hidden * e
+        extra = (skew - 1) * pairs * 4 * cfg.moe_ffn * e  # one MoE block's experts' excess
+        if policy.checkpoint == "none":
+            acts += int(extra * len(cfg.moe_layers))
+        else:
+            block += extra
     transient = max(logits, attention_bytes + block) + gathered + comm_buffer_bytes(comms)
     return {"states": states, "activations": acts, "transient": int(transient),
             "peak": int(states + acts + transient)}
@@ -156,11 +175,27 @@ def gathered_bytes(numel: int, dtype: str, policy: TrainPolicy) -> int:
     return numel * (2 * ELEM[dtype] + ELEM[policy.master_dtype or dtype])
 
 
+@lru_cache(maxsize=256)
+def expert_share(cfg: ModelConfig) -> float:
+    """The routed experts' share of the model's parameters."""
+    routed = sum(c.count * routed_numel(cfg, c.first) for c in layer_classes(cfg) if c.moe)
+    return routed / cfg.params()
+
+
+@lru_cache(maxsize=1024)
+def largest_ep_numel(cfg: ModelConfig, ep: int) -> int:
+    """The parameters of the largest block a rank gathers under expert parallelism over `ep`
+    ranks: its routed experts' EP share, the rest whole."""
+    return max(layer_numel(cfg, c.first) - routed_numel(cfg, c.first) * (ep - 1) // ep
+               for c in layer_classes(cfg))
+
+
 def expert_parallelism(cfg: ModelConfig, dtype: str, policy: TrainPolicy, world: int,
                        memory_bytes: float, offloadable: bool) -> str | None:
-    """Why a mixture of experts needs expert parallelism on `world` ranks of `memory_bytes` each,
-    or None. The rule: the least FSDP (gathering every block whole, each step) could hold on a
-    rank — its states sharded over every rank (none where they can be offloaded to the host), and
+    """Why a mixture of experts needs expert parallelism on `world` ranks of `memory_bytes` each
+    (said where `--ep 1` is pinned), or None. The rule: the least FSDP (gathering every block
+    whole, each step) could hold on a rank — its states sharded over every rank (none where they
+    can be offloaded to the host), and
     the largest MoE block gathered (`gathered_bytes`), no activations — exceeds the device's
     memory, while with that block's routed experts split over the ranks (expert parallelism, each
     rank gathering its own experts only) it would not."""
@@ -174,7 +209,8 @@ def expert_parallelism(cfg: ModelConfig, dtype: str, policy: TrainPolicy, world:
     gathered, split = gathered_bytes(whole, dtype, policy), gathered_bytes(own, dtype, policy)
     if states + gathered <= memory_bytes or states + split > memory_bytes:
         return None
-    return (f"needs expert parallelism, not modelled here: FSDP gathers each MoE block whole, "
+    return (f"needs expert parallelism (pinned to 1 here): FSDP gathers each MoE block whole, "
             f"{whole / 1e9:.2f}B parameters ({gathered / 1e9:.1f} GB with the next block "
             f"prefetched and its gradients) beside {states / 1e9:.1f} GB of states sharded over "
-            f"{world} ranks, more than a GPU's {memory_bytes / 1e9:g} GB")
+            f"{world} ranks, more than a GPU's {memory_bytes / 1e9:g} GB: leave --ep to the "
+            f"search or pin one that divides the experts ({cfg.experts}) and the ranks")

@@ -55,7 +55,7 @@ def model_search(cluster: Cluster, model: str, seq_len: int, world: int, space: 
                  nodes: int = 1, layouts: Sequence[str] = LAYOUTS, causal: bool = True,
                  dtype: str = "bfloat16", kernel: str = DEFAULT_KERNEL,
                  filters: Filters | None = None, mask: str | None = None,
-                 every: bool = False) -> Result:
+                 every: bool = False, routing_skew: float = 1.0) -> Result:
     """The model scope's search: the whole step (`step.Step`) of every configuration of one SP
     group of `world` ranks (DP = 1, one sequence a step) and policy, fitting ones first by TGS
     (`search.search`: dominated attention configurations pruned, or with `every` listed once
@@ -64,9 +64,9 @@ def model_search(cluster: Cluster, model: str, seq_len: int, world: int, space: 
     cfg = model_shape(model, seq_len, dtype)[1]
     require(cfg is not None, "model", model, "--scope model needs a decoder (a ModelConfig "
             "preset, a YAML of its fields or a config.json), not an attention shape")
-    setup = make_setup(cluster, cfg, seq_len, seq_len, world, nodes, kernel=kernel, dtype=dtype,
-                       causal=causal, mask=mask)
     f = replace(filters or Filters(), dp=1, sp=world)
+    setup = make_setup(cluster, cfg, seq_len, seq_len, world, nodes, kernel=kernel, dtype=dtype,
+                       causal=causal, mask=mask, ep=f.ep, routing_skew=routing_skew)
     return search(setup, f, attention=list(space), layouts=layouts, every=every)
 
 

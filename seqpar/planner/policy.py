@@ -15,8 +15,9 @@ layers of the first F of a rank's tokens recomputed, the attention kept whole), 
 seq-attn:F (BurstEngine §3.2's sequence-level selective checkpointing: the block recomputed, the
 attention re-run for the prefix of F·N tokens, out and lse of the rest kept; ring, burst or local
 attention over stripe, or zigzag at F = 1/2). `offload`: drawn from optimizer, params, activations.
-`tiled`: the tiled MLP and loss (ALST). Mixed precision keeps fp32 master weights for a 16-bit
-compute dtype, as a real run does.
+`tiled`: the tiled MLP and loss (ALST). `ep`: expert parallelism, a mixture of experts' routed
+experts spread over groups of `ep` consecutive ranks (`planner.ep`; 1 for a dense model). Mixed
+precision keeps fp32 master weights for a 16-bit compute dtype, as a real run does.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ FORMS = "none, full, sc++, seq:F, sc++,seq:F or seq-attn:F (0 <= F <= 1)"
 # only under sharded states)
 OFFLOAD_SETS: tuple[tuple[str, ...], ...] = ((), ("activations",), ("optimizer", "params"),
                                              ("optimizer", "params", "activations"))
+# states that hold a mixture's experts under expert parallelism: FSDP over every rank (the experts
+# sharded by EP, then over the ranks that hold the same experts) or replicated (each rank its EP
+# group's share whole); the runner's fsdp and replicated
+EP_STATES = ("dp_sp", "replicated")
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,13 @@ class Policy:
     fused_head: bool = False
     offload: tuple[str, ...] = ()
     tiled: bool = False
+    ep: int = 1
 
     def __post_init__(self) -> None:
         require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
+        require(self.ep == 1 or self.states in EP_STATES, "states", self.states,
+                f"does not hold experts under expert parallelism (ep {self.ep}): "
+                f"{' or '.join(EP_STATES)}")
         check_checkpoint(self.checkpoint)
         require(all(o in OFFLOADS for o in self.offload), "offload", list(self.offload),
                 f"must be a list drawn from {', '.join(OFFLOADS)}")
@@ -84,15 +93,17 @@ class Policy:
 
     def fields(self) -> dict[str, Any]:
         return {"states": self.states, "checkpoint": self.checkpoint,
-                "fused_head": self.fused_head, "offload": list(self.offload), "tiled": self.tiled}
+                "fused_head": self.fused_head, "offload": list(self.offload), "tiled": self.tiled,
+                "ep": self.ep}
 
     def label(self) -> str:
         """Short: states, checkpoint, +fh (fused head), off:opa (optimizer, params, activations
-        offloaded), +tile."""
+        offloaded), +tile, ep4 (expert parallelism over 4 ranks)."""
         parts = [self.states, self.checkpoint]
         parts += ["+fh"] if self.fused_head else []
         parts += [f"off:{''.join(o[0] for o in self.offload)}"] if self.offload else []
         parts += ["+tile"] if self.tiled else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
         return " ".join(parts)
 
 
@@ -155,6 +166,7 @@ class Filters:
     offload: tuple[str, ...] | None = None
     tiled: bool | None = None
     options: tuple[tuple[str, Any], ...] = ()  # algorithm options pinned (`pins.parse`)
+    ep: int | None = None  # expert parallelism pinned (`planner.ep`)
 
     def __post_init__(self) -> None:
         require(self.states is None or self.states in STATES, "states", self.states,
@@ -167,17 +179,23 @@ class Filters:
             require(self.states not in REPLICATED or "params" not in self.offload, "offload",
                     ",".join(self.offload), f"'params' moves FSDP's sharded states (FSDP2's CPU "
                     f"offload): not with states {self.states}")
-        for name in ("dp", "sp"):
+        require(self.ep is None or self.ep == 1 or self.states is None
+                or self.states in EP_STATES, "states", self.states,
+                f"does not hold experts under expert parallelism (ep {self.ep}): "
+                f"{' or '.join(EP_STATES)}")
+        for name in ("dp", "sp", "ep"):
             value = getattr(self, name)
             require(value is None or value >= 1, name, value, "must be at least 1")
 
 
 def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tuple[str, ...]]
           = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), sp: int = 1,
-          per_node: int = 1, pinned: Sequence[str] = PINNED) -> list[Policy]:
+          per_node: int = 1, pinned: Sequence[str] = PINNED, eps: Sequence[int] = (1,)
+          ) -> list[Policy]:
     """Every policy the filters leave for a DP x SP split; a states choice that shards over the
     same ranks as another (`sp` at DP = 1, `node` on one node or with SP = a node, `zero1` and
-    `dist-opt` on one rank: replicated) is left out, and the `pinned` ones unless asked for."""
+    `dist-opt` on one rank: replicated) is left out, and the `pinned` ones unless asked for.
+    `eps`: the expert-parallel degrees (`planner.ep.degrees`), each beside `EP_STATES` only."""
     f = filters
     same = {"sp": dp == 1, "node": not 1 < per_node < dp * sp or per_node == sp,
             "zero1": dp * sp == 1, "dist-opt": dp * sp == 1}
@@ -187,6 +205,8 @@ def space(filters: Filters = Filters(), dp: int = 1, offload_sets: Sequence[tupl
     fused = [f.fused_head] if f.fused_head is not None else [False, True]
     offloads = [tuple(f.offload)] if f.offload is not None else list(offload_sets)
     tiles = [f.tiled] if f.tiled is not None else list(tiled)
-    return [Policy(s, c, h, o, t) for s, c, h, o, t in
+    ep_of = [f.ep] if f.ep else list(eps)
+    return [Policy(s, c, h, o, t, e) for e in ep_of for s, c, h, o, t in
             itertools.product(states, checkpoints, fused, offloads, tiles)
-            if s not in REPLICATED or "params" not in o]  # 'params' moves FSDP's states only
+            if (s not in REPLICATED or "params" not in o)  # 'params' moves FSDP's states only
+            and (e == 1 or s in EP_STATES)]

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from seqpar.errors import ConfigError, require
+from seqpar.planner import ep as ep_mod
 from seqpar.planner import memory, pins
 from seqpar.planner.api import Prediction, attention_peak
 from seqpar.planner.clusters import Cluster
@@ -90,7 +91,7 @@ def frugal(policies: Sequence[Policy]) -> Policy:
     def cost(p: Policy) -> tuple:
         ck = {"full": 0, "sc++": 2}.get(p.checkpoint, 1 if p.checkpoint.startswith("seq-attn")
                                         else 3 if "seq:" in p.checkpoint else 4)
-        return (ck, not p.fused_head, -len(p.offload), not p.tiled)
+        return (ck, not p.fused_head, -len(p.offload), not p.tiled, -p.ep)
 
     return min(policies, key=cost)
 
@@ -154,11 +155,12 @@ def check_counts(**counts: int) -> None:
 def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
                tokens_per_step: int | None, world: int, nodes: int, *,
                kernel: str = DEFAULT_KERNEL, dtype: str = "bfloat16", batch: int = 1,
-               causal: bool = True, mask: str | None = None) -> Setup:
+               causal: bool = True, mask: str | None = None, ep: int | None = None,
+               routing_skew: float = ep_mod.ROUTING_SKEW) -> Setup:
     """A search's fixed part, validated: the cluster with the kernel's rates, the model (a name or
     path for `ModelConfig.load`), the step's tokens (None: one sequence per DP replica) over
     world ranks on nodes nodes, under a plain causal (or full) relation or any `mask` (a
-    `masks.parse` spec of seq_len tokens)."""
+    `masks.parse` spec of seq_len tokens); `ep` pinned (None: searched), `routing_skew`: `ep`'s."""
     check_counts(seq_len=seq_len, world=world, nodes=nodes, batch=batch,
                  **({} if tokens_per_step is None else {"tokens_per_step": tokens_per_step}))
     ranks_per_node_of(world, nodes, None)  # nodes divide the world: the one rule
@@ -167,14 +169,18 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
             f"must be a multiple of seq-len x batch ({seq_len * batch}): whole sequences")
     cfg = model if isinstance(model, ModelConfig) else load(model)
     c, source = with_kernel(cluster, kernel, cfg.head_dim, dtype)
+    if ep is not None:
+        ep_mod.check(cfg, ep, world)
+    require(routing_skew >= 1, "routing-skew", routing_skew, "must be at least 1 (the busiest EP "
+            "rank's routed pairs over the mean)")
     why = memory.expert_parallelism(cfg, dtype, Policy().train(dtype), world, c.memory_gb * 1e9,
-                                    c.host_link_gb_per_s is not None)
-    require(why is None, "model", model if isinstance(model, str) else cfg.family, why or "")
+                                    c.host_link_gb_per_s is not None) if ep == 1 else None
+    require(why is None, "ep", 1, why or "")
     m = None if mask is None else masks.parse(mask, seq_len)
     if m is not None and m.plain:
         causal, m = m.relation.causal, None
     setup = Setup(c, cfg, seq_len, tokens_per_step, world, nodes, dtype, batch, kernel, source,
-                  m.causal if m is not None else causal, m)
+                  m.causal if m is not None else causal, m, float(routing_skew))
     _ = setup.sliding_mask, block_params(cfg)  # what the step cannot price: one line, now
     return setup
 
@@ -203,9 +209,10 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
     offloadable = setup.cluster.host_link_gb_per_s is not None
     candidates: list[tuple[float, int, int, Prediction, list, list[Policy]]] = []
     extra: list[tuple[int, int, Prediction, Prediction | None, list[Policy]]] = []
+    eps = ep_mod.degrees(setup.cfg, setup.world, setup.per_node)
     for dp, sp, _ in result.splits:
-        every_policy = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node)
-                        if offloadable or not p.offload]
+        every_policy = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node,
+                                         eps=eps) if offloadable or not p.offload]
         if not every_policy:
             continue
         usable = _Usable(setup, sp, every_policy)
@@ -333,8 +340,8 @@ class _Usable:
 def _bound(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Policy]) -> float:
     """The best TGS any policy could give this attention configuration: no recompute, no offload,
     no tiling (each only adds time), over every states choice searched."""
-    states = {q.states for q in policies}
-    return max(step(setup, dp, sp, p, Policy(st, "none")).tgs for st in states)
+    states = {(q.states, q.ep) for q in policies}
+    return max(step(setup, dp, sp, p, Policy(st, "none", ep=e)).tgs for st, e in states)
 
 
 class _Probes:
@@ -361,8 +368,9 @@ def _probe(setup: Setup, dp: int, sp: int, name: str, options: dict[str, Any], p
                               policy.train(setup.dtype), peak, setup.dtype, dp=dp,
                               shards=policy.shards(dp, sp, setup.per_node),
                               comms=memory.communicators(name, sp, dp, policy.states,
-                                                         setup.per_node)
-                              if setup.cluster.cores is None else 0)["peak"]
+                                                         setup.per_node, policy.ep)
+                              if setup.cluster.cores is None else 0, ep=policy.ep,
+                              skew=setup.routing_skew)["peak"]
 
 
 def best_per_split(result: Result) -> list[Step]:

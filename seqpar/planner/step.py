@@ -29,6 +29,11 @@ bandwidth when the optimizer is offloaded, its gradients and parameters crossing
 under zero1 AdamW over the most-loaded rank's share (`rules.memory.zero1_partition`), then the
 updated parameters' broadcast from their owners (an all-gather's bytes, exposed).
 
+Expert parallelism (`Policy.ep`, `ep.py`): an MoE block's routed experts over its EP group of ep
+ranks, their GEMMs over the pairs the group routes to them; the dispatch and combine all-to-alls
+(forward, backward, and the recompute's) on the compute path and on their links' busy time
+(part `ep_comm`); the experts' FSDP traffic over the ranks that hold them (`fsdp.traffic`).
+
 The LM head and loss: 3 x 2·tokens·d·V at the GEMM rate plus the logits' element-wise passes.
 TGS = tokens per step / (step time x ranks); `mfu`, `mfu_unmasked_attention` and `hfu` as
 `rules.flops` defines them (the attention by its area under the step's mask; hfu with the kernels'
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from seqpar.planner import ep as ep_mod
 from seqpar.planner import host, memory
 from seqpar.planner.api import Prediction
 from seqpar.planner.compute import (  # noqa: F401  (layer_seconds: lengths_costs' and lengths')
@@ -53,7 +59,7 @@ from seqpar.planner.compute import (  # noqa: F401  (layer_seconds: lengths_cost
 from seqpar.planner.fsdp import Traffic, traffic
 from seqpar.planner.policy import Policy
 from seqpar.planner.setup import MlaPrediction, Setup
-from seqpar.rules.counts import layer_numel
+from seqpar.rules.counts import layer_numel, routed_numel
 from seqpar.rules.flops import conventions, recomputed_flops
 from seqpar.rules.memory import (
     ELEM,
@@ -70,7 +76,7 @@ from seqpar.rules.model import ModelConfig
 # besides the attention's (FSDP, DP reductions, links shared past the compute), the optimizer
 # (the host's issue time that the device's does not hide: `host`)
 PARTS = ("attention", "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer",
-         "host")
+         "host", "ep_comm")  # ep_comm: expert parallelism's all-to-alls, exposed
 LINKS = ("intra", "inter")
 BACKWARD_SHARE = 2 / 3  # of a micro-batch's time: two of its three passes (the matmuls' rule)
 ADAM_PASSES = 7  # AdamW reads parameter, gradient, two moments; writes parameter, two moments
@@ -101,6 +107,8 @@ class Step:
     host_bound: bool = False        # the host's issuing sets the step's pace (`planner.host`)
     # one layer's attention (forward + backward, ms) of each kind the model has: full, sliding
     attention_kinds: dict[str, float] = field(default_factory=dict)
+    # expert parallelism: bytes a rank sends a step in the all-to-alls, by link (the busiest's)
+    ep_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def algorithm(self) -> str:
@@ -133,7 +141,8 @@ class Step:
                                   k: round(v, 3) for k, v in self.attention_kinds.items()},
                               "peak_mem_bytes": self.peak_mem_bytes,
                               "parts_ms": {k: round(v, 3) for k, v in self.parts.items()},
-                              "host_bound": self.host_bound, "memory": self.memory},
+                              "host_bound": self.host_bound, "memory": self.memory,
+                              **({"ep_bytes": self.ep_bytes} if self.ep_bytes else {})},
                 "fits": self.fits, "dominated_by": self.dominated_by}
 
 
@@ -149,6 +158,8 @@ class Block:
     other: float          # its GEMMs and element-wise work, forward + backward
     recompute: float
     comm: Traffic
+    ep_comm: float = 0.0  # its expert parallelism's all-to-alls on the compute path
+    ep_bytes: tuple[int, int] = (0, 0)  # what they send, intra- and inter-node
 
     @property
     def count(self) -> int:
@@ -179,7 +190,8 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     out = []
     for cl in setup.classes:
         a = kinds[cl.kind]
-        g, mlp, ew = _class(setup, sp, cl.first)
+        moe_ep = policy.ep if cl.moe else 1
+        g, mlp, ew = _class(setup, sp, cl.first, moe_ep)
         # the attention's forward that backward runs again: the whole (full), the prefix (seq-attn)
         again = {"full": a, "seq-attn": setup.prefix(sp, attn, frac, cl.kind)
                  if mode == "seq-attn" and frac > 0 else None}.get(mode)
@@ -187,14 +199,17 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
         if train.tiled:
             recompute += (1.0 - share) * mlp
         a_all = a.attention_ms / 1e3
-        compute = 3 * (g + ew) + a_all + recompute
+        a2a, runs = _all_to_all(setup, dp, sp, moe_ep), ep_mod.runs(share)
+        exposed = (1 - ep_mod.EP_OVERLAP) * runs * a2a.seconds
+        compute = 3 * (g + ew) + a_all + recompute + exposed
         numel = layer_numel(cfg, cl.first)
-        key = ("comm", dp, sp, policy.states, train.master_dtype, numel)
+        key = ("comm", dp, sp, policy.states, train.master_dtype, numel, moe_ep)
         if key not in setup.cache:
-            setup.cache[key] = traffic(setup.net, cfg, dtype, dp, sp, policy, train, numel)
+            setup.cache[key] = traffic(setup.net, cfg, dtype, dp, sp, policy, train, numel,
+                                       routed_numel(cfg, cl.first) if moe_ep > 1 else 0)
         comm = setup.cache[key]
         busy = {k: (a.link_ms[k] + (again.forward_link_ms[k] if again is not None else 0.0)) / 1e3
-                for k in LINKS}
+                + runs * a2a.busy(k) for k in LINKS}
         offload = 0.0
         if train.offload and c.host_link_gb_per_s:
             shard = numel / policy.shards(dp, sp, setup.per_node)
@@ -207,8 +222,25 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
         out.append(Block(
             cl.layers, max(compute, offload, *(comm.busy(k) + busy[k] for k in LINKS)),
             max(compute, offload, *(comm.busy(k, last=True) + busy[k] for k in LINKS)),
-            a_all, a.compute_ms / 1e3, 3 * (g + ew), recompute, comm))
+            a_all, a.compute_ms / 1e3, 3 * (g + ew), recompute, comm, exposed,
+            (round(runs * a2a.cost.intra), round(runs * a2a.cost.inter))))
     return out
+
+
+def _all_to_all(setup: Setup, dp: int, sp: int, ep: int) -> ep_mod.A2A:
+    """One all-to-all of an MoE block under expert parallelism over `ep` ranks (memoised)."""
+    if ep < 2:
+        return ep_mod.NONE
+    key = ("a2a", dp, sp, ep)
+    got = setup.cache.get(key)
+    if got is None:
+        world = dp * sp
+        groups = setup.cache.setdefault(("ep groups", world, ep), ep_mod.groups(world, ep))
+        tokens = setup.shape.batch * setup.shape.shard_len(sp)
+        got = setup.cache[key] = ep_mod.all_to_all(
+            setup.net, setup.cluster, setup.cfg, tokens, ep, ELEM[setup.dtype],
+            setup.routing_skew, groups)
+    return got
 
 
 def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
@@ -240,7 +272,8 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
              "attention_comm": m * sum(b.count * (b.attention - b.kernels) for b in blocks),
              "other_compute": m * (sum(b.count * b.other for b in blocks) + hd),
              "recompute": m * sum(b.count * b.recompute for b in blocks),
-             "optimizer": optimizer, "host": seconds - device}
+             "optimizer": optimizer, "host": seconds - device,
+             "ep_comm": m * sum(b.count * b.ep_comm for b in blocks)}
     parts["exposed_comm"] = max(0.0, seconds - sum(parts.values()))
     tps = setup.step_tokens(dp)
     pairs = setup.pairs
@@ -252,8 +285,8 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     mem = memory.step_memory(attn.algorithm, setup.shape, sp, attn.options, cfg, train,
                              attn.peak_mem_bytes, dtype, dp=dp, shards=shards,
                              comms=memory.communicators(attn.algorithm, sp, dp, policy.states,
-                                                        setup.per_node)
-                             if c.cores is None else 0)
+                                                        setup.per_node, policy.ep)
+                             if c.cores is None else 0, ep=policy.ep, skew=setup.routing_skew)
     mem["host"] = _host_bytes(setup, cfg, train, policy, attn, dp, sp)
     fits = mem["peak"] <= c.memory_gb * 1e9 and (
         c.host_memory_gb is None or mem["host"] * setup.per_node <= c.host_memory_gb * 1e9)
@@ -261,7 +294,9 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
                 flops["mfu"] / peak, flops["mfu_unmasked_attention"] / peak, flops["hfu"] / peak,
                 mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS}, mem,
                 host_bound=host.bound(c, device, m * issue_micro + issue_step),
-                attention_kinds={k: p.attention_ms for k, p in layer_kinds(setup, sp, attn).items()})
+                attention_kinds={k: p.attention_ms for k, p in layer_kinds(setup, sp, attn).items()},
+                ep_bytes={k: m * sum(b.count * b.ep_bytes[i] for b in blocks)
+                          for i, k in enumerate(LINKS)} if policy.ep > 1 else {})
 
 
 def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp: int
@@ -289,15 +324,15 @@ def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp:
     return micro, *once
 
 
-def _class(setup: Setup, sp: int, layer: int) -> tuple[float, float, float]:
-    """`compute.class_seconds` of layer `layer`'s class for one rank of an SP group of sp
-    (memoised per sp and class)."""
-    key = ("layer", sp, layer)
+def _class(setup: Setup, sp: int, layer: int, ep: int = 1) -> tuple[float, float, float]:
+    """`compute.class_seconds` of layer `layer`'s class for one rank of an SP group of sp, its
+    experts spread over `ep` ranks (memoised per sp, class and ep)."""
+    key = ("layer", sp, layer, ep)
     got = setup.cache.get(key)
     if got is None:
         tokens = setup.shape.batch * setup.shape.shard_len(sp)
         got = setup.cache[key] = class_seconds(setup.cluster, setup.cfg, setup.dtype, tokens,
-                                               setup.world, layer)
+                                               setup.world, layer, ep, setup.routing_skew)
     return got
 
 
@@ -333,6 +368,8 @@ def _optimizer_seconds(setup: Setup, cfg: ModelConfig, policy: Policy, train: Tr
     shards = policy.shards(dp, sp, setup.per_node)
     # zero1: the rank with the largest share of whole parameters steps last
     numel = max(zero1_partition(cfg, shards)) if train.states == "zero1" else params(cfg) / shards
+    if policy.ep > 1 and train.states == "replicated":  # its EP share of the experts
+        numel *= 1 - memory.expert_share(cfg) * (1 - 1 / policy.ep)
     nbytes = ADAM_PASSES * stored * numel
     if "optimizer" in train.offload and c.host_memory_gb_per_s and c.host_link_gb_per_s:
         crossing = 0.0 if "params" in train.offload else 2 * stored * numel  # grads out, params in

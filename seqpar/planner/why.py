@@ -8,7 +8,8 @@ from typing import Any
 
 PART_NAMES = {"attention": "attention", "attention_comm": "attention comm",
               "other_compute": "other compute", "recompute": "recompute", "idle": "idle",
-              "exposed_comm": "exposed comm", "optimizer": "optimizer", "host": "host issue"}
+              "exposed_comm": "exposed comm", "optimizer": "optimizer", "host": "host issue",
+              "ep_comm": "EP all-to-all"}
 
 
 def why_slower(s: Any, best: Any, unit: str = "s") -> str:

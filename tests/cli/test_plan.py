@@ -47,9 +47,10 @@ def test_plan_lists_configurations_that_do_not_fit_after_the_ranked_ones():
 
 
 STEP_KEYS = {"dp", "sp", "algorithm", "options", "layout", "states", "checkpoint", "fused_head",
-             "offload", "tiled", "kernel", "micro_batches", "predicted", "fits", "dominated_by"}
+             "offload", "tiled", "ep", "kernel", "micro_batches", "predicted", "fits",
+             "dominated_by"}
 PARTS = {"attention", "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer",
-         "host"}
+         "host", "ep_comm"}
 
 
 def _check_steps(out: dict, world: int, tokens: int, seq_len: int) -> list[dict]:

@@ -1,7 +1,7 @@
 """The planner prices each family as it is (issue 42): `model_params` against the published
 totals, a sliding-window layer's attention priced as its window's, FLOPs of a mixture of experts
 by its active parameters and its states, gathers and memory by all of them, a tied embedding held
-once and its head still run, and the one line for a model whose experts need expert parallelism.
+once and its head still run, and a model whose experts need expert parallelism planned with it.
 
 The published counts and their conventions (ours: `active` is the total minus the routed experts
 a token is not sent to, embeddings in both):
@@ -192,13 +192,16 @@ def test_head_dim_widens_q_and_o_beyond_hidden():
     assert flops.qkv_flops(cfg, 1) == 2 * cfg.hidden * (q + 2 * kv)
 
 
-def test_experts_too_large_to_gather_say_expert_parallelism_in_one_line():
+def test_experts_too_large_to_gather_are_planned_with_expert_parallelism():
     base = published("qwen3-30b-a3b")
-    big = replace(base, experts=4096)  # 19.3B parameters a block: 155 GB gathered under FSDP
-    with pytest.raises(ConfigError) as err:
-        make_setup(H100, big, 8192, None, 8, 1)
-    assert "needs expert parallelism, not modelled here" in str(err.value)
+    # 19.3B parameters a block: 155 GB gathered under FSDP; 4 blocks, 19 GB of states a rank
+    big = replace(base, experts=4096, layers=4, layer_types=("full",) * 4, moe_layers=())
+    with pytest.raises(ConfigError) as err:  # --ep 1 pinned: the one line
+        make_setup(H100, big, 8192, None, 64, 8, ep=1)
+    assert "needs expert parallelism (pinned to 1 here)" in str(err.value)
     assert "\n" not in str(err.value)
+    found = search(make_setup(H100, big, 8192, None, 64, 8), Filters(sp=8), keep=1)
+    assert found.fitting and found.fitting[0].policy.ep > 1  # searched: EP spreads the experts
     # gpt-oss-120b's experts gather on 64 H100s (3.2B a block): it is planned
     assert make_setup(H100, published("gpt-oss-120b"), 131072, None, 64, 8).cfg.experts == 128
 
