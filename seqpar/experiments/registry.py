@@ -21,6 +21,7 @@ from seqpar.errors import ConfigError, require
 from seqpar.experiments.grid import Point, expand
 from seqpar.experiments.kind_studies import _attention_kinds
 from seqpar.experiments.mask_studies import _masks, _sparse
+from seqpar.experiments.moe_studies import _moe_placement
 from seqpar.experiments.sweep_bases import (  # noqa: F401  (the names studies are built from)
     CPU_BASE,
     CPU_LINKS,
@@ -321,6 +322,9 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("attention-kinds", "MHA, GQA, MLA (K,V or latent ring) and a linear hybrid (3 gated "
           "DeltaNet layers to 1 full, LASP-2) trained at equal width: TGS, bytes, memory", "tgs",
           _attention_kinds),
+    Study("moe-placement", "a mixture of experts with expert parallelism beside SP: EP 1/2/4 x "
+          "ring and Ulysses x EP groups within a node or across nodes: TGS, memory, the "
+          "all-to-all bytes by link, the experts' load imbalance", "tgs", _moe_placement),
     Study("varlen", "packed documents of long-tailed lengths: tokens/s and load imbalance (max/mean "
           "FLOPs) per algorithm and layout, beside equal work", "tokens_per_s", _varlen),
     Study("sliding-window", "window W from N/32 to N/2 against full causal: time, FLOPs and bytes "
