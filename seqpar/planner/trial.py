@@ -31,7 +31,8 @@ def policy_of_case(case: Any) -> tuple[Policy, TrainPolicy]:
 
 def predict_trial(spec: Any, cluster: Cluster) -> Any:
     """A prediction for any ExperimentSpec: an attention trial's (`api.Prediction`), or a training
-    trial's `Step` (its model, DP x SP, its policy), `memory` holding the step's memory parts."""
+    trial's `Step` (its model, DP x SP, its policy and expert parallelism), `memory` holding the
+    step's memory parts."""
     if spec.train is None:
         return predict_spec(spec, cluster)
     case = spec.to_case()
@@ -45,4 +46,5 @@ def predict_trial(spec: Any, cluster: Cluster) -> Any:
     if getattr(case, "mla_pass", "kv") == "latent":  # MLA's latent on the ring, K,V rebuilt
         attn = setup.latent(case.sp, attn) or attn
     policy, train = policy_of_case(case)
+    policy = replace(policy, ep=getattr(spec.plan, "ep", 1))  # expert parallelism (plan.ep)
     return step(setup, case.dp, case.sp, attn, policy, train)
