@@ -80,7 +80,8 @@ class Options:
         if isinstance(options, Options):
             options = options.as_dict()
         options = dict(options or {})
-        key = _key(cls, options)
+        plain = plain_key(options)
+        key = None if plain is None else (cls, plain)
         got = _PARSED.get(key) if key is not None else None
         if got is not None:
             return got
@@ -118,9 +119,9 @@ _PARSED: dict[tuple, Options] = {}
 _PLAIN = (str, int, bool, type(None))
 
 
-def _key(cls: type, options: dict[str, Any]) -> tuple | None:
-    """`Options.parse`'s memo key: the class and each (key, type, value), a float by its repr
-    (-0.0 is not 0.0); None where a value is anything else (parsed anew)."""
+def plain_key(options: Mapping[str, Any]) -> frozenset | None:
+    """A memo key of options whose values are all plain: each (key, type, value), a float by its
+    repr (-0.0 is not 0.0); None where a value is anything else (then: no memo)."""
     items = []
     for k, v in options.items():
         t = type(v)
@@ -130,4 +131,4 @@ def _key(cls: type, options: dict[str, Any]) -> tuple | None:
             items.append((k, t, repr(v)))
         else:
             return None
-    return (cls, frozenset(items))
+    return frozenset(items)
