@@ -19,17 +19,20 @@ def best_fit(order: Sequence[int], lengths: Sequence[int], room: int) -> list[li
     """Best-fit packing by tokens: each sequence (in `order`) into the fullest pack it fits (the
     first on a tie), a new pack of `room` tokens when none has room."""
     packs: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (room left, pack), sorted
+    # (room left, pack) as one integer, left * m + pack (packs < m): sorted as the pairs would
+    # be, and compared faster; the first with room for n is the first at n * m or above
+    m = len(order) + 1
+    free: list[int] = []
     for i in order:
         n = lengths[i]
-        k = bisect.bisect_left(free, (n, -1))
+        k = bisect.bisect_left(free, n * m)
         if k < len(free):
-            left, b = free.pop(k)
+            left, b = divmod(free.pop(k), m)
             packs[b].append(i)
-            bisect.insort(free, (left - n, b))
+            bisect.insort(free, (left - n) * m + b)
         else:
             packs.append([i])
-            bisect.insort(free, (room - n, len(packs) - 1))
+            bisect.insort(free, (room - n) * m + len(packs) - 1)
     return packs
 
 
