@@ -43,6 +43,7 @@ def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"cluster": cluster.name, "summary": s, "trials": [
             {"label": c.label, "measured_ms": c.measured_ms, "predicted_ms": c.predicted_ms,
+             "others_cpu_frac": c.others,
              **{k: {"predicted": v[0], "measured": v[1]} for k, v in c.memory.items()},
              **({"imbalance": {"predicted": c.imbalance[0], "measured": c.imbalance[1]}}
                 if c.imbalance is not None else {})}
@@ -54,6 +55,12 @@ def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
                    *(["imbalance pred/meas"] if paired else [])], rows)
     if s["trials"]:
         console.print(f"median |error| {100 * s['median_abs_error']:.1f}% over {s['trials']} trials")
+        busy = [c.others for c in checks]
+        if max(busy) > 0.1:  # a host others shared (`noise_others_cpu_frac`, docs/results.md)
+            console.print(f"other processes took {100 * min(busy):.0f}-{100 * max(busy):.0f}% of the "
+                          f"host over the timed loops: each prediction over (1 - that share), the "
+                          f"ranks' fair share, is off by {100 * s['median_abs_error_host_share']:.1f}%"
+                          " (median)")
         if "imbalance_median_abs_error" in s:
             console.print(f"imbalance (max / mean attention FLOPs over ranks) against the measured "
                           f"load_imbalance: median |error| "

@@ -131,10 +131,17 @@ class Check:
     # a trial of lengths: max / mean attention FLOPs over ranks, (predicted, measured
     # load_imbalance)
     imbalance: tuple[float, float] | None = None
+    others: float = 0.0  # the host's CPU that other processes took over the timed loop (a share)
 
     @property
     def error(self) -> float:
         return (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+    @property
+    def shared_error(self) -> float:
+        """The error with the ranks' fair share of a host whose other processes took `others` of
+        it: the prediction over (1 - others)."""
+        return (self.predicted_ms / max(1e-9, 1 - self.others) - self.measured_ms) / self.measured_ms
 
 
 def emulated(spec: Any, cluster: Cluster) -> Cluster:
@@ -169,7 +176,8 @@ def validate(trials: Iterable[tuple[Any, Mapping[str, float]]], cluster: Cluster
             memory = {f"{k}_bytes": (float(p.memory[part]), float(metrics[f"{k}_bytes"]))
                       for k, part in _MEMORY_PART.items() if f"{k}_bytes" in metrics}
         predicted = p.step_ms if spec.train is not None else p.attention_ms
-        out.append(Check(spec.label(), float(metrics["step_ms"]), predicted, group, memory))
+        out.append(Check(spec.label(), float(metrics["step_ms"]), predicted, group, memory,
+                         others=float(metrics.get("noise_others_cpu_frac", 0.0))))
     return out
 
 
@@ -202,6 +210,7 @@ def summary(checks: Sequence[Check]) -> dict[str, Any]:
     paired = [c.imbalance for c in checks if c.imbalance is not None]
     return {"trials": len(checks),
             "median_abs_error": statistics.median(abs(c.error) for c in checks),
+            "median_abs_error_host_share": statistics.median(abs(c.shared_error) for c in checks),
             **({"imbalance_median_abs_error": statistics.median(
                 abs(p - m) / m for p, m in paired)} if paired else {}),
             "regret": {g: r for g, (_, r) in regrets.items()},

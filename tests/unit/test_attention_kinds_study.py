@@ -124,3 +124,17 @@ def test_a_linear_layers_kept_activations_are_what_autograd_saves():
             DeltaNet()(x, p, cfg)
         measured = sum(kept.values()) / 4 / n
         assert linear_saved(cfg) == pytest.approx(measured, rel=0.15), (cfg, measured)
+
+
+def test_validate_gives_the_error_with_the_ranks_share_of_a_busy_host():
+    """A trial whose host's other processes took half of it ran twice as long as its prediction:
+    0 error with the ranks' fair share; the plain error stays beside it."""
+    from seqpar.planner import plan as perf_plan
+
+    busy = perf_plan.Check("a", 200.0, 100.0, "g", others=0.5)
+    quiet = perf_plan.Check("b", 110.0, 100.0, "g")
+    assert busy.error == pytest.approx(-0.5) and busy.shared_error == pytest.approx(0.0)
+    assert quiet.shared_error == quiet.error
+    s = perf_plan.summary([busy, quiet])
+    assert s["median_abs_error"] == pytest.approx((0.5 + 10 / 110) / 2)
+    assert s["median_abs_error_host_share"] == pytest.approx(10 / 110 / 2)
