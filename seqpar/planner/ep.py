@@ -5,9 +5,11 @@ lies within a node when ep divides the GPUs a node, over whole nodes when a node
 Per MoE block and micro-step each rank sends every (token, expert) pair of its shard whose expert
 another member holds (dispatch) and takes the expert's output back (combine); backward runs the
 two again with the gradients, and a recompute that re-runs the feed-forward re-runs them too.
-Routing is uniform by default: a pair's expert is on another member with probability (ep - 1)/ep,
-each member gets T·k/ep pairs of each. `ROUTING_SKEW` (the busiest member's pairs over the mean,
-`--routing-skew`) scales what the busiest member receives and computes: every member waits for it.
+Each dispatch is preceded by the exchange of its sizes (every rank's count an expert: a small
+all-to-all, latency). Routing is uniform by default: a pair's expert is on another member with
+probability (ep - 1)/ep, each member gets T·k/ep pairs of each. `ROUTING_SKEW` (the busiest
+member's pairs over the mean, `--routing-skew`) scales what the busiest member receives and
+computes: every member waits for it.
 Overlap: none (`EP_OVERLAP`): dispatch, the experts and combine each wait on the one before, so
 each all-to-all lies on the block's compute path; it also keeps its links busy beside FSDP's
 traffic and the attention's (`step`).
@@ -79,6 +81,7 @@ class A2A:
 
     cost: Cost
     seconds: float        # exposed: the link time, or a host transport's own copies and sends
+    counts: float = 0.0   # the sizes' exchange before a dispatch (forward only)
 
     def busy(self, link: str) -> float:
         return self.cost.busy(link)
@@ -94,17 +97,22 @@ def all_to_all(net: Net, cluster: Cluster, cfg: ModelConfig, tokens: float, ep: 
     attention's collectives are priced (`predict`)."""
     if ep < 2:
         return NONE
-    nbytes = round(skew * a2a_bytes(cfg, tokens, ep, elem))
-    cost = net.collective(ep_groups, nbytes)
-    copies = 0.0
-    if cluster.copy_gb_per_s:  # a host transport packs and unpacks its whole buffer
-        one = cluster.copy_seconds(2 * nbytes * ep / (ep - 1)) + cluster.collective_us * 1e-6
-        copies = cluster.host_seconds(one, one * net.world, net.world)
-    transport = cluster.transport_seconds(2 * nbytes, 2 * (ep - 1))
-    return A2A(cost, copies + max(cost.seconds, transport))
+
+    def seconds(nbytes: int) -> tuple[Cost, float]:
+        cost = net.collective(ep_groups, nbytes)
+        copies = 0.0
+        if cluster.copy_gb_per_s:  # a host transport packs and unpacks its whole buffer
+            one = cluster.copy_seconds(2 * nbytes * ep / (ep - 1)) + cluster.collective_us * 1e-6
+            copies = cluster.host_seconds(one, one * net.world, net.world)
+        transport = cluster.transport_seconds(2 * nbytes, 2 * (ep - 1))
+        return cost, copies + max(cost.seconds, transport)
+
+    cost, took = seconds(round(skew * a2a_bytes(cfg, tokens, ep, elem)))
+    return A2A(cost, took, seconds(cfg.experts * 8 * (ep - 1) // ep)[1])  # int64 counts
 
 
 def runs(share: float) -> float:
     """All-to-alls a block runs in a micro-step: forward's two, backward's two, and the forward's
-    again for the share of the block a checkpoint mode recomputes."""
+    again for the share of the block a checkpoint mode recomputes (each forward's dispatch after
+    its sizes' exchange: `A2A.counts`, (1 + share) of them)."""
     return (2 + share) * FORWARD

@@ -200,7 +200,7 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
             recompute += (1.0 - share) * mlp
         a_all = a.attention_ms / 1e3
         a2a, runs = _all_to_all(setup, dp, sp, moe_ep), ep_mod.runs(share)
-        exposed = (1 - ep_mod.EP_OVERLAP) * runs * a2a.seconds
+        exposed = (1 - ep_mod.EP_OVERLAP) * (runs * a2a.seconds + (1 + share) * a2a.counts)
         compute = 3 * (g + ew) + a_all + recompute + exposed
         numel = layer_numel(cfg, cl.first)
         key = ("comm", dp, sp, policy.states, train.master_dtype, numel, moe_ep)
