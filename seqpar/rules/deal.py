@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from seqpar.errors import require
 from seqpar.rules.cost_model import CostModel
@@ -106,10 +107,7 @@ def _static(lengths: tuple[int, ...], pool: int, capacity: int, degree: int, pac
             cost: CostModel, rpn: int | None) -> tuple[list[MicroBatch], float]:
     room = degree * capacity
     dp = pool // degree
-    att, one = cost.each(lengths, [degree] * len(lengths))
-    # longest first, the first on a tie (a stable sort keeps ties in order, reversed or not)
-    by_length = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
-    bins = best_fit(by_length, lengths, room)
+    att, one, bins = _best_fit(lengths, degree, capacity, cost)
     if packing == "cost-balanced":  # WLB-LLM: as many packs, balanced by predicted work
         by_cost = sorted(range(len(lengths)), key=one.__getitem__, reverse=True)
         bins = balanced(by_cost, lengths, one, room, -(-len(bins) // dp) * dp)
@@ -128,6 +126,19 @@ def _static(lengths: tuple[int, ...], pool: int, capacity: int, degree: int, pac
     packs = -(-sum(lengths) // room)  # at least this many micro-batches, each paying `fixed`
     work = cost.floor(sum(att), sum(lengths), degree, packs)
     return micro, max(work / pool, max(one))
+
+
+@lru_cache(maxsize=16)
+def _best_fit(lengths: tuple[int, ...], degree: int, capacity: int, cost: CostModel
+              ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[int, ...], ...]]:
+    """Each sequence's (attention seconds, seconds alone) on `degree` ranks and best-fit's packs,
+    longest first (the first on a tie: a stable sort keeps ties in order, reversed or not):
+    memoised, as a plan deals each batch best-fit and cost-balanced (which counts best-fit's
+    packs) at every degree."""
+    att, one = cost.each(lengths, [degree] * len(lengths))
+    by_length = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+    bins = best_fit(by_length, lengths, degree * capacity)
+    return tuple(att), tuple(one), tuple(tuple(b) for b in bins)
 
 
 def _deal_packs(per_bin: Sequence[float], dp: int, share: int, balanced: bool) -> list[int]:
