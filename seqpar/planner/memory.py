@@ -138,9 +138,10 @@ def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, A
     beside the attention's peak, or the head's logits; plus FSDP's gathered blocks and NCCL's
     buffers for `comms` communicators) and `peak`, their sum. Under expert parallelism over `ep`
     ranks (`planner.ep`) a rank holds its EP share of the routed experts (replicated: whole;
-    FSDP: sharded over the ranks that hold them, as many as without EP), gathers that share alone,
-    and holds the all-to-alls' buffers (the pairs it receives, `skew` x the mean, and the outputs
-    it sends back) and its experts' activations for the pairs beyond the mean."""
+    FSDP: sharded over the ranks that hold them, as many as without EP), gathers that share alone
+    (the runner keeps it for backward where nothing is recomputed), and holds the all-to-alls'
+    buffers (the pairs it receives, `skew` x the mean, and the outputs it sends back) and its
+    experts' activations for the pairs beyond the mean."""
     states = _states(cfg, dtype, policy, shards or world * dp)
     if ep > 1 and policy.states == "replicated":
         states = int(states * (1 - expert_share(cfg) * (1 - 1 / ep)))
@@ -162,6 +163,8 @@ def step_memory(name: str, shape: AttnShape, world: int, options: Mapping[str, A
         extra = (skew - 1) * pairs * 4 * cfg.moe_ffn * e  # one MoE block's experts' excess
         if policy.checkpoint == "none":
             acts += int(extra * len(cfg.moe_layers))
+            if policy.states == "fsdp":  # the gathered experts, kept for their GEMMs' backward
+                acts += routed_params(cfg) // ep * e
         else:
             block += extra
     transient = max(logits, attention_bytes + block) + gathered + comm_buffer_bytes(comms)
@@ -176,10 +179,14 @@ def gathered_bytes(numel: int, dtype: str, policy: TrainPolicy) -> int:
 
 
 @lru_cache(maxsize=256)
+def routed_params(cfg: ModelConfig) -> int:
+    """The routed experts' parameters, every MoE layer's."""
+    return sum(c.count * routed_numel(cfg, c.first) for c in layer_classes(cfg) if c.moe)
+
+
 def expert_share(cfg: ModelConfig) -> float:
     """The routed experts' share of the model's parameters."""
-    routed = sum(c.count * routed_numel(cfg, c.first) for c in layer_classes(cfg) if c.moe)
-    return routed / cfg.params()
+    return routed_params(cfg) / cfg.params()
 
 
 @lru_cache(maxsize=1024)
