@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqpar.errors import require
+from seqpar.planner import host
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.net import Cost, Net
 from seqpar.rules.model import ModelConfig
@@ -93,19 +94,23 @@ NONE = A2A(Cost(0.0), 0.0)
 def all_to_all(net: Net, cluster: Cluster, cfg: ModelConfig, tokens: float, ep: int, elem: int,
                skew: float, ep_groups: list[list[int]]) -> A2A:
     """One all-to-all of `tokens` tokens' pairs over the EP groups, the busiest member's share
-    (`skew` x the mean); on a host transport (gloo) the rank's own packing and sends as the
-    attention's collectives are priced (`predict`)."""
+    (`skew` x the mean); on a host whose ranks share its cores (gloo) also the rank's own packing
+    and sends, as the attention's collectives are priced (`predict`), and a collective's issue
+    and wait there (`host.waits`: a step's other collectives are counted by `rules.ops`)."""
     if ep < 2:
         return NONE
+    issue = 0.0
+    if cluster.cores is not None:
+        issue = cluster.dispatch_us * 1e-6 + host.waits(cluster, net.world)[1]
 
     def seconds(nbytes: int) -> tuple[Cost, float]:
         cost = net.collective(ep_groups, nbytes)
         copies = 0.0
         if cluster.copy_gb_per_s:  # a host transport packs and unpacks its whole buffer
-            one = cluster.copy_seconds(2 * nbytes * ep / (ep - 1)) + cluster.collective_us * 1e-6
+            one = cluster.copy_seconds(2 * nbytes * ep / (ep - 1))
             copies = cluster.host_seconds(one, one * net.world, net.world)
         transport = cluster.transport_seconds(2 * nbytes, 2 * (ep - 1))
-        return cost, copies + max(cost.seconds, transport)
+        return cost, issue + copies + max(cost.seconds, transport)
 
     cost, took = seconds(round(skew * a2a_bytes(cfg, tokens, ep, elem)))
     return A2A(cost, took, seconds(cfg.experts * 8 * (ep - 1) // ep)[1])  # int64 counts
