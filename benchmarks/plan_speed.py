@@ -8,6 +8,14 @@ temporary PYTHONPYCACHEPREFIX, whatever PYTHONDONTWRITEBYTECODE says). --compile
 that compile every module each time instead (no bytecode cache: PYTHONDONTWRITEBYTECODE=1).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/plan_speed.py [--repeats 3] [--compile]
+
+Before and after: `--tree DIR` (repeatable) runs each case from each tree's `seqpar` package
+(PYTHONPATH=DIR, a `git worktree` of the other commit, each with its own bytecode cache),
+interleaved: each repeat runs every tree in turn, so a load that comes and goes falls on both.
+A host shared with other work inflates wall and CPU seconds alike: quote the load beside them.
+
+    git worktree add /tmp/before <commit>
+    .venv/bin/python benchmarks/plan_speed.py --repeats 5 --tree /tmp/before --tree $PWD
 """
 
 from __future__ import annotations
@@ -44,9 +52,12 @@ CASES = {
 }
 
 
-def environment(cache: str | None) -> dict[str, str]:
-    """The command's environment: bytecode cached in `cache`, or (None) compiled every run."""
+def environment(cache: str | None, tree: str | None = None) -> dict[str, str]:
+    """The command's environment: bytecode cached in `cache`, or (None) compiled every run; the
+    `seqpar` package of `tree` (None: the installed one)."""
     env = {**os.environ, "COLUMNS": "120"}
+    if tree is not None:
+        env["PYTHONPATH"] = tree
     if cache is None:
         return {**env, "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -75,19 +86,36 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile", action="store_true",
                     help="compile every module each run (no bytecode cache)")
+    ap.add_argument("--tree", action="append", default=None, metavar="DIR",
+                    help="a source tree whose seqpar to run (repeatable: the trees interleaved)")
+    ap.add_argument("--case", action="append", type=int, default=None, metavar="K",
+                    help=f"only the K-th case, 1 to {len(CASES)} (repeatable; default: all)")
     a = ap.parse_args()
+    cases = {name: args for k, (name, args) in enumerate(CASES.items(), 1)
+             if a.case is None or k in a.case}
+    trees: list[str | None] = a.tree or [None]
     with tempfile.TemporaryDirectory(prefix="plan_speed_pycache_") as cache:
-        env = environment(None if a.compile else cache)
+        envs = [environment(None if a.compile else os.path.join(cache, str(k)), tree)
+                for k, tree in enumerate(trees)]
         print(f"load average before: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores); "
               + ("every module compiled each run" if a.compile else "bytecode cached"))
-        for name, args in CASES.items():
+        for name, args in cases.items():
             if not a.compile:
-                run(args, env)  # compiles what this case imports, as a first run does
-            runs = [run(args, env) for _ in range(a.repeats)]
-            wall, cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
-            rss = max(r[2] for r in runs)
-            print(f"{name}: wall {wall:.2f} s, CPU {cpu:.2f} s (median of {a.repeats}), max RSS "
-                  f"{rss:.0f} MB, imports torch: {imports_torch(args, env)}")
+                for env in envs:
+                    run(args, env)  # compiles what this case imports, as a first run does
+            load = os.getloadavg()[0]
+            runs: list[list[tuple[float, float, float]]] = [[] for _ in trees]
+            for _ in range(a.repeats):
+                for k, env in enumerate(envs):
+                    runs[k].append(run(args, env))
+            load = (load + os.getloadavg()[0]) / 2
+            for tree, env, got in zip(trees, envs, runs, strict=True):
+                wall, cpu = (statistics.median(r[i] for r in got) for i in (0, 1))
+                rss = max(r[2] for r in got)
+                where = f" [{tree}]" if tree is not None else ""
+                print(f"{name}{where}: wall {wall:.2f} s, CPU {cpu:.2f} s (median of {a.repeats}"
+                      f"{', interleaved' if len(trees) > 1 else ''}; load {load:.1f}), max RSS "
+                      f"{rss:.0f} MB, imports torch: {imports_torch(args, env)}")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
