@@ -55,24 +55,14 @@ def same_deal(a: str, b: str, world: int) -> bool:
     """Whether layouts a and b deal every one of `world` ranks the same stretches of the sequence
     (the balanced layout keeps the mirrored deal where that is as balanced: zigzag's under a plain
     causal or full relation). Without a mask a prediction sees a layout only through its deal
-    (`block_calls`), so two such layouts predict alike."""
+    (`block_calls`), so two such layouts predict alike. Each layout's proxy tokens' ranks,
+    stretched to a common length: the same ranks token by token."""
     if a == b:
         return True
     na, nb = (layouts.chunk_count(x, world) * PROXY for x in (a, b))
     scale = math.lcm(na, nb)
-    return all(_runs(a, world, r, scale // na) == _runs(b, world, r, scale // nb)
-               for r in range(world))
-
-
-def _runs(layout: str, world: int, rank: int, scale: int) -> tuple[tuple[int, int], ...]:
-    """A rank's proxy positions as maximal runs [start, end), scaled by `scale`."""
-    runs: list[list[int]] = []
-    for t in proxy_positions(layout, world, (rank,)):
-        if runs and runs[-1][1] == t:
-            runs[-1][1] = t + 1
-        else:
-            runs.append([t, t + 1])
-    return tuple((s * scale, e * scale) for s, e in runs)
+    return bool(np.array_equal(np.repeat(layouts.owners(a, world, na), scale // na),
+                               np.repeat(layouts.owners(b, world, nb), scale // nb)))
 
 
 @lru_cache(maxsize=65536)

@@ -144,6 +144,25 @@ def _dealt(layout: str, rank: int, world: int, n: int, cu: tuple[int, ...]) -> t
     return tuple(out)
 
 
+
+def owners(layout: str, world: int, n: int) -> np.ndarray:
+    """The rank holding each of n tokens of one document (the balanced layout's causal deal): what
+    `positions` deals rank by rank, for every rank at once."""
+    check_layout(layout)
+    if layout == "stripe":
+        return np.arange(n) % world
+    if layout == "contiguous":
+        return np.repeat(np.arange(world), np.diff([r * n // world for r in range(world + 1)]))
+    if layout == "zigzag":
+        c, tail = divmod(n, 2 * world)
+        chunk = np.arange(2 * world * c) // c if c else np.arange(0)
+        return np.concatenate([np.where(chunk < world, chunk, 2 * world - 1 - chunk),
+                               np.arange(tail) % world])
+    out = np.empty(n, dtype=np.int64)
+    for r, held in enumerate(balanced_deal(world, n, None).ranks):
+        out[list(held)] = r
+    return out
+
 # ------------------------------------------------------------------------------ the balanced deal
 @dataclass(frozen=True)
 class Balance:
