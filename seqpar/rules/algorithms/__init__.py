@@ -25,7 +25,7 @@ from seqpar.rules.algorithms.usp import UspRules
 from seqpar.rules.algorithms.wallfacer import WallFacerRules
 from seqpar.rules.grids import Grid
 from seqpar.rules.layouts import check_layout
-from seqpar.rules.options import Options, plain_key
+from seqpar.rules.options import Options
 from seqpar.rules.shape import PHASES, AttnShape
 
 REGISTRY: dict[str, type[Rules]] = {c.name: c for c in (
@@ -144,20 +144,8 @@ def grid_for(name: str, world: int, nodes: Sequence[int] | None = None, **option
 
 def check(name: str, shape: AttnShape, world: int, layout: str = "contiguous",
           causal: bool = True, **options: Any) -> None:
-    """`check_of` by name; a configuration that passed once (plain option values) passes again
-    without its rules re-run (a plan checks each one under every layout and policy)."""
-    plain = plain_key(options)
-    key = None if plain is None else (name, shape, world, layout, causal, plain)
-    if key is not None and key in _PASSED:
-        return
+    """`check_of` by name."""
     check_of(get(name), shape, world, layout, causal, **options)
-    if key is not None:
-        if len(_PASSED) >= 8192:
-            _PASSED.clear()
-        _PASSED.add(key)
-
-
-_PASSED: set[tuple] = set()
 
 
 def option_space(name: str, world: int) -> list[dict[str, Any]]:
