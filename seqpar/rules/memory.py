@@ -259,11 +259,10 @@ class AttentionHeld:
 
 
 def linear_saved(cfg: ModelConfig, torch_rule: bool = True) -> float:
-    """Elements a linear layer's mixer keeps for backward a token. torch's chunked rule (32/64-bit:
-    what autograd saves in `model.deltanet`): per value head four chunk x chunk blocks a chunk
-    (decay, UT system, scores, their product), eight dk- and eight dv-wide tensors; four conv_dim
-    (the convolution's input, output, SiLU), the gated output, gates, each chunk's state. fla
-    (16-bit on a GPU): q, k, v before and after the convolution, z, b, a, each chunk's state."""
+    """Elements a linear layer's mixer keeps for backward a token. torch's chunked rule (32/64-bit,
+    `model.deltanet`): a value head's four chunk x chunk blocks a chunk (decay, UT system, scores,
+    their product), eight dk- and dv-wide tensors; four conv_dim (the convolution's input, output,
+    SiLU), gated output, gates, chunk states. fla (16-bit, GPU): q, k, v, convolved, z, b, a, states."""
     dk, dv, hv = cfg.lin_k_dim, cfg.lin_v_dim, cfg.lin_v_heads
     conv, state = 2 * cfg.lin_k_heads * dk + hv * dv, hv * dk * dv / CHUNK
     if torch_rule:
@@ -282,8 +281,7 @@ def block_elems(cfg: ModelConfig, attn: AttentionHeld, policy: TrainPolicy, lse_
     feed-forward's tensors."""
     d, h = cfg.hidden, cfg.heads
     mlp = 4 * ffn_width(cfg, layer) + routing_width(cfg, layer)
-    lse = h * lse_per_elem
-    q = cfg.heads * cfg.head_dim
+    lse, q = h * lse_per_elem, cfg.heads * cfg.head_dim
     out = q * (2 if attn.relayout else 1)
     attention = attn.saved + lse + out
     if cfg.layer_types[layer] == "linear":
