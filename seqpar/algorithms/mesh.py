@@ -26,7 +26,7 @@ group (`comm.SubComm`), booked in the ledger as `axis(view)`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +35,7 @@ import torch.distributed as dist
 from seqpar.algorithms.comm import Comm, Links, StrictOrder, SubComm
 from seqpar.errors import require
 from seqpar.rules.grids import DP, SP, Grid
+from seqpar.rules.groups import edp_groups, ep_groups, ep_index
 
 
 @dataclass
@@ -225,3 +226,53 @@ def build_pool(groups: Sequence[tuple[tuple[int, ...], Grid, Sequence[str]]], *,
     if me not in members:
         return None
     return Pool(members, members.index(me), meshes, whole if len(members) > 1 else None)
+
+
+@dataclass
+class ExpertGroups:
+    """This rank's expert-parallel groups (`rules.groups`: EP groups of `ep` consecutive ranks of
+    the DP x SP world): `comm`, its EP group (booked as `ep`: the dispatch and combine
+    all-to-alls), and `edp`, the ranks holding the same experts (None: just this one)."""
+
+    ep: int
+    index: int                              # EP rank: this rank holds experts [index*E/ep, ...)
+    comm: Comm
+    edp: dist.ProcessGroup | None
+    edp_size: int
+    edp_rank: int
+
+    def experts(self, total: int) -> tuple[int, int]:
+        """The experts [start, stop) of `total` this rank's EP index holds."""
+        per = total // self.ep
+        return self.index * per, (self.index + 1) * per
+
+
+def build_expert_groups(ep: int, *, members: Sequence[int] | None = None,
+                        nodes: Sequence[int] | None = None, links: Links | None = None,
+                        make: Callable[[list[int]], dist.ProcessGroup] | None = None
+                        ) -> ExpertGroups | None:
+    """The EP and EDP groups of `ep` over the global ranks `members` (default: the world; each
+    one's node in `nodes`), created on every rank of the world in one order (EP groups, then EDP
+    groups); ranks outside `members` take part and get None. `make` makes a group of ranks
+    (default `dist.new_group`; a long-lived gang's tests keep theirs)."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    members = tuple(range(world)) if members is None else tuple(members)
+    node_tuple = _check_nodes(nodes, len(members))
+    node_of = dict(zip(members, node_tuple, strict=True)) if node_tuple is not None else None
+    mine: dict[str, dist.ProcessGroup | None] = {}
+    for kind, groups in (("ep", ep_groups(len(members), ep)),
+                         ("edp", edp_groups(len(members), ep))):
+        for group in groups:
+            ranks = [members[r] for r in group]
+            pg = (dist.group.WORLD if len(ranks) == world else None if len(ranks) == 1
+                  else (make or dist.new_group)(ranks))
+            if me in ranks:
+                mine[kind] = pg
+    if me not in members:
+        return None
+    index, group = ep_index(members.index(me), ep)
+    comm = (Comm(mine["ep"], "ep", node_of=node_of, links=links) if mine["ep"] is not None
+            else Comm.solo("ep", me, node_of, links))
+    edp = mine["edp"]
+    return ExpertGroups(ep, index, comm, edp, len(members) // ep, group)
+

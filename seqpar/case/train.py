@@ -13,7 +13,7 @@ from seqpar import algorithms
 from seqpar.algorithms.base import DTYPES, AttnShape
 from seqpar.case.common import common_rules
 from seqpar.errors import require
-from seqpar.model import checkpointing
+from seqpar.model import checkpointing, ep
 from seqpar.model.config import ModelConfig
 from seqpar.model.memory import TrainPolicy
 from seqpar.model.states import StatePolicy
@@ -71,6 +71,7 @@ class TrainCase:
     window: int | None = None        # a causal sliding window inside each sequence
     mla_pass: str = "kv"             # an MLA model's ring carries K,V or the latent (MLA_PASSES)
     linear_sp: str | None = None     # a hybrid's linear layers: lasp2 | lasp1 (None: lasp2)
+    ep: int = 1                      # expert parallelism: ranks an MoE layer's experts spread over
     batches: tuple[Batch, ...] = ()  # the replayed batches and their deals, made on the driver
 
     def config(self) -> ModelConfig:
@@ -123,6 +124,12 @@ class TrainCase:
         cfg = self.config()
         check_mla_pass(self.mla_pass, cfg.mla, self.algorithm, self.checkpoint)
         check_lasp(cfg, self.layout, self.sp, self.linear_sp)
+        # EP groups: `ep` consecutive ranks of the DP x SP world (rules.groups, model.ep)
+        ep.check(self.ep, cfg, self.world, self.states, self.state_policy().offload, self.tiled,
+                 self.checkpoint)
+        require(self.ep == 1 or not self.lengths or self.sp_policy == "static" or
+                self.equal_counts, "ep", self.ep, "with workload.lengths needs every rank to "
+                "run as many micro-batches: the static policy, or equal_counts")
         require(self.text is None or cfg.vocab >= 256, "vocab", cfg.vocab,
                 "must be at least 256 to train on text (one token per byte)")
         require(self.text is None or self.batch == 1, "batch", self.batch,
@@ -207,7 +214,7 @@ class TrainCase:
 
     def label(self) -> str:
         opts = "".join(f" {k}={v}" for k, v in self.options)
-        dp = f" DP={self.dp}" if self.dp > 1 else ""
+        dp = (f" DP={self.dp}" if self.dp > 1 else "") + (f" EP={self.ep}" if self.ep > 1 else "")
         head = " fused-head" if self.fused_head else ""
         head += "" if self.states == "replicated" else f" {self.states}" + (
             "".join(f"+offload:{o}" for o in self.state_policy().offload))

@@ -89,8 +89,7 @@ class ParallelPlan(_Strict):
         "static", description="static: one SP degree (world / train.dp), sequences packed; "
                               "dynamic: each sequence on the smallest group that holds it")
     packing: Literal["best-fit", "cost-balanced"] = Field(
-        "best-fit", description="static packs: best-fit by tokens, or balanced by predicted work "
-                                "(WLB-LLM)")
+        "best-fit", description="static packs: best-fit by tokens, or by predicted work (WLB-LLM)")
     capacity: int | None = Field(None, gt=0, description="tokens a rank holds in a micro-batch "
                                  "(default: seq_len / the static SP degree)")
     equal_counts: bool = Field(False, description="dynamic: every rank runs as many micro-batches "
@@ -102,16 +101,16 @@ class ParallelPlan(_Strict):
         "smallest", description="dynamic: each sequence on the smallest group that holds it "
                                 "(Megatron-LM), or larger groups where the step's predicted "
                                 "makespan falls (FlexSP, ByteScale)")
+    ep: int = Field(1, gt=0, description="expert parallelism (train): each MoE layer's experts "
+                    "spread over EP groups of ep consecutive DP x SP ranks (model.ep)")
 
     def changed_varlen_field(self) -> str | None:
-        """The first field of a step of lengths not at its default (None: all are, so old specs
-        keep their hashes)."""
+        """The first field of a step of lengths not at its default (None: all are: old hashes)."""
         return next((k for k in VARLEN_PLAN_FIELDS
                      if getattr(self, k) != type(self).model_fields[k].default), None)
 
 
-VARLEN_PLAN_FIELDS = ("sp_policy", "packing", "capacity", "equal_counts", "group_sizes",
-                      "degrees")
+VARLEN_PLAN_FIELDS = ("sp_policy", "packing", "capacity", "equal_counts", "group_sizes", "degrees")
 
 
 # ConfigError fields from algorithms.check -> where they live in an ExperimentSpec
@@ -162,8 +161,9 @@ class ExperimentSpec(_Strict):
                         "text or corpus data trains a model: it needs a train section")
         if self.train is None and self.workload.lengths is not None:
             raise _rule("workload.lengths", self.workload.lengths,
-                        "a step of variable-length sequences trains a model: it needs a train "
-                        "section")
+                        "a step of variable-length sequences trains a model: it needs a train section")
+        if self.train is None and self.plan.ep != 1:
+            raise _rule("plan.ep", self.plan.ep, "spreads a model's experts: it needs a train section")
         changed = self.plan.changed_varlen_field()
         if self.workload.lengths is None and changed is not None:
             raise _rule(f"plan.{changed}", getattr(self.plan, changed),
@@ -227,8 +227,8 @@ class ExperimentSpec(_Strict):
         if w.lengths is None:
             late |= {"lengths", "tokens_per_step", "batches"}
         exclude["workload"] = late
-        if self.plan.changed_varlen_field() is None:
-            exclude["plan"] = set(VARLEN_PLAN_FIELDS)
+        exclude["plan"] = ({"ep"} if self.plan.ep == 1 else set()) | (  # hashed when set
+            set(VARLEN_PLAN_FIELDS) if self.plan.changed_varlen_field() is None else set())
         if self.train is not None:
             defaults = {"tiled": False, "mla_pass": "kv", "linear_sp": None}  # hashed when set
             exclude["train"] = {k for k, v in defaults.items() if getattr(self.train, k) == v}
@@ -296,7 +296,7 @@ def _plain_train_case(spec: ExperimentSpec) -> TrainCase:
                      dtype=w.dtype, checkpoint=t.checkpoint, seq_fraction=t.seq_fraction,
                      fused_head=t.fused_head, options=tuple(sorted(spec.options.items())),
                      warmup=w.warmup, iters=w.iters, seed=w.seed, lr=t.lr, states=t.states,
-                     master_dtype=t.master_dtype,
+                     master_dtype=t.master_dtype, ep=p.ep,
                      offload=tuple(t.offload) if isinstance(t.offload, list) else t.offload,
                      tiled=t.tiled, mask=w.mask_spec, mla_pass=t.mla_pass, linear_sp=t.linear_sp,
                      text=text.path() if text is not None else None,
@@ -312,7 +312,7 @@ _TRAIN_HOME = {"sp": "plan.world", "dp": "train.dp", "checkpoint": "train.checkp
                "offload": "train.offload", "vocab": "train.vocab", "capacity": "plan.capacity",
                "mla_pass": "train.mla_pass", "linear_sp": "train.linear_sp",
                "sp_policy": "plan.sp_policy", "packing": "plan.packing",
-               "degrees": "plan.degrees",
+               "degrees": "plan.degrees", "ep": "plan.ep",
                "degree": "plan.world", "sp_group": "plan.world", "lengths": "workload.lengths",
                "tokens_per_step": "workload.tokens_per_step", "batches": "workload.batches"}
 

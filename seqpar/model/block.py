@@ -8,7 +8,8 @@ The bracketed norms are Gemma's sandwich norms; the norms are Gemma's (1 + w, in
 where `norm_offset`. A layer's RoPE is `layer_rope(cfg, i)`: the model's, a sliding layer's own
 base (Gemma 3), or none (no-RoPE layers); its attention is the model's for its window
 (`Transformer`: one per distinct window, on one mesh). An MoE layer records its router's stats
-into the model's `RouterLog` while a forward records (the load-balancing loss, `model.moe`).
+into the model's `RouterLog` while a forward records (the load-balancing loss, `model.moe`);
+under expert parallelism it holds its rank's rows of the experts and runs `model.ep`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from seqpar.model import checkpointing, deltanet, mla
+from seqpar.model.ep import ExpertParallel, is_expert
 from seqpar.model.layers import apply_rope, glu, norm
 from seqpar.model.moe import RouterStats, moe_ffn
 from seqpar.rules.model import ModelConfig, ffn_shapes, layer_shapes
@@ -64,13 +66,17 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int, stored: torch.dtype, compute: torch.dtype,
                  device: torch.device | None = None, mlp_tile: int | None = None,
-                 router_log: RouterLog | None = None):
+                 router_log: RouterLog | None = None, experts: ExpertParallel | None = None):
         super().__init__()
         self.cfg, self.layer, self.compute, self.mlp_tile = cfg, layer, compute, mlp_tile
         self.rope = layer_rope(cfg, layer)
         self.moe = tuple(ffn_shapes(cfg, moe=True)) if cfg.is_moe(layer) else ()
         self.router_log = router_log
+        self.experts = experts if self.moe else None  # EP: this rank's rows of the experts
+        held = None if self.experts is None else self.experts.held(cfg.experts)
         for name, shape in layer_shapes(cfg, layer).items():
+            if held is not None and is_expert(name):
+                shape = (held[1] - held[0], *shape[1:])
             setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=stored, device=device)))
 
     def w(self, p: torch.Tensor | None) -> torch.Tensor | None:
@@ -116,7 +122,9 @@ class Block(nn.Module):
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(x, "ffn_norm")
         if self.moe:
-            y, stats = moe_ffn(h, {name: self.opt(name) for name in self.moe}, self.cfg)
+            params = {name: self.opt(name) for name in self.moe}
+            y, stats = (moe_ffn(h, params, self.cfg) if self.experts is None
+                        else self.experts.ffn(h, params, self.cfg))
             if self.router_log is not None and self.router_log.stats is not None:
                 self.router_log.stats.append(stats)
         else:

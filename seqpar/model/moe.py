@@ -148,10 +148,12 @@ def moe_ffn(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig,
     out = (ys * r.weights.to(ys.dtype).unsqueeze(-1)).sum(dim=1)
     if cfg.shared_ffn:
         out = out + shared_ffn(flat, p, cfg)
-    return out.view(b, s, d), _stats(r, per_expert, mask, cfg)
+    return out.view(b, s, d), router_stats(r, per_expert, mask, cfg)
 
 
-def _stats(r: Routing, per_expert: Tensor, mask: Tensor | None, cfg: ModelConfig) -> RouterStats:
+def router_stats(r: Routing, per_expert: Tensor, mask: Tensor | None,
+                 cfg: ModelConfig) -> RouterStats:
+    """The layer's RouterStats of routing r over the tokens `mask` keeps (None: all)."""
     with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.aux_loss_coef > 0):
         if mask is None:
             return RouterStats(per_expert, r.probs.sum(dim=0),

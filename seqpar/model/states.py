@@ -84,8 +84,10 @@ def check_offload(offload: tuple[str, ...], states: str, device_type: str | None
             f"host, and on a {kind} device everything is in host memory already")
 
 def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: StatePolicy,
-                dtype: torch.dtype, dp: int) -> None:
-    """fully_shard each block, then the root, over the 1-D DeviceMesh `mesh` (the whole world)."""
+                dtype: torch.dtype, dp: int, ignored: set[nn.Parameter] | None = None) -> None:
+    """fully_shard each block, then the root, over the 1-D DeviceMesh `mesh` (the whole world);
+    `ignored` (expert parallelism's experts, sharded by `model.ep` over their own ranks) left
+    out."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     stored = policy.param_dtype(dtype)
@@ -95,7 +97,7 @@ def shard_model(net: nn.Module, blocks: Iterable[nn.Module], mesh, policy: State
     keep = policy.states == "dist-opt"  # gathered once a step, kept through backward
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                    reshard_after_forward=not keep)
+                    reshard_after_forward=not keep, ignored_params=ignored)
     if keep:
         _book_collectives(units)
     for unit in units:
@@ -200,7 +202,12 @@ def optimizer(params: Iterable[nn.Parameter], policy: StatePolicy,
     params = list(params)
     kind = step_kind(params)
     if policy.states != "zero1" or group is None or dist.get_world_size(group) == 1:
-        return torch.optim.AdamW(params, lr=lr, **kind)
+        # FSDP2's DTensors beside plain tensors (expert parallelism's experts): one multi-tensor
+        # update each, as foreach takes one kind at a time
+        kinds = [g for g in ([p for p in params if is_sharded(p)],
+                             [p for p in params if not is_sharded(p)]) if g]
+        groups = [{"params": g} for g in kinds] if len(kinds) > 1 else params
+        return torch.optim.AdamW(groups, lr=lr, **kind)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=group,

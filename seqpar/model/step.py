@@ -14,6 +14,8 @@ deal), so every rank's gradient is its share of the one gradient; the shares are
 pool once, after the last micro-batch — an all-reduce of every gradient (replicated states), or
 FSDP2's reduce-scatter of each micro-batch's (states sharded over the pool, where every rank runs
 the same number of micro-batches: a rank with nothing in a round runs an empty one, weight 0).
+Under expert parallelism every rank runs every round too (each MoE layer's all-to-alls join the
+EP group's ranks), and the experts' gradients are summed over their EDP group, not the pool.
 
 Under dist-opt (Megatron's distributed optimizer on FSDP2) the pool's collectives sit outside the
 micro-batches, where no group's attention can interleave with them: every rank gathers every
@@ -36,7 +38,7 @@ import torch.distributed as dist
 from seqpar.algorithms import ledger
 from seqpar.algorithms.mesh import Pool, solo_mesh
 from seqpar.errors import require
-from seqpar.model import states
+from seqpar.model import ep, states
 from seqpar.model.transformer import Pack, SPGroup, Transformer, build_layers
 from seqpar.rules.deal import Deal, MicroBatch
 from seqpar.rules.layouts import positions as layout_positions
@@ -162,9 +164,13 @@ def train_step(model: StepModel, deal: Deal, tokens_of: Callable[[int], torch.Te
     if model.gathered:
         states.gather(net)
         states.accumulate(net, True)
+    if net.experts is not None:  # every MoE layer an all-to-all over the EP group: in step
+        require(len({len(deal.of_rank(r)) for r in range(deal.pool)}) == 1, "ep",
+                net.experts.ep, "needs every rank of the pool to run as many micro-batches "
+                "(the static policy, or equal_counts)")
     for m in deal.of_rank(rank):
-        if not m.seqs and not model.sharded:
-            continue  # an empty round matters only to FSDP's gathers over the pool
+        if not m.seqs and not model.sharded and net.experts is None:
+            continue  # an empty round matters only to FSDP's gathers and EP's all-to-alls
         sp = model.group(m)
         pack = pack_of([tokens_of(i) for i in m.seqs], net.layout, sp.world) if m.seqs else EMPTY
         sent = _sent()
@@ -217,6 +223,12 @@ def reduce_grads(net: Transformer, pool: Pool | None) -> None:
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    works = [dist.all_reduce(p.grad, group=pool.whole, async_op=True) for p in params]
+    experts = set(ep.expert_params(net)) if net.experts is not None else set()
+    edp = net.experts.groups.edp if experts else None
+    works = [dist.all_reduce(p.grad, group=pool.whole, async_op=True) for p in params
+             if p not in experts]
+    # under EP the experts' gradients are summed over the ranks holding the same experts
+    works += [dist.all_reduce(p.grad, group=edp, async_op=True) for p in params
+              if p in experts and edp is not None]
     for w in works:
         w.wait()

@@ -23,6 +23,9 @@ Gradients are summed over the sequence-parallel group and averaged over `dp_grou
 `states="replicated"` parameter by parameter while backward runs (`grads.py`; every .grad is then
 the full gradient); with `states="fsdp"` by FSDP2's reduce-scatter over the whole DP x SP world
 (`states.py`).
+With `ep` > 1 every MoE layer's experts are spread over EP groups of `ep` consecutive ranks of the
+DP x SP world (`model.ep`; `experts`: groups built before, else here, collectively), each rank
+holding its slice, their gradients summed over the ranks holding the same experts.
 `dtype` is the compute dtype; `master_dtype` (default: `dtype`) the parameters' dtype, so bf16
 compute with fp32 master weights, moments and gradient reductions is `dtype=torch.bfloat16,
 master_dtype=torch.float32`. Parameter names are the same in every mode.
@@ -50,8 +53,10 @@ from torch import nn
 
 from seqpar.algorithms import Attention, Mesh, build_attention
 from seqpar.algorithms.layouts import check_seq_len
+from seqpar.algorithms.mesh import ExpertGroups
 from seqpar.errors import require
-from seqpar.model import checkpointing, deltanet, grads, head, init, mla, moe
+from seqpar.model import checkpointing, deltanet, head, init, mla, moe
+from seqpar.model import ep as ep_model
 from seqpar.model import states as model_states
 from seqpar.model.block import Block, RouterLog, layer_rope
 from seqpar.model.config import ModelConfig
@@ -162,7 +167,7 @@ class Transformer(nn.Module):
                  offload: bool | Sequence[str] = (), device: torch.device | str | None = None,
                  tiled: bool = False, mlp_tile: int | None = None,
                  mask: masks.Mask | None = None, shard_group: dist.ProcessGroup | None = None,
-                 **attention_options: Any):
+                 ep: int = 1, experts: ExpertGroups | None = None, **attention_options: Any):
         super().__init__()
         if mesh is not None:  # a prebuilt DP x SP mesh (algorithms.mesh_for(..., dp=)) gives both
             require(mesh.real, "mesh", "views", "must be built collectively (algorithms.mesh_for)")
@@ -197,19 +202,22 @@ class Transformer(nn.Module):
         d = cfg.hidden
         self.embed = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
         tile = (mlp_tile or cfg.hidden) if tiled else None  # ALST: ceil(N / hidden) tiles
+        self.experts = ep_model.build(ep, experts, cfg, states_policy, checkpoint, tile, mesh,
+                                      self.dp)  # expert parallelism (None: every rank all)
         self.router_log = RouterLog()
-        self.blocks = nn.ModuleList(Block(cfg, i, stored, dtype, build_on, tile, self.router_log)
-                                    for i in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(cfg, i, stored, dtype, build_on, tile, self.router_log,
+                                          self.experts) for i in range(cfg.layers))
         self.norm = nn.Parameter(torch.empty(d, dtype=stored, device=build_on))
         if not cfg.tie_embeddings:  # tied: the embedding is the head (`lm_head`)
             self.head = nn.Parameter(torch.empty(cfg.vocab, d, dtype=stored, device=build_on))
         if sharded:
             world_mesh = shard_mesh(mesh, group, dp_group, device, shard_group)
-            model_states.shard_model(self, self.blocks, world_mesh, states_policy, dtype, self.dp)
+            model_states.shard_model(self, self.blocks, world_mesh, states_policy, dtype, self.dp,
+                                     ignored=set(ep_model.expert_params(self)) if ep > 1 else None)
             self.to_empty(device=device)
         self.reset_parameters(seed)
         reduced = not sharded and (group is not None or dp_group is not None)
-        self.sync = grads.GradSync(self.parameters(), group, dp_group, self.dp) if reduced else None
+        self.sync = ep_model.grad_sync(self, group, dp_group, self.dp) if reduced else None
         # the ranks ZeRO-1 shares the moments over: those whose gradients are reduced alike
         zero1 = states_policy.states == "zero1" and (reduced or shard_group is not None)
         self.states_group = (shard_mesh(mesh, group, dp_group, device, shard_group).get_group()
@@ -233,6 +241,8 @@ class Transformer(nn.Module):
         on every rank, at every world size and in every `states` mode, and no rank ever holds a
         whole parameter it does not own."""
         init.init_parameters(self, seed, self.cfg.norm_offset)
+        if self.experts is not None:
+            ep_model.init_experts(self, seed, self.experts, self.cfg.experts, self.cfg.norm_offset)
 
     def shard(self, tokens: torch.Tensor, cu_seqlens=None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -344,8 +354,8 @@ class Transformer(nn.Module):
     def full_grads(self) -> dict[str, torch.Tensor]:
         """{parameter name: the full gradient}, identical on every rank, in every `states` mode (under
         fsdp an all-gather per parameter: every rank must call it)."""
-        return {name: model_states.full(p.grad) for name, p in self.named_parameters()
-                if p.grad is not None}
+        return {name: ep_model.full(self.experts, name, p.grad, self.cfg.experts)
+                for name, p in self.named_parameters() if p.grad is not None}
 
 
 def shard_mesh(mesh: Mesh | None, group: dist.ProcessGroup | None,

@@ -266,3 +266,44 @@ def node_block_size(nodes: Sequence[int]) -> int:
 def burst_ring(nodes: Sequence[int], rank: int) -> NestedRing:
     """The topology-aware ring of `rank` in a group whose members sit on `nodes`."""
     return NestedRing(len(nodes), node_block_size(nodes), rank)
+
+
+# --- Expert parallelism (EP)
+# EP borrows its ranks from the DP x SP world (torchtitan's EP inside dp_shard x cp; no rank is
+# added for it): the world's ranks are dp-major (replica d holds ranks [d*sp, (d+1)*sp)), and an
+# EP group is `ep` consecutive ranks of it — SP-inner first, so where ep <= sp an EP group sits
+# inside one SP group, and where ep > sp it joins ep / sp whole SP groups of neighbouring replicas.
+# Nodes are blocks of consecutive ranks, so an EP group lies inside one node whenever ep divides
+# the ranks per node (ep <= ranks per node), and its all-to-alls then run on intra-node links. EP
+# rank i of a group holds the experts [i*E/ep, (i+1)*E/ep) of every MoE layer (a contiguous slice
+# of the stacked experts_* tensors). The ranks that hold the same experts — one of each EP group,
+# the expert-data-parallel (EDP) group — sum those experts' gradients (and shard them under FSDP).
+
+
+def check_ep(ep: int, world: int, experts: int) -> None:
+    """EP's own rules: a positive integer dividing the DP x SP world and the experts."""
+    require(isinstance(ep, int) and not isinstance(ep, bool) and ep >= 1, "ep", ep,
+            "must be a positive integer (ranks an MoE layer's experts are spread over)")
+    require(world % ep == 0, "ep", ep, f"must divide the DP x SP ranks ({world})")
+    require(experts % ep == 0, "ep", ep, f"must divide the experts of each MoE layer ({experts})")
+
+
+def ep_groups(world: int, ep: int) -> list[list[int]]:
+    """The world / ep EP groups: `ep` consecutive ranks each (group rank = EP index)."""
+    return [list(range(g * ep, (g + 1) * ep)) for g in range(world // ep)]
+
+
+def edp_groups(world: int, ep: int) -> list[list[int]]:
+    """The ep expert-data-parallel groups: the ranks with EP index i (i, i + ep, ...), which hold
+    the same experts; group rank = EP group index."""
+    return [list(range(i, world, ep)) for i in range(ep)]
+
+
+def ep_index(rank: int, ep: int) -> tuple[int, int]:
+    """(the EP index, the EP group) of world rank `rank`: which experts it holds, whose tokens."""
+    return rank % ep, rank // ep
+
+
+def ep_within_nodes(ep: int, ranks_per_node: int) -> bool:
+    """Whether every EP group lies inside one node (nodes are blocks of consecutive ranks)."""
+    return ranks_per_node % ep == 0

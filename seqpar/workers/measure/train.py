@@ -108,7 +108,7 @@ def build(case: TrainCase, sp_group: dist.ProcessGroup | None,
                        dtype=DTYPES[case.dtype], mesh=mesh, master_dtype=policy.master_dtype,
                        states=policy.states, offload=policy.offload, device=device,
                        tiled=case.tiled, mask=case.attention_mask, mla_pass=case.mla_pass,
-                       linear_sp=case.linear_sp,
+                       linear_sp=case.linear_sp, ep=case.ep,
                        **dict(case.options))
 
 

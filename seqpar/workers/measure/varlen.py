@@ -60,7 +60,8 @@ def build(case: TrainCase, pool: Pool | None, device: torch.device) -> StepModel
                       fused_head=case.fused_head, head_tiles=case.head_tiles, seed=case.seed,
                       dtype=DTYPES[case.dtype], master_dtype=policy.master_dtype,
                       states=policy.states, offload=policy.offload, device=device,
-                      tiled=case.tiled, shard_group=None if pool is None else pool.whole)
+                      tiled=case.tiled, shard_group=None if pool is None else pool.whole,
+                      ep=case.ep)
     linear = {"linear_sp": case.linear_sp} if case.linear_sp else {}
     options = {size: (name, {**opts, **linear})
                for size, (name, opts) in ((s, case.options_at(s)) for s in case.group_sizes())}
