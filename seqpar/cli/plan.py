@@ -18,6 +18,7 @@ from seqpar.cli.plan_validate import validate as _validate
 from seqpar.errors import require
 from seqpar.planner import clusters, pins
 from seqpar.planner import plan as perf_plan
+from seqpar.planner.ep import check_filters
 from seqpar.planner.lengths_step import GROUP_SIZES
 from seqpar.planner.maxseq import max_seq
 from seqpar.planner.policy import Filters
@@ -183,6 +184,7 @@ def answer(q: Question) -> int | None:
                       checkpoint=q.checkpoint, fused_head=q.fused_head, tiled=q.tiled,
                       offload=None if q.offload is None else offload_names(q.offload),
                       options=pins.parse(q.option), ep=q.ep)
+    check_filters(filters)  # what the runner trains beside a pinned EP
     names = [n for n in algorithms.REGISTRY if q.algorithm is None or n == q.algorithm]
     if q.scope == "cluster":
         worlds = [s for s in range(1, q.world + 1)

@@ -18,6 +18,7 @@ traffic and the attention's (`step`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from seqpar.errors import require
 from seqpar.planner import host
@@ -28,6 +29,9 @@ from seqpar.rules.model import ModelConfig
 ROUTING_SKEW = 1.0  # uniform routing: the busiest EP member gets the mean of the routed pairs
 EP_OVERLAP = 0.0    # of an all-to-all hidden behind compute: none (each waits on the last)
 FORWARD = 2         # dispatch and combine a block's forward; backward the same again
+# what the runner trains with EP (`model.ep.check`): checkpoint modes that keep a rank's tokens
+# whole, activations the only offload, no tiled MLP; FSDP needs E / world experts a rank
+EP_CHECKPOINTS = ("none", "full", "sc++")
 
 
 def degrees(cfg: ModelConfig, world: int, per_node: int) -> tuple[int, ...]:
@@ -51,6 +55,28 @@ def check(cfg: ModelConfig, ep: int, world: int) -> None:
             f"({cfg.experts}): each EP rank holds as many")
     require(world % ep == 0, "ep", ep, f"must divide the ranks (DP x SP = {world}): EP groups "
             "are ep consecutive ranks")
+
+
+def allowed(policy: Any, cfg: ModelConfig, world: int) -> bool:
+    """Whether the runner trains `policy` (a `Policy`) with its EP (`EP_CHECKPOINTS`)."""
+    return policy.ep == 1 or (policy.checkpoint in EP_CHECKPOINTS and not policy.tiled
+                              and set(policy.offload) <= {"activations"}
+                              and (policy.states != "dp_sp" or cfg.experts % world == 0))
+
+
+def check_filters(filters: Any) -> None:
+    """One line for a pin the runner does not train beside a pinned EP over 1 (`Filters`)."""
+    f = filters
+    if not f.ep or f.ep == 1:
+        return
+    require(f.checkpoint is None or f.checkpoint in EP_CHECKPOINTS, "checkpoint", f.checkpoint,
+            f"with ep {f.ep} must be one of {', '.join(EP_CHECKPOINTS)} (the sequence modes "
+            "split a rank's tokens unevenly across the EP group)")
+    require(f.tiled is not True, "tiled", True, f"not with ep {f.ep}: a tile would be an "
+            "all-to-all a tile")
+    require(f.offload is None or set(f.offload) <= {"activations"}, "offload",
+            ",".join(f.offload or ()), f"with ep {f.ep} may only be activations (the experts' "
+            "states are held outside FSDP2)")
 
 
 def groups(world: int, ep: int) -> list[list[int]]:

@@ -86,8 +86,7 @@ def attention_space(sp: int, filters: Filters) -> list[tuple[str, dict[str, Any]
 
 
 def frugal(policies: Sequence[Policy]) -> Policy:
-    """The policy of a space (of one states choice) that holds the least memory (full
-    checkpointing, the fused head, the most offload, tiled)."""
+    """A space's policy of the least memory (full checkpoint, fused head, most offload, tiled)."""
     def cost(p: Policy) -> tuple:
         ck = {"full": 0, "sc++": 2}.get(p.checkpoint, 1 if p.checkpoint.startswith("seq-attn")
                                         else 3 if "seq:" in p.checkpoint else 4)
@@ -212,7 +211,8 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
     eps = ep_mod.degrees(setup.cfg, setup.world, setup.per_node)
     for dp, sp, _ in result.splits:
         every_policy = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node,
-                                         eps=eps) if offloadable or not p.offload]
+                                         eps=eps) if (offloadable or not p.offload)
+                        and ep_mod.allowed(p, setup.cfg, setup.world)]
         if not every_policy:
             continue
         usable = _Usable(setup, sp, every_policy)

@@ -86,7 +86,11 @@ def test_ep_is_searched_for_a_mixture_of_experts_only():
     assert {s.policy.ep for s in dense.ranked} == {1}
     moe = search(make_setup(H100, "tiny-qwen3-moe", 4096, None, 4, 1), Filters(sp=1), keep=None)
     assert {s.policy.ep for s in moe.ranked} == {1, 2, 4}
-    assert {s.policy.states for s in moe.ranked if s.policy.ep > 1} == {"dp_sp", "replicated"}
+    with_ep = [s.policy for s in moe.ranked if s.policy.ep > 1]
+    assert {p.states for p in with_ep} == {"dp_sp", "replicated"}
+    # what the runner trains with EP (model.ep.check): no sequence modes, tiles, states offload
+    assert {p.checkpoint for p in with_ep} == set(ep.EP_CHECKPOINTS)
+    assert not any(p.tiled or set(p.offload) - {"activations"} for p in with_ep)
     assert all(s.json()["ep"] == s.policy.ep for s in moe.ranked)
     pinned = search(make_setup(H100, "tiny-qwen3-moe", 4096, None, 4, 1, ep=2),
                     Filters(sp=1, ep=2), keep=None)
@@ -108,6 +112,12 @@ def test_bad_ep_is_one_line(model, size, world, said):
 def test_states_without_ep_and_a_bad_skew_are_one_line():
     with pytest.raises(ConfigError, match="states='zero1': does not hold experts"):
         Filters(states="zero1", ep=2)
+    for pin, said in (({"tiled": True}, "tiled=True: not with ep 2"),
+                      ({"checkpoint": "seq:0.5"}, "checkpoint='seq:0.5': with ep 2 must be one of"),
+                      ({"offload": ("optimizer", "params")}, "offload='optimizer,params'")):
+        with pytest.raises(ConfigError, match=said.replace("(", "\\(")):
+            ep.check_filters(Filters(ep=2, **pin))
+    ep.check_filters(Filters(ep=1, tiled=True))
     with pytest.raises(ConfigError, match="routing-skew=0.5: must be at least 1"):
         make_setup(H100, "tiny-qwen3-moe", 4096, None, 4, 1, routing_skew=0.5)
 
