@@ -248,6 +248,9 @@ def load(net: nn.Module, path: str) -> None:
 
     shapes = checkpoint_shapes(path)
     require(bool(shapes), "checkpoint", path, "holds no .safetensors file")
+    experts = getattr(net, "experts", None)  # expert parallelism: a rank holds an EP slice
+    require(experts is None, "ep", getattr(experts, "ep", None), "a checkpoint loads with ep 1 "
+            "only (hf.load reads whole expert tensors, not a rank's EP slice)")
     cfg: ModelConfig = net.cfg
     plan = sources(cfg, set(shapes))
     params = dict(net.named_parameters())
