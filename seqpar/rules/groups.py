@@ -307,3 +307,21 @@ def ep_index(rank: int, ep: int) -> tuple[int, int]:
 def ep_within_nodes(ep: int, ranks_per_node: int) -> bool:
     """Whether every EP group lies inside one node (nodes are blocks of consecutive ranks)."""
     return ranks_per_node % ep == 0
+
+
+def ep_rows(counts: Sequence[Sequence[int]], ep: int) -> list[tuple[int, int]]:
+    """(rows sent, rows received) by each rank in one MoE layer's dispatch, from counts[r][e]:
+    the assignments of rank r's tokens to expert e (a token sent to k experts counts k times).
+    Rows bound for the rank's own EP index stay; the combine sends the same rows back, so a
+    rank's all-to-all bytes a layer are (sent + received) x hidden x dtype bytes, each way
+    (forward and backward: the backward sends the gradients of the same rows)."""
+    experts = len(counts[0])
+    per = experts // ep
+    out = []
+    for r, mine in enumerate(counts):
+        i, g = ep_index(r, ep)
+        group = range(g * ep, (g + 1) * ep)
+        sent = sum(n for e, n in enumerate(mine) if e // per != i)
+        got = sum(counts[q][e] for q in group if q != r for e in range(i * per, (i + 1) * per))
+        out.append((sent, got))
+    return out

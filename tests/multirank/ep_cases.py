@@ -15,14 +15,16 @@ import torch.distributed as dist
 from seqpar import algorithms
 from seqpar.algorithms import ledger
 from seqpar.algorithms.mesh import build_expert_groups, build_pool
-from seqpar.model import Transformer
+from seqpar.model import Transformer, moe
 from seqpar.model.step import StepModel, pack_of, train_step
 from seqpar.rules.deal import CostModel, deal
+from seqpar.rules.groups import ep_rows
+from seqpar.rules.layouts import positions
 from seqpar.rules.model import ModelConfig, from_hf
 from seqpar.workers import step_check
 
 _COMMON = {"vocab_size": 61, "hidden_size": 48, "num_hidden_layers": 2, "intermediate_size": 32,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+           "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 6,
            "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 FAMILIES = {
     "mixtral": {**_COMMON, "model_type": "mixtral", "num_local_experts": 8,
@@ -171,17 +173,45 @@ def _a2a(book: ledger.Ledger) -> dict[str, int]:
             for phase in ("forward", "backward")}
 
 
-def reference(case: EPCase) -> tuple[float, dict[str, torch.Tensor]]:
-    """The one-process model's loss and gradients on the same tokens."""
+def reference(case: EPCase) -> tuple[float, dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The one-process model's loss and gradients on the same tokens, and each MoE layer's
+    chosen experts (rows: batch row, then position)."""
     net = Transformer(family(case.family), dtype=torch.float64, seed=case.seed)
-    if case.lengths:
-        seqs = case.lengths_of()
-        total = sum(len(t) - 1 for t in seqs)
-        loss = sum(net(pack=pack_of([t])) for t in seqs) / total
-    else:
-        loss = net.loss(case.tokens())
+    chosen: list[torch.Tensor] = []
+
+    def route(*args, **kwargs):
+        r = plain_route(*args, **kwargs)
+        chosen.append(r.experts)
+        return r
+
+    plain_route, moe.route = moe.route, route
+    try:
+        if case.lengths:
+            seqs = case.lengths_of()
+            total = sum(len(t) - 1 for t in seqs)
+            loss = sum(net(pack=pack_of([t])) for t in seqs) / total
+        else:
+            loss = net.loss(case.tokens())
+    finally:
+        moe.route = plain_route
     loss.backward()
-    return loss.item(), {k: p.grad for k, p in net.named_parameters() if p.grad is not None}
+    grads = {k: p.grad for k, p in net.named_parameters() if p.grad is not None}
+    return loss.item(), grads, chosen
+
+
+def analytic_bytes(case: EPCase, chosen: list[torch.Tensor]) -> list[int]:
+    """Each rank's all-to-all bytes of one direction (forward or backward) from the one-process
+    routing: over the MoE layers, (rows sent + rows received) x hidden x 8 (`rules.groups`)."""
+    cfg = family(case.family)
+    held = [positions(case.layout, r % case.sp, case.sp, case.seq_len) for r in range(case.world)]
+    out = [0] * case.world
+    for experts in chosen:  # one MoE layer: (dp x N, k)
+        counts = [torch.bincount(experts[[r // case.sp * case.seq_len + p for p in held[r]]]
+                                 .reshape(-1), minlength=cfg.experts).tolist()
+                  for r in range(case.world)]
+        for r, (sent, got) in enumerate(ep_rows(counts, case.ep)):
+            out[r] += (sent + got) * cfg.hidden * 8
+    return out
 
 
 def check(gang, case: EPCase) -> list[dict[str, int]]:
@@ -191,11 +221,18 @@ def check(gang, case: EPCase) -> list[dict[str, int]]:
     else:
         gang.run(rank_make_groups, case)
         got = gang.run(rank_ep_step, case, size=case.world, mesh=case.mesh_key())
-    want_loss, want = reference(case)
+    want_loss, want, chosen = reference(case)
     for rank, (loss, grads, _) in enumerate(got):
         assert abs(loss - want_loss) <= 1e-10 * abs(want_loss), (case.label(), rank, loss)
         assert set(grads) == set(want), (case.label(), set(want) ^ set(grads))
         for k, g in want.items():
             err = (grads[k] - g).abs().max().item() / max(g.abs().max().item(), 1e-30)
             assert err <= 1e-8, f"{case.label()} rank {rank}: {k} off by {err:.2e}"
-    return [bytes_ for _, _, bytes_ in got]
+    booked = [bytes_ for _, _, bytes_ in got]
+    if not case.lengths:  # each rank's all-to-all bytes: the count from the routing
+        want_bytes = analytic_bytes(case, chosen)
+        factor = 2 if case.checkpoint != "none" else 1  # a recomputed forward sends again
+        for rank, b in enumerate(booked):
+            assert b == {"forward": factor * want_bytes[rank], "backward": want_bytes[rank]}, (
+                case.label(), rank, b, want_bytes[rank])
+    return booked
