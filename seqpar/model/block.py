@@ -45,6 +45,17 @@ class RouterLog:
 
     def __init__(self) -> None:
         self.stats: list[RouterStats] | None = None
+        self.load: dict[int, torch.Tensor] = {}  # layer -> pairs routed to each expert, summed
+
+    def add_load(self, layer: int, counts: torch.Tensor) -> None:
+        """Add one forward's per-expert assignments of MoE layer `layer` (every forward adds,
+        recomputations too: a layer's counts scale alike, its imbalance does not move)."""
+        self.load[layer] = self.load.get(layer, 0) + counts.detach()
+
+    def loads(self) -> list[list[int]]:
+        """Each MoE layer's summed per-expert assignments, in layer order (the metric
+        `expert_imbalance`, `workers.metrics`)."""
+        return [self.load[i].tolist() for i in sorted(self.load)]
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[list[RouterStats]]:
@@ -125,8 +136,10 @@ class Block(nn.Module):
             params = {name: self.opt(name) for name in self.moe}
             y, stats = (moe_ffn(h, params, self.cfg) if self.experts is None
                         else self.experts.ffn(h, params, self.cfg))
-            if self.router_log is not None and self.router_log.stats is not None:
-                self.router_log.stats.append(stats)
+            if self.router_log is not None:
+                self.router_log.add_load(self.layer, stats.counts)
+                if self.router_log.stats is not None:
+                    self.router_log.stats.append(stats)
         else:
             y = self.ffn(h)
         return self.norm(y, "post_ffn_norm") if self.cfg.sandwich_norms else y

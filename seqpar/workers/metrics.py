@@ -152,7 +152,22 @@ def _training(case: TrainCase, ranks: Sequence[RankMeasurement], step_ms: float,
         if values:
             out[key] = float(max(values))
     out["params"] = float(case.config().params())
+    loads = [m.extra["expert_load"] for m in ranks if m.extra.get("expert_load")]
+    if loads:
+        out["expert_imbalance"] = expert_imbalance(loads)
     return out
+
+
+def expert_imbalance(loads: Sequence[Sequence[Sequence[int]]]) -> float:
+    """The experts' load imbalance: per MoE layer, the pairs routed to the busiest expert over
+    the mean pairs an expert (every rank's tokens, every step summed: loads[rank][layer][e]),
+    averaged over the layers (1: even; E / k at worst, every pair on k experts)."""
+    ratios = []
+    for layer in zip(*loads, strict=True):
+        per_expert = [sum(col) for col in zip(*layer, strict=True)]
+        mean = sum(per_expert) / len(per_expert)
+        ratios.append(max(per_expert) / mean if mean else 1.0)
+    return sum(ratios) / len(ratios)
 
 
 def _values(case: Case | TrainCase, ranks: Sequence[RankMeasurement], setup_s: float,

@@ -13,6 +13,7 @@ from seqpar.experiments.spec import ExperimentSpec
 from seqpar.model import Transformer, ep
 from seqpar.rules.groups import edp_groups, ep_groups, ep_index, ep_rows, ep_within_nodes
 from seqpar.rules.model import ModelConfig
+from seqpar.workers.metrics import expert_imbalance
 
 MOE = "tiny-qwen3-moe"  # 8 experts, 2 a token
 
@@ -91,3 +92,11 @@ def test_the_all_to_all_rows_are_the_assignments_crossing_ranks():
     # the group's rows sent equal its rows received (what leaves one rank arrives at another)
     rows = ep_rows(counts, 2)
     assert sum(s for s, _ in rows) == sum(g for _, g in rows)
+
+
+def test_expert_imbalance_is_the_busiest_expert_over_the_mean_averaged_over_layers():
+    # two ranks, two MoE layers, 4 experts: layer 0 summed [4, 4, 4, 4] (even), layer 1
+    # [8, 0, 4, 4] (busiest 8 over a mean of 4)
+    loads = [[[1, 3, 2, 2], [5, 0, 2, 1]], [[3, 1, 2, 2], [3, 0, 2, 3]]]
+    assert expert_imbalance(loads) == pytest.approx((1.0 + 2.0) / 2)
+    assert expert_imbalance([[[0, 0]]]) == 1.0  # no token: even, not 0 / 0

@@ -55,6 +55,7 @@ class TrainResult:
     losses: list[float]
     levers: dict[str, float] = field(default_factory=dict)
     device_name: str = "cpu"
+    expert_load: list[list[int]] = field(default_factory=list)  # MoE layers' per-expert pairs
 
     @property
     def ledger(self) -> algorithms.Ledger:
@@ -158,7 +159,7 @@ def train_steps(case: TrainCase, rank: int, sp_group: dist.ProcessGroup | None,
               "recomputed_flops": model_flops.recomputed_flops(
                   cfg, case.batch, case.seq_len, case.sp, case.checkpoint, case.seq_fraction),
               "params": cfg.params(), "loss_last": losses[-1]}
-    return TrainResult(rank, case, loop, losses, levers, device_name)
+    return TrainResult(rank, case, loop, losses, levers, device_name, net.router_log.loads())
 
 
 def dp_sp_mesh(case: TrainCase, nodes: Sequence[int] | None = None,
@@ -185,7 +186,8 @@ def measure_training(case: TrainCase, rank: int, group: dist.ProcessGroup | None
     out = train_steps(case, rank, None, None, replica, name, mesh=mesh, device=device,
                       node_of_rank=nodes)
     return rank_record(case, rank, device, out.loop,
-                       extra={"train": out.levers, "losses": out.losses})
+                       extra={"train": out.levers, "losses": out.losses,
+                              "expert_load": out.expert_load})
 
 
 def gang_train(env: Any, case: TrainCase) -> TrainResult:

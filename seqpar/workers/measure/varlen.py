@@ -128,7 +128,8 @@ def measure_steps(case: TrainCase, rank: int, device: torch.device, *,
     losses = [res.loss for p in passes for _, res in p]
     extra = {"train": {"state_bytes": held[0], "params": case.config().params(),
                        "loss_last": losses[-1]},
-             "losses": losses, "varlen": _summary(case, timed, loop.ledger.to_dict())}
+             "losses": losses, "varlen": _summary(case, timed, loop.ledger.to_dict()),
+             "expert_load": model.net.router_log.loads()}
     return per_step(rank_record(case, rank, device, loop, extra=extra), len(case.batches))
 
 
