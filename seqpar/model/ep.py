@@ -100,7 +100,7 @@ class _EdpGather(torch.autograd.Function):
         if group is None:
             return shard
         out = shard.new_empty((size * shard.shape[0], *shard.shape[1:]))
-        dist.all_gather_into_tensor(out, shard.contiguous(), group=group)
+        dist.all_gather_single(out, shard.contiguous(), group=group)
         return out
 
     @staticmethod
@@ -108,7 +108,7 @@ class _EdpGather(torch.autograd.Function):
         if ctx.group is None:
             return grad / ctx.dp if ctx.dp != 1 else grad, None, None, None
         out = grad.new_empty((grad.shape[0] // ctx.size, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad.contiguous(), group=ctx.group)
+        dist.reduce_scatter_single(out, grad.contiguous(), group=ctx.group)
         return (out / ctx.dp if ctx.dp != 1 else out), None, None, None
 
 
@@ -195,7 +195,7 @@ class ExpertParallel:
 
 def _gather(t: Tensor, group: dist.ProcessGroup, size: int) -> Tensor:
     out = t.new_empty((size * t.shape[0], *t.shape[1:]))
-    dist.all_gather_into_tensor(out, t.detach().contiguous(), group=group)
+    dist.all_gather_single(out, t.detach().contiguous(), group=group)
     return out
 
 
