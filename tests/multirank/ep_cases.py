@@ -50,7 +50,8 @@ class EPCase:
     algorithm: str = "ring"
     states: str = "replicated"
     layout: str = "zigzag"
-    lengths: bool = False     # a step of variable-length sequences (static policy) instead
+    lengths: bool = False     # a step of variable-length sequences instead
+    policy: str = "static"    # its SP policy (dynamic: with equal counts, as EP needs)
     checkpoint: str = "none"
     seq_len: int = 16
     seed: int = 0
@@ -60,7 +61,7 @@ class EPCase:
         return self.sp * self.dp
 
     def label(self) -> str:
-        kind = "lengths" if self.lengths else "fixed"
+        kind = f"lengths/{self.policy}" if self.lengths else "fixed"
         return (f"{self.family} EP={self.ep} SP={self.sp} DP={self.dp} {self.algorithm} "
                 f"{self.states} {kind} ckpt={self.checkpoint}")
 
@@ -86,6 +87,9 @@ class EPCase:
 
     def the_deal(self):
         seqs = self.lengths_of()
+        if self.policy == "dynamic":
+            return deal([len(t) - 1 for t in seqs], self.world, 2 * self.seq_len, "dynamic",
+                        CostModel(), equal_counts=True)
         return deal([len(t) - 1 for t in seqs], self.world, 2 * self.seq_len, "static",
                     CostModel(), degree=self.sp)
 
@@ -158,8 +162,9 @@ def _fixed_step(env, case: EPCase, groups):
 def _lengths_step(case: EPCase, groups, pool):
     d = case.the_deal()
     net = _net(case, groups, attention="local", shard_group=pool.whole)
-    model = StepModel.build(net, pool, {case.sp: (case.algorithm, {}), 1: ("local", {})},
-                            case.layout)
+    sizes = {m.size for m in d.micro} | {1}
+    model = StepModel.build(net, pool, {n: (case.algorithm if n > 1 else "local", {})
+                                        for n in sizes}, case.layout)
     seqs = case.lengths_of()
     with ledger.recording() as book:
         res = train_step(model, d, lambda i: seqs[i], pool.pos)
