@@ -168,7 +168,7 @@ def validate(trials: Iterable[tuple[Any, Mapping[str, float]]], cluster: Cluster
         if w.lengths is not None:
             out.append(_lengths_check(spec, emulated(spec, cluster), metrics))
             continue
-        p = predict_trial(spec, emulated(spec, cluster))
+        p = predict_trial(spec, emulated(spec, cluster), cluster)
         group = f"N={w.seq_len} B={w.batch} H={m.heads}/{m.hkv} D={m.head_dim} {w.dtype} {w.mode}"
         memory = {}
         if spec.train is not None:

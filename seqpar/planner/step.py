@@ -205,7 +205,10 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
         numel = layer_numel(cfg, cl.first)
         key = ("comm", dp, sp, policy.states, train.master_dtype, numel, moe_ep)
         if key not in setup.cache:
-            setup.cache[key] = traffic(setup.net, cfg, dtype, dp, sp, policy, train, numel,
+            # the states' traffic on the host's own links where a trial emulates others (the
+            # runner emulates its algorithms' and EP's transfers, not FSDP2's nor the reductions)
+            net = setup.cache.get("states net", setup.net)
+            setup.cache[key] = traffic(net, cfg, dtype, dp, sp, policy, train, numel,
                                        routed_numel(cfg, cl.first) if moe_ep > 1 else 0)
         comm = setup.cache[key]
         busy = {k: (a.link_ms[k] + (again.forward_link_ms[k] if again is not None else 0.0)) / 1e3

@@ -9,6 +9,7 @@ from typing import Any
 
 from seqpar.planner.api import predict_spec
 from seqpar.planner.clusters import Cluster
+from seqpar.planner.net import Net
 from seqpar.planner.policy import REPLICATED, Policy, name_of
 from seqpar.planner.step import Setup, step
 from seqpar.rules.memory import TrainPolicy
@@ -29,10 +30,11 @@ def policy_of_case(case: Any) -> tuple[Policy, TrainPolicy]:
     return policy, train
 
 
-def predict_trial(spec: Any, cluster: Cluster) -> Any:
+def predict_trial(spec: Any, cluster: Cluster, host_links: Cluster | None = None) -> Any:
     """A prediction for any ExperimentSpec: an attention trial's (`api.Prediction`), or a training
     trial's `Step` (its model, DP x SP, its policy and expert parallelism), `memory` holding the
-    step's memory parts."""
+    step's memory parts. `host_links`: where `cluster` emulates links (`plan.emulated`), the host's
+    own, which the states' traffic (FSDP2's, the gradients' reductions) runs on unemulated."""
     if spec.train is None:
         return predict_spec(spec, cluster)
     case = spec.to_case()
@@ -45,6 +47,8 @@ def predict_trial(spec: Any, cluster: Cluster) -> Any:
     attn = replace(setup.attention(case.sp, name, options, case.layout), options=options)
     if getattr(case, "mla_pass", "kv") == "latent":  # MLA's latent on the ring, K,V rebuilt
         attn = setup.latent(case.sp, attn) or attn
+    if host_links is not None and host_links is not cluster:
+        setup.cache["states net"] = Net(host_links, case.world, max(1, spec.plan.nodes))
     policy, train = policy_of_case(case)
     policy = replace(policy, ep=getattr(spec.plan, "ep", 1))  # expert parallelism (plan.ep)
     return step(setup, case.dp, case.sp, attn, policy, train)

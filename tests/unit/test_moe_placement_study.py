@@ -9,7 +9,7 @@ import pytest
 
 from seqpar import planner
 from seqpar.experiments.registry import MEMORY_CLUSTER, STUDIES
-from seqpar.planner import clusters
+from seqpar.planner import clusters, plan
 from seqpar.rules.groups import ep_groups, ep_within_nodes
 
 STUDY = STUDIES["moe-placement"]
@@ -43,3 +43,17 @@ def test_every_point_is_priced_with_its_ep(preset):
         assert predicted.policy.ep == p.spec.plan.ep
         assert predicted.step_ms > 0 and predicted.peak_mem_bytes <= cluster.memory_gb * 1e9
         assert (predicted.parts["ep_comm"] > 0) == (p.spec.plan.ep > 1)
+
+
+def test_a_trial_s_states_traffic_is_priced_on_the_host_s_own_links():
+    """The runner emulates its algorithms' and EP's transfers, not the gradients' reductions nor
+    FSDP2's: under emulated links (the study's twin) those run on this host's own."""
+    local = clusters.load("local")
+    spec = next(p.spec for p in STUDY.points("cpu")
+                if p.spec.plan.ep == 1 and p.spec.plan.nodes == 2)
+    twin = plan.emulated(spec, local)
+    assert twin.inter.bandwidth_gb_per_s < local.inter.bandwidth_gb_per_s
+    all_twin = planner.predict_trial(spec, twin)
+    host = planner.predict_trial(spec, twin, local)
+    assert host.parts["exposed_comm"] < all_twin.parts["exposed_comm"]
+    assert host.attention_ms == all_twin.attention_ms  # the attention's own: still the twin's
