@@ -90,7 +90,7 @@ def frugal(policies: Sequence[Policy]) -> Policy:
     def cost(p: Policy) -> tuple:
         ck = {"full": 0, "sc++": 2}.get(p.checkpoint, 1 if p.checkpoint.startswith("seq-attn")
                                         else 3 if "seq:" in p.checkpoint else 4)
-        return (ck, not p.fused_head, -len(p.offload), not p.tiled, -p.ep)
+        return (ck, not p.fused_head, -len(p.offload), not p.tiled)
 
     return min(policies, key=cost)
 
@@ -314,8 +314,8 @@ def _better(s: Step, than: Step | None) -> bool:
 
 class _Usable:
     """The policies of a split that can train each attention configuration (seq-attn's rules,
-    `Policy.runs`) and their most frugal per states choice, computed once per set of seq-attn
-    fractions an (algorithm, layout) allows."""
+    `Policy.runs`) and their most frugal per states choice and EP, computed once per set of
+    seq-attn fractions an (algorithm, layout) allows."""
 
     def __init__(self, setup: Setup, sp: int, policies: list[Policy]):
         self.setup, self.sp, self.policies = setup, sp, policies
@@ -331,8 +331,8 @@ class _Usable:
         if got is None:
             mine = [p for p in self.policies if not p.checkpoint.startswith("seq-attn")
                     or split_checkpoint(p.checkpoint)[1] in allowed]
-            thin = [frugal([p for p in mine if p.states == st])
-                    for st in dict.fromkeys(p.states for p in mine)]
+            thin = [frugal([p for p in mine if (p.states, p.ep) == key])  # EP: not all offload
+                    for key in dict.fromkeys((p.states, p.ep) for p in mine)]
             got = self._sets[allowed] = (mine, thin)
         return got
 
