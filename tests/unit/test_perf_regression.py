@@ -59,6 +59,11 @@ STEP_FIELDS = ("algorithm", "options", "layout", "policy", "step_ms", "tgs", "mf
 PART_FIELDS = slice(11, 17)
 
 
+def _policy(policy: Any) -> dict[str, Any]:
+    """A policy's fields as recorded: `ep` only where it is not 1 (the table's models are dense)."""
+    return {k: v for k, v in policy.fields().items() if k != "ep" or v != 1}
+
+
 def _num(x: Any) -> Any:
     return float(f"{x:.12g}") if isinstance(x, float) else x
 
@@ -68,7 +73,7 @@ def _row(p: Any) -> list[Any]:
     12 significant, so a change of 1e-9 shows), and what identifies the configuration."""
     if hasattr(p, "policy"):  # a whole step
         return [_num(x) for x in (
-            p.algorithm, p.options, p.layout, p.policy.fields(), p.step_ms, p.tgs, p.mfu,
+            p.algorithm, p.options, p.layout, _policy(p.policy), p.step_ms, p.tgs, p.mfu,
             p.mfu_unmasked_attention, p.hfu, p.peak_mem_bytes, p.fits,
             *(p.parts[k] for k in STEP_FIELDS[PART_FIELDS]),
             *(p.memory[k] for k in STEP_FIELDS[PART_FIELDS.stop:]))]
