@@ -82,11 +82,10 @@ def plan(
                                              metavar="K=V")
                       ] = None,
     ep: Annotated[int | None, _opt("--ep", panel=SEARCH, help="Only this expert parallelism "
-                                   "(a mixture of experts: experts over EP groups of ep ranks; "
-                                   "searched when not given).")] = None,
-    routing_skew: Annotated[float, _opt("--routing-skew", panel=SEARCH, help="The busiest EP "
-                                        "rank's routed tokens over the mean (1: uniform).")
-                            ] = 1.0,
+                                   "(MoE: experts over groups of ep ranks).")] = None,
+    routing_skew: Annotated[float, _opt("--routing-skew", panel=SEARCH, help="Busiest EP rank's "
+                                        "routed tokens / the mean (default 1).",
+                                        show_default=False)] = 1.0,
     states: Annotated[str | None, _opt("--states", panel=SEARCH, help="Only: dp_sp | sp | node "
                                        "| replicated | zero1.")] = None,
     checkpoint: Annotated[str | None, _opt("--checkpoint", panel=SEARCH, help="Only: none | "

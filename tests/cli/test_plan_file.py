@@ -46,7 +46,7 @@ def test_save_then_the_file_answers_as_the_flags_did(question, tmp_path, wide):
     assert plan("--from", str(path)).stdout == saved.stdout
     data = yaml.safe_load(path.read_text())
     assert data["seqpar"] == version()
-    assert len(data) == 1 + 30  # the version and every flag of the question, defaults resolved
+    assert len(data) == 1 + 32  # the version and every flag of the question, defaults resolved
     assert data["mask"] == "causal" and data["group-sizes"] == "power-of-two"
     assert data["json"] is False and data["max-seq"] is False
 
@@ -107,6 +107,6 @@ def test_help_groups_the_flags_in_panels_one_line_each():
     assert panels[-5:] == [*PANELS, "The question as a file"], panels
     rows = [line.strip("│ ") for line in lines if line.startswith("│")]
     flags = [r for r in rows if r.startswith("-")]
-    assert len(flags) == 1 + 30 + 2, flags  # --help, the question's 30, --from, --save
+    assert len(flags) == 1 + 32 + 2, flags  # --help, the question's 32, --from, --save
     continued = [r for r in rows if r and not r.startswith(("-", "FILE"))]
     assert not continued, continued  # no flag's help wraps to a second line at 120 columns
