@@ -71,7 +71,7 @@ def test_plan_max_seq_json_and_table():
                                                 "--checkpoint", "full", "--json"]).output)
     assert model["configs"] and all(
         set(c) == {"algorithm", "options", "layout", "states", "checkpoint", "fused_head",
-                   "offload", "tiled", "max_tokens", "granularity", "peak_mem_bytes"}
+                   "offload", "tiled", "ep", "max_tokens", "granularity", "peak_mem_bytes"}
         and c["checkpoint"] == "full" and c["offload"] == [] and c["tiled"] is False
         for c in model["configs"])
     assert all(0 < c["peak_mem_bytes"] <= 80e9 for c in configs if c["max_tokens"])
