@@ -1,9 +1,9 @@
-"""A command's plain values (a str, an int, a bool, a repeated str) coerced as typer's own coercion
-would, without building it: typer 0.29 coerces every parameter's value, defaults too, through a
-pydantic TypeAdapter made on first use, and importing typer's adapters (pydantic's types and
-validators) and building one a parameter is a tenth of `seqpar plan`'s start. A value the plain
-rules do not take as it comes (`--world 1_000`, `--world x`, a path, a choice, a range) goes to
-typer's coercion, built then: the same value or the same error."""
+"""A command's plain values (a str, an int, a float, a bool, a repeated str) coerced as typer's
+own coercion would, without building it: typer 0.29 coerces every parameter's value, defaults
+too, through a pydantic TypeAdapter made on first use, and importing typer's adapters (pydantic's
+types and validators) and building one a parameter is a tenth of `seqpar plan`'s start. A value
+the plain rules do not take as it comes (`--world 1_000`, `--world x`, a path, a choice, a range)
+goes to typer's coercion, built then: the same value or the same error."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ except ImportError:  # an older typer coerces through click's types: nothing to 
 # what pydantic's lax int takes from a string, and int() the same way: pydantic also takes
 # "+5", " 5", "1_000", "5.0" (those go to typer's coercion)
 _INT = re.compile(r"-?[0-9]{1,18}")
-_PLAIN = (str, int, bool, list[str])
+_FLOAT = re.compile(r"-?[0-9]{1,18}(\.[0-9]{1,18})?")  # "1.5", "2": float() reads them as pydantic does
+_PLAIN = (str, int, float, bool, list[str])
 
 
 def _plain(value: Any, kind: Any) -> tuple[bool, Any]:
@@ -33,6 +34,8 @@ def _plain(value: Any, kind: Any) -> tuple[bool, Any]:
         return True, value
     if kind is int and type(value) is str and _INT.fullmatch(value):
         return True, int(value)
+    if kind is float and (type(value) is int or type(value) is str and _FLOAT.fullmatch(value)):
+        return True, float(value)
     return False, None
 
 

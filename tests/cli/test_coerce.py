@@ -19,6 +19,8 @@ typer_main = pytest.importorskip("typer.main")
 VALUES = {
     int: ["0", "12", "-3", "007", "-0", "+5", " 4", "1_000", "5.0", "1e3", "x", "", "1" * 25, 7,
           True],
+    float: ["0", "1.5", "-2.25", "2", "007.50", "+1.5", " 1.5", "1e3", "inf", "nan", ".5", "5.",
+            "x", "", 1, 2.5, True],
     str: ["a", "", " b ", "7", 7, None],
     bool: [True, False, "true", "no", 1],
     list[str]: [(), ("a", "b"), ["c"], ("a", 1), "a"],
@@ -27,7 +29,7 @@ VALUES = {
 
 def _outcome(runtime, value, param, ctx):
     try:
-        return "value", runtime.coerce(value, param=param, ctx=ctx)
+        return "value", repr(runtime.coerce(value, param=param, ctx=ctx))  # nan is nan
     except BadParameter as err:
         return "error", err.format_message()
 
@@ -54,7 +56,7 @@ def test_plain_coercion_is_typers_for_every_plain_parameter():
             for value in VALUES[param.type_descriptor.annotation]:
                 assert (_outcome(param._runtime_param, value, param, c)
                         == _outcome(theirs, value, param, c)), (param.name, value)
-    assert plain >= 30  # the plan's flags (str, int, bool, repeated str) and the help options
+    assert plain >= 30  # the plan's flags (str, int, float, bool, repeated str) and the help options
 
 
 def test_a_plan_builds_no_typer_adapter():
