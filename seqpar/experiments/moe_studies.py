@@ -13,7 +13,7 @@ sit inside the nodes and:
 The `within` placement puts the 4 ranks on one node (every EP group inside it), `across` on two
 (EP 4 across them); each EP runs under ring and Ulysses. Metrics: tokens/s, memory, the
 all-to-alls' bytes by link (the ledger's group `ep`) and the experts' load imbalance per step
-(`expert_imbalance`, max over mean of the pairs a rank's experts receive). The links are
+(`expert_imbalance`: the busiest expert's routed pairs over the mean, a layer's). The links are
 emulated as the LoongTrain testbed's over this machine's compute (`TWIN`), so crossing nodes
 costs what it would on A100s. The gpu-cluster preset: Qwen3-30B-A3B at 128K on 16 GPUs over 2
 nodes, DP 2 x SP 8, EP 1/8/16 (EP 16 across the nodes).
