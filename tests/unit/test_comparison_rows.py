@@ -92,3 +92,18 @@ def test_no_star_where_no_trial_has_a_rival():
     cmp = table("sweep one", [trial(0, 1e3)], "tokens_per_s")
     assert cmp.rows[0][cmp.columns.index("flags")] == "" and "flagged" not in cmp.title
     assert cmp.legend == ""
+
+
+def test_rows_name_the_layers_and_the_ep_that_tell_training_trials_apart(seed):
+    """moe-placement's and attention-kinds' rows: trials that differ only in expert parallelism, an
+    MLA ring's pass or a hybrid's LASP each read as their own row."""
+    rng = random.Random(seed)
+    train = {"train.model": "tiny-qwen3-moe", "train.dp": "2", "train.checkpoint": "none"}
+    runs = [trial(i, rng.uniform(1e3, 9e3), algorithm="ring", world=4,
+                  extra={**train, **extra}) for i, extra in enumerate((
+                      {}, {"plan.ep": "1"}, {"plan.ep": "2"}, {"plan.ep": "4"},
+                      {"train.mla_pass": "latent"}, {"train.linear_sp": "lasp2"}))]
+    names = [r.training.label(4) for r in runs]
+    assert names[0] == names[1] == "SP=2 DP=2 ckpt=none"  # ep 1 as before
+    assert names[2:4] == ["SP=2 DP=2 EP=2 ckpt=none", "SP=2 DP=2 EP=4 ckpt=none"]
+    assert names[4].endswith(" mla_pass=latent") and names[5].endswith(" lasp2")

@@ -65,6 +65,7 @@ class Training:
     vocab: str | None
     states: str = "replicated"
     layers: str = ""  # an MLA ring's pass and a hybrid's LASP where set: " mla_pass=latent lasp2"
+    ep: int = 1       # expert parallelism's group size (plan.ep)
 
     def label(self, world: int) -> str:
         ckpt = self.checkpoint
@@ -73,7 +74,8 @@ class Training:
         head = " fused-head" if self.fused_head else ""
         vocab = f" V={self.vocab}" if self.vocab is not None else ""
         states = f" {self.states}" if self.states != "replicated" else ""
-        return (f"SP={world // max(self.dp, 1)} DP={self.dp} ckpt={ckpt}{head}{vocab}{states}"
+        ep = f" EP={self.ep}" if self.ep > 1 else ""
+        return (f"SP={world // max(self.dp, 1)} DP={self.dp}{ep} ckpt={ckpt}{head}{vocab}{states}"
                 f"{self.layers}")
 
 
@@ -127,7 +129,8 @@ class TrialView:
                                 p.get("train.seq_fraction"), p.get("train.fused_head") == "True",
                                 _text(p, "train.vocab"), p.get("train.states") or "replicated",
                                 (" mla_pass=latent" if p.get("train.mla_pass") == "latent" else "")
-                                + (f" {p['train.linear_sp']}" if _text(p, "train.linear_sp") else ""))
+                                + (f" {p['train.linear_sp']}" if _text(p, "train.linear_sp") else ""),
+                                _int(p, "plan.ep") if _text(p, "plan.ep") else 1)
         try:
             cores = int(tags["seqpar.cpu_count"])
         except (KeyError, ValueError):
