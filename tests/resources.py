@@ -22,7 +22,7 @@ FULL = os.environ.get("SEQPAR_TEST_FULL") == "1"
 # the fixtures backed by a Shared resource; "gang" also decides the order
 SHARED_FIXTURES = ("gang", "ray_runner", "two_nodes")
 
-# The gang id the Ray tests' trials and sweeps share (`ray_gang_id`, `sweeps_share_a_gang`): the
+# The gang id the Ray tests' trials and sweeps share (`gang_id`, `sweeps_share_a_gang`): the
 # runner keeps one idle gang and reuses it for a trial of the same key (id, world, env), so a
 # test after another of the same world starts no actor (a fresh gang of 2 is ~8 CPU s of imports)
 RAY_GANG = "tests"

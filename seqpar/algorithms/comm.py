@@ -7,13 +7,11 @@ started. Asynchronous exchanges stay asynchronous: `Handle.wait()` returns at th
 and the emulated completion, so overlap of communication with compute shows on one machine.
 
 Strict mode gives gloo NCCL's semantics, so a schedule that would hang on GPUs hangs (and times
-out) on CPU too: point-to-point tags are ignored (every message carries STRICT_TAG, so messages
-between two ranks match in the order they were posted, not by tag), and a process group's operations
-run one after the other (before an operation is posted, the group's previous one is waited for, as
-NCCL runs a communicator's operations in order on one stream). gloo alone matches by tag and
-progresses each operation on its own. Like links, it is state passed where Comms are made: a
-`StrictOrder` (the operation in flight per group) shared by the Comms of one mesh, or None; the
-mesh builders take `strict=` and default to the environment (SEQPAR_STRICT_COMM=1), read once there.
+out) on CPU too: tags are ignored (every message carries STRICT_TAG: two ranks' messages match in
+the order posted), and a group's operations run one after the other (the previous one waited for,
+as NCCL runs a communicator's in order on one stream); `ordering.py` has the rule. Like links, it
+is state passed where Comms are made (a shared `StrictOrder`, or None; the mesh builders take
+`strict=`, default SEQPAR_STRICT_COMM=1).
 
 Each blocking operation is announced to an observer, if one is set (`observe.observed`): a rank's
 heartbeat then says which collective the rank waits in.
@@ -32,12 +30,7 @@ import torch.distributed as dist
 
 from seqpar.algorithms import ledger as _ledger
 from seqpar.algorithms.observe import waiting
-from seqpar.algorithms.ordering import (  # noqa: F401 (also from here)
-    STRICT_ENV_VAR,
-    STRICT_TAG,
-    StrictOrder,
-    strict_mode,
-)
+from seqpar.algorithms.ordering import STRICT_ENV_VAR, STRICT_TAG, StrictOrder, strict_mode  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -52,6 +45,7 @@ class LinkModel:
 
 
 Links = Mapping[str, LinkModel]  # link class ('intra', 'inter') -> its emulated model
+Splits = list[int] | None  # an all-to-all's rows a rank (None: equal chunks)
 
 def _device_done(tensors: Sequence[torch.Tensor]) -> None:
     """Block until the device work on `tensors` is done (CUDA only; a CPU op is done on return)."""
@@ -70,9 +64,8 @@ class Handle:
                  group: Any = None, emulating: bool = False, order: StrictOrder | None = None,
                  label: str = ""):
         self._works, self._results, self._label = works, results, label
-        self._emulated_s, self._start = emulated_s, start
+        self._emulated_s, self._start, self._emulating = emulated_s, start, emulating
         self._group, self._order = group, order  # strict mode: whose operation in flight this is
-        self._emulating = emulating
 
     def complete(self) -> None:
         """Wait for the works, once (a gloo point-to-point work waited twice blocks forever)."""
@@ -169,9 +162,10 @@ class Comm:
         """The rank of self.group that this Comm's rank `peer` is (the same, but in a SubComm)."""
         return peer
 
-    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor) -> None:
+    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor,
+                           recv_splits: Splits = None, send_splits: Splits = None) -> None:
         self._next_op()
-        dist.all_to_all_single(recv, send, group=self.group)
+        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
 
     def _all_gather_list(self, pieces: list[torch.Tensor], tensor: torch.Tensor) -> None:
         self._next_op()
@@ -297,6 +291,18 @@ class Comm:
             offset += n
         return out
 
+    def all_to_all_rows(self, x: torch.Tensor, send_rows: Sequence[int], recv_rows: Sequence[int],
+                        op: str = "all_to_all") -> torch.Tensor:
+        """Rows [sum(send_rows[:i]), sum(send_rows[:i+1])) of x to rank i in one all-to-all of
+        uneven splits; what arrives, in rank order (recv_rows[i] rows from rank i). Booked as op."""
+        row = x.element_size() * (x.numel() // max(x.shape[0], 1))
+        start, out = self._clock([x]), x.new_empty((sum(recv_rows), *x.shape[1:]))
+        emulated = self._book(op, {i: n * row for i, n in enumerate(send_rows) if i != self.rank and n})
+        with waiting(f"{op} on {self.label}"):
+            self._all_to_all_single(out, x.contiguous(), list(recv_rows), list(send_rows))
+        self._finish(start, emulated)
+        return out
+
     def all_gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
         """Concatenate every rank's tensor along dim, in rank order."""
         g = self.size
@@ -382,9 +388,12 @@ class SubComm(Comm):
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 
-    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor) -> None:
-        recv[self.rank].copy_(send[self.rank])
-        self._swap(list(send.unbind(0)), list(recv.unbind(0)))
+    def _all_to_all_single(self, recv: torch.Tensor, send: torch.Tensor,
+                           recv_splits: Splits = None, send_splits: Splits = None) -> None:
+        sends = list(send.split(send_splits) if send_splits else send.unbind(0))
+        recvs = list(recv.split(recv_splits) if recv_splits else recv.unbind(0))
+        recvs[self.rank].copy_(sends[self.rank])
+        self._swap(sends, recvs)
 
     def _all_gather_list(self, pieces: list[torch.Tensor], tensor: torch.Tensor) -> None:
         pieces[self.rank].copy_(tensor)

@@ -58,6 +58,13 @@ def install(command: Any, ctx: Any) -> None:
     choice, a range, a file, a path) keeps typer's."""
     if RuntimeParam is None:
         return
+    try:
+        _install(command, ctx)
+    except (AttributeError, TypeError):  # a typer whose internals moved: its own coercion
+        return
+
+
+def _install(command: Any, ctx: Any) -> None:
     if ctx.command is not command:
         ctx = command.context_class(command, parent=ctx, **command.context_settings)
     for param in command.get_params(ctx):
@@ -72,4 +79,4 @@ def install(command: Any, ctx: Any) -> None:
         param._runtime_param = PlainParam(parameter_info=info, annotation=desc.annotation)
     if isinstance(command, TyperGroup):
         for sub in command.commands.values():
-            install(sub, ctx)
+            _install(sub, ctx)

@@ -23,12 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqpar.experiments.sweep_bases import Sweep
+from seqpar.experiments.sweep_bases import TWIN, Sweep
 from seqpar.experiments.train_studies import _train_base
 
-# the emulated twin of LoongTrain's testbed (the placement studies' links): its links slowed by
-# this machine's compute over an A100's
-TWIN = {"cluster": "loongtrain-a100"}
 PLACEMENTS = {"within": {"plan.nodes": 1}, "across": {"plan.nodes": 2}}
 
 

@@ -28,6 +28,7 @@ from seqpar.experiments.sweep_bases import (  # noqa: F401  (the names studies a
     CPU_PLANS,
     GPU_BASE,
     PRESET_NAMES,
+    TWIN,
     Sweep,
     _base,
     gpu_plans,
@@ -150,8 +151,6 @@ def _load_balance(preset: str) -> Sweep:
             {"plan.algorithm": ["ring", "allgather"], "plan.layout": ["contiguous", "zigzag", "stripe"]})
 
 
-# the emulated twin of LoongTrain's testbed: its links slowed by this machine's compute over an A100's
-TWIN = {"cluster": "loongtrain-a100"}
 
 
 def _nodes(preset: str) -> dict[str, Any]:

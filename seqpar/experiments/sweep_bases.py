@@ -19,6 +19,8 @@ GPU_BASE = {"model": "llama2-7b", "plan": {"world": 8, "layout": "zigzag", "node
 # a slow network between virtual nodes on one host, so placement shows on a laptop
 CPU_LINKS = {"intra": {"latency_us": 5.0, "bandwidth_gb_per_s": 10.0},
              "inter": {"latency_us": 50.0, "bandwidth_gb_per_s": 1.0}}
+# the emulated twin of LoongTrain's testbed: its links slowed by this machine's compute over an A100's
+TWIN = {"cluster": "loongtrain-a100"}
 
 # every algorithm in the form the cpu preset runs it (world 4; local on one rank)
 CPU_PLANS = [{"algorithm": "local", "world": 1}, {"algorithm": "allgather"}, {"algorithm": "ulysses"},

@@ -35,34 +35,18 @@ from seqpar.algorithms.mesh import ExpertGroups, Mesh, build_expert_groups
 from seqpar.errors import require
 from seqpar.model import grads, init, moe
 from seqpar.model.states import StatePolicy
-from seqpar.rules.groups import check_ep
+from seqpar.rules.groups import EP_CHECKPOINTS, check_ep
 from seqpar.rules.model import ModelConfig
 
 Tensor = torch.Tensor
 EXPERT_PREFIX = "experts_"
 
 
-def all_to_all_rows(comm: Comm, x: Tensor, send_rows: Sequence[int], recv_rows: Sequence[int],
-                    op: str = "all_to_all") -> Tensor:
-    """Rows [sum(send_rows[:i]), sum(send_rows[:i+1])) of x to group rank i; what arrives, in
-    group-rank order (recv_rows[i] rows from rank i). Booked by peer under op, group `ep`."""
-    row = math.prod(x.shape[1:]) * x.element_size()
-    start = comm._clock([x])
-    emulated = comm._book(op, {i: n * row for i, n in enumerate(send_rows)
-                               if i != comm.rank and n})
-    out = x.new_empty((sum(recv_rows), *x.shape[1:]))
-    comm._next_op()
-    dist.all_to_all_single(out, x.contiguous(), list(recv_rows), list(send_rows), group=comm.group)
-    comm._finish(start, emulated)
-    return out
-
-
 def exchange_counts(comm: Comm, per_expert: Tensor) -> Tensor:
     """(ep, E/ep): how many assignments each rank of the group sends to each of this rank's
     experts, from every rank's (E,) counts (the sizes of the dispatch, sent before it)."""
     ep = comm.size
-    recv = all_to_all_rows(comm, per_expert.view(ep, -1), [1] * ep, [1] * ep, "all_to_all_counts")
-    return recv
+    return comm.all_to_all_rows(per_expert.view(ep, -1), [1] * ep, [1] * ep, "all_to_all_counts")
 
 
 class _Exchange(torch.autograd.Function):
@@ -73,12 +57,12 @@ class _Exchange(torch.autograd.Function):
     def forward(ctx, x, comm, send_rows, recv_rows):
         ctx.comm, ctx.send_rows, ctx.recv_rows = comm, send_rows, recv_rows
         ctx.ledgers = ledger.active()
-        return all_to_all_rows(comm, x, send_rows, recv_rows)
+        return comm.all_to_all_rows(x, send_rows, recv_rows)
 
     @staticmethod
     def backward(ctx, grad):
         with ledger.backward_of(ctx.ledgers):
-            back = all_to_all_rows(ctx.comm, grad, ctx.recv_rows, ctx.send_rows)
+            back = ctx.comm.all_to_all_rows(grad, ctx.recv_rows, ctx.send_rows)
         return back, None, None, None
 
 
@@ -155,30 +139,28 @@ class ExpertParallel:
             mask: Tensor | None = None) -> tuple[Tensor, moe.RouterStats]:
         """`moe.moe_ffn` of x (b, s, d) with the experts spread over the EP group; p holds this
         rank's stored expert tensors (`weights` makes them the EP slice)."""
-        b, s, d = x.shape
-        comm, ep, k = self.groups.comm, self.groups.ep, cfg.experts_per_tok
-        flat = x.reshape(b * s, d)
-        r = moe.route(flat, p, cfg)
-        chosen = r.experts.reshape(-1)                  # (n k,): assignment i is token i // k
-        order = chosen.argsort(stable=True)             # by expert, so by the rank holding it
-        per_expert = torch.bincount(chosen, minlength=cfg.experts)
+        return moe.moe_ffn(x, p, cfg, mask, run=lambda rows, per_expert: self._exchange(
+            rows, per_expert, p, cfg))
+
+    def _exchange(self, rows: Tensor, per_expert: Tensor, p: Mapping[str, Tensor],
+                  cfg: ModelConfig) -> Tensor:
+        """The experts' outputs of `rows` (assignments grouped by expert, so by the rank holding
+        it; per_expert (E,) counts): dispatched, run where the experts are, combined back."""
+        comm, ep = self.groups.comm, self.groups.ep
         arriving = exchange_counts(comm, per_expert)    # (ep, E/ep): from rank j to my expert e
-        send_rows = per_expert.view(ep, -1).sum(dim=1).tolist()
-        recv_rows = arriving.sum(dim=1).tolist()
-        got = _Dispatch.apply(flat[order // k], comm, send_rows, recv_rows)
+        # every split size in one read of the device (one host sync a layer)
+        counts = torch.cat([per_expert.view(ep, -1), arriving]).tolist()
+        send_rows, recv_rows = [sum(c) for c in counts[:ep]], [sum(c) for c in counts[ep:]]
+        got = _Dispatch.apply(rows, comm, send_rows, recv_rows)
         # what arrived is by source rank, then expert: regroup by local expert (stable: source
         # order kept inside an expert), run, and put back in arrival order
-        local = torch.arange(arriving.shape[1], device=x.device).repeat(ep)
+        local = torch.arange(arriving.shape[1], device=rows.device).repeat(ep)
         by_expert = local.repeat_interleave(arriving.reshape(-1)).argsort(stable=True)
         mine = {n: self.weights(t) if n.startswith(EXPERT_PREFIX) else t for n, t in p.items()}
-        ys = moe.run_experts(got[by_expert], arriving.sum(dim=0).tolist(), mine, cfg)
+        per_local = [sum(c) for c in zip(*counts[ep:], strict=True)]  # by my local expert
+        ys = moe.run_experts(got[by_expert], per_local, mine, cfg)
         ys = torch.zeros_like(ys).index_copy(0, by_expert, ys)
-        back = _Combine.apply(ys, comm, recv_rows, send_rows)
-        ys = torch.zeros_like(back).index_copy(0, order, back).view(b * s, k, d)
-        out = (ys * r.weights.to(ys.dtype).unsqueeze(-1)).sum(dim=1)
-        if cfg.shared_ffn:
-            out = out + moe.shared_ffn(flat, p, cfg)
-        return out.view(b, s, d), moe.router_stats(r, per_expert, mask, cfg)
+        return _Combine.apply(ys, comm, recv_rows, send_rows)
 
     def full(self, t: Tensor, experts: int) -> Tensor:
         """The whole (E, ...) tensor of this rank's stored rows `t` of an experts_* tensor (a
@@ -225,7 +207,6 @@ def expert_params(net: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 EP_STATES = ("replicated", "fsdp")
-EP_CHECKPOINTS = ("none", "full", "sc++")
 
 
 def check(ep: int, cfg: ModelConfig, world: int, states: str, offload: Sequence[str] = (),

@@ -11,7 +11,7 @@ token's forward costs 2 (k * 3 f d + E d) FLOPs (k experts' three matmuls and th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -129,11 +129,13 @@ def shared_ffn(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig) -> Tensor:
     return torch.sigmoid(F.linear(x, p["shared_gate"])) * y if cfg.shared_gate else y
 
 
-def moe_ffn(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig,
-            mask: Tensor | None = None) -> tuple[Tensor, RouterStats]:
+def moe_ffn(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig, mask: Tensor | None = None,
+            run: Callable[[Tensor, Tensor], Tensor] | None = None) -> tuple[Tensor, RouterStats]:
     """The MoE feed-forward of x (b, s, d) and its router's stats over the tokens `mask` (b, s)
     keeps (None: all; a padding token is computed but not counted, as transformers' attention_mask
-    leaves it out of the loss)."""
+    leaves it out of the loss). `run(rows, per_expert)`: the experts' outputs of the assignments'
+    rows grouped by expert (default `run_experts` here; expert parallelism's exchange,
+    `model.ep`)."""
     b, s, d = x.shape
     flat = x.reshape(b * s, d)
     r = route(flat, p, cfg)
@@ -141,7 +143,8 @@ def moe_ffn(x: Tensor, p: Mapping[str, Tensor], cfg: ModelConfig,
     chosen = r.experts.reshape(-1)                       # (n k,): assignment i is token i // k
     order = chosen.argsort(stable=True)                  # assignments grouped by expert
     per_expert = torch.bincount(chosen, minlength=cfg.experts)
-    ys = run_experts(flat[order // k], per_expert.tolist(), p, cfg)
+    rows = flat[order // k]
+    ys = run(rows, per_expert) if run else run_experts(rows, per_expert.tolist(), p, cfg)
     # back to token order, then each token's k outputs weighted and summed (no scatter-add: the
     # sum's order is fixed, so a shard's tokens add exactly as the whole sequence's do)
     ys = torch.zeros_like(ys).index_copy(0, order, ys).view(b * s, k, d)

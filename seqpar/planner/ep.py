@@ -24,14 +24,14 @@ from seqpar.errors import require
 from seqpar.planner import host
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.net import Cost, Net
+from seqpar.rules.groups import EP_CHECKPOINTS, edp_groups, ep_groups
 from seqpar.rules.model import ModelConfig
 
 ROUTING_SKEW = 1.0  # uniform routing: the busiest EP member gets the mean of the routed pairs
 EP_OVERLAP = 0.0    # of an all-to-all hidden behind compute: none (each waits on the last)
 FORWARD = 2         # dispatch and combine a block's forward; backward the same again
-# what the runner trains with EP (`model.ep.check`): checkpoint modes that keep a rank's tokens
-# whole, activations the only offload, no tiled MLP; FSDP needs E / world experts a rank
-EP_CHECKPOINTS = ("none", "full", "sc++")
+# what the runner trains with EP (`model.ep.check`): `EP_CHECKPOINTS`, activations the only
+# offload, no tiled MLP; FSDP needs E / world experts a rank
 
 
 def degrees(cfg: ModelConfig, world: int, per_node: int) -> tuple[int, ...]:
@@ -79,15 +79,9 @@ def check_filters(filters: Any) -> None:
             "states are held outside FSDP2)")
 
 
-def groups(world: int, ep: int) -> list[list[int]]:
-    """The EP groups: ep consecutive ranks each."""
-    return [list(range(g, g + ep)) for g in range(0, world, ep)]
-
-
-def expert_groups(world: int, ep: int) -> list[list[int]]:
-    """The ranks that hold the same experts (one of each EP group): what shards their states
-    under FSDP and reduces their gradients."""
-    return [list(range(j, world, ep)) for j in range(ep)]
+# the EP groups (ep consecutive ranks each) and the ranks that hold the same experts (what shards
+# their states under FSDP and reduces their gradients): the runner's placement rule
+groups, expert_groups = ep_groups, edp_groups
 
 
 def pairs_sent(cfg: ModelConfig, tokens: float, ep: int) -> float:

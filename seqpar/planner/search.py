@@ -301,7 +301,7 @@ def _runnable(setup: Setup, p: Prediction, policies: list[Policy]) -> list[Polic
     """The policies `p` runs under: MLA's latent ring not with seq-attn (`check_mla_pass`)."""
     if getattr(p, "mla_pass", "kv") == "kv":
         return policies
-    return [t for t in policies if t.train(setup.dtype).checkpoint != "seq-attn"]
+    return [t for t in policies if not t.checkpoint.startswith("seq-attn")]
 
 
 def _better(s: Step, than: Step | None) -> bool:

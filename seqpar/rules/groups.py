@@ -278,6 +278,8 @@ def burst_ring(nodes: Sequence[int], rank: int) -> NestedRing:
 # rank i of a group holds the experts [i*E/ep, (i+1)*E/ep) of every MoE layer (a contiguous slice
 # of the stacked experts_* tensors). The ranks that hold the same experts — one of each EP group,
 # the expert-data-parallel (EDP) group — sum those experts' gradients (and shard them under FSDP).
+# The checkpoint modes the runner trains with EP: those that keep a rank's tokens whole.
+EP_CHECKPOINTS = ("none", "full", "sc++")
 
 
 def check_ep(ep: int, world: int, experts: int) -> None:

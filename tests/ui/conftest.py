@@ -57,8 +57,7 @@ def ui_sweep(chromium, quickstart) -> Iterator[UiSweep]:
     assert quickstart.returncode == 0, quickstart.stdout[-3000:] + quickstart.stderr[-3000:]
     tracker = Tracker(quickstart.uri)
     sweep = tracker.client.get_run(quickstart.sweep_id).info
-    yield UiSweep(quickstart.uri, sweep.run_id,
-                  tracker.client.get_run(sweep.run_id).info.experiment_id,
+    yield UiSweep(quickstart.uri, sweep.run_id, sweep.experiment_id,
                   [r.name for r in tracker.trials(sweep.run_id)],
                   quickstart.dashboard_dom, quickstart.dashboard_seen_while_running,
                   quickstart.dashboard_url, quickstart.dashboard_error, quickstart.dashboard_text,

@@ -130,7 +130,7 @@ class TrialView:
                                 _text(p, "train.vocab"), p.get("train.states") or "replicated",
                                 (" mla_pass=latent" if p.get("train.mla_pass") == "latent" else "")
                                 + (f" {p['train.linear_sp']}" if _text(p, "train.linear_sp") else ""),
-                                _int(p, "plan.ep") if _text(p, "plan.ep") else 1)
+                                _opt_int(p, "plan.ep") or 1)
         try:
             cores = int(tags["seqpar.cpu_count"])
         except (KeyError, ValueError):
