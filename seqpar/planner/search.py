@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from seqpar.errors import ConfigError, require
 from seqpar.planner import ep as ep_mod
 from seqpar.planner import memory, pins
 from seqpar.planner.api import Prediction, attention_peak
+from seqpar.planner.bound import Frontier, ceiling, exact
 from seqpar.planner.clusters import Cluster
+from seqpar.planner.dominance import metrics, pareto
 from seqpar.planner.kernel import same_deal
 from seqpar.planner.policy import OFFLOAD_SETS, Filters, Policy, space, split_checkpoint
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
@@ -95,55 +95,6 @@ def frugal(policies: Sequence[Policy]) -> Policy:
     return min(policies, key=cost)
 
 
-def _metrics(setup: Setup, sp: int, p: Prediction, prefixes: Sequence[float]) -> tuple:
-    """Everything a step depends on from its attention configuration (lower is better): each
-    layer kind's attention; with `prefixes` (the seq-attn fractions searched) the forward each
-    re-runs in each kind, where it runs."""
-    held = memory.attention_held(p.algorithm, setup.shape, sp, p.options)
-    kinds = setup.kinds(sp, p)
-    again: list[float] = []
-    for f in prefixes:
-        runs = Policy(checkpoint=f"seq-attn:{f:g}").runs(p.algorithm, p.layout, sp,
-                                                          setup.seq_len, setup.causal)
-        for kind in kinds:
-            if runs:
-                q = setup.prefix(sp, p, f, kind)
-                again += [q.forward_ms, *q.forward_link_ms.values()]
-            else:
-                again += [float("inf")] * 3
-    others = [x for kind, q in kinds.items() if kind != "full"
-              for x in (q.attention_ms, q.forward_ms, q.compute_ms, *q.link_ms.values(),
-                        *q.forward_link_ms.values())]
-    return (p.attention_ms, p.forward_ms, p.compute_ms, *p.link_ms.values(),
-            *p.forward_link_ms.values(), p.peak_mem_bytes, held.saved,
-            held.saved - held.recomputable, int(held.relayout), memory.AXES.get(p.algorithm, 0),
-            *again, *others)
-
-
-def pareto(rows: list[tuple]) -> tuple[list[int], dict[int, list[int]], dict[int, int]]:
-    """Indices of the rows no other row beats or equals on every metric (the first of equal rows
-    kept), for each kept row the indices equal to it, and for each row another beats the first
-    kept row that does (a row beaten is beaten by some kept row: dominance is transitive)."""
-    if not rows:
-        return [], {}, {}
-    x = np.array([[float(f"{v:.9g}") for v in r] for r in rows])
-    keep, same, beaten = [], {}, {}
-    for i in range(len(rows)):
-        le = (x <= x[i]).all(axis=1)
-        eq = (x == x[i]).all(axis=1)
-        better = le & ~eq
-        if better.any():
-            beaten[i] = better
-            continue
-        first = int(np.argmax(eq))
-        if first == i:
-            keep.append(i)
-            same[i] = [j for j in np.flatnonzero(eq) if j != i]
-    kept = np.zeros(len(rows), dtype=bool)
-    kept[keep] = True
-    return keep, same, {i: int(np.argmax(b & kept)) for i, b in beaten.items()}
-
-
 def check_counts(**counts: int) -> None:
     """Every count a plan takes is a positive integer (a sweep field's rule)."""
     for name, value in counts.items():
@@ -206,7 +157,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
         layouts = [lay for lay in LAYOUTS if not (setup.causal and setup.mask is None
                                                    and lay == "contiguous")]
     offloadable = setup.cluster.host_link_gb_per_s is not None
-    candidates: list[tuple[float, int, int, Prediction, list, list[Policy]]] = []
+    candidates: list[tuple[float, tuple[int, int, Prediction, list, list[Policy]]]] = []
     extra: list[tuple[int, int, Prediction, Prediction | None, list[Policy]]] = []
     eps = ep_mod.degrees(setup.cfg, setup.world, setup.per_node)
     for dp, sp, _ in result.splits:
@@ -250,7 +201,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                 latent = setup.latent(sp, timed[layout])  # MLA: the latent's ring beside K,V's
                 if latent is not None:
                     predictions.append(latent)
-        kept, same, beaten = pareto([_metrics(setup, sp, p, usable.prefixes)
+        kept, same, beaten = pareto([metrics(setup, sp, p, usable.prefixes)
                                      for p in predictions])
         result.dominated += len(beaten)
         for i in kept:
@@ -259,23 +210,26 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                                  usable.of(predictions[i].algorithm, predictions[i].layout)[0])
             if not policies:
                 continue
-            bound = _bound(setup, dp, sp, predictions[i], policies) if keep else 0.0
-            candidates.append((bound, dp, sp, predictions[i], alternatives, policies))
+            top = ceiling(setup, dp, sp, predictions[i], policies) if keep else 0.0
+            candidates.append((top, (dp, sp, predictions[i], alternatives, policies)))
         if every:
             extra += [(dp, sp, predictions[i], predictions[j],
                        usable.of(predictions[i].algorithm, predictions[i].layout)[0])
                       for i, j in beaten.items()]
-    candidates.sort(key=lambda c: -c[0])
     steps: list[Step] = []
     best: list[float] = []  # TGS of the fitting steps, kept sorted descending (the top `keep`)
     best_of: dict[int, Step] = {}  # per kept prediction, its best step (dominated ones borrow it)
-    for bound, dp, sp, p, alternatives, policies in candidates:
-        if keep and len(best) >= keep and bound < best[keep - 1]:
-            result.bounded += len(policies)
-            continue
+    early: dict[tuple[int, Policy], Step] = {}  # steps the exact bounds took, by (id(p), policy)
+    frontier = Frontier(candidates, (lambda c: exact(setup, c[0], c[1], c[2], c[4], early))
+                        if keep else None)
+    while (got := frontier.pop()) is not None:  # by bound, highest first
+        bound, (dp, sp, p, alternatives, policies) = got
+        if keep and len(best) >= keep and bound < best[keep - 1]:  # nor can any after it
+            result.bounded += sum(len(c[4]) for c in [got[1], *frontier.rest()])
+            break
         for policy in policies:
             result.searched += 1
-            s = step(setup, dp, sp, p, policy)
+            s = early.pop((id(p), policy), None) or step(setup, dp, sp, p, policy)
             if alternatives:
                 result.alternatives[id(s)] = alternatives
             steps.append(s)
@@ -335,13 +289,6 @@ class _Usable:
                     for key in dict.fromkeys((p.states, p.ep) for p in mine)]
             got = self._sets[allowed] = (mine, thin)
         return got
-
-
-def _bound(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Policy]) -> float:
-    """The best TGS any policy could give this attention configuration: no recompute, no offload,
-    no tiling (each only adds time), over every states choice searched."""
-    states = {(q.states, q.ep) for q in policies}
-    return max(step(setup, dp, sp, p, Policy(st, "none", ep=e)).tgs for st, e in states)
 
 
 class _Probes:

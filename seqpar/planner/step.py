@@ -191,7 +191,7 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     for cl in setup.classes:
         a = kinds[cl.kind]
         moe_ep = policy.ep if cl.moe else 1
-        g, mlp, ew = _class(setup, sp, cl.first, moe_ep)
+        g, mlp, ew = class_time(setup, sp, cl.first, moe_ep)
         # the attention's forward that backward runs again: the whole (full), the prefix (seq-attn)
         again = {"full": a, "seq-attn": setup.prefix(sp, attn, frac, cl.kind)
                  if mode == "seq-attn" and frac > 0 else None}.get(mode)
@@ -254,7 +254,7 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     world = dp * sp
     mode, frac = train.checkpoint, train.seq_fraction
     blocks = _blocks(setup, dp, sp, attn, policy, train)
-    hd = _head(setup, sp)
+    hd = head_time(setup, sp)
     first = blocks[0].comm  # layer 0's class; the last layer's scatter closes a micro-step
     closing = next(b.comm for b in blocks if cfg.layers - 1 in b.layers)
     edges = first.gather.seconds + closing.scatter.seconds + first.root
@@ -317,17 +317,24 @@ def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp:
             c, setup.cfg, algorithm=attn.algorithm, d=sp, layout=attn.layout,
             options=attn.options, checkpoint=train.checkpoint, kernel=setup.kernel, mask=mask,
             fused_head=train.fused_head, world=world), world)
-    key = ("host once", train.states, world)
+    return micro, *host_once(setup, train.states, world)
+
+
+def host_once(setup: Setup, states: str, world: int) -> tuple[float, float]:
+    """(the step's own host issue seconds, the waits of it a backward hides) under the runner's
+    `states` (a TrainPolicy's) on `world` ranks (memoised)."""
+    key = ("host once", states, world)
     once = setup.cache.get(key)
     if once is None:
+        c = setup.cluster
         once = setup.cache[key] = (
-            host.on_host(c, host.step_seconds(c, setup.cfg, states=train.states, world=world,
+            host.on_host(c, host.step_seconds(c, setup.cfg, states=states, world=world,
                                               kernel=setup.kernel), world),
-            host.queued_seconds(c, setup.cfg, states=train.states, world=world))
-    return micro, *once
+            host.queued_seconds(c, setup.cfg, states=states, world=world))
+    return once
 
 
-def _class(setup: Setup, sp: int, layer: int, ep: int = 1) -> tuple[float, float, float]:
+def class_time(setup: Setup, sp: int, layer: int, ep: int = 1) -> tuple[float, float, float]:
     """`compute.class_seconds` of layer `layer`'s class for one rank of an SP group of sp, its
     experts spread over `ep` ranks (memoised per sp, class and ep)."""
     key = ("layer", sp, layer, ep)
@@ -339,7 +346,7 @@ def _class(setup: Setup, sp: int, layer: int, ep: int = 1) -> tuple[float, float
     return got
 
 
-def _head(setup: Setup, sp: int) -> float:
+def head_time(setup: Setup, sp: int) -> float:
     """`compute.head_seconds` for one rank of an SP group of sp (memoised per sp)."""
     key = ("head", sp)
     got = setup.cache.get(key)
