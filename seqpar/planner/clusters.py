@@ -1,4 +1,4 @@
-"""What a cluster is to the performance model: devices, links, NICs (pydantic, YAML-loadable).
+"""What a cluster is to the performance model: devices, links, NICs (checked records, YAML-loadable).
 
     c = load("loongtrain-a100")          # a preset (the papers' testbeds, from their text)
     c = load("local")                    # this machine, measured by `seqpar calibrate`
@@ -25,11 +25,11 @@ shared out (`host_seconds`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from seqpar.errors import ConfigError, require
+from seqpar.planner.record import Field, Record, record
 
 FILES = Path(__file__).parent / "cluster_files"
 
@@ -50,11 +50,9 @@ MERGE_PASSES = 5
 ADD_PASSES = 3
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Link(_Strict):
+@record
+@dataclass(frozen=True, kw_only=True)
+class Link(Record):
     bandwidth_gb_per_s: float = Field(gt=0, description="GB/s (1e9 bytes/s) one GPU sends at")
     latency_us: float = Field(5.0, ge=0)
 
@@ -65,7 +63,9 @@ class Link(_Strict):
         return self.latency_us * 1e-6 + nbytes * share / (self.bandwidth_gb_per_s * 1e9)
 
 
-class KernelRate(_Strict):
+@record
+@dataclass(frozen=True, kw_only=True)
+class KernelRate(Record):
     """An attention kernel's TFLOP/s at large blocks (16-bit): forward without and with a causal mask,
     and backward (FLOPs counted as seqpar.rules.flops counts them), and where they come from."""
 
@@ -75,7 +75,9 @@ class KernelRate(_Strict):
     source: str = ""
 
 
-class Cluster(_Strict):
+@record
+@dataclass(frozen=True, kw_only=True)
+class Cluster(Record):
     name: str
     source: str = Field("", description="where the numbers come from")
     nodes: int = Field(1, gt=0)
@@ -93,6 +95,11 @@ class Cluster(_Strict):
         default_factory=dict, description="measured kernel TFLOP/s (fwd+bwd) by mask (causal | full) "
         "and call tokens, in the measured dtype (`seqpar calibrate`); when given it replaces "
         "attention_tflops x t / (t + kernel_half_tokens)")
+    attention_time_by_dim: dict[int, float] = Field(
+        default_factory=dict, description="measured kernel time (fwd+bwd, same tokens and heads) by "
+        "head dim over its time at the dim attention_tflops_by_block was measured at (its entry "
+        "1.0; `seqpar calibrate`): on a CPU a score's softmax costs as much as several dims of its "
+        "products, so half the dim is more than half the time; none: time in proportion to the dim")
     linear_tflops_by_dim: dict[int, float] = Field(
         default_factory=dict, description="measured TFLOP/s (fwd+bwd, FLOPs as rules.linear counts "
         "them) of a linear layer's chunked delta rule by head dim (`seqpar calibrate`: torch's rule, "
@@ -335,11 +342,12 @@ def load(name_or_path: str) -> Cluster:
         path = FILES / f"{name_or_path}.yaml"
     require(path.is_file(), "cluster", name_or_path,
             f"must be one of {', '.join(names())} or a YAML file")
+    import pydantic  # only for a cluster file: its checks and its words (`record`)
     import yaml  # only for a cluster file (`Cluster.to_yaml`)
 
     try:
         return Cluster.model_validate(yaml.safe_load(path.read_text()))
-    except ValidationError as err:
+    except pydantic.ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ConfigError(f"cluster {path.name}: {where}", first.get("input"), first["msg"]) from None

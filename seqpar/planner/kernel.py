@@ -5,8 +5,10 @@ live) on a small proxy of the sequence (PROXY tokens per layout chunk), scaled t
 causal imbalance per layout (contiguous vs zigzag vs stripe) and the kernel's size per call follow
 from the layout itself. FLOPs per call are `rules.flops.attention_flops`; a call of t query tokens runs
 at rate * t / (t + kernel_half_tokens) (small blocks run slower, FlashAttention-2 Fig. 5), or at
-the rate a calibrated host measured for its mask and size (`Cluster.call_rate`), plus the cluster's
-fixed cost per call (a CPU's dispatch). Rates are one core's (one device's): how
+the rate a calibrated host measured for its mask and size (`Cluster.call_rate`), at the head dim
+the host measured it, scaled to the call's head dim by the host's measured time by head dim
+(`dim_rate`), plus the cluster's fixed cost per call (a CPU's dispatch). Rates are one core's (one
+device's): how
 ranks share a host's cores is the caller's (`Cluster.host_seconds`).
 """
 
@@ -132,16 +134,39 @@ class Block:
     k_len: float    # the block's key rows: dk, dv accumulated (backward)
 
 
+def dim_rate(cluster: Cluster, head_dim: float) -> float:
+    """The kernel's rate at `head_dim` over its rate at the head dim its block table was measured
+    at (`Cluster.attention_time_by_dim`, 1.0 there): (dim / that dim) / (time / its time), the time
+    interpolated linearly in the dim and beyond the table in proportion to it; 1.0 without one."""
+    table = cluster.attention_time_by_dim
+    if not table:
+        return 1.0
+    points = sorted(table.items())
+    base = next(d for d, t in points if t == 1.0) if 1.0 in table.values() else points[0][0]
+    if head_dim <= points[0][0]:
+        d, t = points[0]
+        time = t * head_dim / d
+    elif head_dim >= points[-1][0]:
+        d, t = points[-1]
+        time = t * head_dim / d
+    else:
+        (d0, t0), (d1, t1) = next(((a, b) for a, b in zip(points, points[1:], strict=False)
+                                   if a[0] <= head_dim <= b[0]))
+        time = t0 + (head_dim - d0) / (d1 - d0) * (t1 - t0)
+    return (head_dim / base) / (time / table[base])
+
+
 def block_seconds(cluster: Cluster, dtype: str, batch: int, seq_len: int, heads: int,
                   head_dim: int, calls: tuple[tuple[float, float, str], ...],
                   q_len: float = 0.0, k_len: float = 0.0) -> Block:
     """The forward kernel calls on one core of the cluster (one device), for a block of q_len
     query and k_len key tokens."""
     seconds = flops = q_rows = 0.0
+    at_dim = dim_rate(cluster, head_dim)
     for fq, fk, mask in calls:
         sq, sk = fq * seq_len, fk * seq_len
         f = attention_flops(batch, 1, 1, heads, head_dim, mask) * sq * sk
-        seconds += f / cluster.call_rate(dtype, sq, mask) + cluster.kernel_call_us * 1e-6
+        seconds += f / (cluster.call_rate(dtype, sq, mask) * at_dim) + cluster.kernel_call_us * 1e-6
         flops += f
         q_rows += sq
     return Block(seconds, flops, len(calls), q_rows, q_len, k_len)

@@ -113,6 +113,24 @@ def test_a_measured_kernel_table_sets_each_calls_rate():
     assert ms(slow_causal, "local", 1) > 5 * ms(c, "local", 1)  # one causal call
 
 
+def test_a_measured_time_by_head_dim_sets_the_kernels_rate_at_other_dims():
+    """Half the dim at 0.7 of the time runs at 0.5/0.7 of the table's rate; between two measured
+    dims the time is interpolated, beyond them it grows with the dim; no table: the FLOPs' rate."""
+    from seqpar.planner.kernel import dim_rate
+
+    c = host(attention_time_by_dim={16: 0.7, 32: 1.0, 64: 1.8})
+    assert dim_rate(c, 32) == pytest.approx(1.0)
+    assert dim_rate(c, 16) == pytest.approx(0.5 / 0.7)
+    assert dim_rate(c, 48) == pytest.approx(1.5 / 1.4)
+    assert dim_rate(c, 128) == pytest.approx(dim_rate(c, 64)) == pytest.approx(2 / 1.8)
+    assert dim_rate(c, 8) == pytest.approx(dim_rate(c, 16))
+    assert dim_rate(host(), 16) == 1.0
+    # a table measured at 16 whose 32 takes 1.4x the time: SHAPE's 32 dims run 2/1.4 as fast
+    faster = host(cores=None, attention_time_by_dim={16: 1.0, 32: 1.4})
+    assert ms(faster, "local", 1) == pytest.approx(ms(host(cores=None), "local", 1) / (2 / 1.4),
+                                                   rel=0.02)
+
+
 def test_merges_and_accumulation_add_to_ring_compute():
     cheap, dear = host(cores=None), host(cores=None, merge_gb_per_s=0.1, copy_gb_per_s=0.1)
     fwd = [planner.predict(c, "ring", SHAPE, 4, dtype="float32").forward_ms for c in (cheap, dear)]
@@ -205,6 +223,8 @@ def test_calibrate_without_links_measures_this_thread(tmp_path, monkeypatch):
 
     monkeypatch.setattr(calibrate, "kernel_rates", functools.partial(
         calibrate.kernel_rates, blocks=(64, 128, 256, 512), sweeps=1))
+    monkeypatch.setattr(calibrate, "head_dim_times", functools.partial(
+        calibrate.head_dim_times, dims=(16, 32, 64), blocks=(256,), sweeps=1))
 
     out = tmp_path / "here.yaml"
     result = CliRunner().invoke(app, ["calibrate", "--no-links", "--out", str(out)])
@@ -214,4 +234,7 @@ def test_calibrate_without_links_measures_this_thread(tmp_path, monkeypatch):
     assert c.attention_tflops["float32"] > 0 and c.merge_gb_per_s > 0 and c.copy_gb_per_s > 0
     assert set(c.attention_tflops_by_block) == {"causal", "full"}
     assert all(r > 0 for rates in c.attention_tflops_by_block.values() for r in rates.values())
+    # the time by head dim against the table's (32): more dims, more time; 1.0 at 32
+    times = c.attention_time_by_dim
+    assert times[32] == 1.0 and 0 < times[16] < times[64]
     assert c.transport_gb_per_s is None  # no link measured: no host transport

@@ -8,6 +8,8 @@ the tiny cases below) their median:
 - kernel: forward + backward of attention (`kernels.attend`, the kernel the algorithms call) on
   t x t blocks, causal and full, kept as a table (the model interpolates it); the causal rates are
   also summarised as time(t) = c + F(t) (1 + t_half / t) / R (R: `attention_tflops`);
+- head dim: the same kernel's time at other head dims over its time at HEAD_DIM (the table's), the
+  median over block sizes and both masks (a score's softmax does not shrink with the dim);
 - merge: `softmax_merge.merge_into` of a block's partial output, time = merge_us + bytes / rate;
 - copy: an accumulation `acc += g` (what gradients and travelling messages cost), bytes / s;
 - dispatch: the host's time to issue one operation that launches work (`calibrate.host`);
@@ -25,6 +27,7 @@ costs found before it), over the case's calls, steps or collectives.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -47,7 +50,8 @@ from seqpar.sweeps.calibrate.host import dispatch_seconds
 BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
 MASKS = ("causal", "full")
 MERGE_BLOCKS = (64, 256, 1024)
-HEADS, HEAD_DIM = 8, 32  # the `tiny` preset's attention shape
+HEADS, HEAD_DIM = 8, 32  # the kernel table's attention shape
+DIMS, DIM_BLOCKS = (16, 32, 64, 128), (256, 512, 1024)  # head dims timed against HEAD_DIM
 PING_SIZES = (4, 1 << 20, 4 << 20)
 LINEAR_DIMS, LINEAR_HEADS, LINEAR_TOKENS = (16, 32, 64, 128), 8, 512  # dk = dv; 8 chunks
 STEP_TOKENS = 64  # the tiny cases' sequence: kernels, merges and messages are fixed costs there
@@ -76,18 +80,39 @@ def kernel_rates(dtype: torch.dtype = torch.float32, blocks: tuple[int, ...] = B
     return out
 
 
+def _kernel_seconds(t: int, head_dim: int, mask: str, dtype: torch.dtype = torch.float32,
+                    repeats: int = 5) -> float:
+    """The least CPU seconds of forward + backward of a t x t block of HEADS heads of head_dim."""
+    q, k, v = (torch.randn(1, t, HEADS, head_dim, dtype=dtype) for _ in range(3))
+
+    def step() -> None:
+        o, lse = attend(q, k, v, mask)
+        attend_backward(torch.ones_like(o), q, k, v, o, lse, mask)
+
+    return _best(step, repeats=repeats)
+
+
+def head_dim_times(dims: tuple[int, ...] = DIMS, blocks: tuple[int, ...] = DIM_BLOCKS,
+                   sweeps: int = 2) -> dict[int, float]:
+    """Head dim -> the kernel's time at it over its time at HEAD_DIM (same tokens and heads): the
+    median over `blocks` and both masks of the ratio of the least times of `sweeps` passes over
+    the dims (a busy machine's caches slow some passes; HEAD_DIM: 1.0)."""
+    ratios: dict[int, list[float]] = {d: [] for d in dims}
+    for mask in MASKS:
+        for t in blocks:
+            times: dict[int, float] = {}
+            for _ in range(sweeps):
+                for d in sorted({*dims, HEAD_DIM}):
+                    times[d] = min(times.get(d, math.inf), _kernel_seconds(t, d, mask, repeats=3))
+            for d in dims:
+                ratios[d].append(times[d] / times[HEAD_DIM])
+    return {d: 1.0 if d == HEAD_DIM else round(statistics.median(r), 3) for d, r in ratios.items()}
+
+
 def _kernel_pass(dtype: torch.dtype, blocks: tuple[int, ...], mask: str) -> dict[int, float]:
-    out = {}
-    for t in blocks:
-        q, k, v = (torch.randn(1, t, HEADS, HEAD_DIM, dtype=dtype) for _ in range(3))
-
-        def step(q=q, k=k, v=v):
-            o, lse = attend(q, k, v, mask)
-            attend_backward(torch.ones_like(o), q, k, v, o, lse, mask)
-
-        flops = 3.5 * attention_flops(1, t, t, HEADS, HEAD_DIM, mask)
-        out[t] = flops / _best(step, repeats=3 if t >= 2048 else 5)
-    return out
+    return {t: 3.5 * attention_flops(1, t, t, HEADS, HEAD_DIM, mask)
+            / _kernel_seconds(t, HEAD_DIM, mask, dtype, repeats=3 if t >= 2048 else 5)
+            for t in blocks}
 
 
 def fit_rate(rates: dict[int, float]) -> tuple[float, int, float]:
@@ -212,6 +237,7 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
     torch.set_num_threads(1)  # what one rank of a LocalGang or a Ray trial gets
     try:
         table = {mask: kernel_rates(mask=mask) for mask in MASKS}
+        by_dim = head_dim_times()
         merge_us, merge_slope = fit_line({float(b): s for b, s in merge_times().items()})
         copy = copy_rate()
         gemm = gemm_rate()
@@ -231,6 +257,7 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
         kernel_half_tokens=half, memory_gb=round(mem, 1),
         attention_tflops_by_block={m: {t: round(r / 1e12, 6) for t, r in rates.items()}
                                    for m, rates in table.items()},
+        attention_time_by_dim=by_dim,
         linear_tflops_by_dim={d: round(r / 1e12, 6) for d, r in linear.items()},
         intra=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), nics_per_node=1,
         inter=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), cores=n,
