@@ -14,6 +14,7 @@ from seqpar.errors import require
 from seqpar.planner import host
 from seqpar.planner.api import Prediction, predict
 from seqpar.planner.clusters import Cluster
+from seqpar.planner.compute import linear_rate
 from seqpar.planner.net import Net
 from seqpar.planner.rates import gemm_rate
 from seqpar.rules import algorithms, masks
@@ -62,6 +63,7 @@ class Setup:
     causal: bool = True
     mask: masks.Mask | None = None  # any mask of seq_len tokens (None: plain causal / full)
     routing_skew: float = 1.0  # a mixture's busiest EP rank's routed pairs over the mean (`ep`)
+    linear_sp: str = "lasp2"   # a hybrid's linear layers under SP: lasp2 | lasp1 (`linear`)
     cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @cached_property
@@ -132,27 +134,33 @@ class Setup:
 
     def linear(self, sp: int) -> Prediction:
         """One linear-attention layer (forward + backward) over an SP group of sp ranks under
-        LASP-2: the chunked delta rule over a rank's shard (the last rank's: the augmented pass
-        and the scan over every earlier rank's pair, `rules.linear.lasp_flops`) at the GEMM
-        rate of a chunk's products, backward twice the forward; the all-gather of (transition,
-        state) pairs forward and its reduce-scatter backward, and the convolution's halo to the
-        next rank, each exposed (the rule waits on them; memoised)."""
-        key = ("linear", sp)
+        `linear_sp`: the chunked delta rule over a rank's shard at the GEMM rate of a chunk's
+        products, backward twice the forward (`compute.linear_at_rate` puts the rule at its
+        measured rate); the convolution's halo to the next rank, exposed (the rule waits on it).
+        LASP-2: the last rank's augmented pass and scan over every earlier rank's pair
+        (`rules.linear.lasp_flops`), the all-gather of (transition, state) pairs forward and its
+        reduce-scatter backward, exposed. LASP-1: the plain pass, each rank's state sent on to the
+        next, which waits for it: a chain of sp - 1 passes and messages each way, spread over the
+        consecutive linear layers it pipelines through (`_lasp1_chain`; memoised)."""
+        key = ("linear", sp, self.linear_sp)
         got = self.cache.get(key)
         if got is not None:
             return got
+        mode = self.linear_sp
         shape = LinearShape.of(self.cfg, self.shape.batch, self.shape.elem_bytes)
         tokens = self.shape.shard_len(sp)
-        flops = lasp_flops("lasp2", shape, tokens, sp, sp - 1)
+        flops = lasp_flops(mode, shape, tokens, sp, sp - 1)
         fwd = flops / gemm_rate(self.cluster, self.dtype, CHUNK)
         cost = {"forward": [], "backward": []}
         groups = [list(range(g * sp, (g + 1) * sp)) for g in range(max(1, self.world // sp))]
-        for (op, phase), n in lasp_bytes_by_op("lasp2", shape, sp, 0, self.seq_len).items():
+        for (op, phase), n in lasp_bytes_by_op(mode, shape, sp, 0, self.seq_len).items():
             if op == "p2p":
                 pairs = [(g[i], g[i + 1]) for g in groups for i in range(sp - 1)]
                 cost[phase].append(self.net.p2p(pairs, n))
             else:
                 cost[phase].append(self.net.collective(groups, n))
+        if mode == "lasp1" and sp > 1:  # the state's messages (the last two p2p) wait on passes
+            cost = self._lasp1_chain(cost, shape, tokens, sp)
         exposed = {"intra": 0.0, "inter": 0.0}
         link = {"intra": 0.0, "inter": 0.0}
         forward_link = {"intra": 0.0, "inter": 0.0}
@@ -167,12 +175,32 @@ class Setup:
         moved = [sum(getattr(one, k) for costs in cost.values() for one in costs)
                  for k in ("intra", "inter")]
         got = self.cache[key] = Prediction(
-            "lasp2", {}, "contiguous", 3e3 * fwd + sum(exposed.values()), 1e3 * fwd + comm_fwd,
+            mode, {}, "contiguous", 3e3 * fwd + sum(exposed.values()), 1e3 * fwd + comm_fwd,
             3e3 * fwd, exposed, moved[0], moved[1], 0, True, "compute",
             forward_bytes=tuple(sum(getattr(one, k) for one in cost["forward"])  # type: ignore
                                 for k in ("intra", "inter")),
             link_ms=link, forward_link_ms=forward_link)
         return got
+
+    def _lasp1_chain(self, cost: dict[str, list], shape: LinearShape, tokens: int, sp: int
+                     ) -> dict[str, list]:
+        """LASP-1's state messages with the chain they sit in: rank r starts its pass when rank
+        r - 1's state arrives, so the last rank waits sp - 1 passes (at the rule's measured
+        rate, `compute.linear_rate`) and messages, forward and (twice the pass) backward. A run
+        of k consecutive linear layers pipelines: the ranks stay staggered through it and the
+        wait is paid once a run, (sp - 1) / k a layer (a full-attention layer between runs
+        brings the ranks together again)."""
+        runs = [len(r) for r in "".join("l" if t == "linear" else " "
+                                        for t in self.cfg.layer_types).split()]
+        per_run = (len(runs) / sum(runs)) if runs else 1.0
+        rate = linear_rate(self.cluster, self.dtype, self.cfg.lin_k_dim)
+        pass_s = lasp_flops("lasp1", shape, tokens, sp, 0) / rate  # forward: a third of 3x the FLOPs
+        out = {}
+        for phase, factor in (("forward", 1.0), ("backward", 2.0)):
+            *halo, state = cost[phase]
+            wait = (sp - 1) * (factor * pass_s + state.seconds) * per_run
+            out[phase] = [*halo, replace(state, seconds=wait)]
+        return out
 
     def prefix(self, sp: int, attn: Prediction, fraction: float, kind: str = "full") -> Prediction:
         """The forward seq-attn re-runs in backward: the attention over the first fraction x N

@@ -40,7 +40,8 @@ def predict_trial(spec: Any, cluster: Cluster, host_links: Cluster | None = None
     case = spec.to_case()
     cfg, dtype = case.config(), spec.workload.dtype
     setup = Setup(cluster, cfg, case.seq_len, case.seq_len * case.batch * case.dp, case.world,
-                  max(1, spec.plan.nodes), dtype, case.batch, cluster.kernel or "flash2")
+                  max(1, spec.plan.nodes), dtype, case.batch, cluster.kernel or "flash2",
+                  linear_sp=case.linear_sp or "lasp2")
     name, options = case.algorithm, dict(spec.plan.options)
     if name == AUTO:  # what the largest group of its deals runs (the driver chose it)
         name, options = case.options_at(max(case.group_sizes()))

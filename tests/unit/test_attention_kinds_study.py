@@ -138,3 +138,50 @@ def test_validate_gives_the_error_with_the_ranks_share_of_a_busy_host():
     s = perf_plan.summary([busy, quiet])
     assert s["median_abs_error"] == pytest.approx((0.5 + 10 / 110) / 2)
     assert s["median_abs_error_host_share"] == pytest.approx(10 / 110 / 2)
+
+
+def test_lasp1_is_priced_as_its_chain_of_states_and_lasp2_as_its_all_gather():
+    """LASP-1 (`train.linear_sp: lasp1`): the plain pass, one state a direction whatever the
+    ranks, and the chain: the last rank waits sp - 1 of the earlier ranks' passes (the rule at
+    its measured rate) and messages, forward and (twice the pass) backward, once per run of
+    consecutive linear layers (the ranks stay staggered through a run). LASP-2: the augmented
+    pass and the pairs' all-gather, no chain."""
+    from dataclasses import replace
+
+    from seqpar.planner.setup import Setup
+
+    local = clusters.load("local")
+    spec = next(p.spec for p in STUDY.points("cpu")
+                if p.spec is not None and p.spec.to_case().model == "kinds-hybrid")
+    cfg = spec.to_case().config()
+    assert cfg.layer_types == ("linear",) * 3 + ("full",)  # one run of three
+
+    def layer(mode: str, sp: int, c=cfg):
+        return Setup(local, c, 4096, None, sp, 1, "float32", linear_sp=mode).linear(sp)
+
+    two, four = layer("lasp1", 2), layer("lasp1", 4)
+    shape = LinearShape.of(cfg, 1, 4)
+    assert two.algorithm == "lasp1" and layer("lasp2", 2).algorithm == "lasp2"
+    assert two.compute_ms == pytest.approx(3e3 * lasp_flops("lasp1", shape, 2048, 2, 1)
+                                           / gemm_rate(local, "float32", CHUNK))
+    forward = lasp_flops("lasp1", shape, 1024, 4, 3) / compute.linear_rate(local, "float32",
+                                                                           cfg.lin_k_dim)
+    # 3 earlier ranks x (forward + twice it backward) over a run of 3, plus the messages
+    chain = sum(four.exposed_ms.values())
+    assert 3e3 * forward < chain < 3e3 * forward * 1.1
+    assert four.bytes_intra == two.bytes_intra  # one state (and the halo) whatever the ranks
+    assert layer("lasp2", 4).bytes_intra > layer("lasp2", 2).bytes_intra  # the pairs: sp - 1
+    assert sum(layer("lasp2", 4).exposed_ms.values()) < chain / 10
+    # each linear layer between full layers (runs of one) waits its whole chain
+    alone = replace(cfg, layer_types=("linear", "full") * 2)
+    assert sum(layer("lasp1", 4, c=alone).exposed_ms.values()) == pytest.approx(3 * chain,
+                                                                                 rel=0.05)
+    # a trial that pins LASP-1 is priced as LASP-1
+    lasp1 = type(spec).model_validate(
+        {**spec.model_dump(), "train": {**spec.train.model_dump(), "linear_sp": "lasp1"}})
+    assert lasp1.to_case().linear_sp == "lasp1"
+    pinned = Setup(local, cfg, spec.workload.seq_len, None, 2, 1, "float32", linear_sp="lasp1")
+    assert planner.predict_trial(lasp1, local).attention_kinds["linear"] == pytest.approx(
+        compute.linear_at_rate(local, cfg, "float32", pinned.linear(2)).attention_ms)
+    assert planner.predict_trial(spec, local).attention_kinds["linear"] != pytest.approx(
+        planner.predict_trial(lasp1, local).attention_kinds["linear"])
