@@ -160,6 +160,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
     candidates: list[tuple[float, tuple[int, int, Prediction, list, list[Policy]]]] = []
     extra: list[tuple[int, int, Prediction, Prediction | None, list[Policy]]] = []
     eps = ep_mod.degrees(setup.cfg, setup.world, setup.per_node)
+    dealt: dict[tuple[str, str, int], bool] = {}  # `same_deal`, asked once a search
     for dp, sp, _ in result.splits:
         every_policy = [p for p in space(filters, dp, offload_sets, tiled, sp, setup.per_node,
                                          eps=eps) if (offloadable or not p.offload)
@@ -171,6 +172,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
         predictions: list[Prediction] = []
         for name, options in (attention if attention is not None else attention_space(sp, filters)):
             timed: dict[str, Prediction] = {}  # this configuration's, by layout
+            config = (name, tuple(sorted(options.items())))  # what its memory depends on
             for layout in layouts:
                 try:
                     algorithms.check(name, setup.shape, sp, layout, setup.causal, **options)
@@ -181,10 +183,13 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                 if not policies:
                     continue
                 peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
-                probe, least = min((probed(name, options, peak, t), t.label()) for t in thin)
+                probes = [probed(config, options, peak, t) for t in thin]
+                probe = min(probes)
                 if probe > budget:
                     result.too_big += 1
                     if result.closest is None or probe < result.closest[0]:
+                        least = min(t.label() for t, q in zip(thin, probes, strict=True)
+                                    if q == probe)
                         result.closest = (probe, f"dp={dp} sp={sp} {name} {least}")
                     if every:
                         least_policy = min(thin, key=lambda t: _probe(setup, dp, sp, name, options,
@@ -194,7 +199,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                     continue
                 # a layout that deals as one already timed predicts alike (no mask: `same_deal`)
                 twin = next((p for lay, p in timed.items() if setup.mask is None
-                             and same_deal(lay, layout, sp)), None)
+                             and _dealt_alike(dealt, lay, layout, sp)), None)
                 timed[layout] = (replace(twin, layout=layout) if twin is not None
                                  else setup.attention(sp, name, dict(options), layout))
                 predictions.append(timed[layout])
@@ -258,6 +263,14 @@ def _runnable(setup: Setup, p: Prediction, policies: list[Policy]) -> list[Polic
     return [t for t in policies if not t.checkpoint.startswith("seq-attn")]
 
 
+def _dealt_alike(memo: dict[tuple[str, str, int], bool], a: str, b: str, world: int) -> bool:
+    """`same_deal(a, b, world)`, memoised in `memo`."""
+    got = memo.get((a, b, world))
+    if got is None:
+        got = memo[(a, b, world)] = same_deal(a, b, world)
+    return got
+
+
 def _better(s: Step, than: Step | None) -> bool:
     """Whether s beats `than` as a configuration's best step: fitting, then TGS, then memory."""
     if than is None:
@@ -276,11 +289,15 @@ class _Usable:
         self.prefixes = sorted({split_checkpoint(p.checkpoint)[1] for p in policies
                                 if p.checkpoint.startswith("seq-attn")})
         self._sets: dict[tuple, tuple[list[Policy], list[Policy]]] = {}
+        self._allowed: dict[tuple[str, str], tuple[float, ...]] = {}
 
     def of(self, name: str, layout: str) -> tuple[list[Policy], list[Policy]]:
         s = self.setup
-        allowed = tuple(f for f in self.prefixes if Policy(checkpoint=f"seq-attn:{f:g}").runs(
-            name, layout, self.sp, s.seq_len, s.causal))
+        allowed = self._allowed.get((name, layout))
+        if allowed is None:
+            allowed = self._allowed[(name, layout)] = tuple(
+                f for f in self.prefixes if Policy(checkpoint=f"seq-attn:{f:g}").runs(
+                    name, layout, self.sp, s.seq_len, s.causal))
         got = self._sets.get(allowed)
         if got is None:
             mine = [p for p in self.policies if not p.checkpoint.startswith("seq-attn")
@@ -298,11 +315,13 @@ class _Probes:
         self.setup, self.dp, self.sp = setup, dp, sp
         self._got: dict[tuple, int] = {}
 
-    def __call__(self, name: str, options: dict[str, Any], peak: int, policy: Policy) -> int:
-        key = (name, tuple(sorted(options.items())), peak, policy)
+    def __call__(self, config: tuple[str, tuple], options: dict[str, Any], peak: int,
+                 policy: Policy) -> int:
+        """`_probe` of the configuration `config` names: (algorithm, sorted options)."""
+        key = (config, peak, policy)
         got = self._got.get(key)
         if got is None:
-            got = self._got[key] = _probe(self.setup, self.dp, self.sp, name, options, peak,
+            got = self._got[key] = _probe(self.setup, self.dp, self.sp, config[0], options, peak,
                                           policy)
         return got
 
