@@ -12,7 +12,8 @@ config.json is):
   rebuilt on arrival);
 - the linear hybrid (Qwen3-Next's): three gated DeltaNet layers to one gated full-attention layer
   (GQA, H / 4 K,V heads), the DeltaNet's value heads H of hidden / H (key heads H / 2), its layers
-  under LASP-2 (one all-gather of states a layer).
+  under LASP-2 (one all-gather of states a layer), and again under LASP-1 (each rank's state
+  sent on to the next: the serial baseline LASP-2 is measured against).
 
 Each kind trains with ring and Ulysses (Ulysses moves heads after the up-projection: MLA's latent
 ring has no Ulysses point, skipped with the rule's reason). The layout is contiguous for every
@@ -34,6 +35,7 @@ KINDS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("mla-kv", "kinds-mla", {"train.mla_pass": "kv"}),
     ("mla-latent", "kinds-mla", {"train.mla_pass": "latent"}),
     ("hybrid", "kinds-hybrid", {"train.linear_sp": "lasp2"}),
+    ("hybrid-lasp1", "kinds-hybrid", {"train.linear_sp": "lasp1"}),  # the serial baseline
 )
 
 
