@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 from typing import Generic, TypeVar
 
 from seqpar.planner.api import Prediction
@@ -28,7 +29,7 @@ def exact(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Poli
     timed, by (id(p), policy): the search times them again when `p` is timed in full."""
     best = []
     for st, e in {(q.states, q.ep) for q in policies}:
-        policy = Policy(st, "none", ep=e)
+        policy = _plain(st, e)
         s = step(setup, dp, sp, p, policy)
         if steps is not None:
             steps[(id(p), policy)] = s
@@ -50,9 +51,15 @@ def ceiling(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Po
         for cl in setup.classes:
             g, _, ew = class_time(setup, sp, cl.first, e if cl.moe else 1)
             compute += cl.count * (3 * (g + ew) + kinds[cl.kind].attention_ms / 1e3)
-        queued = host_once(setup, Policy(st, "none", ep=e).train(setup.dtype).states, world)[1]
+        queued = host_once(setup, _plain(st, e).train(setup.dtype).states, world)[1]
         least = min(least, (m - 1) * compute + max(compute - queued, compute / 3))
     return setup.step_tokens(dp) / (least * world) * (1 + SLACK)
+
+
+@lru_cache(maxsize=256)
+def _plain(states: str, ep: int) -> Policy:
+    """The policy of no recompute, no offload, no tiling under `states` and `ep`."""
+    return Policy(states, "none", ep=ep)
 
 
 class Frontier(Generic[T]):

@@ -11,7 +11,7 @@ import numpy as np
 
 from seqpar.planner import memory
 from seqpar.planner.api import Prediction
-from seqpar.planner.policy import Policy
+from seqpar.planner.policy import seq_attn_runs
 from seqpar.planner.step import Setup
 
 
@@ -23,8 +23,7 @@ def metrics(setup: Setup, sp: int, p: Prediction, prefixes: Sequence[float]) -> 
     kinds = setup.kinds(sp, p)
     again: list[float] = []
     for f in prefixes:
-        runs = Policy(checkpoint=f"seq-attn:{f:g}").runs(p.algorithm, p.layout, sp,
-                                                          setup.seq_len, setup.causal)
+        runs = seq_attn_runs(f, p.algorithm, p.layout, sp, setup.seq_len, setup.causal)
         for kind in kinds:
             if runs:
                 q = setup.prefix(sp, p, f, kind)

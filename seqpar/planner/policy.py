@@ -116,6 +116,12 @@ def check_checkpoint(name: str) -> None:
     split_checkpoint(name)
 
 
+def seq_attn_runs(fraction: float, algorithm: str, layout: str, world: int, seq_len: int,
+                  causal: bool = True) -> bool:
+    """`Policy(checkpoint=f"seq-attn:{fraction:g}").runs(...)`, without building the policy."""
+    return _seq_attn_runs(f"seq-attn:{fraction:g}", algorithm, layout, world, seq_len, causal)
+
+
 @lru_cache(maxsize=4096)
 def _seq_attn_runs(checkpoint: str, algorithm: str, layout: str, world: int, seq_len: int,
                    causal: bool) -> bool:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from seqpar.planner.job import Job, Timing
-from seqpar.planner.net import Cost
+from seqpar.planner.net import ByIdentity, Cost
 from seqpar.planner.ring import ring_time
 from seqpar.planner.schedule import (
     P2P,
@@ -72,12 +72,15 @@ def _collective_host(job: Job, groups: list[list[int]], nbytes: int) -> tuple[fl
     """(copies, transport) seconds of a collective on the busiest rank, host cores shared: it packs
     and unpacks its whole buffer (what it sends is (G-1)/G of it) and, on a host transport, sends
     and receives nbytes in a message to and from every peer."""
-    g = max(map(len, groups), default=1)
+    g = _LARGEST.get(groups, lambda: max(map(len, groups), default=1))
     if g < 2 or nbytes <= 0:
         return 0.0, 0.0
     c = job.cluster
     copies = job.host(c.copy_seconds(2 * nbytes * g / (g - 1)) + c.collective_us * 1e-6)
     return copies, job.host(c.transport_seconds(2 * nbytes, 2 * (g - 1)))
+
+
+_LARGEST = ByIdentity()  # a schedule's groups -> the largest group's size
 
 
 def _stage(job: Job, st: Stage, timing: Timing) -> None:

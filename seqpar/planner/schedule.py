@@ -232,7 +232,9 @@ def _teams(world: int, team_size: int, placement: str) -> _Teams:
     placing = every[sends != every].tolist()
     members = np.stack(grid.members(np.arange(world // c)), axis=1)
     starts = grid.rank(np.array([g * t * c + a for g in range(c) for a in range(c)]))
-    ring_ranks = np.stack(grid.subring(starts), axis=1)
+    # each start's sub-ring (`WallFacerGrid.subring`), every position of every sub-ring at once
+    team, member = grid.coords(starts)
+    ring_ranks = grid.rank((team - team % t + np.arange(t)[:, None]).T * c + member[:, None])
     # a team is (team group, index in it): two teams' ranks interleave by how those compare
     q_keys, k_keys = (np.stack(divmod(team, t), axis=-1) for team in
                       (grid.coords(ring_ranks)[0], grid.block_team(ring_ranks)))

@@ -27,7 +27,14 @@ from seqpar.planner.bound import Frontier, ceiling, exact
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.dominance import metrics, pareto
 from seqpar.planner.kernel import same_deal
-from seqpar.planner.policy import OFFLOAD_SETS, Filters, Policy, space, split_checkpoint
+from seqpar.planner.policy import (
+    OFFLOAD_SETS,
+    Filters,
+    Policy,
+    seq_attn_runs,
+    space,
+    split_checkpoint,
+)
 from seqpar.planner.rates import DEFAULT_KERNEL, with_kernel
 from seqpar.planner.step import Setup, Step, step
 from seqpar.planner.why import why_slower  # noqa: F401  (cli/plan.py's)
@@ -296,8 +303,8 @@ class _Usable:
         allowed = self._allowed.get((name, layout))
         if allowed is None:
             allowed = self._allowed[(name, layout)] = tuple(
-                f for f in self.prefixes if Policy(checkpoint=f"seq-attn:{f:g}").runs(
-                    name, layout, self.sp, s.seq_len, s.causal))
+                f for f in self.prefixes
+                if seq_attn_runs(f, name, layout, self.sp, s.seq_len, s.causal))
         got = self._sets.get(allowed)
         if got is None:
             mine = [p for p in self.policies if not p.checkpoint.startswith("seq-attn")
