@@ -190,9 +190,9 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                 if not policies:
                     continue
                 peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
-                probes = [probed(config, options, peak, t) for t in thin]
-                probe = min(probes)
-                if probe > budget:
+                probes = probed.upto(config, options, peak, thin, budget)
+                if probes[-1] > budget:  # no policy fits: every one probed
+                    probe = min(probes)
                     result.too_big += 1
                     if result.closest is None or probe < result.closest[0]:
                         least = min(t.label() for t, q in zip(thin, probes, strict=True)
@@ -331,6 +331,17 @@ class _Probes:
             got = self._got[key] = _probe(self.setup, self.dp, self.sp, config[0], options, peak,
                                           policy)
         return got
+
+    def upto(self, config: tuple[str, tuple], options: dict[str, Any], peak: int,
+             policies: Sequence[Policy], budget: float) -> list[int]:
+        """The probes of `policies` in order, up to the first that fits in `budget` (all of
+        them when none does)."""
+        out = []
+        for policy in policies:
+            out.append(self(config, options, peak, policy))
+            if out[-1] <= budget:
+                break
+        return out
 
 
 def _probe(setup: Setup, dp: int, sp: int, name: str, options: dict[str, Any], peak: int,
