@@ -83,11 +83,30 @@ def _collective_host(job: Job, groups: list[list[int]], nbytes: int) -> tuple[fl
 _LARGEST = ByIdentity()  # a schedule's groups -> the largest group's size
 
 
+def _collective(job: Job, st: Collective) -> tuple[float, float, Cost]:
+    """(seconds, copies, cost) of a collective stage, memoised on the links and the groups: a
+    plan's configurations post the same collectives under every layout and inner ring."""
+    net = job.net
+    key = (id(net), id(st.groups), st.nbytes)
+    hit = _COLLECTIVES.get(key)
+    if hit is not None and hit[0] is net and hit[1] is st.groups:
+        return hit[2]
+    cost = net.collective(st.groups, st.nbytes)
+    copies, transport = _collective_host(job, st.groups, st.nbytes)
+    got = (copies + max(cost.seconds, transport), copies, cost)
+    if len(_COLLECTIVES) >= 4096:
+        _COLLECTIVES.clear()
+    _COLLECTIVES[key] = (net, st.groups, got)  # held: their ids are not reused while here
+    return got
+
+
+_COLLECTIVES: dict[tuple[int, int, int], tuple[Any, Any, tuple[float, float, Cost]]] = {}
+
+
 def _stage(job: Job, st: Stage, timing: Timing) -> None:
     if isinstance(st, Collective):
-        cost = job.net.collective(st.groups, st.nbytes)
-        copies, transport = _collective_host(job, st.groups, st.nbytes)
-        timing.add(st.label, copies + max(cost.seconds, transport), copies, cost)
+        seconds, copies, cost = _collective(job, st)
+        timing.add(st.label, seconds, copies, cost)
     elif isinstance(st, P2P):
         cost = job.net.p2p(st.pairs, st.nbytes)
         moving = any(s != d for s, d in st.pairs) and st.nbytes > 0
