@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from itertools import chain
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -75,9 +75,10 @@ def _walk(n: int, w: int) -> _Walk:
 
 
 def _ordered(job: Job, st: RingStage, rings: int, copies: int,
-             total: bool) -> tuple[np.ndarray, ...]:
-    """Per step (worst seconds, its FLOPs, all ranks' seconds: with `total`, else None) when a
-    block depends only on whether src is before, at or after pos. At step (0, 0) every position
+             total: bool) -> tuple[Any, ...]:
+    """(each step's worst seconds, all steps' FLOPs at the stage's factor, each step's seconds of
+    all ranks: with `total`, else None) when a block depends only on whether src is before, at
+    or after pos. At step (0, 0) every position
     holds its own block; at (0, i > 0) the outer*(w - i) positions with inner index >= i hold an
     earlier block and the rest a later one; at o > 0 the (outer - o)*w positions of inner rings
     >= o an earlier one. Position 0 holds a later block in every step but the first (it comes
@@ -86,7 +87,7 @@ def _ordered(job: Job, st: RingStage, rings: int, copies: int,
     own = [_cost(job, st, r, 0, 0) for r in range(rings)]
     if n == 1:
         (t, f), = own
-        return np.array([t]), np.array([f]), np.array([t * copies])
+        return np.array([t]), _flops(np.array([f]), st.factor), np.array([t * copies])
     earlier = [_cost(job, st, r, 1, 0) for r in range(rings)]
     later = [_cost(job, st, r, 0, 1) for r in range(rings)]
     walk = _walk(n, st.inner)
@@ -94,12 +95,24 @@ def _ordered(job: Job, st: RingStage, rings: int, copies: int,
     mixed = _first_max([x for pair in zip(later, earlier, strict=True) for x in pair])
     at_home = _first_max(own)
     worst = np.where(first, at_home[0], mixed[0])
-    flops = np.where(first, at_home[1], mixed[1])
+    flops = _home_and_away(n, st.inner, at_home[1], mixed[1], st.factor)
     if not total:
         return worst, flops, None
     return worst, flops, (walk.n_earlier * sum(t for t, _ in earlier)
                           + walk.n_later * sum(t for t, _ in later)
                           + np.where(first, n * sum(t for t, _ in own), 0.0)) * copies
+
+
+def _flops(per_step: np.ndarray, factor: float) -> float:
+    """All steps' FLOPs at `factor` (forward 1, backward its kernel's)."""
+    return float((per_step * factor).sum())
+
+
+@lru_cache(maxsize=4096)
+def _home_and_away(n: int, w: int, home: float, away: float, factor: float) -> float:
+    """`_flops` of a ring whose first step's busiest block costs `home` and every other's `away`
+    (memoised: a plan meets the same blocks under many configurations)."""
+    return _flops(np.where(_walk(n, w).first, home, away), factor)
 
 
 def _kinds(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]:
@@ -154,23 +167,25 @@ _NONE = np.iinfo(np.int64).max
 
 
 def _keyed(job: Job, st: RingStage, rings: int, copies: int,
-           total: bool) -> tuple[np.ndarray, ...]:
-    """Per step (worst seconds, its FLOPs, all ranks' seconds: with `total`, else None) from the
-    rings' keys: a block is costed once per way its keys compare, whichever ring meets it; a
-    step's busiest rank is the first in ring order to hold its dearest kind."""
+           total: bool) -> tuple[Any, ...]:
+    """(each step's worst seconds, all steps' FLOPs at the stage's factor, each step's seconds of
+    all ranks: with `total`, else None) from the rings' keys: a block is costed once per way its
+    keys compare, whichever ring meets it; a step's busiest rank is the first in ring order to
+    hold its dearest kind."""
     count, first, meets = _kinds(st, rings)
     cost = np.array([_cost(job, st, r, pos, src) for r, pos, src in meets])
     t, f = cost[:, 0], cost[:, 1]
     held = np.where(count > 0, t, -np.inf)
     worst = held.max(axis=1)
     dearest = np.where(held == worst[:, None], first, _NONE).argmin(axis=1)
-    return (worst, np.where(worst > 0, f[dearest], 0.0),
+    return (worst, _flops(np.where(worst > 0, f[dearest], 0.0), st.factor),
             (count * t).sum(axis=1) * copies if total else None)
 
 
-def _each(job: Job, st: RingStage, rings: int, copies: int, total: bool) -> tuple[np.ndarray, ...]:
-    """Per step (worst seconds, its FLOPs, all ranks' seconds) under any mask: every (position,
-    block) costs its own (what a mask lets a position's queries see of a block is its own)."""
+def _each(job: Job, st: RingStage, rings: int, copies: int, total: bool) -> tuple[Any, ...]:
+    """(each step's worst seconds, all steps' FLOPs at the stage's factor, each step's seconds of
+    all ranks) under any mask: every (position, block) costs its own (what a mask lets a
+    position's queries see of a block is its own)."""
     n, src = st.size, sources(st.size, st.inner)
     steps_n = len(src)
     t_all = np.zeros((steps_n, rings * n))
@@ -182,7 +197,7 @@ def _each(job: Job, st: RingStage, rings: int, copies: int, total: bool) -> tupl
                                                                    int(src[g, pos]))
     busiest = t_all.argmax(axis=1)
     worst = t_all.max(axis=1)
-    return (worst, np.where(worst > 0, f_all[np.arange(steps_n), busiest], 0.0),
+    return (worst, _flops(np.where(worst > 0, f_all[np.arange(steps_n), busiest], 0.0), st.factor),
             t_all.sum(axis=1) * copies)
 
 
@@ -260,12 +275,11 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     # a host whose ranks share its cores: a step lasts at least all ranks' work over the cores
     shared = c.host_seconds(1.0, float("inf"), job.world) != 1.0
     cost = _each if job.any_mask else _ordered if st.keys is None else _keyed
-    worst, worst_f, total = cost(job, st, rings, copies, shared)
+    worst, flops, total = cost(job, st, rings, copies, shared)
     carry = job.net.memo.get(st, lambda: _carry(job, st))
     fixed = carry.fixed
     comp = (_host(job, worst + fixed, total + n * len(st.rings) * fixed) if shared
             else worst + fixed)
-    flops = float((worst_f * st.factor).sum())
     total_compute = float(comp.sum())
     if n == 1:
         timing.add(st.label, total_compute, total_compute, Cost(0.0), flops)

@@ -180,6 +180,7 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
         for name, options in (attention if attention is not None else attention_space(sp, filters)):
             timed: dict[str, Prediction] = {}  # this configuration's, by layout
             config = (name, tuple(sorted(options.items())))  # what its memory depends on
+            peak = None  # the attention's own, whatever the layout
             for layout in layouts:
                 try:
                     algorithms.check(name, setup.shape, sp, layout, setup.causal, **options)
@@ -189,7 +190,8 @@ def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence
                 policies, thin = usable.of(name, layout)
                 if not policies:
                     continue
-                peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
+                if peak is None:
+                    peak = attention_peak(name, setup.shape, sp, options, setup.sp_nodes(sp))
                 probes = probed.upto(config, options, peak, thin, budget)
                 if probes[-1] > budget:  # no policy fits: every one probed
                     probe = min(probes)

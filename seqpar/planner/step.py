@@ -177,7 +177,7 @@ def layer_kinds(setup: Setup, sp: int, attn: Prediction) -> dict[str, Prediction
 
 
 def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
-            train: TrainPolicy) -> list[Block]:
+            train: TrainPolicy, kinds: dict[str, Prediction]) -> list[Block]:
     """Each class of the model's layers (`Setup.classes`) as a micro-step runs it: its GEMMs and
     element-wise work, its attention (a sliding layer's under its window), its checkpoint mode's
     recompute, its FSDP traffic (a block of its own size) on links shared with the attention,
@@ -186,7 +186,6 @@ def _blocks(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     stored = ELEM[train.master_dtype or dtype]
     mode, frac = train.checkpoint, train.seq_fraction
     share = {"none": 0.0, "full": 1.0, "sc++": 1.0, "seq-attn": 1.0}.get(mode, frac)
-    kinds = layer_kinds(setup, sp, attn)
     out = []
     for cl in setup.classes:
         a = kinds[cl.kind]
@@ -253,7 +252,8 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     train = train or policy.train(dtype)
     world = dp * sp
     mode, frac = train.checkpoint, train.seq_fraction
-    blocks = _blocks(setup, dp, sp, attn, policy, train)
+    kinds = layer_kinds(setup, sp, attn)
+    blocks = _blocks(setup, dp, sp, attn, policy, train, kinds)
     hd = head_time(setup, sp)
     first = blocks[0].comm  # layer 0's class; the last layer's scatter closes a micro-step
     closing = next(b.comm for b in blocks if cfg.layers - 1 in b.layers)
@@ -297,7 +297,7 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
                 flops["mfu"] / peak, flops["mfu_unmasked_attention"] / peak, flops["hfu"] / peak,
                 mem["peak"], fits, {k: 1e3 * parts[k] for k in PARTS}, mem,
                 host_bound=host.bound(c, device, m * issue_micro + issue_step),
-                attention_kinds={k: p.attention_ms for k, p in layer_kinds(setup, sp, attn).items()},
+                attention_kinds={k: p.attention_ms for k, p in kinds.items()},
                 ep_bytes={k: m * sum(b.count * b.ep_bytes[i] for b in blocks)
                           for i, k in enumerate(LINKS)} if policy.ep > 1 else {})
 
