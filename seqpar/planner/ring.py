@@ -105,7 +105,7 @@ def _ordered(job: Job, st: RingStage, rings: int, copies: int,
 
 def _flops(per_step: np.ndarray, factor: float) -> float:
     """All steps' FLOPs at `factor` (forward 1, backward its kernel's)."""
-    return float((per_step * factor).sum())
+    return float(_sum(per_step * factor))
 
 
 @lru_cache(maxsize=4096)
@@ -161,6 +161,7 @@ def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[t
     return count, first, meets
 
 
+_sum = np.add.reduce  # ndarray.sum's own reduction, without its Python wrapper
 _KINDS = ByIdentity(64)
 _ALIKE: dict[tuple, tuple[np.ndarray, np.ndarray, list[tuple[int, int, int]]]] = {}
 _NONE = np.iinfo(np.int64).max
@@ -280,13 +281,13 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     fixed = carry.fixed
     comp = (_host(job, worst + fixed, total + n * len(st.rings) * fixed) if shared
             else worst + fixed)
-    total_compute = float(comp.sum())
+    total_compute = float(_sum(comp))
     if n == 1:
         timing.add(st.label, total_compute, total_compute, Cost(0.0), flops)
         return
     per_outer = comp.reshape(-1, st.inner)
-    inner_time = np.maximum(per_outer[:, :-1], carry.x_in.seconds).sum(axis=1) + per_outer[:, -1]
-    seconds = (float(np.maximum(inner_time[:-1], carry.x_out.seconds).sum() + inner_time[-1])
+    inner_time = _sum(np.maximum(per_outer[:, :-1], carry.x_in.seconds), axis=1) + per_outer[:, -1]
+    seconds = (float(_sum(np.maximum(inner_time[:-1], carry.x_out.seconds)) + inner_time[-1])
                + carry.home.seconds)
     timing.add(st.label, seconds, total_compute, carry.cost, flops, carry.busy)
 
