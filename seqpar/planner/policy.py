@@ -60,14 +60,12 @@ class Policy:
     ep: int = 1
 
     def __post_init__(self) -> None:
-        require(self.states in STATES, "states", self.states, f"must be one of {', '.join(STATES)}")
-        require(self.ep == 1 or self.states in EP_STATES, "states", self.states,
-                f"does not hold experts under expert parallelism (ep {self.ep}): "
-                f"{' or '.join(EP_STATES)}")
-        check_checkpoint(self.checkpoint)
-        require(all(o in OFFLOADS for o in self.offload), "offload", list(self.offload),
-                f"must be a list drawn from {', '.join(OFFLOADS)}")
-        object.__setattr__(self, "offload", tuple(o for o in OFFLOADS if o in self.offload))
+        fields = (self.states, self.checkpoint, self.offload, self.ep)
+        try:
+            offload = _checked(*fields)
+        except TypeError:  # a field that does not hash: checked as it is
+            offload = _checked.__wrapped__(*fields)
+        object.__setattr__(self, "offload", offload)
 
     def train(self, dtype: str) -> TrainPolicy:
         """The runner's TrainPolicy (fp32 master weights for a 16-bit dtype)."""
@@ -100,6 +98,19 @@ class Policy:
         parts += ["+tile"] if self.tiled else []
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
         return " ".join(parts)
+
+
+@lru_cache(maxsize=1024)
+def _checked(states: str, checkpoint: str, offload: Any, ep: int) -> tuple[str, ...]:
+    """A policy's fields checked, and its offload in OFFLOADS' order (memoised: a search builds
+    thousands of policies of a few dozen kinds)."""
+    require(states in STATES, "states", states, f"must be one of {', '.join(STATES)}")
+    require(ep == 1 or states in EP_STATES, "states", states,
+            f"does not hold experts under expert parallelism (ep {ep}): {' or '.join(EP_STATES)}")
+    check_checkpoint(checkpoint)
+    require(all(o in OFFLOADS for o in offload), "offload", list(offload),
+            f"must be a list drawn from {', '.join(OFFLOADS)}")
+    return tuple(o for o in OFFLOADS if o in offload)
 
 
 @lru_cache(maxsize=4096)
@@ -136,6 +147,12 @@ def _seq_attn_runs(checkpoint: str, algorithm: str, layout: str, world: int, seq
 
 def split_checkpoint(name: str) -> tuple[str, float]:
     """A planner checkpoint name as (the runner's mode, its sequence fraction)."""
+    return _split(name) if type(name) is str else _split.__wrapped__(name)
+
+
+@lru_cache(maxsize=256)
+def _split(name: str) -> tuple[str, float]:
+    """`split_checkpoint`, memoised (a search asks thousands of times of a few names)."""
     if name.startswith("seq-attn"):
         head, colon, fraction = name.partition(":")
         require(head == "seq-attn" and colon, "checkpoint", name,
