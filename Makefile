@@ -40,15 +40,21 @@ demo: $(STAMP)
 	@echo "  $(BIN)/seqpar compare --baseline local   each trial's step time over local's, 95% intervals"
 	@echo "  $(BIN)/seqpar report                     report.html: tables, plots, environment in one page"
 
+# pytest on two workers side by side (pytest-xdist): the gang's tests on one, the embedded Ray's on
+# the other, the rest on whichever is free (tests/parallel.py; docs/development.md, "The budget").
+# PYTEST_WORKERS=0: one process, in the suite's order.
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # `make test`, plus the large products whole (make test runs covering designs of them) and the tests
 # marked slow (second Ray clusters, the manual's long commands: tests/docs)
 test-full: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks
-	SEQPAR_TEST_FULL=1 $(BIN)/python -m pytest -q
+	SEQPAR_TEST_FULL=1 $(PYTEST)
 
 # On a machine with CUDA GPUs: flash-attn where a prebuilt wheel fits the installed torch (else it
 # says why and runs without), then benchmarks/gpu_check.py on every GPU (NCCL with 2+): every

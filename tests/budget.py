@@ -7,7 +7,11 @@ ranks run side by side, more where it waits).
 
 A process is counted at its last sample (every 0.5 s) even after it died unreaped (Ray's actors
 are killed with their raylet's children); one that lived less than a sample and was not this
-process's own child is missed."""
+process's own child is missed.
+
+Under pytest-xdist (`make test`: two workers) each worker meters its own tests and appends to
+FILE; the controller gathers their rows and prints the summary, its session line counting every
+worker and what they started."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import pytest
 
 BUDGET_ENV_VAR = "SEQPAR_TEST_BUDGET"
 SAMPLE_S = 0.5
+ROWS_KEY = "seqpar_budget"  # a pytest-xdist worker's rows, in its workeroutput
 
 
 class Meter:
@@ -73,7 +78,7 @@ class Budget:
     """The pytest plugin: a test's phases timed and metered, one line per test."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.meter, self.rows = path, Meter(), []
+        self.path, self.meter, self.rows, self.workers = path, Meter(), [], 0
         self.started = (time.monotonic(), self.meter.total(), host_busy_s())
         threading.Thread(target=self.meter.run, daemon=True, name="budget-meter").start()
 
@@ -84,10 +89,22 @@ class Budget:
             return (yield)
         finally:
             row = {"test": item.nodeid, "cpu_s": round(self.meter.total() - cpu, 2),
-                   "wall_s": round(time.monotonic() - wall, 2), "load": os.getloadavg()[0]}
+                   "wall_s": round(time.monotonic() - wall, 2), "load": os.getloadavg()[0],
+                   "ended": round(time.time(), 1),  # when, and where: the timeline of workers
+                   "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
             self.rows.append(row)
             with open(self.path, "a") as f:
                 f.write(json.dumps(row) + "\n")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: to the controller
+            session.config.workeroutput[ROWS_KEY] = self.rows
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        """A pytest-xdist worker ended (on the controller): its rows join the summary."""
+        self.rows.extend(getattr(node, "workeroutput", {}).get(ROWS_KEY, []))
+        self.workers += 1
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.rows:
@@ -101,7 +118,8 @@ class Budget:
         cpu, wall = sum(r["cpu_s"] for r in self.rows), sum(r["wall_s"] for r in self.rows)
         load = sum(r["load"] for r in self.rows) / len(self.rows)
         write = terminalreporter.write_line
-        write(f"budget: {len(self.rows)} tests, {cpu:.0f} CPU s, {wall:.0f} wall s "
+        workers = f", {self.workers} pytest-xdist workers side by side" if self.workers else ""
+        write(f"budget: {len(self.rows)} tests, {cpu:.0f} CPU s, {wall:.0f} wall s{workers} "
               f"(mean load {load:.1f} on {os.cpu_count()} cores; every test in {self.path})")
         (w0, c0, h0), w1, c1 = self.started, time.monotonic(), self.meter.total()
         others = (host_busy_s() - h0 - (c1 - c0)) / ((w1 - w0) * (os.cpu_count() or 1))

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import budget, resources
+from tests import budget, parallel, resources
+from tests.docs import summary as docs_summary
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # NCCL's semantics for every collective the suite runs (algorithms/comm.py: tags ignored, a group's
@@ -99,6 +100,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 def pytest_configure(config: pytest.Config) -> None:
     budget.configure(config)  # SEQPAR_TEST_BUDGET=FILE: every test's CPU and wall seconds
+    config.pluginmanager.register(docs_summary, "seqpar-docs-summary")
+    parallel.configure(config)  # -n 2 --dist loadgroup: the suite's groups, one worker each
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,

@@ -4,8 +4,9 @@ cluster), each opened by the first test that asks for it and closed right after 
 An idle gang is 8 processes whose gloo loop threads (one per process group: dozens per rank once the
 meshes are built) wake every few milliseconds; an idle Ray cluster keeps its daemons busy too. On 2
 cores that costs every later test much of a core, so a resource lives only while its tests run, and
-the gang's tests run first, the embedded Ray's next (`order`). One module, imported by both
-conftests, holds the state."""
+the gang's tests run first, the embedded Ray's next (`order`). Under `make test`'s two
+pytest-xdist workers each resource's tests form a group (`group`) that runs on one worker
+(tests/parallel.py). One module, imported by both conftests, holds the state."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class Shared:
 
 
 _open: dict[str, Shared] = {}
-_last_use: dict[str, str] = {}  # resource -> node id of the last test of the run that uses it
+# resource -> the last test of the run that uses it
+_last_use: dict[str, pytest.Item] = {}
 
 
 def shared(name: str, open_: Callable[[], contextlib.AbstractContextManager]) -> Any:
@@ -57,25 +59,48 @@ def shared(name: str, open_: Callable[[], contextlib.AbstractContextManager]) ->
     return _open.setdefault(name, Shared(open_)).get()
 
 
+def group(item: pytest.Item) -> str | None:
+    """The test's xdist group (`make test` runs two workers: `-n 2 --dist loadgroup`), so that a
+    resource is made once, on one worker, and closed after its last test there: "gang", "ray"
+    (the embedded Ray), "quickstart" (the quickstart sweep and its MLflow server), "two_nodes"; a
+    module's path where a fixture of its lives for the module (a `ray start` head); else None,
+    any worker."""
+    names = item.fixturenames
+    if "gang" in names:
+        return "gang"
+    if "ray_runner" in names:
+        return "ray"
+    if "quickstart" in names:
+        return "quickstart"
+    if "two_nodes" in names:
+        return "two_nodes"
+    defs = item._fixtureinfo.name2fixturedefs.values()
+    if any(d[-1].scope in ("module", "class", "package") for d in defs):
+        return item.nodeid.split("::")[0]
+    return None
+
+
 def order(items: list[pytest.Item]) -> None:
-    """The gang's tests first, then the embedded Ray's, then the rest (each group in collection
-    order), so each resource lives while its own tests run and no longer (an idle embedded Ray
-    takes about 6% of a core); note each resource's last test."""
-    gang = [i for i in items if "gang" in i.fixturenames]
-    ray = [i for i in items if "gang" not in i.fixturenames and "ray_runner" in i.fixturenames]
-    items[:] = gang + ray + [i for i in items if "gang" not in i.fixturenames
-                             and "ray_runner" not in i.fixturenames]
+    """The gang's tests first, then the embedded Ray's and the quickstart's, then the rest (each
+    in collection order), so each resource lives while its own tests run and no longer (an idle
+    embedded Ray takes about 6% of a core); note each resource's last test."""
+    def rank(item: pytest.Item) -> int:
+        names = item.fixturenames
+        return next((k for k, name in enumerate(("gang", "ray_runner", "quickstart"))
+                     if name in names), 3)
+
+    items.sort(key=rank)  # stable: collection order within each
     _last_use.clear()
     for item in items:
         for name in SHARED_FIXTURES:
             if name in item.fixturenames:
-                _last_use[name] = item.nodeid
+                _last_use[name] = item
 
 
 def close_after(item: pytest.Item) -> None:
     """After `item`'s teardown: close the resources it was the last user of."""
     for name, last in _last_use.items():
-        if last == item.nodeid and name in _open:
+        if last is item and name in _open:
             _open[name].close()
 
 

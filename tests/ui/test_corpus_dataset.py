@@ -1,9 +1,12 @@
 """A training trial on a corpus shows its dataset in MLflow's runs view: one real trial (the tiny
 decoder, one rank, a Parquet corpus and a word-level tokenizer built here) swept on the shared
-local Ray into the quickstart's store, shown by the MLflow server the other browser tests use (one
-started here when this module runs alone)."""
+local Ray into a store of its own, shown by an MLflow server of its own (started while the trial
+runs). Apart from the quickstart's store, so that the quickstart's tests and the embedded Ray's
+need not run on one pytest-xdist worker (tests/parallel.py)."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -14,22 +17,24 @@ from tests.ui.test_browser import ML_VIEW, shown
 
 
 @pytest.fixture(scope="module")
-def mlflow_url(ui_sweep, quickstart):
-    if quickstart.mlflow is not None:
-        url, proc = quickstart.mlflow
-        web.wait_http(url + "/health", MLFLOW_START_TIMEOUT_S, proc)
-        yield url
-        return
-    url, proc = web.start_mlflow_server(ui_sweep.uri)
+def corpus_store(empty_store_file, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("corpus-store") / "mlflow.db"
+    shutil.copyfile(empty_store_file, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(chromium, corpus_store):
+    """The MLflow server's URL and process, started now (it answers some seconds later)."""
+    url, proc = web.start_mlflow_server(corpus_store)
     try:
-        web.wait_http(url + "/health", MLFLOW_START_TIMEOUT_S, proc)
-        yield url
+        yield url, proc
     finally:
         web.stop_process_group(proc)
 
 
 @pytest.fixture(scope="module")
-def corpus_sweep(ui_sweep, ray_runner, tmp_path_factory):
+def corpus_sweep(corpus_store, ray_runner, tmp_path_factory):
     from seqpar.platform.tracking import Tracker
     from seqpar.sweeps import spec
     from seqpar.sweeps.runner import run_sweep
@@ -50,19 +55,19 @@ def corpus_sweep(ui_sweep, ray_runner, tmp_path_factory):
                      "workload": {"seq_len": 64, "warmup": 0, "iters": 1,
                                   "data": {"corpus": str(shards), "tokenizer": str(tok)}},
                      "train": {"model": "tiny"}, "env": {"device": "cpu"}}})
-        tracker = Tracker(ui_sweep.uri)
+        tracker = Tracker(corpus_store)
         outcome = run_sweep(plan, tracker=tracker, runner=ray_runner, progress=False)
         run = tracker.client.get_run(outcome.trials[0].run_id)
         yield run, run.info.experiment_id
-        for done in (*outcome.trials, outcome.sweep_id):  # the quickstart's store as it was
-            tracker.client.delete_run(getattr(done, "run_id", done))
     finally:
         mp.undo()
 
 
-def test_a_trial_on_a_corpus_shows_its_dataset_in_the_runs_view(chromium, mlflow_url,
+def test_a_trial_on_a_corpus_shows_its_dataset_in_the_runs_view(chromium, mlflow_server,
                                                                 corpus_sweep):
     run, experiment_id = corpus_sweep
+    mlflow_url, proc = mlflow_server
+    web.wait_http(mlflow_url + "/health", MLFLOW_START_TIMEOUT_S, proc)
     (logged,) = run.inputs.dataset_inputs
     assert logged.dataset.name == "my-shards" and '"documents": 5' in logged.dataset.profile
     url = f"{mlflow_url}/#/experiments/{experiment_id}?{ML_VIEW}"
