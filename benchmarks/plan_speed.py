@@ -16,13 +16,19 @@ A host shared with other work inflates wall and CPU seconds alike: quote the loa
 
     git worktree add /tmp/before <commit>
     .venv/bin/python benchmarks/plan_speed.py --repeats 5 --tree /tmp/before --tree $PWD
+
+`--instructions` adds each case's instructions executed, once per tree under valgrind's callgrind
+(about a minute a run): a count the host's load does not move, where wall and CPU seconds on a
+shared host vary by half from one minute to the next.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,6 +81,14 @@ def run(args: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     return wall, cpu, after.ru_maxrss / 1024
 
 
+def instructions(args: list[str], env: dict[str, str]) -> int:
+    """Instructions the command executes (valgrind's callgrind: its total `I refs`)."""
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                          sys.executable, SEQPAR, *args], capture_output=True, text=True,
+                         check=True, env=env)
+    return int(re.findall(r"refs:\s*([\d,]+)", out.stderr)[-1].replace(",", ""))
+
+
 def imports_torch(args: list[str], env: dict[str, str]) -> bool:
     out = subprocess.run([sys.executable, "-X", "importtime", SEQPAR, *args], capture_output=True,
                          text=True, check=True, env=env)
@@ -90,7 +104,11 @@ def main() -> None:
                     help="a source tree whose seqpar to run (repeatable: the trees interleaved)")
     ap.add_argument("--case", action="append", type=int, default=None, metavar="K",
                     help=f"only the K-th case, 1 to {len(CASES)} (repeatable; default: all)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also each case's instructions, once per tree under valgrind (callgrind)")
     a = ap.parse_args()
+    if a.instructions and shutil.which("valgrind") is None:
+        ap.error("--instructions needs valgrind on the PATH")
     cases = {name: args for k, (name, args) in enumerate(CASES.items(), 1)
              if a.case is None or k in a.case}
     trees: list[str | None] = a.tree or [None]
@@ -113,9 +131,11 @@ def main() -> None:
                 wall, cpu = (statistics.median(r[i] for r in got) for i in (0, 1))
                 rss = max(r[2] for r in got)
                 where = f" [{tree}]" if tree is not None else ""
+                counted = (f", {instructions(args, env) / 1e9:.2f} G instructions"
+                            if a.instructions else "")
                 print(f"{name}{where}: wall {wall:.2f} s, CPU {cpu:.2f} s (median of {a.repeats}"
                       f"{', interleaved' if len(trees) > 1 else ''}; load {load:.1f}), max RSS "
-                      f"{rss:.0f} MB, imports torch: {imports_torch(args, env)}")
+                      f"{rss:.0f} MB{counted}, imports torch: {imports_torch(args, env)}")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
