@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Generic, TypeVar
 
 from seqpar.planner.api import Prediction
+from seqpar.planner.net import ByIdentity
 from seqpar.planner.policy import Policy
 from seqpar.planner.step import Setup, Step, class_time, head_time, host_once, layer_kinds, step
 
@@ -28,7 +29,7 @@ def exact(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Poli
     no tiling (each only adds time), over every states choice searched. `steps` keeps the steps
     timed, by (id(p), policy): the search times them again when `p` is timed in full."""
     best = []
-    for st, e in {(q.states, q.ep) for q in policies}:
+    for st, e in _states_of(policies):
         policy = _plain(st, e)
         s = step(setup, dp, sp, p, policy)
         if steps is not None:
@@ -46,7 +47,7 @@ def ceiling(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Po
     kinds = layer_kinds(setup, sp, p)
     m, world = setup.micro_batches(dp), dp * sp
     least = float("inf")
-    for st, e in {(q.states, q.ep) for q in policies}:
+    for st, e in _states_of(policies):
         compute = head_time(setup, sp)
         for cl in setup.classes:
             g, _, ew = class_time(setup, sp, cl.first, e if cl.moe else 1)
@@ -54,6 +55,15 @@ def ceiling(setup: Setup, dp: int, sp: int, p: Prediction, policies: Sequence[Po
         queued = host_once(setup, _plain(st, e).train(setup.dtype).states, world)[1]
         least = min(least, (m - 1) * compute + max(compute - queued, compute / 3))
     return setup.step_tokens(dp) / (least * world) * (1 + SLACK)
+
+
+def _states_of(policies: Sequence[Policy]) -> list[tuple[str, int]]:
+    """The (states, ep) choices among `policies`, once a list (a split's configurations share
+    their lists of policies)."""
+    return _STATES.get(policies, lambda: list(dict.fromkeys((q.states, q.ep) for q in policies)))
+
+
+_STATES = ByIdentity()
 
 
 @lru_cache(maxsize=256)

@@ -17,7 +17,7 @@ its ranks' own sending and receiving.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +30,6 @@ from seqpar.planner.schedule import (
     Kernel,
     RingStage,
     Schedule,
-    Stage,
     schedule,
 )
 from seqpar.rules import algorithms
@@ -48,7 +47,7 @@ def attention(job: Job, name: str, options: Mapping[str, Any]) -> tuple[Timing, 
         if call:
             timing.add("host call", call, call, Cost(0.0))
         for st in sched.phases[phase]:
-            _stage(job, st, timing)
+            _STAGES.get(type(st), ring_time)(job, st, timing)
         out.append(timing)
     return out[0], out[1]
 
@@ -103,18 +102,24 @@ def _collective(job: Job, st: Collective) -> tuple[float, float, Cost]:
 _COLLECTIVES: dict[tuple[int, int, int], tuple[Any, Any, tuple[float, float, Cost]]] = {}
 
 
-def _stage(job: Job, st: Stage, timing: Timing) -> None:
-    if isinstance(st, Collective):
-        seconds, copies, cost = _collective(job, st)
-        timing.add(st.label, seconds, copies, cost)
-    elif isinstance(st, P2P):
-        cost = job.net.p2p(st.pairs, st.nbytes)
-        moving = any(s != d for s, d in st.pairs) and st.nbytes > 0
-        transport = job.host(job.cluster.transport_seconds(2 * st.nbytes, 2)) if moving else 0.0
-        timing.add(st.label, max(cost.seconds, transport), 0.0, cost)
-    elif isinstance(st, Kernel):
-        b = job.block(st.q_members, st.k_members, st.heads)
-        t = job.host(job.work(b, st.heads, st.factor, b.calls > 1))
-        timing.add(st.label, t, t, Cost(0.0), b.flops * st.factor)
-    else:
-        ring_time(job, st, timing)
+def _collective_stage(job: Job, st: Collective, timing: Timing) -> None:
+    seconds, copies, cost = _collective(job, st)
+    timing.add(st.label, seconds, copies, cost)
+
+
+def _p2p_stage(job: Job, st: P2P, timing: Timing) -> None:
+    cost = job.net.p2p(st.pairs, st.nbytes)
+    moving = any(s != d for s, d in st.pairs) and st.nbytes > 0
+    transport = job.host(job.cluster.transport_seconds(2 * st.nbytes, 2)) if moving else 0.0
+    timing.add(st.label, max(cost.seconds, transport), 0.0, cost)
+
+
+def _kernel_stage(job: Job, st: Kernel, timing: Timing) -> None:
+    b = job.block(st.q_members, st.k_members, st.heads)
+    t = job.host(job.work(b, st.heads, st.factor, b.calls > 1))
+    timing.add(st.label, t, t, Cost(0.0), b.flops * st.factor)
+
+
+# how each kind of stage is timed (a ring stage: `ring.ring_time`)
+_STAGES: dict[type, Callable[[Job, Any, Timing], None]] = {
+    Collective: _collective_stage, P2P: _p2p_stage, Kernel: _kernel_stage}

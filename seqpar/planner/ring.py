@@ -295,10 +295,7 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
 def _hops(rings: list[list[int]], w: int) -> tuple[np.ndarray, np.ndarray]:
     """(sender, receiver) pairs of every ring's inner hop (to the next position of its inner ring)
     and outer hop (to the same position of the next inner ring)."""
-    if isinstance(rings, list) and rings and isinstance(rings[0], list):  # read flat: faster
-        members = np.fromiter(chain.from_iterable(rings), dtype=np.int64).reshape(len(rings), -1)
-    else:
-        members = np.asarray(rings)
+    members = _MEMBERS.get(rings, lambda: _members(rings))
     big_i, t = np.divmod(np.arange(members.shape[1]), w)
     outer = members.shape[1] // w
 
@@ -308,4 +305,13 @@ def _hops(rings: list[list[int]], w: int) -> tuple[np.ndarray, np.ndarray]:
     return pairs(big_i * w + (t + 1) % w), pairs(((big_i + 1) % outer) * w + t)
 
 
+def _members(rings: list[list[int]]) -> np.ndarray:
+    """The rings' ranks as an array (rings x positions), read once a rings object (its inner
+    rings' sizes each make their own hops)."""
+    if isinstance(rings, list) and rings and isinstance(rings[0], list):  # read flat: faster
+        return np.fromiter(chain.from_iterable(rings), dtype=np.int64).reshape(len(rings), -1)
+    return np.asarray(rings)
+
+
 _HOPS = ByIdentity()
+_MEMBERS = ByIdentity()
