@@ -44,7 +44,7 @@ demo: $(STAMP)
 # the other, the rest on whichever is free (tests/parallel.py; docs/development.md, "The budget").
 # PYTEST_WORKERS=0: one process, in the suite's order.
 PYTEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 test: $(STAMP)
 	$(BIN)/ruff check seqpar tests benchmarks

@@ -1,15 +1,15 @@
-"""`make test` on two pytest-xdist workers (`-n 2 --dist loadgroup`, docs/development.md "The
-budget"): the tests of one session resource (`resources.group`: the gang; the embedded Ray with the
-quickstart sweep; a module's own Ray head) go to one worker together, which makes the resource once
-and closes it after its last test there; every other test goes, one at a time, to whichever worker
-is free. The groups go out in the suite's order (`resources.order`): the gang's to the first worker,
-the Ray group to the second, then the rest.
+"""`make test` on two pytest-xdist workers (`pytest -n 2`; docs/development.md, "The budget"): the
+tests of one session resource (`resources.group`: the gang; the embedded Ray; the quickstart sweep;
+a module's own Ray head) go to one worker together, which makes the resource once and closes it
+after its last test there; every other test goes, one at a time, to whichever worker is free. The
+groups go out in the suite's order (`resources.order`): the gang's to the first worker, the Ray
+group to the second, then the quickstart's and the rest.
 
 xdist's own loadgroup tells the controller a test's group by appending "@name" to its node id,
 which pytest 9's node ids no longer allow (it would run every test alone). So each worker writes
-the groups it collected to a file of the controller's (`write_groups`), and the controller's
-scheduler (`scheduling`) reads it once every worker has collected. A worker also sends the
-tests it deselected, so that the final line says "N deselected" as a run without workers does."""
+the groups it collected to a folder of the controller's, and the controller's scheduler
+(`scheduling`) reads them once every worker has collected. A worker also sends the tests it
+deselected, so that the final line says "N deselected" as a run without workers does."""
 
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ DESELECTED_KEY = "seqpar_deselected"  # a worker's deselected node ids, in its w
 
 
 def configure(config: pytest.Config) -> None:
-    """Under `-n N --dist loadgroup` (tests/conftest.py calls it): the controller's plugin on the
-    controller, the worker's on each worker."""
+    """Under `-n N` (xdist's `--dist load`, or `--dist loadgroup`; tests/conftest.py calls it): the
+    controller's plugin on the controller, the worker's on each worker. Other `--dist` modes are
+    xdist's own (a resource is then made on every worker that runs one of its tests)."""
     if GROUPS_KEY in getattr(config, "workerinput", {}):
         config.pluginmanager.register(Worker(config.workerinput), "seqpar-parallel")
-    elif config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup":
+    elif config.pluginmanager.hasplugin("xdist") \
+            and config.getoption("dist", "no") in ("load", "loadgroup"):
         config.pluginmanager.register(Controller(), "seqpar-parallel")
 
 

@@ -60,7 +60,7 @@ def shared(name: str, open_: Callable[[], contextlib.AbstractContextManager]) ->
 
 
 def group(item: pytest.Item) -> str | None:
-    """The test's xdist group (`make test` runs two workers: `-n 2 --dist loadgroup`), so that a
+    """The test's pytest-xdist group (`make test`'s two workers, tests/parallel.py), so that a
     resource is made once, on one worker, and closed after its last test there: "gang", "ray"
     (the embedded Ray), "quickstart" (the quickstart sweep and its MLflow server), "two_nodes"; a
     module's path where a fixture of its lives for the module (a `ray start` head); else None,
