@@ -26,6 +26,7 @@ from seqpar.planner.api import Prediction, attention_peak
 from seqpar.planner.bound import Frontier, ceiling, exact
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.dominance import metrics, pareto
+from seqpar.planner.gcpause import gc_paused
 from seqpar.planner.kernel import same_deal
 from seqpar.planner.policy import (
     OFFLOAD_SETS,
@@ -142,6 +143,7 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
     return setup
 
 
+@gc_paused()
 def search(setup: Setup, filters: Filters = Filters(), *, offload_sets: Sequence[tuple[str, ...]]
            = OFFLOAD_SETS, tiled: Sequence[bool] = (False, True), keep: int | None = None,
            attention: Sequence[tuple[str, dict[str, Any]]] | None = None,

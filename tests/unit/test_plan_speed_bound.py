@@ -1,19 +1,23 @@
 """The search's shortcuts decide what the long way decides: a configuration's ceiling is never
 below its exact bound (dense and MoE models, GPUs and a CPU host whose ranks share cores), the
 frontier hands configurations out in the order a full sort by exact bound gives, and `pareto`
-keeps, groups and points to what a row-by-row comparison does."""
+keeps, groups and points to what a row-by-row comparison does; the collector paused through a
+search is left as it was."""
 
 from __future__ import annotations
 
+import gc
 import random
 
 import numpy as np
+import pytest
 
 from seqpar.errors import ConfigError
 from seqpar.planner import clusters
 from seqpar.planner import ep as ep_mod
 from seqpar.planner.bound import Frontier, ceiling, exact
 from seqpar.planner.dominance import pareto
+from seqpar.planner.gcpause import gc_paused
 from seqpar.planner.policy import Filters, space
 from seqpar.planner.search import attention_space, make_setup, splits
 
@@ -100,3 +104,22 @@ def test_pareto_decides_as_row_by_row_comparison_does():
         want = _pareto_row_by_row(rows)
         assert keep == want[0] and list(by.items()) == list(want[2].items())
         assert {i: [int(j) for j in js] for i, js in same.items()} == want[1]
+
+
+def test_a_search_pauses_the_collector_and_leaves_it_as_it_was():
+    seen = []
+
+    @gc_paused()
+    def inside() -> None:
+        seen.append(gc.isenabled())
+
+    for before in (True, False):
+        (gc.enable if before else gc.disable)()
+        try:
+            inside()
+            assert seen[-1] is False and gc.isenabled() is before
+        finally:
+            gc.enable()
+    with pytest.raises(ValueError), gc_paused():
+        raise ValueError
+    assert gc.isenabled()
