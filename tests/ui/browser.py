@@ -217,13 +217,16 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
 
 def start_mlflow_server(uri: str) -> tuple[str, subprocess.Popen]:
     """`mlflow server` (one worker) on the store, on a free port, in its own process group; it
-    answers /health some seconds later (wait_http)."""
+    answers /health some seconds later (wait_http). Without MLflow's job execution (its GenAI
+    jobs, which no page here uses): its runner and half a dozen huey consumers each import MLflow,
+    26 CPU s to start the server against 9."""
     port = free_port()
     exe = Path(sys.executable).with_name("mlflow")
     cmd = [str(exe) if exe.exists() else "mlflow", "server", "--backend-store-uri", uri,
            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     return f"http://127.0.0.1:{port}", proc
 
 
