@@ -53,6 +53,15 @@ def _in_flight(status: dict, gang: str) -> str | None:
     return next((s["in_flight"] for s in status["sweeps"] if s["gang"] == gang), None)
 
 
+def _settled(status: dict | None, gang: str) -> bool:
+    """The status shows the trial in flight with every rank past its rendezvous (on a loaded host
+    one rank measures while the other still meets its peers: sample again)."""
+    if status is None or not _in_flight(status, gang):
+        return False
+    mine = next(s for s in status["sweeps"] if s["gang"] == gang)
+    return {r["phase"] for r in mine["ranks"]} <= {"measure", None}
+
+
 def slow_ring(seed: int) -> Case:
     return Case("ring", world=2, batch=1, seq_len=32, heads=2, kv_heads=2, head_dim=8,
                 dtype="float32", seed=seed, warmup=1, iters=40)
@@ -85,7 +94,7 @@ def test_a_running_trial_shows_its_phase_and_iterations_and_every_series_reads_b
                 if x.name == "ray_seqpar_rank_phase" and x.value == 1:
                     if x.tags["phase"] == "measure":
                         measuring.add(x.tags["rank"])
-            if measuring and (status is None or not _in_flight(status, gang)):
+            if measuring and not _settled(status, gang):
                 status = cluster.status()
             time.sleep(0.5)
     finally:
