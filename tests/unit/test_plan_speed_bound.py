@@ -2,7 +2,7 @@
 below its exact bound (dense and MoE models, GPUs and a CPU host whose ranks share cores), the
 frontier hands configurations out in the order a full sort by exact bound gives, and `pareto`
 keeps, groups and points to what a row-by-row comparison does; the collector paused through a
-search is left as it was."""
+search is left as it was, objects a process froze still frozen."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_pareto_decides_as_row_by_row_comparison_does():
 
 
 def test_a_search_pauses_the_collector_and_leaves_it_as_it_was():
-    seen = []
+    seen, frozen_before = [], gc.get_freeze_count()
 
     @gc_paused()
     def inside() -> None:
@@ -122,4 +122,12 @@ def test_a_search_pauses_the_collector_and_leaves_it_as_it_was():
             gc.enable()
     with pytest.raises(ValueError), gc_paused():
         raise ValueError
-    assert gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == frozen_before
+    gc.freeze()  # a process that froze objects of its own: they stay frozen
+    try:
+        frozen = gc.get_freeze_count()
+        inside()
+        assert gc.get_freeze_count() == frozen > 0
+    finally:
+        if not frozen_before:
+            gc.unfreeze()
