@@ -46,11 +46,17 @@ def pareto(rows: list[tuple]) -> tuple[list[int], dict[int, list[int]], dict[int
     Metrics compare to 9 significant digits."""
     if not rows:
         return [], {}, {}
-    x = np.array([[float(f"{v:.9g}") for v in r] for r in rows])
+    nine: dict[float, float] = {}  # a value to 9 significant digits (a plan's rows share most)
+    x = [tuple(nine[v] if v in nine else nine.setdefault(v, float(f"{v:.9g}")) for v in r)
+         for r in rows]
+    alike: dict[tuple, int] = {}  # each distinct row compared once (alike configurations abound)
+    which = np.array([alike.setdefault(r, len(alike)) for r in x])
+    u = np.array(list(alike), dtype=float).reshape(len(alike), -1)
     n = len(rows)
-    le = np.ones((n, n), dtype=bool)  # [i, j]: row j is no worse than row i on any metric
-    for col in x.T:
+    le = np.ones((len(u), len(u)), dtype=bool)  # [i, j]: row j is no worse than row i anywhere
+    for col in u.T:
         le &= col[None, :] <= col[:, None]
+    le = le[which][:, which]
     eq = le & le.T  # no worse either way: equal (NaN: neither)
     better = le & ~eq
     beaten = better.any(axis=1)

@@ -268,8 +268,9 @@ def _carry(job: Job, st: RingStage) -> _Carry:
 
 def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     """Add the ring stage's time, compute, bytes and link time to `timing`. What does not depend
-    on the layout (`_carry`) is memoised on the links per stage: a plan times each of its
-    configurations' stages under each layout."""
+    on the layout (`_carry`) is memoised on the links per rings, inner ring and message sizes: a
+    plan times each of its configurations' stages under each layout, and configurations alike
+    but for their blocks ring alike."""
     c, n = job.cluster, st.size
     rings = 1 if st.same_blocks else len(st.rings)
     copies = len(st.rings) if st.same_blocks else 1
@@ -277,7 +278,7 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     shared = c.host_seconds(1.0, float("inf"), job.world) != 1.0
     cost = _each if job.any_mask else _ordered if st.keys is None else _keyed
     worst, flops, total = cost(job, st, rings, copies, shared)
-    carry = job.net.memo.get(st, lambda: _carry(job, st))
+    carry = job.net.memo.get(st.rings, lambda: _carry(job, st), st.inner, st.msg, st.grad)
     fixed = carry.fixed
     comp = (_host(job, worst + fixed, total + n * len(st.rings) * fixed) if shared
             else worst + fixed)
