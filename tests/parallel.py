@@ -23,6 +23,11 @@ import pytest
 
 from tests import resources
 
+# A worker's niceness once it runs a test outside the Ray group: the embedded Ray's tests wait on
+# heartbeats, timeouts and emulated links, and time steps against each other (a ring on 2 x 2
+# against 1 x 4), so their ranks get the CPU when they ask for it; the gang's and the other tests
+# take what is left (the same CPU seconds in all)
+NICE = 10
 GROUPS_KEY = "seqpar_groups_dir"  # the controller's folder, in each worker's workerinput
 TERMINAL_KEY = "seqpar_terminal"  # the controller's COLUMNS and LINES, in each worker's workerinput
 DESELECTED_KEY = "seqpar_deselected"  # a worker's deselected node ids, in its workeroutput
@@ -40,12 +45,13 @@ def configure(config: pytest.Config) -> None:
 
 
 class Worker:
-    """A worker's side: the groups it collected, to the controller's folder; what it deselected,
-    to the controller at the end."""
+    """A worker's side: the groups it collected, to the controller's folder; its niceness (NICE)
+    from its first test outside the Ray group; what it deselected, to the controller at the end."""
 
     def __init__(self, workerinput: dict) -> None:
         self.path = Path(workerinput[GROUPS_KEY]) / f"{workerinput['workerid']}.json"
         self.deselected: list[str] = []
+        self.niced = False
         # a worker's readline sets COLUMNS=80 and LINES=24 (no terminal): the CLI's tables would
         # wrap at 80 columns where the controller's (160 without COLUMNS) do not
         for name, value in workerinput[TERMINAL_KEY].items():
@@ -59,6 +65,12 @@ class Worker:
         groups = {i.nodeid: g for i in items if (g := resources.group(i)) is not None}
         self.path.with_suffix(".tmp").write_text(json.dumps(groups))
         os.replace(self.path.with_suffix(".tmp"), self.path)  # whole or absent to its reader
+
+    @pytest.hookimpl(tryfirst=True)  # before its fixtures: the ranks and servers they start inherit it
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if not self.niced and resources.group(item) != "ray":
+            os.nice(NICE)
+            self.niced = True
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         self.deselected.extend(i.nodeid for i in items)
