@@ -39,6 +39,7 @@ def steps_table(steps: list, title: str, c, top: int, as_json: bool, head: dict[
     best = next((s for s in shown if s.fits), fitting[0])  # row 1: a fold keeps its least memory
     for i, s in enumerate(shown[:top] if top else shown):
         options, layouts = _describe(with_alternatives(result, s) if result else [s])
+        options = " ".join(x for x in (options, *_kinds_passes(s)) if x)
         p = s.parts
         where = "/".join(f"{100 * p[k] / s.step_ms:.0f}" for k in parts)
         rows.append([i + 1 if s.fits else "-", f"{s.dp}x{s.sp}", s.algorithm, options, layouts,
@@ -60,7 +61,9 @@ def steps_table(steps: list, title: str, c, top: int, as_json: bool, head: dict[
                   "step's largest part: the host sets the pace)"
                   + (", ep the expert-parallel all-to-alls" if ep else "") + ". "
                   "Policy: +fh fused head, off: offloaded optimizer/params/activations, +tile "
-                  "tiled MLP and loss" + (", epN experts over EP groups of N ranks" if ep else ""))
+                  "tiled MLP and loss" + (", epN experts over EP groups of N ranks" if ep else "")
+                  + (". Options: kv|latent what an MLA ring carries, lasp2|lasp1 how the linear "
+                     "layers pass their states" if any(_kinds_passes(s) for s in shown) else ""))
 
 
 def nothing_fits(steps: list, c, title: str, result: Any = None, per_node: int = 1) -> str:
@@ -85,6 +88,12 @@ def nothing_fits(steps: list, c, title: str, result: Any = None, per_node: int =
             "local over stripe, or zigzag at F = 0.5)")
 
 
+def _kinds_passes(s: Any) -> tuple[str, ...]:
+    """What a step's MLA ring carries (`kv` or `latent`) and its linear layers' SP (`lasp2` or
+    `lasp1`), where the model has them: part of the configuration's name."""
+    return tuple(x for x in (getattr(s.attention, "mla_pass", None), s.linear_sp) if x)
+
+
 def _fold(steps: list) -> list:
     """The steps with each group of one configuration but for its policy and one step time kept
     as its least-memory member (the first of the group keeps its place)."""
@@ -92,7 +101,7 @@ def _fold(steps: list) -> list:
     out: list = []
     for s in steps:
         key = (s.fits, s.dp, s.sp, s.algorithm, json.dumps(s.options, sort_keys=True), s.layout,
-               f"{s.step_ms:.6g}")
+               _kinds_passes(s), f"{s.step_ms:.6g}")
         if key not in kept:
             kept[key] = len(out)
             out.append(s)

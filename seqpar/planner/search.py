@@ -114,11 +114,12 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
                tokens_per_step: int | None, world: int, nodes: int, *,
                kernel: str = DEFAULT_KERNEL, dtype: str = "bfloat16", batch: int = 1,
                causal: bool = True, mask: str | None = None, ep: int | None = None,
-               routing_skew: float = ep_mod.ROUTING_SKEW) -> Setup:
+               routing_skew: float = ep_mod.ROUTING_SKEW, linear_sp: str = "auto") -> Setup:
     """A search's fixed part, validated: the cluster with the kernel's rates, the model (a name or
     path for `ModelConfig.load`), the step's tokens (None: one sequence per DP replica) over
     world ranks on nodes nodes, under a plain causal (or full) relation or any `mask` (a
-    `masks.parse` spec of seq_len tokens); `ep` pinned (None: searched), `routing_skew`: `ep`'s."""
+    `masks.parse` spec of seq_len tokens); `ep` pinned (None: searched), `routing_skew`: `ep`'s;
+    `linear_sp` a hybrid's linear layers (auto: the faster of LASP-2 and LASP-1 at each SP size)."""
     check_counts(seq_len=seq_len, world=world, nodes=nodes, batch=batch,
                  **({} if tokens_per_step is None else {"tokens_per_step": tokens_per_step}))
     ranks_per_node_of(world, nodes, None)  # nodes divide the world: the one rule
@@ -138,7 +139,7 @@ def make_setup(cluster: Cluster, model: str | ModelConfig, seq_len: int,
     if m is not None and m.plain:
         causal, m = m.relation.causal, None
     setup = Setup(c, cfg, seq_len, tokens_per_step, world, nodes, dtype, batch, kernel, source,
-                  m.causal if m is not None else causal, m, float(routing_skew))
+                  m.causal if m is not None else causal, m, float(routing_skew), linear_sp)
     _ = setup.sliding_mask, block_params(cfg)  # what the step cannot price: one line, now
     return setup
 

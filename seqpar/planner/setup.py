@@ -63,7 +63,9 @@ class Setup:
     causal: bool = True
     mask: masks.Mask | None = None  # any mask of seq_len tokens (None: plain causal / full)
     routing_skew: float = 1.0  # a mixture's busiest EP rank's routed pairs over the mean (`ep`)
-    linear_sp: str = "lasp2"   # a hybrid's linear layers under SP: lasp2 | lasp1 (`linear`)
+    # a hybrid's linear layers under SP: lasp2 | lasp1 | auto (the faster at each SP size; a
+    # search's, `step.layer_kinds`)
+    linear_sp: str = "lasp2"
     cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @cached_property
@@ -132,21 +134,23 @@ class Setup:
             link_ms={k: r * v for k, v in kv.link_ms.items()},
             forward_link_ms={k: r * v for k, v in kv.forward_link_ms.items()})
 
-    def linear(self, sp: int) -> Prediction:
+    def linear(self, sp: int, mode: str | None = None) -> Prediction:
         """One linear-attention layer (forward + backward) over an SP group of sp ranks under
-        `linear_sp`: the chunked delta rule over a rank's shard at the GEMM rate of a chunk's
-        products, backward twice the forward (`compute.linear_at_rate` puts the rule at its
-        measured rate); the convolution's halo to the next rank, exposed (the rule waits on it).
+        `mode` (None: `linear_sp`; auto prices LASP-2): the chunked delta rule over a rank's
+        shard at the GEMM rate of a chunk's products, backward twice the forward
+        (`compute.linear_at_rate` puts the rule at its measured rate); the convolution's halo
+        to the next rank, exposed (the rule waits on it).
         LASP-2: the last rank's augmented pass and scan over every earlier rank's pair
         (`rules.linear.lasp_flops`), the all-gather of (transition, state) pairs forward and its
         reduce-scatter backward, exposed. LASP-1: the plain pass, each rank's state sent on to the
         next, which waits for it: a chain of sp - 1 passes and messages each way, spread over the
         consecutive linear layers it pipelines through (`_lasp1_chain`; memoised)."""
-        key = ("linear", sp, self.linear_sp)
+        mode = mode or self.linear_sp
+        mode = "lasp2" if mode == "auto" else mode
+        key = ("linear", sp, mode)
         got = self.cache.get(key)
         if got is not None:
             return got
-        mode = self.linear_sp
         shape = LinearShape.of(self.cfg, self.shape.batch, self.shape.elem_bytes)
         tokens = self.shape.shard_len(sp)
         flops = lasp_flops(mode, shape, tokens, sp, sp - 1)

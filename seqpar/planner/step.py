@@ -109,6 +109,7 @@ class Step:
     attention_kinds: dict[str, float] = field(default_factory=dict)
     # expert parallelism: bytes a rank sends a step in the all-to-alls, by link (the busiest's)
     ep_bytes: dict[str, int] = field(default_factory=dict)
+    linear_sp: str | None = None  # a hybrid's linear layers: lasp2 | lasp1 (None: no linear layer)
 
     @property
     def algorithm(self) -> str:
@@ -131,6 +132,7 @@ class Step:
                 "layout": self.layout, **self.policy.fields(), "kernel": self.kernel,
                 **({"mla_pass": self.attention.mla_pass}
                    if isinstance(self.attention, MlaPrediction) else {}),
+                **({"linear_sp": self.linear_sp} if self.linear_sp else {}),
                 "micro_batches": self.micro_batches,
                 "predicted": {"step_ms": round(self.step_ms, 3), "tgs": round(self.tgs, 2),
                               "mfu": round(self.mfu, 4),
@@ -168,11 +170,14 @@ class Block:
 
 def layer_kinds(setup: Setup, sp: int, attn: Prediction) -> dict[str, Prediction]:
     """One layer's attention of each kind (`Setup.kinds`), a linear layer's rule at its kernel's
-    rate (`compute.linear_at_rate`)."""
+    rate (`compute.linear_at_rate`); under `linear_sp` auto the faster of LASP-2 and LASP-1 (its
+    prediction's `algorithm` names it)."""
     kinds = setup.kinds(sp, attn)
     if "linear" in kinds:
-        kinds = {**kinds, "linear": linear_at_rate(setup.cluster, setup.cfg, setup.dtype,
-                                                   kinds["linear"])}
+        modes = ("lasp2", "lasp1") if setup.linear_sp == "auto" and sp > 1 else (None,)
+        kinds = {**kinds, "linear": min(
+            (linear_at_rate(setup.cluster, setup.cfg, setup.dtype, setup.linear(sp, mode))
+             for mode in modes), key=lambda p: p.attention_ms)}
     return kinds
 
 
@@ -299,7 +304,8 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
                 host_bound=host.bound(c, device, m * issue_micro + issue_step),
                 attention_kinds={k: p.attention_ms for k, p in kinds.items()},
                 ep_bytes={k: m * sum(b.count * b.ep_bytes[i] for b in blocks)
-                          for i, k in enumerate(LINKS)} if policy.ep > 1 else {})
+                          for i, k in enumerate(LINKS)} if policy.ep > 1 else {},
+                linear_sp=kinds["linear"].algorithm if "linear" in kinds else None)
 
 
 def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp: int

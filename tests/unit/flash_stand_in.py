@@ -344,3 +344,17 @@ def install(monkeypatch, version: str = "2.8.3") -> list[tuple[str, dict]]:
 def calls(name: str) -> list[dict]:
     """The recorded arguments of every call of one entry point."""
     return [args for entry, args in CALLS if entry == name]
+
+
+def varlen_backward_arguments() -> dict:
+    """A correct `_flash_attn_varlen_backward` call: two sequences (3x5, 2x2), GQA, head dim 16."""
+    h, hkv, d = 4, 2, 16
+    q, out, dout = (torch.randn(5, h, d, dtype=torch.float16) for _ in range(3))
+    k, v = (torch.randn(7, hkv, d, dtype=torch.float16) for _ in range(2))
+    return dict(
+        dout=dout, q=q, k=k, v=v, out=out, softmax_lse=torch.randn(h, 5),
+        dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v),
+        cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int32),
+        cu_seqlens_k=torch.tensor([0, 5, 7], dtype=torch.int32), max_seqlen_q=3, max_seqlen_k=5,
+        dropout_p=0.0, softmax_scale=0.25, causal=False, window_size_left=-1,
+        window_size_right=-1, softcap=0.0, alibi_slopes=None, deterministic=False)

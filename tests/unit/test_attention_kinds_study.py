@@ -185,3 +185,32 @@ def test_lasp1_is_priced_as_its_chain_of_states_and_lasp2_as_its_all_gather():
         compute.linear_at_rate(local, cfg, "float32", pinned.linear(2)).attention_ms)
     assert planner.predict_trial(spec, local).attention_kinds["linear"] != pytest.approx(
         planner.predict_trial(lasp1, local).attention_kinds["linear"])
+
+
+def test_a_search_takes_the_faster_of_lasp2_and_lasp1_and_names_it():
+    """A plan's linear layers run under whichever of LASP-2 and LASP-1 prices faster at each SP
+    size (`linear_sp` auto): on 8 H100s of one node LASP-2's all-gather is the cheaper, on 64
+    over 8 nodes the pairs' all-gather (each rank receives 63) costs more than LASP-1's chain.
+    The step says which (`linear_sp`), and pinning one prices that one."""
+    from importlib.resources import files
+
+    from seqpar.planner.policy import Filters
+    from seqpar.planner.search import make_setup, search
+    from seqpar.planner.step import layer_kinds
+
+    model = str(files("seqpar.experiments") / "models" / "kinds-hybrid-8b.json")
+    h100 = clusters.load("h100-sxm")
+    chose = {}
+    for world, nodes in ((8, 1), (64, 8)):
+        auto = make_setup(h100, model, 262144, None, world, nodes)
+        attn = auto.attention(world, "ring", {}, "contiguous")
+        both = {mode: layer_kinds(make_setup(h100, model, 262144, None, world, nodes,
+                                             linear_sp=mode), world, attn)["linear"]
+                for mode in ("lasp2", "lasp1")}
+        got = layer_kinds(auto, world, attn)["linear"]
+        assert got.attention_ms == min(p.attention_ms for p in both.values())
+        chose[world] = got.algorithm
+        steps = search(auto, Filters(sp=world), keep=3).ranked
+        assert steps and all(s.linear_sp == got.algorithm for s in steps)
+        assert steps[0].json()["linear_sp"] == got.algorithm
+    assert chose == {8: "lasp2", 64: "lasp1"}

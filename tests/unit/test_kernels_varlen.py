@@ -254,68 +254,6 @@ def test_flash_attn_2_5_keeps_one_call_per_task(flash, monkeypatch):
     assert kernels.flash_varlen_supported()
 
 
-# ----------------------------------------------------------------- the stand-in catches mistakes
-def _varlen_backward_arguments():
-    """A correct `_flash_attn_varlen_backward` call: two sequences (3x5, 2x2), GQA, head dim 16."""
-    h, hkv, d = 4, 2, 16
-    q, out, dout = (torch.randn(5, h, d, dtype=torch.float16) for _ in range(3))
-    k, v = (torch.randn(7, hkv, d, dtype=torch.float16) for _ in range(2))
-    return dict(
-        dout=dout, q=q, k=k, v=v, out=out, softmax_lse=torch.randn(h, 5),
-        dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v),
-        cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int32),
-        cu_seqlens_k=torch.tensor([0, 5, 7], dtype=torch.int32), max_seqlen_q=3, max_seqlen_k=5,
-        dropout_p=0.0, softmax_scale=0.25, causal=False, window_size_left=-1,
-        window_size_right=-1, softcap=0.0, alibi_slopes=None, deterministic=False)
-
-
-BREAKS = {
-    "cu_seqlens int64": ("cu_seqlens_q", lambda a: a["cu_seqlens_q"].long(), "int32"),
-    "cu_seqlens strided": ("cu_seqlens_k", lambda a: torch.tensor(
-        [0, 9, 5, 9, 7, 9], dtype=torch.int32)[::2], "contiguous"),
-    "cu_seqlens short of the packed rows": ("cu_seqlens_q", lambda a: torch.tensor(
-        [0, 3, 4], dtype=torch.int32), "from 0 to"),
-    "max_seqlen too small": ("max_seqlen_k", lambda a: 4, "longer than max_seqlen"),
-    "lse as the dense (B, H, S)": ("softmax_lse", lambda a: a["softmax_lse"].unsqueeze(0),
-                                   "softmax_lse must be"),
-    "lse rows first": ("softmax_lse", lambda a: a["softmax_lse"].t(), "softmax_lse must be"),
-    "lse transposed view": ("softmax_lse", lambda a: a["softmax_lse"].t().contiguous().t(),
-                            "contiguous"),
-    "lse in float16": ("softmax_lse", lambda a: a["softmax_lse"].half(), "float32"),
-    "head dim not padded": ("q", lambda a: a["q"][..., :12], "multiple of 8"),
-    "dq in float32": ("dq", lambda a: a["dq"].float(), "dtype of q"),
-    "dout strided last dim": ("dout", lambda a: torch.randn(5, 4, 32).half()[..., ::2],
-                              "contiguous last dimension"),
-}
-
-
-def test_the_stand_in_takes_a_correct_varlen_backward():
-    args = _varlen_backward_arguments()
-    stand_in._flash_attn_varlen_backward(**args)
-    assert torch.isfinite(args["dq"].float()).all()
-
-
-@pytest.mark.parametrize("name", BREAKS)
-def test_the_stand_in_refuses_a_wrong_varlen_backward_binding(name):
-    field, broken, message = BREAKS[name]
-    args = _varlen_backward_arguments()
-    args[field] = broken(args)
-    with pytest.raises(AssertionError, match=message):
-        stand_in._flash_attn_varlen_backward(**args)
-
-
-def test_the_stand_in_refuses_a_wrong_varlen_forward_binding():
-    a = _varlen_backward_arguments()
-    ok = (a["q"], a["k"], a["v"], a["cu_seqlens_q"], a["cu_seqlens_k"], 3, 5)
-    stand_in.flash_attn_varlen_func(*ok)
-    for i, bad, message in [(3, a["cu_seqlens_q"].long(), "int32"), (5, 2, "max_seqlen"),
-                            (0, a["q"].unsqueeze(0), "3-d"), (1, a["k"].float(), "same dtype")]:
-        args = list(ok)
-        args[i] = bad
-        with pytest.raises(AssertionError, match=message):
-            stand_in.flash_attn_varlen_func(*args)
-
-
 def test_the_varlen_backward_without_head_dim_padding_fails(flash, monkeypatch):
     """The padding is load-bearing: take it away and the stand-in refuses the call."""
     monkeypatch.setattr(binding, "pad_head_dim", lambda t: t)
@@ -395,7 +333,7 @@ def test_the_varlen_backward_binds_the_plain_python_signature_of_flash_attn_2_6(
 
     sys.modules["flash_attn.flash_attn_interface"]._flash_attn_varlen_backward = \
         _flash_attn_varlen_backward_2_6
-    a = _varlen_backward_arguments()
+    a = stand_in.varlen_backward_arguments()
     seqs = kernels.Varlen(a["cu_seqlens_q"], a["cu_seqlens_k"], 3, 5)
     q = a["q"][..., :12]
     dq, dk, dv = kernels.flash_varlen_backward(q, q, a["k"][..., :12], a["v"][..., :12], q,
