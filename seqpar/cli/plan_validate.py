@@ -43,7 +43,7 @@ def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"cluster": cluster.name, "summary": s, "trials": [
             {"label": c.label, "measured_ms": c.measured_ms, "predicted_ms": c.predicted_ms,
-             "others_cpu_frac": c.others,
+             "others_cpu_frac": c.others, "host_speed": c.speed,
              **{k: {"predicted": v[0], "measured": v[1]} for k, v in c.memory.items()},
              **({"imbalance": {"predicted": c.imbalance[0], "measured": c.imbalance[1]}}
                 if c.imbalance is not None else {})}
@@ -61,6 +61,11 @@ def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
                           f"host over the timed loops: each prediction over (1 - that share), the "
                           f"ranks' fair share, is off by {100 * s['median_abs_error_host_share']:.1f}%"
                           " (median)")
+        if "median_abs_error_host_speed" in s:  # a CPU host probed (`noise_probe_ms`)
+            speeds = [c.speed for c in checks]
+            console.print(f"the host ran {min(speeds):.2f}-{max(speeds):.2f}x the calibration's "
+                          f"time for its speed probe over the trials: each prediction at the "
+                          f"speed it ran, {100 * s['median_abs_error_host_speed']:.1f}% (median)")
         if "imbalance_median_abs_error" in s:
             console.print(f"imbalance (max / mean attention FLOPs over ranks) against the measured "
                           f"load_imbalance: median |error| "

@@ -132,6 +132,9 @@ class Check:
     # load_imbalance)
     imbalance: tuple[float, float] | None = None
     others: float = 0.0  # the host's CPU that other processes took over the timed loop (a share)
+    # how much slower the host ran the trial than when calibrated: its speed probe over the
+    # calibration's (`workers.measure.probe`; 1: not probed)
+    speed: float = 1.0
 
     @property
     def error(self) -> float:
@@ -142,6 +145,11 @@ class Check:
         """The error with the ranks' fair share of a host whose other processes took `others` of
         it: the prediction over (1 - others)."""
         return (self.predicted_ms / max(1e-9, 1 - self.others) - self.measured_ms) / self.measured_ms
+
+    @property
+    def speed_error(self) -> float:
+        """The error at the speed the host ran the trial: the prediction times `speed`."""
+        return (self.predicted_ms * self.speed - self.measured_ms) / self.measured_ms
 
 
 def emulated(spec: Any, cluster: Cluster) -> Cluster:
@@ -176,8 +184,11 @@ def validate(trials: Iterable[tuple[Any, Mapping[str, float]]], cluster: Cluster
             memory = {f"{k}_bytes": (float(p.memory[part]), float(metrics[f"{k}_bytes"]))
                       for k, part in _MEMORY_PART.items() if f"{k}_bytes" in metrics}
         predicted = p.step_ms if spec.train is not None else p.attention_ms
+        probe = metrics.get("noise_probe_ms")
         out.append(Check(spec.label(), float(metrics["step_ms"]), predicted, group, memory,
-                         others=float(metrics.get("noise_others_cpu_frac", 0.0))))
+                         others=float(metrics.get("noise_others_cpu_frac", 0.0)),
+                         speed=float(probe) / cluster.probe_ms if probe and cluster.probe_ms
+                         else 1.0))
     return out
 
 
@@ -211,6 +222,9 @@ def summary(checks: Sequence[Check]) -> dict[str, Any]:
     return {"trials": len(checks),
             "median_abs_error": statistics.median(abs(c.error) for c in checks),
             "median_abs_error_host_share": statistics.median(abs(c.shared_error) for c in checks),
+            **({"median_abs_error_host_speed": statistics.median(
+                abs(c.speed_error) for c in checks)} if any(c.speed != 1.0 for c in checks)
+               else {}),
             **({"imbalance_median_abs_error": statistics.median(
                 abs(p - m) / m for p, m in paired)} if paired else {}),
             "regret": {g: r for g, (_, r) in regrets.items()},

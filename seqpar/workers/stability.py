@@ -64,8 +64,9 @@ def median_ci(samples: Sequence[float], confidence: float = CONFIDENCE, seed: in
 
 def host_noise(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
     """The ranks' noise samples (one per rank, `NoiseMeter.sample`) as metrics: the worst host's
-    `noise_others_cpu_frac`, `noise_steal_frac`, `noise_load_1m`, `noise_ranks_per_core`, and the
-    worst rank's `noise_run_delay_frac`. Readings a host lacks are left out."""
+    `noise_others_cpu_frac`, `noise_steal_frac`, `noise_load_1m`, `noise_ranks_per_core`, the
+    worst rank's `noise_run_delay_frac`, and on a CPU the ranks' mean speed probe
+    (`noise_probe_ms`, `measure.probe`). Readings a host lacks are left out."""
     by_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in samples:
         if s:
@@ -88,6 +89,9 @@ def host_noise(samples: Sequence[dict[str, Any]]) -> dict[str, float]:
         for s in ranks:
             if "run_delay_s" in s and s["wall_s"] > 0:
                 worst("noise_run_delay_frac", s["run_delay_s"] / s["wall_s"])
+    probes = [s["probe_s"] for s in samples if s and "probe_s" in s]
+    if probes:  # the host's speed over the trial (`measure.probe`): the ranks' mean
+        out["noise_probe_ms"] = 1e3 * statistics.fmean(probes)
     return out
 
 

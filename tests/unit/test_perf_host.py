@@ -237,4 +237,5 @@ def test_calibrate_without_links_measures_this_thread(tmp_path, monkeypatch):
     # the time by head dim against the table's (32): more dims, more time; 1.0 at 32
     times = c.attention_time_by_dim
     assert times[32] == 1.0 and 0 < times[16] < times[64]
+    assert 0 < c.probe_ms < 1e3  # the host's speed probe beside the rates (`measure.probe`)
     assert c.transport_gb_per_s is None  # no link measured: no host transport

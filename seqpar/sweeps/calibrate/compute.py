@@ -46,6 +46,7 @@ from seqpar.planner.clusters import Cluster, Link
 from seqpar.rules.linear import LinearShape, delta_rule_flops
 from seqpar.rules.model import ModelConfig, param_shapes
 from seqpar.sweeps.calibrate.host import dispatch_seconds
+from seqpar.workers.measure.probe import probe_seconds
 
 BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
 MASKS = ("causal", "full")
@@ -235,14 +236,18 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
     needs ranks: `seqpar.sweeps.calibrate` measures it and `with_host_links` folds it in."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # what one rank of a LocalGang or a Ray trial gets
+    probes = [probe_seconds()]  # the host's speed beside each rate (`Cluster.probe_ms`)
     try:
         table = {mask: kernel_rates(mask=mask) for mask in MASKS}
+        probes.append(probe_seconds())
         by_dim = head_dim_times()
         merge_us, merge_slope = fit_line({float(b): s for b, s in merge_times().items()})
         copy = copy_rate()
         gemm = gemm_rate()
+        probes.append(probe_seconds())
         linear = linear_rates()
         dispatch, _ = dispatch_seconds()
+        probes.append(probe_seconds())
     finally:
         torch.set_num_threads(threads)
     peak, half, _ = fit_rate(table["causal"])
@@ -262,7 +267,8 @@ def measure(name: str = "local") -> tuple[Cluster, dict[str, dict[int, float]]]:
         intra=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), nics_per_node=1,
         inter=Link(bandwidth_gb_per_s=1.0, latency_us=50.0), cores=n,
         merge_gb_per_s=round(1 / merge_slope / 1e9, 3), merge_us=round(merge_us * 1e6, 1),
-        copy_gb_per_s=round(copy / 1e9, 3), dispatch_us=round(dispatch * 1e6, 2))
+        copy_gb_per_s=round(copy / 1e9, 3), dispatch_us=round(dispatch * 1e6, 2),
+        probe_ms=round(min(probes) * 1e3, 3))
     return cluster, table
 
 

@@ -1,5 +1,6 @@
 """The one measurement loop of every mode, training included: `iterate` (warm-up, then the timed
-passes with the memory meter and the host's noise over them: `noise.NoiseMeter`) around a mode's
+passes with the memory meter and the host's noise over them: `noise.NoiseMeter`; on a CPU the
+host's speed before and after them: `probe`) around a mode's
 pass; `timed_pass` is the attention modes' pass (barrier, device sync, forward, sync, backward,
 sync), training has its step (`train.py`).
 
@@ -31,6 +32,7 @@ from seqpar.algorithms.ledger import Ledger
 from seqpar.algorithms.observe import waiting
 from seqpar.workers.measure.meters import Memory, MemoryMeter
 from seqpar.workers.measure.noise import NoiseMeter
+from seqpar.workers.measure.probe import probe_seconds
 
 T = TypeVar("T")
 
@@ -102,6 +104,7 @@ def iterate(one_pass: Callable[[], tuple[float, float, T]], warmup: int, iters: 
         tick()
     meter = MemoryMeter(device)
     fwd, bwd = [], []
+    probe = probe_seconds() if device.type == "cpu" else None  # the host's speed (`probe`)
     meter.start()
     with NoiseMeter() as noise:
         for i in range(iters):
@@ -114,8 +117,11 @@ def iterate(one_pass: Callable[[], tuple[float, float, T]], warmup: int, iters: 
             fwd.append(f)
             bwd.append(b)
             tick()
+    memory = meter.stop()
+    if probe is not None:  # before and after the timed passes
+        noise.sample["probe_s"] = (probe + probe_seconds()) / 2
     (_loop_done.get() or _nothing)()
-    return Loop(fwd, bwd, meter.stop(), ledger, last, noise.sample)
+    return Loop(fwd, bwd, memory, ledger, last, noise.sample)
 
 
 def _nothing() -> None:

@@ -1,0 +1,58 @@
+"""The host's speed probe (`workers.measure.probe`): a CPU trial times it on each rank before and
+after its timed loop (`noise_probe_ms`), `seqpar calibrate` beside its rates (`Cluster.probe_ms`),
+and `seqpar plan --validate` holds each prediction at the speed the host ran the trial."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqpar.experiments.registry import STUDIES
+from seqpar.planner import clusters
+from seqpar.planner import plan as perf_plan
+from seqpar.workers import stability
+from seqpar.workers.measure import probe as probe_mod
+from seqpar.workers.measure.timing import iterate
+
+
+def test_the_probe_is_the_least_of_its_runs_on_this_threads_clock(monkeypatch):
+    ticks = iter([0.0, 0.009, 1.0, 1.004, 2.0, 2.006])  # three runs: 9, 4 and 6 ms of CPU
+    monkeypatch.setattr(probe_mod.time, "thread_time", lambda: next(ticks))
+    assert probe_mod.probe_seconds() == pytest.approx(0.004)
+    monkeypatch.undo()
+    real = probe_mod.probe_seconds()
+    assert 1e-4 < real < 1.0
+
+
+def test_a_cpu_loop_probes_the_host_before_and_after_its_timed_passes(monkeypatch):
+    readings = iter([0.004, 0.006])
+    monkeypatch.setattr("seqpar.workers.measure.timing.probe_seconds", lambda: next(readings))
+    loop = iterate(lambda: (0.001, 0.002, None), warmup=1, iters=2, device=torch.device("cpu"))
+    assert loop.noise["probe_s"] == pytest.approx(0.005)  # their mean
+    assert next(readings, None) is None  # twice: before and after
+
+
+def test_host_noise_gives_the_ranks_mean_probe_and_leaves_it_out_when_none_probed():
+    base = {"wall_s": 1.0, "cpu_s": 0.9, "cores": 2, "load_1m_before": 0.5,
+            "load_1m_after": 0.5, "host": "h"}
+    got = stability.host_noise([{**base, "probe_s": 0.004}, {**base, "probe_s": 0.006}])
+    assert got["noise_probe_ms"] == pytest.approx(5.0)
+    assert "noise_probe_ms" not in stability.host_noise([base, base])  # a GPU trial's ranks
+
+
+def test_validate_holds_each_prediction_at_the_speed_the_host_ran_the_trial():
+    """A trial whose probe read twice the calibration's ran on a host half as fast: its
+    prediction times 2 is the one to hold it to; without a probe (or a calibration's), 1."""
+    spec = next(p.spec for p in STUDIES["attention-kinds"].points("cpu") if p.spec is not None)
+    local = clusters.load("local").model_copy(update={"probe_ms": 4.0})
+    predicted = perf_plan.validate([(spec, {"step_ms": 1.0})], local)[0].predicted_ms
+    slow, plain = perf_plan.validate([(spec, {"step_ms": 2 * predicted, "noise_probe_ms": 8.0}),
+                                      (spec, {"step_ms": 1.1 * predicted})], local)
+    assert slow.speed == pytest.approx(2.0) and plain.speed == 1.0
+    assert slow.error == pytest.approx(-0.5) and slow.speed_error == pytest.approx(0.0)
+    s = perf_plan.summary([slow, plain])
+    assert s["median_abs_error_host_speed"] == pytest.approx((0 + 0.1 / 1.1) / 2)
+    uncalibrated = clusters.load("local").model_copy(update={"probe_ms": None})
+    (check,) = perf_plan.validate([(spec, {"step_ms": 1.0, "noise_probe_ms": 8.0})], uncalibrated)
+    assert check.speed == 1.0
+    assert "median_abs_error_host_speed" not in perf_plan.summary([check])
