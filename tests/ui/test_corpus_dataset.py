@@ -1,8 +1,9 @@
 """A training trial on a corpus shows its dataset in MLflow's runs view: one real trial (the tiny
 decoder, one rank, a Parquet corpus and a word-level tokenizer built here) swept on the shared
-local Ray into a store of its own, shown by an MLflow server of its own (started while the trial
-runs). Apart from the quickstart's store, so that the quickstart's tests and the embedded Ray's
-need not run on one pytest-xdist worker (tests/parallel.py)."""
+local Ray into a store of its own. `make test` reads the dataset input back from the store; `make
+test-full` also looks at it in Chromium, on an MLflow server of its own (9 CPU s to start). Apart
+from the quickstart's store, so that the quickstart's tests and the embedded Ray's need not run on
+one pytest-xdist worker (tests/parallel.py)."""
 
 from __future__ import annotations
 
@@ -63,13 +64,22 @@ def corpus_sweep(corpus_store, ray_runner, tmp_path_factory):
         mp.undo()
 
 
+def test_a_trial_on_a_corpus_logs_its_dataset_as_the_runs_view_reads_it(corpus_sweep):
+    """`make test`'s part: the dataset input the runs view's Dataset column shows (name, digest)
+    and its profile, read back from the store as the MLflow server reads it."""
+    run, _ = corpus_sweep
+    (logged,) = run.inputs.dataset_inputs
+    assert logged.dataset.name == "my-shards" and '"documents": 5' in logged.dataset.profile
+    assert logged.dataset.digest and logged.dataset.source_type
+
+
+@pytest.mark.slow  # the same dataset input (above), drawn by MLflow's own page: make test-full
 def test_a_trial_on_a_corpus_shows_its_dataset_in_the_runs_view(chromium, mlflow_server,
                                                                 corpus_sweep):
     run, experiment_id = corpus_sweep
     mlflow_url, proc = mlflow_server
     web.wait_http(mlflow_url + "/health", MLFLOW_START_TIMEOUT_S, proc)
     (logged,) = run.inputs.dataset_inputs
-    assert logged.dataset.name == "my-shards" and '"documents": 5' in logged.dataset.profile
     url = f"{mlflow_url}/#/experiments/{experiment_id}?{ML_VIEW}"
     page = shown(chromium, url, [run.info.run_name, "my-shards"])
     assert "my-shards" in page, page[-2000:]
