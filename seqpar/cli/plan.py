@@ -12,24 +12,23 @@ from typer.models import OptionInfo
 
 from seqpar.cli.display import console, err_console
 from seqpar.cli.plan_file import FILE_PANEL, PANELS, Question, question, write
-from seqpar.cli.plan_lengths import plan_lengths
 from seqpar.cli.plan_tables import attention_table, max_seq_table, steps_table
-from seqpar.cli.plan_validate import validate as _validate
 from seqpar.errors import require
-from seqpar.planner import clusters, pins
-from seqpar.planner import plan as perf_plan
+from seqpar.planner import clusters, pins, scopes
 from seqpar.planner.ep import check_filters
 from seqpar.planner.lengths_step import GROUP_SIZES
 from seqpar.planner.maxseq import max_seq
 from seqpar.planner.policy import Filters
 from seqpar.planner.search import check_counts, make_setup, offload_names, search
 from seqpar.rules import algorithms, masks
-from seqpar.rules.deal import DEGREES
 from seqpar.rules.grids import ranks_per_node_of
 from seqpar.rules.layouts import LAYOUTS
 from seqpar.rules.pool import AUTO
 
 DATA, CLUSTER, SEARCH, SHOW = PANELS
+# --degrees' default, rules.deal.DEGREES[0] (plan_lengths checks any --degrees against DEGREES):
+# the deal's rules are the lengths', imported only by a plan of lengths
+SMALLEST = "smallest"
 
 
 def _opt(*names: str, panel: str, help: str, **more: Any) -> OptionInfo:
@@ -108,7 +107,7 @@ def plan(
                            ] = GROUP_SIZES[0],
     degrees: Annotated[str, _opt("--degrees", panel=SEARCH, help="With --lengths: dynamic "
                                  "group sizes, smallest (default) | cost.", show_default=False)
-                     ] = DEGREES[0],
+                     ] = SMALLEST,
     max_seq: Annotated[bool, _opt("--max-seq/--no-max-seq", panel=SEARCH, help="The longest "
                                   "sequence each configuration fits, not --seq-len's.",
                                   show_default=False)] = False,
@@ -149,7 +148,9 @@ def answer(q: Question) -> int | None:
     require(q.top >= 0, "top", q.top, "must be 0 (all) or more")
     c = clusters.load(q.cluster)
     if q.validate is not None:
-        _validate(q.validate, c, q.as_json)
+        from seqpar.cli.plan_validate import validate  # torch, the sweep's specs: only here
+
+        validate(q.validate, c, q.as_json)
         return None
     check_counts(seq_len=q.seq_len, world=q.world, batches=q.batches,
                  **({"nodes": q.nodes} if q.nodes is not None else {}))
@@ -158,7 +159,7 @@ def answer(q: Question) -> int | None:
         given = next((f"--{k.replace('_', '-')}" for k, v in (
             ("capacity", q.capacity), ("sp_policy", q.sp_policy), ("packing", q.packing),
             ("batches", q.batches != 2), ("group_sizes", q.group_sizes != GROUP_SIZES[0]),
-            ("degrees", q.degrees != DEGREES[0])) if v), None)
+            ("degrees", q.degrees != SMALLEST)) if v), None)
         require(given is None, given or "", True, "needs --lengths (a step of variable-length "
                 "sequences)")
     else:
@@ -194,6 +195,8 @@ def answer(q: Question) -> int | None:
         if q.lengths is not None:
             check_counts(**({"capacity": q.capacity} if q.capacity is not None else {}),
                          **({"tokens_per_step": q.tokens_per_step} if q.tokens_per_step else {}))
+            from seqpar.cli.plan_lengths import plan_lengths  # the lengths' rules: only here
+
             plan_lengths(c, q.model, q.lengths, q.seq_len, q.tokens_per_step, q.capacity,
                          q.world, nodes, kernel=q.kernel, dtype=q.dtype, filters=filters,
                          top=q.top, as_json=q.as_json, mask=mask, sp_policy=q.sp_policy,
@@ -212,7 +215,7 @@ def answer(q: Question) -> int | None:
                         filters=filters, layouts=layouts)
         max_seq_table(found, c, q.model, q.world, nodes, q.scope, q.top, q.as_json)
     elif q.scope == "model":
-        result = perf_plan.model_search(c, q.model, q.seq_len, q.world, space, nodes=nodes,
+        result = scopes.model_search(c, q.model, q.seq_len, q.world, space, nodes=nodes,
                                         dtype=q.dtype, kernel=q.kernel, filters=filters,
                                         layouts=layouts, mask=mask, every=q.top == 0,
                                         routing_skew=q.routing_skew)
@@ -224,11 +227,11 @@ def answer(q: Question) -> int | None:
                      "world": q.world, "nodes": nodes, "dominated": result.dominated,
                      "too_big": result.too_big}, result)
     else:
-        ranked = perf_plan.rank(c, q.model, q.seq_len, q.world, space, nodes=nodes,
+        ranked = scopes.rank(c, q.model, q.seq_len, q.world, space, nodes=nodes,
                                 scope=q.scope, dtype=q.dtype, kernel=q.kernel, filters=filters,
                                 layouts=layouts, mask=mask)
         attention_table(ranked, c, q.model, q.seq_len, q.world, nodes, q.top, q.as_json,
-                        q.kernel, mask, perf_plan.model_params_of(q.model))
+                        q.kernel, mask, scopes.model_params_of(q.model))
     return nodes
 
 

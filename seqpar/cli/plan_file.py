@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
@@ -67,6 +66,8 @@ TYPES = get_type_hints(Question)  # a file's value takes its field's type
 
 
 def version() -> str:
+    from importlib import metadata  # ~20 ms to import: only where a file is written
+
     try:
         return metadata.version("seqpar")
     except metadata.PackageNotFoundError:  # a source tree never installed

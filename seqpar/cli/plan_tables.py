@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from seqpar.cli.display import console, display_table
-from seqpar.planner import plan as perf_plan
+from seqpar.planner import scopes
 from seqpar.planner.search import why_slower, with_alternatives
 from seqpar.planner.step import PARTS
 from seqpar.rules.layouts import LAYOUTS
@@ -119,7 +119,7 @@ def attention_table(ranked: list, c, model: str, seq_len: int, world: int, nodes
                           "model_params": model_params,
                           "configs": [p.json() for p in ranked]}, indent=1))
         return
-    groups = perf_plan.equivalents(ranked)
+    groups = scopes.equivalents(ranked)
     rows = []
     for i, group in enumerate(groups[:top] if top else groups):
         p = group[0]

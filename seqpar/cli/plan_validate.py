@@ -7,6 +7,7 @@ from typing import Any
 
 from seqpar.cli import options
 from seqpar.cli.display import console, display_table
+from seqpar.experiments.spec import specs_of
 from seqpar.planner import plan as perf_plan
 
 
@@ -27,8 +28,6 @@ def _imbalance_cell(pair: tuple[float, float] | None) -> str:
 def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
     """Predicted vs measured for every trial of a finished sweep (and, for trials of lengths, the
     predicted imbalance beside the measured load_imbalance)."""
-
-    from seqpar.experiments.spec import specs_of  # torch: only when validating
 
     tracker = _reader(sweep_id)
     checks = perf_plan.validate(specs_of((t.params, t.metrics) for t in tracker.trials(sweep_id)),

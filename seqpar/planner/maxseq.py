@@ -19,9 +19,9 @@ from seqpar.errors import ConfigError, require
 from seqpar.planner import memory
 from seqpar.planner.api import attention_peak
 from seqpar.planner.clusters import Cluster
-from seqpar.planner.plan import Space, model_shape
 from seqpar.planner.policy import Filters, Policy
 from seqpar.planner.policy import space as policy_space
+from seqpar.planner.scopes import Space, model_shape
 from seqpar.rules import algorithms
 from seqpar.rules.layouts import LAYOUTS, chunk_count
 from seqpar.rules.shape import AttnShape

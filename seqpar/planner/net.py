@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,14 @@ class ByIdentity:
         value = make()
         self._held[key] = (obj, value)
         return value
+
+
+class Hops(NamedTuple):
+    """Concurrent sends as two arrays, senders and receivers (a ring's hops: `ring._hops`), for
+    `Net.p2p` without pairing them up."""
+
+    src: np.ndarray
+    dst: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,7 @@ class Net:
     def nic(self, rank: int) -> int:
         return int(self._nic_ids[rank])
 
-    def p2p(self, pairs: Sequence[tuple[int, int]] | np.ndarray, nbytes: int) -> Cost:
+    def p2p(self, pairs: Sequence[tuple[int, int]] | np.ndarray | Hops, nbytes: int) -> Cost:
         """Concurrent sends of nbytes each, (src, dst) pairs; the slowest sets the time (the sender
         whose NIC is shared by the most crossing senders: time grows with the share)."""
         sends = self._sends.get(pairs, lambda: self._sends_of(pairs))
@@ -150,13 +158,16 @@ class Net:
         (a ring stage's transfers: `ring._carry`; a plan times a stage under every layout)."""
         return ByIdentity()
 
-    def _sends_of(self, pairs: Sequence[tuple[int, int]] | np.ndarray) -> _Sends:
-        if isinstance(pairs, list) and pairs and isinstance(pairs[0], tuple):
-            # a schedule's list of (src, dst): read flat, a few times faster than asarray's
-            pairs = np.fromiter(chain.from_iterable(pairs), dtype=np.int64).reshape(-1, 2)
+    def _sends_of(self, pairs: Sequence[tuple[int, int]] | np.ndarray | Hops) -> _Sends:
+        if isinstance(pairs, Hops):
+            src, dst = pairs
         else:
-            pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        src, dst = pairs[:, 0], pairs[:, 1]
+            if isinstance(pairs, list) and pairs and isinstance(pairs[0], tuple):
+                # a schedule's list of (src, dst): read flat, a few times faster than asarray's
+                pairs = np.fromiter(chain.from_iterable(pairs), dtype=np.int64).reshape(-1, 2)
+            else:
+                pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+            src, dst = pairs[:, 0], pairs[:, 1]
         moving = src != dst
         if not moving.any():
             return _Sends(False, False, False, 0)

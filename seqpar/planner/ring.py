@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from seqpar.planner.net import ByIdentity, Cost
+from seqpar.planner.net import ByIdentity, Cost, Hops
 from seqpar.planner.schedule import RingStage
 
 if TYPE_CHECKING:
@@ -293,17 +293,15 @@ def ring_time(job: Job, st: RingStage, timing: Timing) -> None:
     timing.add(st.label, seconds, total_compute, carry.cost, flops, carry.busy)
 
 
-def _hops(rings: list[list[int]], w: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sender, receiver) pairs of every ring's inner hop (to the next position of its inner ring)
+def _hops(rings: list[list[int]], w: int) -> tuple[Hops, Hops]:
+    """(senders, receivers) of every ring's inner hop (to the next position of its inner ring)
     and outer hop (to the same position of the next inner ring)."""
     members = _MEMBERS.get(rings, lambda: _members(rings))
     big_i, t = np.divmod(np.arange(members.shape[1]), w)
     outer = members.shape[1] // w
-
-    def pairs(to: np.ndarray) -> np.ndarray:
-        return np.stack([members.ravel(), members[:, to].ravel()], axis=1)
-
-    return pairs(big_i * w + (t + 1) % w), pairs(((big_i + 1) % outer) * w + t)
+    src = members.ravel()
+    return (Hops(src, members[:, big_i * w + (t + 1) % w].ravel()),
+            Hops(src, members[:, ((big_i + 1) % outer) * w + t].ravel()))
 
 
 def _members(rings: list[list[int]]) -> np.ndarray:
