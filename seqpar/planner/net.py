@@ -221,5 +221,5 @@ class Net:
             shares = np.bincount(nic[sending], minlength=nic.max() + 1)[nic]
             r = int(np.where(sending, apart * shares, 0).argmax())  # bytes x share: the slowest
             share = int(shares[r])
-        busiest = int(np.lexsort((ranks, apart))[-1])  # most inter-node bytes, then highest rank
-        return _Spread(m, int(apart.min()), int(apart[r]), share, int(apart[busiest]))
+        # the rank with the most inter-node bytes: its members elsewhere, the most of any rank's
+        return _Spread(m, int(apart.min()), int(apart[r]), share, int(apart.max()))

@@ -142,22 +142,27 @@ def _kinds_of(st: RingStage, rings: int) -> tuple[np.ndarray, np.ndarray, list[t
     n, w = st.size, st.inner
     src = sources(n, w)
     here, there = (k[:rings].reshape(rings, n, -1) for k in st.keys)
-    kind = np.zeros((rings, len(src), n), dtype=np.int64)  # (rings, steps, positions)
-    for part in range(here.shape[2]):  # how the part compares: 0 before, 1 at, 2 after
-        kind += (np.sign(there[:, src, part] - here[:, None, :, part]) + 1) * 3 ** part
-    kind = kind.transpose(1, 0, 2).astype(np.int8 if 3 ** here.shape[2] <= 127 else np.int64,
-                                          order="C")
-    steps_n, kinds = len(src), np.flatnonzero(np.bincount(kind.ravel()))  # the kinds met
-    held = kind.reshape(steps_n, -1)  # (steps, ranks in ring order)
-    count = np.empty((steps_n, len(kinds)), dtype=np.int64)
+    parts, steps_n = here.shape[2], len(src)
+    k = 3 ** parts
+    # (steps, rings, positions): each step's ranks in ring order, each part compared (0 before,
+    # 1 at, 2 after) and the parts' comparisons one kind
+    kind = np.zeros((steps_n, rings, n), dtype=np.int8 if k <= 127 else np.int64)
+    for part in range(parts):
+        d = there[:, src, part].transpose(1, 0, 2) - here[None, :, :, part]
+        kind += ((d > 0).astype(kind.dtype) - (d < 0) + 1) * 3 ** part
+    held = kind.reshape(steps_n, -1)
+    counts = np.bincount((held + np.arange(steps_n)[:, None] * k).ravel(),
+                         minlength=steps_n * k).reshape(steps_n, k)  # per step, each kind's
+    kinds = np.flatnonzero(counts.sum(axis=0))  # the kinds met
+    count = np.ascontiguousarray(counts[:, kinds])
     first = np.empty((steps_n, len(kinds)), dtype=np.int64)
     meets = []
     for j, v in enumerate(kinds):
-        mine = held == v
-        count[:, j] = mine.sum(axis=1)
-        first[:, j] = np.where(count[:, j] > 0, mine.argmax(axis=1), _NONE)
-        s_, r_, p = np.unravel_index(int(mine.argmax()), kind.shape)
-        meets.append((int(r_), int(p), int(src[s_, p])))
+        at = (held == v).argmax(axis=1)
+        first[:, j] = np.where(count[:, j] > 0, at, _NONE)
+        s_ = int((count[:, j] > 0).argmax())  # the first step that meets it, and its first rank
+        r_, p = divmod(int(at[s_]), n)
+        meets.append((r_, p, int(src[s_, p])))
     return count, first, meets
 
 
