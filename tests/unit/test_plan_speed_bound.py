@@ -106,8 +106,16 @@ def test_pareto_decides_as_row_by_row_comparison_does():
         assert {i: [int(j) for j in js] for i, js in same.items()} == want[1]
 
 
-def test_a_search_pauses_the_collector_and_leaves_it_as_it_was():
-    seen, frozen_before = [], gc.get_freeze_count()
+def test_a_search_pauses_the_collector_and_leaves_it_as_it_was(monkeypatch):
+    """Off inside, as it was after (an exception too); on the way out what it built joins the
+    oldest generation (freeze, then unfreeze) unless the process froze objects of its own: those
+    stay frozen. (Calls are watched, not freeze counts: a frozen object freed by its last
+    reference leaves the count at any time.)"""
+    seen, calls = [], []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(gc, "unfreeze", lambda: calls.append("unfreeze"))
+    frozen = [0]
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: frozen[0])
 
     @gc_paused()
     def inside() -> None:
@@ -120,14 +128,11 @@ def test_a_search_pauses_the_collector_and_leaves_it_as_it_was():
             assert seen[-1] is False and gc.isenabled() is before
         finally:
             gc.enable()
+    assert calls == ["freeze", "unfreeze"] * 2
     with pytest.raises(ValueError), gc_paused():
         raise ValueError
-    assert gc.isenabled() and gc.get_freeze_count() == frozen_before
-    gc.freeze()  # a process that froze objects of its own: they stay frozen
-    try:
-        frozen = gc.get_freeze_count()
-        inside()
-        assert gc.get_freeze_count() == frozen > 0
-    finally:
-        if not frozen_before:
-            gc.unfreeze()
+    assert gc.isenabled() and calls[-2:] == ["freeze", "unfreeze"]
+    calls.clear()
+    frozen[0] = 12  # a process that froze objects of its own: they stay frozen
+    inside()
+    assert calls == [] and gc.isenabled()
