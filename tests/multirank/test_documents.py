@@ -4,16 +4,17 @@ against SDPA with an explicit boolean mask on the unsharded sequence
 bytes against the analytic count.
 
 One gang round-trip per (algorithm, options, P) runs the whole batch. `make test` runs a covering
-design of a quarter of the full product layout x {causal, full} x {MHA, GQA} x relation (39 of 156
+design of a twelfth of the full product layout x {causal, full} x {MHA, GQA} x relation (13 of 156
 cases) at one P per algorithm (`DOCUMENTS_AT`: P = 3 for allgather, ulysses and ring, P = 4 for
-burst and the two-level algorithms): every relation with every layout, with causal and full and
-with MHA and GQA; and in each kind of relation (documents, windows, uneven lengths) every layout x
-{causal, full} x {MHA, GQA}; each P meets its own quarter (the design seed is P). The any-mask
+burst and the two-level algorithms): each algorithm every relation once, every layout, both masks
+and both head counts; over the seven algorithms (consecutive design seeds, `design_seed`) every
+relation with every layout, with each mask x heads combination, and in each kind of relation
+(documents, windows, uneven lengths) every layout x {causal, full}. The any-mask
 matrix (tests/multirank/test_masks.py) runs documents and windows at P = 2 and 4. The design is
 fixed (the same cases on every run, so a broken combination fails every time; the inputs still
 change with the seed). Plain calls of any length run each algorithm at one P of 2, 3 and 4
-(`PLAIN_AT`). `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full product at every P, 8
-included."""
+(`PLAIN_AT`), 9 of their 27 cases. `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full
+product at every P, 8 included."""
 
 from __future__ import annotations
 
@@ -78,17 +79,27 @@ def relations(n: int, world: int) -> dict[str, list[Relation]]:
     }
 
 
+KINDS = (("documents", 4), ("windows", 5), ("uneven", 4))  # (kind, its relations)
+
+
 def covering(seed: int) -> list[tuple[str, int, int, bool, int]]:
-    """(kind, relation index, layout index, causal, heads index) of the sampled design: relation j
-    of a kind meets layout l with mask x heads combination (j + l + seed) % 4 — over j every
-    layout meets all four combinations within each kind, over l every relation meets both masks
-    and both head counts."""
-    rows = []
-    for kind, count in (("documents", 4), ("windows", 5), ("uneven", 4)):
-        for j, layout in itertools.product(range(count), range(len(LAYOUTS))):
-            combo = (j + layout + seed) % 4
-            rows.append((kind, j, layout, combo % 2 == 0, combo // 2))
+    """(kind, relation index, layout index, causal, heads index) of the sampled design (13 of the
+    156 cases): each relation once, relation r (0-12 over the kinds) in layout (r + seed) % 3 with
+    mask x heads combination (r + seed) % 4 — every layout, both masks and both head counts in
+    each design; over 3 and 4 consecutive seeds every relation meets every layout and every
+    combination."""
+    rows, r = [], 0
+    for kind, count in KINDS:
+        for j in range(count):
+            combo = (r + seed) % 4
+            rows.append((kind, j, (r + seed) % len(LAYOUTS), combo % 2 == 0, combo // 2))
+            r += 1
     return rows
+
+
+def design_seed(algorithm: str, world: int) -> int:
+    """make test's design of `algorithm` at P: the algorithms' designs are consecutive seeds."""
+    return world + list(ALGORITHMS).index(algorithm)
 
 
 def batch(algorithm: str, world: int, seed: int) -> list[Case]:
@@ -96,7 +107,7 @@ def batch(algorithm: str, world: int, seed: int) -> list[Case]:
     heads = {3: ((6, 6), (6, 3)), 8: ((8, 8), (8, 2))}.get(world, ((4, 4), (4, 2)))
     by_kind = relations(n, world)
     if not FULL:
-        rows = covering(world)  # which combination meets which relation: fixed per P
+        rows = covering(design_seed(algorithm, world))  # fixed per (algorithm, P)
     else:
         rows = [(kind, j, layout, causal, h)
                 for layout, causal, h in itertools.product(range(len(LAYOUTS)), (True, False),
@@ -112,19 +123,21 @@ def batch(algorithm: str, world: int, seed: int) -> list[Case]:
 
 
 def test_the_sampled_design_covers_what_the_full_product_does():
-    """At P = 8: every relation x layout, x mask, x heads; every kind x layout x mask x heads."""
-    for seed in range(4):
+    """Each design: every relation once, every layout, both masks, both head counts; make test's
+    designs together: every relation x layout, x mask, x heads, every kind x layout x mask."""
+    relations_ = {(k, j) for k, n in KINDS for j in range(n)}
+    for seed in range(12):
         rows = covering(seed)
-        assert len(rows) == 39
-        assert {(k, j, lay) for k, j, lay, _, _ in rows} == {
-            (k, j, lay) for k, n in (("documents", 4), ("windows", 5), ("uneven", 4))
-            for j in range(n) for lay in range(3)}
-        assert {(k, j, c) for k, j, _, c, _ in rows} == {(k, j, c) for k, j, *_ in rows
-                                                          for c in (True, False)}
-        assert {(k, j, h) for k, j, _, _, h in rows} == {(k, j, h) for k, j, *_ in rows
-                                                          for h in (0, 1)}
-        assert {(k, lay, c, h) for k, _, lay, c, h in rows} == set(itertools.product(
-            ("documents", "windows", "uneven"), range(3), (True, False), (0, 1)))
+        assert len(rows) == 13 and {(k, j) for k, j, *_ in rows} == relations_
+        assert {lay for _, _, lay, _, _ in rows} == set(range(3))
+        assert {(c, h) for *_, c, h in rows} == set(itertools.product((True, False), (0, 1)))
+    rows = [row for a in ALGORITHMS for row in covering(design_seed(a, DOCUMENTS_AT[a]))]
+    assert {(k, j, lay) for k, j, lay, _, _ in rows} == {
+        (k, j, lay) for k, j in relations_ for lay in range(3)}
+    assert {(k, j, c, h) for k, j, _, c, h in rows} == {
+        (k, j, c, h) for k, j in relations_ for c in (True, False) for h in (0, 1)}
+    assert {(k, lay, c) for k, _, lay, c, _ in rows} == set(itertools.product(
+        ("documents", "windows", "uneven"), range(3), (True, False)))
     cases = batch("ring", 8, seed=5)
     other = batch("ring", 8, seed=6)  # another run: other inputs, the same combinations
     assert [dataclasses.replace(c, seed=0) for c in cases] == \
@@ -146,11 +159,17 @@ def plain(algorithm: str, world: int, seed: int) -> list[Case]:
     """Cases given no documents, of lengths that do not divide into zigzag's 2P chunks: N = 7P (a
     plain call: every rank holds N/P tokens) and N = 7P + 1 (uneven shards, which the case hands
     the attention as one document [0, N]), odd at every P: every layout x {causal, full} x {MHA,
-    GQA}, and each layout with a window."""
+    GQA} (make test: each length x layout once, the four mask x heads combinations by turns),
+    and each layout with a window."""
     heads = ((6, 6), (6, 3)) if world == 3 else ((4, 4), (4, 2))
     n = 7 * world
     cases = [(length, layout, causal, h, None) for length, layout, causal, h in itertools.product(
         (n, n + 1), LAYOUTS, (True, False), heads)]
+    if not FULL:  # make test: each (length, layout) once, mask x heads by turns (all four met)
+        a = list(ALGORITHMS).index(algorithm)
+        cases = [(length, layout, causal, h, None) for length, layout, causal, h, _ in cases
+                 if (LAYOUTS.index(layout) + 2 * (length - n) + a) % 4
+                 == 2 * heads.index(h) + (not causal)]
     cases += [(n, layout, True, heads[1], 5) for layout in LAYOUTS]
     return [Case(algorithm, world, layout, causal, batch=1, seq_len=length, heads=h, kv_heads=hkv,
                  head_dim=4, seed=seed, window=window, options=ALGORITHMS[algorithm](world))

@@ -4,11 +4,12 @@ against `expected_bytes(mask=)` net of the transfers the rings skip.
 
 The mask kinds: the eight constructors (causal, documents, causal and bidirectional windows,
 block-sparse, dilated, prefix-LM, shared question, from_dense with rows that see nothing) and random
-slice lists of all four slice kinds. `make test` runs a covering design: every (algorithm, layout,
-mask kind) once, spread over P = 2 and 4 (P = 4 alone for the two-level algorithms) and over MHA
-and GQA, with uneven lengths among them; P = 8 costs 3-4 times P = 4 on 2 cores and runs the same
-code (test_algorithms.py and test_usp.py keep P = 8 in make test). `SEQPAR_TEST_FULL=1` (`make
-test-full`) runs the full product at every P, 8 included, with both head counts."""
+slice lists of all four slice kinds. `make test` runs a covering design: each algorithm every mask
+kind once and every layout, every (mask kind, layout) in some algorithm, spread over P = 2 and
+4 (P = 4 alone for the two-level algorithms) and over MHA and GQA, with uneven lengths among
+them; P = 8 costs 3-4 times P = 4 on 2 cores and runs the same code (test_algorithms.py and
+test_usp.py keep P = 8 in make test). `SEQPAR_TEST_FULL=1` (`make test-full`) runs the full
+product at every P, 8 included, with both head counts."""
 
 from __future__ import annotations
 
@@ -99,8 +100,9 @@ def heads(world: int, gqa: bool) -> tuple[int, int]:
 
 def design(algorithm: str, world: int) -> list[tuple[str, int, bool, int]]:
     """(mask kind, layout index, gqa, n) of the cases one gang round-trip runs: the full product
-    under SEQPAR_TEST_FULL, else every (kind, layout) at the one P of `covered` where (kind +
-    layout + algorithm) meets it, MHA or GQA alternating, an uneven length for every third case."""
+    under SEQPAR_TEST_FULL, else each kind once in layout (kind + algorithm) % 4 (every layout
+    met by each algorithm, every (kind, layout) by some algorithm), at the P of `covered` that
+    (kind + algorithm) picks, MHA or GQA alternating, an uneven length for every third case."""
     a = list(ALGORITHMS).index(algorithm)
     rows = []
     for k, lay in itertools.product(range(len(KINDS)), range(len(LAYOUTS))):
@@ -108,7 +110,8 @@ def design(algorithm: str, world: int) -> list[tuple[str, int, bool, int]]:
                                                                           "dilated") else 0)
         if FULL:
             rows += [(KINDS[k], lay, gqa, n) for gqa in (False, True)]
-        elif world in (ps := covered(algorithm)) and (k + lay + a) % len(ps) == ps.index(world):
+        elif (lay == (k + a) % len(LAYOUTS) and world in (ps := covered(algorithm))
+              and (k + a) % len(ps) == ps.index(world)):
             rows.append((KINDS[k], lay, (k + lay) // 2 % 2 == 1, n))
     return rows
 
@@ -124,13 +127,18 @@ def batch(algorithm: str, world: int, seed: int) -> list[Case]:
 
 
 def test_the_design_covers_every_algorithm_layout_and_mask_kind_once():
+    met = set()
     for algorithm in ALGORITHMS:
         rows = [(k, lay) for w in WORLDS for k, lay, _, _ in design(algorithm, w)]
+        met |= set(rows)
         if not FULL:
-            assert sorted(rows) == sorted(itertools.product(KINDS, range(len(LAYOUTS))))
+            assert sorted(k for k, _ in rows) == sorted(KINDS)  # each kind once
+            assert {lay for _, lay in rows} == set(range(len(LAYOUTS)))
+            assert {w for w in covered(algorithm) if design(algorithm, w)} == set(covered(algorithm))
         gqa = {g for w in WORLDS for _, _, g, _ in design(algorithm, w)}
         assert gqa == {True, False}
         assert any(n % (2 * w) for w in WORLDS for *_, n in design(algorithm, w))
+    assert met == set(itertools.product(KINDS, range(len(LAYOUTS))))  # every (kind, layout)
 
 
 @pytest.mark.multirank

@@ -1,6 +1,8 @@
 """usp (LoongTrain 2D-Attention) and double_ring on real gloo groups: exact against float64 SDPA for
-every grid of P = 4 and 8, both placements, every inner ring; the ledger against §4.5's counts; the
-placements' intra/inter-node split on 2 nodes x 4; dhp = 1 is ring and dcp = 1 is ulysses."""
+every grid of P = 4 and 8, both placements, every inner ring (`make test`: every grid of P = 4 and
+one inner ring a (dhp, placement) of P = 8; `make test-full` every grid); the ledger against §4.5's
+counts; the placements' intra/inter-node split on 2 nodes x 4; dhp = 1 is ring and dcp = 1 is
+ulysses."""
 
 from __future__ import annotations
 
@@ -26,16 +28,26 @@ def divisors(n: int) -> list[int]:
 
 
 def grids():
-    """Every (P, dhp, placement, inner ring) of P = 4 and 8; one placement where both coincide."""
+    """Every (P, dhp, placement, inner ring) of P = 4 and 8; one placement where both coincide.
+    `make test` runs every grid of P = 4 and, at P = 8, each (dhp, placement) with one inner ring
+    (`P8_INNER`: every inner ring 1, 2, 4, 8 met once or more); the other P = 8 grids are make
+    test-full's."""
     out = []
     for world in (4, 8):
         for dhp in divisors(world):
             dcp = world // dhp
             for placement in PLACEMENTS if 1 < dhp < world else PLACEMENTS[:1]:
                 for inner in divisors(dcp):
+                    thin = world == 8 and P8_INNER[dhp, placement] != inner
                     out.append(pytest.param(world, dhp, placement, inner,
-                                            id=f"P{world}-hp{dhp}-cp{dcp}-{placement}-w{inner}"))
+                                            id=f"P{world}-hp{dhp}-cp{dcp}-{placement}-w{inner}",
+                                            marks=pytest.mark.slow if thin else ()))
     return out
+
+
+# make test's P = 8 grids: (dhp, placement) -> its one inner ring (the 14 grids: make test-full)
+P8_INNER = {(1, "head-first"): 8, (2, "head-first"): 4, (2, "context-first"): 2,
+            (4, "head-first"): 1, (4, "context-first"): 2, (8, "head-first"): 1}
 
 
 def _batch(env, cases):
