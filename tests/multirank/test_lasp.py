@@ -194,8 +194,15 @@ def hybrid_bytes(attention: str, mode: str, world: int, rank: int, cu, checkpoin
     return {**out, "forward": out["forward"] * (2 if checkpoint == "full" else 1)}
 
 
+# the hybrid model in make test: LASP-2 at P = 4 and LASP-1 at P = 3 (the layer tests above run
+# LASP-2 at P = 3 too); the rest make test-full's
+MODEL_IN_MAKE_TEST = {("lasp2", 4), ("lasp1", 3)}
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize(("mode", "world"), MODES_BY_P)
+@pytest.mark.parametrize(("mode", "world"), [
+    pytest.param(m, w, marks=() if (m, w) in MODEL_IN_MAKE_TEST else pytest.mark.slow,
+                 id=f"{m}-{w}") for m in ("lasp2", "lasp1") for w in (2, 3, 4)])
 def test_hybrid_model_under_sp_is_the_one_process_model(gang, seed, world, mode):
     """Qwen3-Next's pattern (three linear layers, a gated full-attention layer with partial
     rotary, zero-centred norms, MoE with a gated shared expert): ring or ulysses on the full
