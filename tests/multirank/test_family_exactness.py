@@ -24,6 +24,7 @@ from seqpar.model import ModelConfig, Transformer
 from seqpar.rules.model import from_hf
 from seqpar.workers import step_check
 from seqpar.workers.measure import check_model
+from tests.resources import FULL
 
 ALGORITHMS = ("allgather", "ulysses", "ring", "usp", "double_ring", "wallfacer", "burst")
 LAYOUTS = ("contiguous", "zigzag", "stripe", "balanced")
@@ -175,15 +176,16 @@ def check_step(gang, case) -> None:
 @pytest.mark.multirank
 @pytest.mark.parametrize("name", FAMILIES)
 def test_a_familys_fixed_length_step_matches_one_process(gang, name, seed):
-    """Two algorithms and two layouts a family, the algorithm, P and layout rotating over the
-    families (every algorithm, P and layout met)."""
+    """One algorithm and layout a family (make test-full: a second of each), the algorithm, P and
+    layout rotating over the families (every algorithm, P and layout met)."""
     i = list(FAMILIES).index(name)
     cfg, world = family(name), WORLDS[i % 3]
     layouts = layouts_of(cfg)
     check_fixed(gang, fixed_cases(name, cfg, ALGORITHMS[i % 7], world,
                                   (layouts[i % len(layouts)],), seed))
-    check_fixed(gang, fixed_cases(name, cfg, ALGORITHMS[(i + 3) % 7], world,
-                                  (layouts[(i + 2) % len(layouts)],), seed))
+    if FULL:
+        check_fixed(gang, fixed_cases(name, cfg, ALGORITHMS[(i + 3) % 7], world,
+                                      (layouts[(i + 2) % len(layouts)],), seed))
 
 
 # make test's steps of lengths: each family kind (windows, sinks, MoE, MLA, linear layers) once,
