@@ -37,8 +37,9 @@ class Check:
     # load_imbalance)
     imbalance: tuple[float, float] | None = None
     others: float = 0.0  # the host's CPU that other processes took over the timed loop (a share)
-    # how much slower the host ran the trial than when calibrated: its speed probe over the
-    # calibration's (`workers.measure.probe`; 1: not probed)
+    # the trial's speed probe over the calibration's (`workers.measure.probe`; 1: not probed): a
+    # reading of the host, shown beside the error, not applied to it (ranks side by side slow the
+    # probe as they slow each other, which the calibration's waits already hold)
     speed: float = 1.0
 
     @property
@@ -50,11 +51,6 @@ class Check:
         """The error with the ranks' fair share of a host whose other processes took `others` of
         it: the prediction over (1 - others)."""
         return (self.predicted_ms / max(1e-9, 1 - self.others) - self.measured_ms) / self.measured_ms
-
-    @property
-    def speed_error(self) -> float:
-        """The error at the speed the host ran the trial: the prediction times `speed`."""
-        return (self.predicted_ms * self.speed - self.measured_ms) / self.measured_ms
 
 
 def emulated(spec: Any, cluster: Cluster) -> Cluster:
@@ -127,9 +123,6 @@ def summary(checks: Sequence[Check]) -> dict[str, Any]:
     return {"trials": len(checks),
             "median_abs_error": statistics.median(abs(c.error) for c in checks),
             "median_abs_error_host_share": statistics.median(abs(c.shared_error) for c in checks),
-            **({"median_abs_error_host_speed": statistics.median(
-                abs(c.speed_error) for c in checks)} if any(c.speed != 1.0 for c in checks)
-               else {}),
             **({"imbalance_median_abs_error": statistics.median(
                 abs(p - m) / m for p, m in paired)} if paired else {}),
             "regret": {g: r for g, (_, r) in regrets.items()},

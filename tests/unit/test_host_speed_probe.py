@@ -40,19 +40,15 @@ def test_host_noise_gives_the_ranks_mean_probe_and_leaves_it_out_when_none_probe
     assert "noise_probe_ms" not in stability.host_noise([base, base])  # a GPU trial's ranks
 
 
-def test_validate_holds_each_prediction_at_the_speed_the_host_ran_the_trial():
-    """A trial whose probe read twice the calibration's ran on a host half as fast: its
-    prediction times 2 is the one to hold it to; without a probe (or a calibration's), 1."""
+def test_validate_reads_the_hosts_speed_beside_each_trial():
+    """A trial whose probe read twice the calibration's: its `speed` is 2, a reading beside the
+    error (not applied to it); without a probe, or a calibration's, 1."""
     spec = next(p.spec for p in STUDIES["attention-kinds"].points("cpu") if p.spec is not None)
     local = clusters.load("local").model_copy(update={"probe_ms": 4.0})
-    predicted = perf_plan.validate([(spec, {"step_ms": 1.0})], local)[0].predicted_ms
-    slow, plain = perf_plan.validate([(spec, {"step_ms": 2 * predicted, "noise_probe_ms": 8.0}),
-                                      (spec, {"step_ms": 1.1 * predicted})], local)
+    slow, plain = perf_plan.validate([(spec, {"step_ms": 100.0, "noise_probe_ms": 8.0}),
+                                      (spec, {"step_ms": 100.0})], local)
     assert slow.speed == pytest.approx(2.0) and plain.speed == 1.0
-    assert slow.error == pytest.approx(-0.5) and slow.speed_error == pytest.approx(0.0)
-    s = perf_plan.summary([slow, plain])
-    assert s["median_abs_error_host_speed"] == pytest.approx((0 + 0.1 / 1.1) / 2)
+    assert slow.error == plain.error
     uncalibrated = clusters.load("local").model_copy(update={"probe_ms": None})
     (check,) = perf_plan.validate([(spec, {"step_ms": 1.0, "noise_probe_ms": 8.0})], uncalibrated)
     assert check.speed == 1.0
-    assert "median_abs_error_host_speed" not in perf_plan.summary([check])
