@@ -143,9 +143,9 @@ def test_validate_gives_the_error_with_the_ranks_share_of_a_busy_host():
 def test_lasp1_is_priced_as_its_chain_of_states_and_lasp2_as_its_all_gather():
     """LASP-1 (`train.linear_sp: lasp1`): the plain pass, one state a direction whatever the
     ranks, and the chain: the last rank waits sp - 1 of the earlier ranks' passes (the rule at
-    its measured rate) and messages, forward and (twice the pass) backward, once per run of
-    consecutive linear layers (the ranks stay staggered through a run). LASP-2: the augmented
-    pass and the pairs' all-gather, no chain."""
+    its measured rate) and messages, forward and (twice the pass) backward, in every linear layer
+    (the next layer's halo exchange is a rendezvous: the ranks cannot run a layer apart). LASP-2:
+    the augmented pass and the pairs' all-gather, no chain."""
     from dataclasses import replace
 
     from seqpar.planner.setup import Setup
@@ -166,16 +166,15 @@ def test_lasp1_is_priced_as_its_chain_of_states_and_lasp2_as_its_all_gather():
                                            / gemm_rate(local, "float32", CHUNK))
     forward = lasp_flops("lasp1", shape, 1024, 4, 3) / compute.linear_rate(local, "float32",
                                                                            cfg.lin_k_dim)
-    # 3 earlier ranks x (forward + twice it backward) over a run of 3, plus the messages
+    # 3 earlier ranks x (forward + twice it backward), plus the messages
     chain = sum(four.exposed_ms.values())
-    assert 3e3 * forward < chain < 3e3 * forward * 1.1
+    assert 9e3 * forward < chain < 9e3 * forward * 1.1
     assert four.bytes_intra == two.bytes_intra  # one state (and the halo) whatever the ranks
     assert layer("lasp2", 4).bytes_intra > layer("lasp2", 2).bytes_intra  # the pairs: sp - 1
     assert sum(layer("lasp2", 4).exposed_ms.values()) < chain / 10
-    # each linear layer between full layers (runs of one) waits its whole chain
+    # a linear layer waits its whole chain whether full layers part the linear ones or not
     alone = replace(cfg, layer_types=("linear", "full") * 2)
-    assert sum(layer("lasp1", 4, c=alone).exposed_ms.values()) == pytest.approx(3 * chain,
-                                                                                 rel=0.05)
+    assert sum(layer("lasp1", 4, c=alone).exposed_ms.values()) == pytest.approx(chain, rel=0.05)
     # a trial that pins LASP-1 is priced as LASP-1
     lasp1 = type(spec).model_validate(
         {**spec.model_dump(), "train": {**spec.train.model_dump(), "linear_sp": "lasp1"}})
@@ -189,8 +188,8 @@ def test_lasp1_is_priced_as_its_chain_of_states_and_lasp2_as_its_all_gather():
 
 def test_a_search_takes_the_faster_of_lasp2_and_lasp1_and_names_it():
     """A plan's linear layers run under whichever of LASP-2 and LASP-1 prices faster at each SP
-    size (`linear_sp` auto): on 8 H100s of one node LASP-2's all-gather is the cheaper, on 64
-    over 8 nodes the pairs' all-gather (each rank receives 63) costs more than LASP-1's chain.
+    size (`linear_sp` auto): on 8 H100s of one node LASP-2's all-gather is the cheaper, on 128
+    over 16 nodes the pairs' all-gather (each rank receives 127) costs more than LASP-1's chain.
     The step says which (`linear_sp`), and pinning one prices that one."""
     from importlib.resources import files
 
@@ -201,7 +200,7 @@ def test_a_search_takes_the_faster_of_lasp2_and_lasp1_and_names_it():
     model = str(files("seqpar.experiments") / "models" / "kinds-hybrid-8b.json")
     h100 = clusters.load("h100-sxm")
     chose = {}
-    for world, nodes in ((8, 1), (64, 8)):
+    for world, nodes in ((8, 1), (128, 16)):
         auto = make_setup(h100, model, 262144, None, world, nodes)
         attn = auto.attention(world, "ring", {}, "contiguous")
         both = {mode: layer_kinds(make_setup(h100, model, 262144, None, world, nodes,
@@ -213,4 +212,4 @@ def test_a_search_takes_the_faster_of_lasp2_and_lasp1_and_names_it():
         steps = search(auto, Filters(sp=world), keep=3).ranked
         assert steps and all(s.linear_sp == got.algorithm for s in steps)
         assert steps[0].json()["linear_sp"] == got.algorithm
-    assert chose == {8: "lasp2", 64: "lasp1"}
+    assert chose == {8: "lasp2", 128: "lasp1"}
