@@ -99,11 +99,22 @@ def test_an_mla_checkpoint_computes_the_reference_loss(name, tmp_path, seed):
 
 @pytest.mark.parametrize("change", [{"rope_interleave": False}, {"n_group": 1, "topk_group": 1}])
 def test_what_was_silently_dropped_misses_the_reference_by_far(change, tmp_path, seed):
-    """RoPE halves on interleaved pairs, routing without the group limit: far off."""
-    model, tokens = save("deepseek-v3", tmp_path, seed)
-    cfg = dataclasses.replace(rules_model.load(str(tmp_path / "config.json")), **change)
-    got = seqpar_model(tmp_path, cfg).loss(tokens).item()
-    assert abs(got - reference_loss(model, tokens)) / got > 1e-4
+    """RoPE halves on interleaved pairs, routing without the group limit: 100x the parity
+    tolerance off. (A draw whose every token's top-k already lies in its best groups routes alike
+    without the limit: a clean clone drew one that moved the loss 6.5e-5, 0 of 40 others did, so
+    the first of the next few draws
+    that routes across groups is taken.)"""
+    misses = []
+    for offset in range(8):
+        path = tmp_path / str(offset)
+        path.mkdir()
+        model, tokens = save("deepseek-v3", path, seed + offset)
+        cfg = dataclasses.replace(rules_model.load(str(path / "config.json")), **change)
+        got = seqpar_model(path, cfg).loss(tokens).item()
+        misses.append(abs(got - reference_loss(model, tokens)) / got)
+        if misses[-1] > 1e-4:
+            break
+    assert misses[-1] > 1e-4, (seed, misses)
 
 
 def test_the_multi_token_prediction_layer_is_skipped_by_name_and_said_once(tmp_path, seed,
