@@ -102,8 +102,7 @@ def test_what_was_silently_dropped_misses_the_reference_by_far(change, tmp_path,
     """RoPE halves on interleaved pairs, routing without the group limit: 100x the parity
     tolerance off. (A draw whose every token's top-k already lies in its best groups routes alike
     without the limit: a clean clone drew one that moved the loss 6.5e-5, 0 of 40 others did, so
-    the first of the next few draws
-    that routes across groups is taken.)"""
+    the first of the next few draws that routes across groups is taken.)"""
     misses = []
     for offset in range(8):
         path = tmp_path / str(offset)
