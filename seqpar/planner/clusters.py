@@ -153,8 +153,8 @@ class Cluster(Record):
                                "GPU the kernel's launch (`planner.host`; 0: issuing is free)")
     probe_ms: float | None = Field(None, gt=0, description="a CPU host's speed when it was "
                                    "calibrated: one thread's ms for `workers.measure.probe`'s "
-                                   "work (the least reading; a trial's `noise_probe_ms` over it "
-                                   "is how much slower the host ran then)")
+                                   "work (the least reading; `--validate` shows a trial's "
+                                   "`noise_probe_ms` over it beside the error)")
     waits_us: dict[int, tuple[float, float] | tuple[float, float, float]] = Field(
         default_factory=dict, description="ranks on the host -> (us, us[, us]): what a training "
         "step's message, collective and collective queued behind another (the gradient "

@@ -170,14 +170,15 @@ class Block:
 
 def layer_kinds(setup: Setup, sp: int, attn: Prediction) -> dict[str, Prediction]:
     """One layer's attention of each kind (`Setup.kinds`), a linear layer's rule at its kernel's
-    rate (`compute.linear_at_rate`); under `linear_sp` auto the faster of LASP-2 and LASP-1 (its
-    prediction's `algorithm` names it)."""
+    rate (`compute.linear_at_rate`; under `linear_sp` auto LASP-2's or LASP-1's, the faster)."""
     kinds = setup.kinds(sp, attn)
     if "linear" in kinds:
-        modes = ("lasp2", "lasp1") if setup.linear_sp == "auto" and sp > 1 else (None,)
-        kinds = {**kinds, "linear": min(
-            (linear_at_rate(setup.cluster, setup.cfg, setup.dtype, setup.linear(sp, mode))
-             for mode in modes), key=lambda p: p.attention_ms)}
+        if (key := ("linear at rate", sp)) not in setup.cache:  # once an SP size, asked often
+            modes = ("lasp2", "lasp1") if setup.linear_sp == "auto" and sp > 1 else (None,)
+            setup.cache[key] = min(
+                (linear_at_rate(setup.cluster, setup.cfg, setup.dtype, setup.linear(sp, mode))
+                 for mode in modes), key=lambda p: p.attention_ms)
+        kinds = {**kinds, "linear": setup.cache[key]}
     return kinds
 
 

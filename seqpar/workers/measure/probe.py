@@ -9,7 +9,8 @@ no steal in /proc/stat).
 `seqpar calibrate` times it beside the rates it measures (`Cluster.probe_ms`: the least of its
 readings, as its rates are the best of theirs); every CPU trial times it on each rank before and
 after its timed loop (`timing.iterate`; the metric `noise_probe_ms`); `seqpar plan --validate`
-scales each prediction by the trial's reading over the calibration's (`planner.plan.Check.speed`).
+prints the trials' readings over the calibration's beside the error (`planner.plan.Check.speed`:
+a reading, not applied: ranks side by side slow the probe as they slow each other).
 """
 
 from __future__ import annotations
