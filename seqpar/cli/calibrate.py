@@ -37,4 +37,8 @@ def calibrate(
         f"{c.merge_gb_per_s} GB/s + {c.merge_us} us; copy {c.copy_gb_per_s} GB/s; link "
         f"{c.intra.latency_us} us, {c.intra.bandwidth_gb_per_s} GB/s; transport "
         f"{c.transport_gb_per_s} GB/s + {c.message_us} us per message; fixed host costs: call "
-        f"{c.call_us} us, ring step {c.step_us} us, collective {c.collective_us} us -> {path}")
+        f"{c.call_us} us, ring step {c.step_us} us, collective {c.collective_us} us"
+        + "".join(f"; {w} ranks side by side: the last {100 * s:.1f}% past the mean, the "
+                  f"transport's threads {c.transport_cpu_us.get(w, (0, 0))[0]:.0f} us CPU a "
+                  f"message, {c.transport_cpu_us.get(w, (0, 0))[1]:.0f} a collective"
+                  for w, s in sorted(c.spread.items())) + f" -> {path}")

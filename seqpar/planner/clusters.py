@@ -162,6 +162,15 @@ class Cluster(Record):
         "the links carry, posting them and waiting on the peers on cores the ranks share "
         "(`seqpar calibrate`: the runner's own step, and all-reduces posted back to back; the "
         "entry of the most ranks up to a step's)")
+    spread: dict[int, float] = Field(
+        default_factory=dict, description="ranks on the host -> how much later than the mean the "
+        "last of them finishes equal work run side by side (E[max] / mean - 1; `seqpar "
+        "calibrate`): what a stage whose ranks are balanced pays at the collective that ends it "
+        "(`planner.contention`; the entry of the most ranks up to a step's)")
+    transport_cpu_us: dict[int, tuple[float, float]] = Field(
+        default_factory=dict, description="ranks on the host -> (us, us): the CPU a message and a "
+        "collective cost on the transport's own threads (gloo's loops), beside the rank's: on "
+        "cores its ranks fill, taken from their compute (`planner.contention`)")
 
     def share(self, world: int) -> float:
         """One rank's fraction of a core when `world` one-thread ranks share the host (1 when

@@ -84,7 +84,8 @@ def _checkers(records: dict[str, type]) -> dict[str, Callable[[Any], Any]]:
            "int | None": _optional(i), "float | None": _optional(f),
            "dict[str, float]": _dict(s, f), "dict[int, float]": _dict(i, f),
            "dict[str, dict[int, float]]": _dict(s, _dict(i, f)),
-           "dict[int, tuple[float, float] | tuple[float, float, float]]": _dict(i, _floats(2, 3))}
+           "dict[int, tuple[float, float] | tuple[float, float, float]]": _dict(i, _floats(2, 3)),
+           "dict[int, tuple[float, float]]": _dict(i, _floats(2))}
     for name, kind in records.items():
         got[name] = one(kind)
         got[f"dict[str, {name}]"] = _dict(s, one(kind))

@@ -33,11 +33,10 @@ Expert parallelism (`Policy.ep`, `ep.py`): an MoE block's routed experts over it
 ranks, their GEMMs over the pairs the group routes to them; the dispatch and combine all-to-alls
 (forward, backward, and the recompute's) on the compute path and on their links' busy time
 (part `ep_comm`); the experts' FSDP traffic over the ranks that hold them (`fsdp.traffic`).
-
 The LM head and loss: 3 x 2·tokens·d·V at the GEMM rate plus the logits' element-wise passes.
-TGS = tokens per step / (step time x ranks); `mfu`, `mfu_unmasked_attention` and `hfu` as
-`rules.flops` defines them (the attention by its area under the step's mask; hfu with the kernels'
-2.5x backward and the recompute).
+What ranks sharing a host's cores cost one another: `contention`. TGS = tokens per step / (step
+time x ranks); `mfu`, `mfu_unmasked_attention` and `hfu` as `rules.flops` defines them (the
+attention by its area under the step's mask; hfu with the kernels' 2.5x backward and the recompute).
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from seqpar.planner import contention, host, memory
 from seqpar.planner import ep as ep_mod
-from seqpar.planner import host, memory
 from seqpar.planner.api import Prediction
 from seqpar.planner.compute import (  # noqa: F401  (layer_seconds: lengths_costs' and lengths')
     class_seconds,
@@ -71,10 +70,10 @@ from seqpar.rules.memory import (
 )
 from seqpar.rules.model import ModelConfig
 
-# where a step's time goes: the attention's kernels, its own exposed communication (as the
-# attention scope predicts it), the rest of the compute, the recompute, the exposed communication
-# besides the attention's (FSDP, DP reductions, links shared past the compute), the optimizer
-# (the host's issue time that the device's does not hide: `host`)
+# where a step's time goes: the attention's kernels, its own exposed communication (as the attention
+# scope predicts it), the rest of the compute, the recompute, the exposed communication besides the
+# attention's (FSDP, DP reductions, links shared past the compute), the optimizer, `host`: the
+# host's time the device's does not hide (a CPU host's: its issue, what its ranks cost each other)
 PARTS = ("attention", "attention_comm", "other_compute", "recompute", "exposed_comm", "optimizer",
          "host", "ep_comm")  # ep_comm: expert parallelism's all-to-alls, exposed
 LINKS = ("intra", "inter")
@@ -274,7 +273,8 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     # GradSync posts each gradient's all-reduce as backward writes it: their waits run beside
     # the last backward, what is left is exposed
     hidden = min(queued, BACKWARD_SHARE * last_stretch)
-    seconds = ((m - 1) * host.stretch(c, micro, issue_micro) + last_stretch
+    shared = m * contention.micro_seconds(setup, sp, world, attn, train, blocks, hd)
+    seconds = ((m - 1) * host.stretch(c, micro, issue_micro) + last_stretch + shared
                + host.stretch(c, optimizer + first.update.seconds, issue_step) - hidden)
 
     parts = {"attention": m * sum(b.count * b.kernels for b in blocks),

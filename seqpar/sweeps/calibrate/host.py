@@ -24,6 +24,7 @@ from seqpar.planner.lengths_time import predict_case
 from seqpar.platform.localgang import LocalGang, free_port
 from seqpar.rules.model import param_shapes
 from seqpar.workers.measure.opcount import OpCounter
+from seqpar.workers.measure.probe import probe_inputs, probe_work
 from seqpar.workers.measure.varlen import build, build_pool, pool_groups, run_batches
 
 TOKENS = 16        # a sequence
@@ -73,6 +74,7 @@ def dispatch_seconds(repeats: int = REPEATS) -> tuple[float, int]:
 
 # ------------------------------------------------------------- a step's messages and collectives
 WAIT_SEQUENCES = 32  # a step: each of 32 tokens on the group of 2 (16 a rank)
+SPREAD_ROUNDS = 60  # runs of the probe's work side by side (a few ms each)
 
 
 def _tiny_step(algorithm: str, world: int = 2):
@@ -82,10 +84,11 @@ def _tiny_step(algorithm: str, world: int = 2):
 
 
 def rank_step_costs(env, algorithm: str, repeats: int, world: int = 2
-                    ) -> tuple[list[float], int, int, int]:
+                    ) -> tuple[list[float], int, int, int, float]:
     """On one rank of a LocalGang: (the wall seconds of each of `repeats` tiny steps of
     all-rank micro-batches under `algorithm`, each after a barrier, its launching operations,
-    messages, collectives)."""
+    messages, collectives, and the median CPU seconds a step its process spent outside this
+    thread: the transport's threads)."""
     torch.set_num_threads(1)
     case = _tiny_step(algorithm, world)
     cpu = torch.device("cpu")
@@ -99,13 +102,14 @@ def rank_step_costs(env, algorithm: str, repeats: int, world: int = 2
     ops = sum(t.ops + t.kernel_ops for t in tallies)
     messages = sum(t.messages for t in tallies)
     collectives = sum(t.collectives for t in tallies)
-    times = []
+    times, others = [], []
     for _ in range(repeats):
         dist.barrier()
-        start = time.perf_counter()
+        start, process, thread = time.perf_counter(), time.process_time(), time.thread_time()
         run_batches(model, case, env.rank, opt, cpu)
         times.append(time.perf_counter() - start)
-    return times, ops, messages, collectives
+        others.append(time.process_time() - process - (time.thread_time() - thread))
+    return times, ops, messages, collectives, statistics.median(others)
 
 
 def rank_queued(env, world: int, repeats: int) -> list[float]:
@@ -137,18 +141,22 @@ def queued_wait(cluster: Cluster, gang: LocalGang, world: int, repeats: int = 15
 
 
 def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2
-               ) -> tuple[float, float, float]:
-    """(host seconds a message, a collective and a queued collective (`queued_wait`) cost a step
-    of `world` ranks on this host beyond what `cluster` already charges: posting it, the
-    transport's threads, the wait on the peers on the shared cores). The tiny step of all-rank
-    micro-batches under ring (its messages) and allgather (its collectives), both with the
-    gradient's all-reduces, measured in wall time as a trial's `step_ms` is (the slowest rank's
-    each step, the median over steps); each one's residual over the planner's prediction of it
-    without these costs (`planner.lengths_time.predict_case`), solved for the two."""
-    rows, rhs = [], []
+               ) -> tuple[tuple[float, float, float], tuple[float, float], float]:
+    """What a step of `world` ranks on this host costs beyond what `cluster` already charges:
+    ((host seconds a message, a collective and a queued collective (`queued_wait`) cost a rank:
+    posting it, the transport's threads, the wait on the peers on the shared cores), (CPU
+    seconds a message and a collective cost the transport's own threads), the spread of equal
+    work side by side (`spread`)). The tiny step of all-rank micro-batches under ring (its
+    messages) and allgather (its collectives), both with the gradient's all-reduces, measured in
+    wall time as a trial's `step_ms` is (the slowest rank's each step, the median over steps);
+    each one's residual over the planner's prediction of it without these costs
+    (`planner.lengths_time.predict_case`), solved for the two; the transport's CPU (every rank's
+    own threads but the main one, the busiest rank's) solved alike over all the step's calls."""
+    rows, rhs, calls, cpu = [], [], [], []
     with LocalGang(world) as gang:
         queued = queued_wait(cluster, gang, world)
-        free = cluster.model_copy(update={"waits_us": {world: (0.0, 0.0, queued * 1e6)}})
+        free = cluster.model_copy(update={"waits_us": {world: (0.0, 0.0, queued * 1e6)},
+                                          "spread": {}, "transport_cpu_us": {}})
         for algorithm in ("ring", "allgather"):
             got = gang.run(rank_step_costs, algorithm, repeats, world)
             wall = statistics.median(max(steps) for steps in zip(*(g[0] for g in got), strict=True))
@@ -157,5 +165,36 @@ def step_waits(cluster: Cluster, repeats: int = 5, world: int = 2
             behind = len(param_shapes(_tiny_step(algorithm, world).config())) - 1
             rows.append([messages, collectives - behind])
             rhs.append(wall - predict_case(_tiny_step(algorithm, world), free).step_ms / 1e3)
+            calls.append([messages, collectives])
+            cpu.append(max(g[4] for g in got))
+        spread_found = spread(gang, world)
     per_message, per_collective = np.linalg.solve(np.array(rows, float), np.array(rhs))
-    return max(0.0, float(per_message)), max(0.0, float(per_collective)), queued
+    cpu_message, cpu_collective = np.linalg.solve(np.array(calls, float), np.array(cpu))
+    return ((max(0.0, float(per_message)), max(0.0, float(per_collective)), queued),
+            (max(0.0, float(cpu_message)), max(0.0, float(cpu_collective))), spread_found)
+
+
+def rank_segments(env, rounds: int) -> list[float]:
+    """On one rank of a LocalGang: the wall seconds of `rounds` runs of the speed probe's work
+    (`workers.measure.probe`: GEMMs and an attention pass, one thread), each after a barrier."""
+    torch.set_num_threads(1)
+    a, q = probe_inputs()
+    probe_work(a, q)
+    times = []
+    for _ in range(rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        probe_work(a, q)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def spread(gang: LocalGang, world: int, rounds: int = SPREAD_ROUNDS) -> float:
+    """How much later than the mean the last of `world` ranks finishes equal work started
+    together (E[max] / mean - 1 over `rounds` of the probe's work): a shared VM's cores each
+    run at a speed of their own from moment to moment, so a balanced stage ends when its slowest
+    rank does."""
+    got = gang.run(rank_segments, rounds)
+    rows = list(zip(*got, strict=True))
+    return max(0.0, statistics.fmean(max(r) for r in rows)
+               / statistics.fmean(statistics.fmean(r) for r in rows) - 1.0)

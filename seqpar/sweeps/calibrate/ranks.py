@@ -191,15 +191,20 @@ def calibrate(name: str = "local",
     """This machine as a Cluster (one node; ranks are one-thread processes sharing its cores) and
     the kernel's FLOP/s by mask and block tokens; with `with_link`, also the local link, the
     transport's CPU cost, the fixed host costs and what a training step's messages and collectives
-    cost beyond them (`host.step_waits`; two local ranks); on a CUDA machine also every
+    cost beyond them, the CPU their transport's threads take and the spread of ranks side by side
+    (`host.step_waits`; two local ranks); on a CUDA machine also every
     attention kernel it runs (`Cluster.kernels`: the planner takes them before documented rates)."""
     cluster, table = measure(name)
     if with_link:
         cluster = with_host_links(cluster, *host_links())
-        found = {}
+        waits, transport, spreads = {}, {}, {}
         for world in sorted({2, 2 * (cluster.cores or 1)}):  # ranks a core, and two a core
-            found[world] = tuple(round(s * 1e6, 1) for s in step_waits(cluster, world=world))
-        cluster = cluster.model_copy(update={"waits_us": found})
+            wait, cpu, spreads[world] = step_waits(cluster, world=world)
+            waits[world] = tuple(round(s * 1e6, 1) for s in wait)
+            transport[world] = tuple(round(s * 1e6, 1) for s in cpu)
+            spreads[world] = round(spreads[world], 4)
+        cluster = cluster.model_copy(update={"waits_us": waits, "transport_cpu_us": transport,
+                                             "spread": spreads})
     if torch.cuda.is_available():
         cluster = cluster.model_copy(update={"kernels": cuda_kernels()})
     return cluster, table

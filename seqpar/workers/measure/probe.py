@@ -26,7 +26,14 @@ ATTENTION = (1, 256, 4, 32)  # causal forward + backward of (batch, tokens, head
 PROBE_REPEATS = 3
 
 
-def _work(a: torch.Tensor, q: torch.Tensor) -> None:
+def probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's operands (float32, seeded): a GEMM matrix and the attention's q = k = v."""
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(GEMM, GEMM, generator=gen), torch.randn(*ATTENTION, generator=gen)
+
+
+def probe_work(a: torch.Tensor, q: torch.Tensor) -> None:
+    """The probe's fixed piece of a step's work on `probe_inputs()`."""
     for _ in range(4):
         a @ a
     o, lse = attend(q, q, q, "causal")
@@ -39,14 +46,12 @@ def probe_seconds(repeats: int = PROBE_REPEATS) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        gen = torch.Generator().manual_seed(0)
-        a = torch.randn(GEMM, GEMM, generator=gen)
-        q = torch.randn(*ATTENTION, generator=gen)
-        _work(a, q)
+        a, q = probe_inputs()
+        probe_work(a, q)
         times = []
         for _ in range(repeats):
             t0 = time.thread_time()
-            _work(a, q)
+            probe_work(a, q)
             times.append(time.thread_time() - t0)
     finally:
         torch.set_num_threads(threads)
