@@ -4,6 +4,8 @@ a sample and fails when the code and the table disagree). No torch.
 
     a = attention("ring", 8, layout="zigzag", mask="causal", phase="backward")
     b = block("full", "backward")        # a layer outside its attention
+    m = block("none", "forward", kind="mla")              # an MLA layer's
+    g = block("none", "forward", kind="linear", chunks=8) + lasp("lasp2", 8)  # a linear layer's
     s = step(params=219, optimizer="foreach", states="replicated", world=8)
     host_ops = (a + b).total_ops(KERNEL_OPS["flash2"]["backward"]) * layers
 
@@ -23,9 +25,19 @@ How each count scales (the laws, all in the table):
   Masks the table has no row for are counted as causal. Options other than the defaults are not
   measured: their default's count is returned (`measured` says whether a key is in the table),
   but for USP's head-parallel degree: Ulysses' count over dhp ranks plus the ring's over d / dhp.
-- block: per layer, constant in d and N (token-wise ops); a checkpoint mode's recompute is in its
-  backward, and `attention_reruns(checkpoint)` says how many attention forwards a layer's backward
-  runs again (full: 1; seq-attn: its prefix's, counted as 1).
+- block: per layer outside its SP attention, constant in d and N (token-wise ops); a checkpoint
+  mode's recompute is in its backward, and `attention_reruns(checkpoint)` says how many attention
+  forwards a layer's backward runs again (full: 1; seq-attn: its prefix's, counted as 1). By kind
+  (`BLOCK_KINDS`): LLaMA's; MLA's, without and with a query bottleneck (its latent projections
+  issue more); a linear layer's gated DeltaNet, whose chunked rule grows a + b * chunks (the rank's
+  tokens over `rules.linear.CHUNK`; derived at 2 and 4 chunks, checked at 3 and 8; one chunk
+  measured apart), its rule's own count kept apart so that fla's launches can replace it on a GPU
+  (`FLA_LAUNCHES`). A linear layer runs no softmax SP call: `lasp(mode, d)` is what its exchange
+  adds on the busiest rank (LASP-2: an all-gather forward, a reduce-scatter backward and a scan
+  over the earlier ranks' pairs, a + b * (d - 1) derived at 3 and 4, checked at 8; LASP-1: the
+  state's messages; both the short convolution's halo messages; measured at 2 apart). A full
+  checkpoint runs a linear layer's forward again, its exchange too (`linear_reruns`). MoE
+  feed-forwards are counted as dense ones.
 - micro: once a micro-batch outside its layers (embedding, rotary tables, final norm, LM head and
   loss; the fused head at one tile).
 - step: once a step: AdamW a + b * tensors (foreach: constant on the CPU; on a GPU a foreach op
@@ -43,6 +55,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from seqpar.rules.linear import CHUNK
+
 TABLE_PATH = Path(__file__).with_name("ops_table.json")
 PHASES = ("forward", "backward")
 MASK_KINDS = ("causal", "full", "documents", "window")
@@ -53,6 +67,12 @@ MASK_KINDS = ("causal", "full", "documents", "window")
 # dq_accum clear), main, dq postprocess, and dk/dv postprocess under GQA.
 FLASH_LAUNCHES = {"flash2": {"forward": 1.0, "backward": 4.0},
                   "flash3": {"forward": 1.0, "backward": 3.0}}
+# fla's chunk_gated_delta_rule (fla/ops/gated_delta_rule/chunk.py), a linear layer's rule on a GPU:
+# forward the gate's chunk cumsum, k k^T, the triangular solve, w and u, the chunk states and the
+# outputs; backward w and u and the states again, dv, dh, dq/dk/dw/dg, the WY adjoint, two in-place
+# adds and the reverse cumsum
+FLA_LAUNCHES = {"forward": 6.0, "backward": 9.0}
+BLOCK_KINDS = ("llama", "mla", "mla_q", "linear")
 
 
 @dataclass(frozen=True)
@@ -166,10 +186,55 @@ def attention_kernel_ops(algorithm: str, d: int, *, layout: str = "zigzag",
                          phase)["kernel_ops"])
 
 
-def block(checkpoint: str = "none", phase: str = "forward") -> Issue:
-    """One decoder block outside its attention (norms, projections, RoPE, SwiGLU, residuals; the
-    recompute of the checkpoint mode counted in backward)."""
-    return _issue(table()["blocks"][checkpoint][phase])
+def block(checkpoint: str = "none", phase: str = "forward", *, kind: str = "llama",
+          chunks: int = 1, rule: str = "torch") -> Issue:
+    """One decoder block outside its SP attention (norms, projections, RoPE, SwiGLU, residuals;
+    the recompute of the checkpoint mode counted in backward), of `kind` (BLOCK_KINDS): LLaMA's,
+    MLA's (its latent projections; mla_q with a query bottleneck) or a linear layer's whole
+    gated DeltaNet on `chunks` chunks of its rule (`chunks`), the rule's own operations the
+    torch backend's or, `rule` 'fla', fla's launches (FLA_LAUNCHES)."""
+    if kind == "llama":
+        return _issue(table()["blocks"][checkpoint][phase])
+    rows = table()["kinds"]
+    if kind != "linear":
+        return _issue(rows[f"{kind}|{checkpoint}"][phase])
+    out = _issue(_at(rows[f"linear|{checkpoint}"], chunks, phase))
+    if rule == "torch":
+        return out
+    if rule != "fla":
+        raise KeyError(f"linear rule {rule!r}: torch or fla")
+    runs = [phase] + ["forward"] * int(linear_reruns(checkpoint) if phase == "backward" else 0)
+    for ph in runs:  # the torch rule's operations out, fla's launches in
+        out = out + _issue(_at(rows["rule"], chunks, ph)) * -1.0 + Issue(ops=FLA_LAUNCHES[ph])
+    return out
+
+
+def chunks(tokens: int) -> int:
+    """Chunks of the chunked delta rule over a rank's `tokens` (at least one)."""
+    return max(1, -(-tokens // CHUNK))
+
+
+def linear_reruns(checkpoint: str = "none") -> float:
+    """Forwards of a linear layer (its exchange included) its backward runs again: under 'full'
+    one (`model.deltanet.run_block`); the other modes keep its activations."""
+    return 1.0 if checkpoint == "full" else 0.0
+
+
+def lasp(mode: str, d: int, phase: str = "forward") -> Issue:
+    """What a linear layer's SP exchange adds on the busiest of d ranks under LASP `mode` (lasp2:
+    its all-gather forward, reduce-scatter backward and scan over the earlier ranks' pairs;
+    lasp1: the state's messages), with the short convolution's halo messages; none at d = 1."""
+    if d <= 1:
+        return Issue()
+    return _issue(_at(table()["lasp"][mode], d, phase, offset=1))
+
+
+def _at(row: dict, x: int, phase: str, offset: int = 0) -> dict:
+    """A law's count at x: its measured point where the table has one, else a + b * (x - offset)."""
+    point = row["points"].get(str(x))
+    if point is not None:
+        return point[phase]
+    return {f: a + b * (x - offset) for f, (a, b) in row["law"][phase].items()}
 
 
 def attention_reruns(checkpoint: str = "none") -> float:

@@ -1,14 +1,15 @@
 """The operation table (`seqpar/rules/ops_table.json`) against a fresh count of the running code:
-every algorithm at two group sizes, a decoder layer, a micro-batch's head and the optimizer. A
-red test means the code changed its operations: regenerate the table with
-`python -m seqpar.workers.measure.optable --write` (and read the diff)."""
+every algorithm at two group sizes, a decoder layer (LLaMA's, MLA's and a linear one's), the delta
+rule, LASP-2's and LASP-1's exchange, a micro-batch's head and the optimizer. A red test means the
+code changed its operations: regenerate the table with `python -m seqpar.workers.measure.optable
+--write` (and read the diff)."""
 
 from __future__ import annotations
 
 import pytest
 
 from seqpar.rules import ops
-from seqpar.workers.measure import optable
+from seqpar.workers.measure import optable, optable_kinds
 
 REGENERATE = ("the code and rules/ops_table.json disagree: "
               "python -m seqpar.workers.measure.optable --write")
@@ -61,6 +62,28 @@ def test_layer_and_head_counts_match_the_table():
         assert _fields(blocks["micro"]["unfused"][phase]) == _fields(
             ops.table()["micro"]["unfused"][phase]), REGENERATE
     assert ops.attention_reruns("full") == 1.0 and ops.attention_reruns("sc++") == 0.0
+
+
+def test_layer_kinds_and_lasp_counts_match_the_table(gang):
+    """An MLA block, a linear block and the delta rule at 3 chunks (a law's check point), LASP-2 at
+    2 ranks and LASP-1 at 3: fresh counts against the table's rows, through `rules.ops`."""
+    kinds = ops.table()["kinds"]
+    assert _fields(optable_kinds.kind_block("mla")["backward"]) == _fields(
+        kinds["mla|none"]["backward"]), f"mla block: {REGENERATE}"
+    linear, rule = optable_kinds.kind_block("linear", chunks=3), optable_kinds.count_rule(3)
+    for phase in ops.PHASES:
+        assert ops.block(phase=phase, kind="linear", chunks=3).ops == linear[phase]["ops"], (
+            f"linear block {phase}: {REGENERATE}")
+        assert _fields(rule[phase]) == _fields(kinds["rule"]["points"]["3"][phase]), REGENERATE
+    for mode, d in (("lasp2", 2), ("lasp1", 3)):
+        fresh = optable_kinds.lasp_counts(gang, mode, d)
+        for phase in ops.PHASES:
+            issue = ops.lasp(mode, d, phase)
+            assert (issue.ops, issue.collectives, issue.messages) == (
+                fresh[phase]["ops"], fresh[phase]["collectives"], fresh[phase]["messages"]), (
+                f"{mode} d={d} {phase}: {REGENERATE}")
+    # the laws give the points they were not derived from
+    assert kinds["linear|none"]["holds"] and ops.table()["lasp"]["lasp2"]["holds"]
 
 
 def test_optimizer_counts_match_the_table():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -258,3 +259,48 @@ class OpCounter:
 def _bool_index(args: Any) -> bool:
     indices = args[1] if len(args) > 1 else ()
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
+
+
+# ------------------------------------------------- what the operation table's counts share (optable)
+CONFIG = dict(vocab=97, hidden=32, heads=4, kv_heads=2, ffn=64)  # the table's tiny model
+FIELDS = ("ops", "kernel_calls", "kernel_ops", "collectives", "messages", "syncs")
+
+
+def busiest(per_rank: list) -> dict[str, dict[str, Any]] | str:
+    """Each field's largest count over the ranks (the rank that issues most); comm from rank 0."""
+    if any(isinstance(r, str) for r in per_rank):
+        return next(r for r in per_rank if isinstance(r, str))
+    return {ph: {**{f: max(r[ph][f] for r in per_rank) for f in FIELDS},
+                 "comm": per_rank[0][ph]["comm"], "comm_bytes": per_rank[0][ph]["comm_bytes"]}
+            for ph in ("forward", "backward")}
+
+
+def count_model(net: Any, tokens: torch.Tensor) -> dict[str, dict[str, dict]]:
+    """{phase: {part: counts}} of one forward to the loss and its backward (after a warm one)."""
+    net.loss(tokens).backward()
+    net.zero_grad(set_to_none=True)
+    with OpCounter() as c:
+        with c.phase("forward"):
+            loss = net.loss(tokens)
+        with c.phase("backward"):
+            loss.backward()
+    net.zero_grad(set_to_none=True)
+    return {ph: {p: c.tally(ph, p).as_dict() for p in ("attention", "other")}
+            for ph in ("forward", "backward")}
+
+
+def minus(a: dict, b: dict) -> dict:
+    """a - b, field by field."""
+    return {f: a[f] - b[f] for f in FIELDS}
+
+
+def linear(points: list[tuple[int, dict]], check: list[tuple[int, dict]] = ()) -> dict[str, Any]:
+    """count(x) = a + b * x per field through two points, and whether it holds at `check`."""
+    (x0, c0), (x1, c1) = points
+    law = {}
+    for f in FIELDS:
+        b = (c1[f] - c0[f]) / (x1 - x0)
+        law[f] = [c0[f] - b * x0, b]
+    holds = all(math.isclose(law[f][0] + law[f][1] * x, c[f]) for x, c in check for f in FIELDS)
+    return {"law": law, "holds": holds, "points": {str(x): {f: c[f] for f in FIELDS}
+                                                  for x, c in [*points, *check]}}

@@ -11,6 +11,9 @@ What is counted, and where (`seqpar.rules.ops` reads it; docs in its docstring):
 - block: one decoder layer outside its attention, per checkpoint mode (the difference of a 2-layer
   and a 1-layer model), and what a micro-batch adds outside its layers (embedding, final norm,
   head and loss), unfused and fused head.
+- kinds and lasp (`optable_kinds`): an MLA layer's block and a linear layer's (its law in the
+  delta rule's chunks, the rule's own share apart), per checkpoint mode; what LASP-2 and LASP-1
+  add to a linear layer per group size (2, 3, 4, 8; a law in d).
 - optimizer: AdamW's step over a model's parameter tensors, foreach and per parameter (a law per
   tensor); ZeRO-1's; the gradient reduction of replicated states (one all-reduce per tensor) and
   FSDP2's gathers and reduce-scatters (per layer and the root); the loss's all-reduce.
@@ -33,7 +36,16 @@ from seqpar.model import ModelConfig, Transformer
 from seqpar.platform.localgang import LocalGang
 from seqpar.rules import ops as rules_ops
 from seqpar.rules.memory import CHECKPOINT_MODES
-from seqpar.workers.measure.opcount import OpCounter
+from seqpar.workers.measure import optable_kinds
+from seqpar.workers.measure.opcount import (
+    CONFIG,
+    FIELDS,
+    OpCounter,
+    busiest,
+    count_model,
+    linear,
+    minus,
+)
 
 N = 192          # tokens of an attention call: divides every layout's chunks at 1, 2, 3, 4 and 8 ranks
 HEADS, KV_HEADS, HEAD_DIM = 48, 24, 8  # divisible by every size: ulysses runs at 3 and 8
@@ -43,9 +55,8 @@ MASKS = ("causal", "full", "documents", "window")
 DOCS = (2, 4)
 SIZES = (1, 2, 3, 4, 8)
 FIT_SIZES = (2, 4)    # the linear law in d is derived from these; the others check it
-CONFIG = dict(vocab=97, hidden=32, heads=4, kv_heads=2, ffn=64)  # the tiny model
 SEQ = 64
-FIELDS = ("ops", "kernel_calls", "kernel_ops", "collectives", "messages", "syncs")
+
 
 
 # ------------------------------------------------------------------------------ one attention call
@@ -81,15 +92,6 @@ def count_attention(env, name: str, layout: str, mask: str, docs: int, options: 
     except SeqparError as rule:
         return str(rule)
     return {ph: c.total(ph).as_dict() for ph in ("forward", "backward")}
-
-
-def busiest(per_rank: list) -> dict[str, dict[str, Any]] | str:
-    """Each field's largest count over the ranks (the rank that issues most); comm from rank 0."""
-    if any(isinstance(r, str) for r in per_rank):
-        return next(r for r in per_rank if isinstance(r, str))
-    return {ph: {**{f: max(r[ph][f] for r in per_rank) for f in FIELDS},
-                 "comm": per_rank[0][ph]["comm"], "comm_bytes": per_rank[0][ph]["comm_bytes"]}
-            for ph in ("forward", "backward")}
 
 
 def mesh_key(name: str, d: int, options: dict) -> tuple:
@@ -158,24 +160,6 @@ def _model(layers: int, checkpoint: str = "none", fused_head: bool = False,
                        checkpoint=checkpoint, fused_head=fused_head, seq_fraction=0.5, **kw)
 
 
-def count_model(net: Transformer, tokens: torch.Tensor) -> dict[str, dict[str, dict]]:
-    """{phase: {part: counts}} of one forward to the loss and its backward (after a warm one)."""
-    net.loss(tokens).backward()
-    net.zero_grad(set_to_none=True)
-    with OpCounter() as c:
-        with c.phase("forward"):
-            loss = net.loss(tokens)
-        with c.phase("backward"):
-            loss.backward()
-    net.zero_grad(set_to_none=True)
-    return {ph: {p: c.tally(ph, p).as_dict() for p in ("attention", "other")}
-            for ph in ("forward", "backward")}
-
-
-def _minus(a: dict, b: dict) -> dict:
-    return {f: a[f] - b[f] for f in FIELDS}
-
-
 def measure_blocks() -> dict[str, Any]:
     """Per checkpoint mode: a layer outside its attention, and the attention calls its backward
     re-runs; per head: what a micro-batch adds outside its layers."""
@@ -183,7 +167,7 @@ def measure_blocks() -> dict[str, Any]:
     blocks, micro = {}, {}
     for mode in CHECKPOINT_MODES:
         one, two = (count_model(_model(L, mode), tokens) for L in (1, 2))
-        blocks[mode] = {ph: _minus(two[ph]["other"], one[ph]["other"]) for ph in one}
+        blocks[mode] = {ph: minus(two[ph]["other"], one[ph]["other"]) for ph in one}
         # attention forwards a layer's backward runs again (full: the whole call; seq-attn: its prefix)
         fwd_calls, bwd_calls = (two[ph]["attention"]["kernel_calls"]
                                 - one[ph]["attention"]["kernel_calls"] for ph in ("forward", "backward"))
@@ -192,7 +176,7 @@ def measure_blocks() -> dict[str, Any]:
             for fused in (False, True):
                 base = count_model(_model(1, fused_head=fused), tokens)
                 micro["fused" if fused else "unfused"] = {
-                    ph: _minus(base[ph]["other"], blocks["none"][ph]) for ph in base}
+                    ph: minus(base[ph]["other"], blocks["none"][ph]) for ph in base}
     return {"blocks": blocks, "micro": micro}
 
 
@@ -219,19 +203,6 @@ def measure_optimizer() -> dict[str, Any]:
     return out
 
 
-def linear(points: list[tuple[int, dict]], check: list[tuple[int, dict]] = ()) -> dict[str, Any]:
-    """count(x) = a + b * x per field through two points, and whether it holds at `check`."""
-    (x0, c0), (x1, c1) = points
-    law = {}
-    for f in FIELDS:
-        b = (c1[f] - c0[f]) / (x1 - x0)
-        law[f] = [c0[f] - b * x0, b]
-    holds = all(math.isclose(law[f][0] + law[f][1] * x, c[f]) for x, c in check for f in FIELDS)
-    return {"law": law, "holds": holds, "points": {str(x): {f: c[f] for f in FIELDS}
-                                                  for x, c in [*points, *check]}}
-
-
-# --------------------------------------------------------------- communication of a step (gang)
 # --------------------------------------------------------------- a whole step on the gang
 STATES = ("replicated", "zero1", "fsdp")
 STEP_SIZES = (2, 4)
@@ -263,17 +234,17 @@ def measure_steps(gang, blocks: dict[str, Any], log=print) -> dict[str, Any]:
     (a layer's share, the rest), by phase; the optimizer's a + b * tensors."""
     out: dict[str, Any] = {}
     params = {L: len(list(_model(L).parameters())) for L in (1, 2)}
-    one = {ph: _minus_fields(blocks["blocks"]["none"][ph], {}) for ph in ("forward", "backward")}
+    one = {ph: dict(blocks["blocks"]["none"][ph]) for ph in ("forward", "backward")}
     micro = blocks["micro"]["unfused"]
     for states in STATES:
         for d in STEP_SIZES:
             got = {L: busiest_step(gang.run(count_step, states, L, d, size=d)) for L in (1, 2)}
             layer, rest = {}, {}
             for ph in STEP_PHASES:
-                per = _minus(got[2][ph], got[1][ph])
+                per = minus(got[2][ph], got[1][ph])
                 base = one.get(ph, _zero())
-                layer[ph] = _minus(per, base)
-                rest[ph] = _minus(_minus(got[1][ph], per), micro.get(ph, _zero()))
+                layer[ph] = minus(per, base)
+                rest[ph] = minus(minus(got[1][ph], per), micro.get(ph, _zero()))
             opt = linear([(params[1], got[1]["optimizer"]), (params[2], got[2]["optimizer"])])
             opt["law"]["syncs"] = [0.0, 0.0]  # AdamW's reads of its CPU step counters
             out[f"{states}|{d}"] = {"layer": {ph: layer[ph] for ph in ("forward", "backward")},
@@ -291,10 +262,6 @@ def busiest_step(per_rank: list) -> dict[str, Any]:
 
 def _zero() -> dict[str, int]:
     return dict.fromkeys(FIELDS, 0)
-
-
-def _minus_fields(a: dict, b: dict) -> dict:
-    return {f: a[f] - b.get(f, 0) for f in FIELDS}
 
 
 def measure_kernels() -> dict[str, Any]:
@@ -329,6 +296,7 @@ def build_table(gang, log=print) -> dict[str, Any]:
     table["optimizer"] = measure_optimizer()
     table["kernels"] = measure_kernels()
     table["steps"] = measure_steps(gang, table, log)
+    table.update(optable_kinds.measure_kinds(gang, log))
     return table
 
 
