@@ -97,38 +97,70 @@ def param_tensors(cfg: ModelConfig) -> int:
     return len(param_shapes(cfg))
 
 
+def block_kinds(cfg: ModelConfig) -> tuple[str, int, int]:
+    """(the block kind of `rules.ops` of the model's softmax layers, full and sliding: llama, or
+    mla / mla_q under latent attention; how many there are; its linear layers)."""
+    linear = cfg.layer_types.count("linear")
+    soft = ("mla_q" if cfg.q_lora_rank else "mla") if cfg.mla else "llama"
+    return soft, cfg.layers - linear, linear
+
+
 def micro_issue(cfg: ModelConfig, *, algorithm: str, d: int, layout: str, options: dict,
-                checkpoint: str, docs: int = 1, mask: str = "causal", fused_head: bool = False
+                checkpoint: str, docs: int = 1, mask: str = "causal", fused_head: bool = False,
+                linear_sp: str = "lasp2", seq_len: int = 0, linear_backend: str = "torch"
                 ) -> list[tuple[op_rules.Issue, str]]:
     """What one rank issues for one micro-batch of `docs` documents on a group of d ranks, with
-    the attention kernel's phase of each part (None: no kernel calls): each layer's block and
-    attention call forward and backward (the checkpoint's recompute, and the attention forwards
-    it re-runs, in backward), and the micro-batch's own embedding, head and loss."""
+    the attention kernel's phase of each part (None: no kernel calls), forward and backward, each
+    layer by its kind (`block_kinds`): a softmax layer its block and the SP attention call (the
+    checkpoint's recompute, and the attention forwards it re-runs, in backward); a linear layer
+    its gated DeltaNet over the chunks of its rank's share of `seq_len` (0: one chunk; the rule's
+    operations torch's or, `linear_backend` 'fla', fla's launches) and LASP's exchange
+    (`linear_sp`: lasp2 or lasp1); and the micro-batch's own embedding, head and loss."""
     call = {"layout": layout, "mask": mask, "options": options, "docs": docs}
+    soft, n_soft, n_linear = block_kinds(cfg)
+    chunks = op_rules.chunks(-(-seq_len // d))
     out: list[tuple[op_rules.Issue, str]] = []
     for phase in op_rules.PHASES:
-        out.append((op_rules.block(checkpoint, phase) * cfg.layers, phase))
-        out.append((op_rules.attention(algorithm, d, phase=phase, **call) * cfg.layers, phase))
-        if phase == "backward":  # the forwards the checkpoint mode runs again
+        if n_soft:
+            out.append((op_rules.block(checkpoint, phase, kind=soft) * n_soft, phase))
+            out.append((op_rules.attention(algorithm, d, phase=phase, **call) * n_soft, phase))
+        if n_soft and phase == "backward":  # the forwards the checkpoint mode runs again
             again = op_rules.attention(algorithm, d, phase="forward", **call)
-            out.append((again * (cfg.layers * op_rules.attention_reruns(checkpoint)),
-                        "forward"))
+            out.append((again * (n_soft * op_rules.attention_reruns(checkpoint)), "forward"))
+        if n_linear:
+            linear = (op_rules.block(checkpoint, phase, kind="linear", chunks=chunks,
+                                     rule=linear_backend) + op_rules.lasp(linear_sp, d, phase))
+            if phase == "backward":  # the exchange a recomputed forward runs again
+                linear = linear + (op_rules.lasp(linear_sp, d, "forward")
+                                   * op_rules.linear_reruns(checkpoint))
+            out.append((linear * n_linear, phase))
         out.append((op_rules.micro(phase, fused_head=fused_head), phase))
     return out
 
 
 def micro_seconds(c: Cluster, cfg: ModelConfig, *, algorithm: str, d: int, layout: str,
                   options: dict, checkpoint: str, kernel: str, docs: int = 1,
-                  mask: str = "causal", fused_head: bool = False, world: int = 1
+                  mask: str = "causal", fused_head: bool = False, world: int = 1,
+                  linear_sp: str = "lasp2", seq_len: int = 0, linear_backend: str = "auto"
                   ) -> tuple[float, float]:
     """(host CPU seconds, waiting seconds) one of `world` ranks spends issuing one micro-batch
-    (`micro_issue`) on a group of d ranks."""
+    (`micro_issue`) on a group of d ranks; a linear layer's rule by `linear_backend` ('auto':
+    fla on a GPU, torch on a CPU host)."""
     if not c.dispatch_us and not c.waits_us:
         return 0.0, 0.0
     parts = micro_issue(cfg, algorithm=algorithm, d=d, layout=layout, options=options,
-                        checkpoint=checkpoint, docs=docs, mask=mask, fused_head=fused_head)
+                        checkpoint=checkpoint, docs=docs, mask=mask, fused_head=fused_head,
+                        linear_sp=linear_sp, seq_len=seq_len,
+                        linear_backend=rule_backend(c, linear_backend))
     cpu = sum(issue_seconds(c, issue, kernel_ops(c, kernel, phase)) for issue, phase in parts)
     return cpu, sum(wait_seconds(c, issue, world) for issue, _ in parts)
+
+
+def rule_backend(c: Cluster, backend: str = "auto") -> str:
+    """The delta rule a linear layer runs on `c`: 'auto' is fla on a GPU, torch on a CPU host."""
+    if backend != "auto":
+        return backend
+    return "fla" if overlaps(c) else "torch"
 
 
 def step_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int, kernel: str = ""
@@ -141,7 +173,8 @@ def step_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int, kerne
         return 0.0, 0.0
     issue = op_rules.step(param_tensors(cfg), states=states, world=world, layers=cfg.layers,
                           micro_batches=0)
-    parts = [(issue, None), *(closing(cfg) if states == "dist-opt" and world > 1 else ())]
+    parts = [(issue, None), *(closing(cfg, rule_backend(c)) if states == "dist-opt" and world > 1
+                              else ())]
     cpu = sum(issue_seconds(c, i, kernel_ops(c, kernel, ph) if ph else 0.0) for i, ph in parts)
     return cpu, sum(wait_seconds(c, i, world) for i, _ in parts)
 
@@ -154,13 +187,14 @@ def queued_seconds(c: Cluster, cfg: ModelConfig, *, states: str, world: int) -> 
     return wait_seconds(c, op_rules.Issue(queued=issue.queued), world)
 
 
-def closing(cfg: ModelConfig) -> list[tuple[op_rules.Issue, str]]:
+def closing(cfg: ModelConfig, linear_backend: str = "torch") -> list[tuple[op_rules.Issue, str]]:
     """dist-opt's closing pass (`model.step`): after a rank's last micro-batch, a forward and
     backward of an empty micro-batch on the rank alone, weight 0, whose backward hooks
     reduce-scatter the gradients accumulated whole (those collectives are `op_rules.step`'s):
-    every layer's block and attention issued as for a micro-batch of one rank."""
+    every layer's block and attention issued as for a micro-batch of one rank (a linear layer's
+    at one chunk)."""
     return micro_issue(cfg, algorithm="local", d=1, layout="contiguous", options={},
-                       checkpoint="none")
+                       checkpoint="none", linear_backend=linear_backend)
 
 
 def on_host(c: Cluster, cpu_and_wait: tuple[float, float], world: int) -> float:
