@@ -72,10 +72,11 @@ def attention_imbalance(setup: Setup, sp: int, attn: Prediction, kind: str) -> f
 
 
 def micro_seconds(setup: Setup, sp: int, world: int, attn: Prediction, train: Any,
-                  blocks: Sequence[Any], head: float) -> float:
+                  blocks: Sequence[Any], head: float, linear_sp: str | None = None) -> float:
     """Seconds a micro-batch of `blocks` (`planner.step.Block`, one per `setup.classes`) and
     `head` (its LM head and loss) spends beyond its busiest rank's work on a host whose `world`
-    ranks share its cores (the module docstring); 0 on a GPU cluster or a single rank."""
+    ranks share its cores (the module docstring; `linear_sp`: the LASP mode of its linear
+    layers); 0 on a GPU cluster or a single rank."""
     c = setup.cluster
     if c.cores is None or world < 2 or not (c.spread or c.transport_cpu_us):
         return 0.0
@@ -87,21 +88,20 @@ def micro_seconds(setup: Setup, sp: int, world: int, attn: Prediction, train: An
         extra += b.count * (max(b.kernels, mean * (1 + s)) - b.kernels + (b.other + b.recompute) * s)
         slack += b.count * (b.kernels - mean)
     extra += head * s
-    return extra + max(0.0, _transport(setup, sp, world, attn, train) - slack)
+    return extra + max(0.0, _transport(setup, sp, world, attn, train, linear_sp) - slack)
 
 
-def _transport(setup: Setup, sp: int, world: int, attn: Prediction, train: Any) -> float:
+def _transport(setup: Setup, sp: int, world: int, attn: Prediction, train: Any,
+               linear_sp: str | None = None) -> float:
     """The transport threads' CPU of a micro-batch's messages and collectives on one rank
     (`host.micro_issue`'s counts), shared out where ranks outnumber cores; memoised."""
     c = setup.cluster
     key = ("transport cpu", sp, world, attn.algorithm, tuple(sorted(attn.options.items())),
-           attn.layout, train.checkpoint, train.fused_head)
+           attn.layout, train.checkpoint, train.fused_head, linear_sp)
     got = setup.cache.get(key)
     if got is None:
-        mask = "causal" if setup.causal or setup.mask is not None else "full"
-        parts = host.micro_issue(setup.cfg, algorithm=attn.algorithm, d=sp, layout=attn.layout,
-                                 options=attn.options, checkpoint=train.checkpoint, mask=mask,
-                                 fused_head=train.fused_head)
+        parts = host.micro_issue(setup.cfg, **host.step_keywords(setup, attn, train, sp,
+                                                                 linear_sp))
         message, collective = transport_cpu(c, world)
         cpu = sum(i.messages * message + (i.collectives + i.queued) * collective
                   for i, _ in parts)

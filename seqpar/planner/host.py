@@ -25,6 +25,8 @@ attention harness's timing barrier) are that harness's, not a step's (`bare`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from seqpar.planner.clusters import Cluster
 from seqpar.rules import ops as op_rules
 from seqpar.rules.model import ModelConfig, param_shapes
@@ -103,6 +105,17 @@ def block_kinds(cfg: ModelConfig) -> tuple[str, int, int]:
     linear = cfg.layer_types.count("linear")
     soft = ("mla_q" if cfg.q_lora_rank else "mla") if cfg.mla else "llama"
     return soft, cfg.layers - linear, linear
+
+
+def step_keywords(setup: Any, attn: Any, train: Any, sp: int, linear_sp: str | None
+                  ) -> dict[str, Any]:
+    """`micro_issue`'s keywords for a micro-batch of a fixed-length step (`planner.step`'s
+    `Setup`, attention `Prediction` and `TrainPolicy`; `linear_sp`: the LASP mode its linear
+    layers run, None without them)."""
+    return {"algorithm": attn.algorithm, "d": sp, "layout": attn.layout, "options": attn.options,
+            "checkpoint": train.checkpoint, "fused_head": train.fused_head,
+            "mask": "causal" if setup.causal or setup.mask is not None else "full",
+            "linear_sp": linear_sp or "lasp2", "seq_len": setup.seq_len}
 
 
 def micro_issue(cfg: ModelConfig, *, algorithm: str, d: int, layout: str, options: dict,

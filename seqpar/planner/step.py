@@ -268,12 +268,13 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
     m = setup.micro_batches(dp)
     optimizer = _optimizer_seconds(setup, cfg, policy, train, dp, sp)
     device = (m - 1) * micro + micro_last + optimizer + first.update.seconds
-    issue_micro, issue_step, queued = _host_issue(setup, attn, train, dp, sp)
+    linear_sp = kinds["linear"].algorithm if "linear" in kinds else None
+    issue_micro, issue_step, queued = _host_issue(setup, attn, train, dp, sp, linear_sp)
     last_stretch = host.stretch(c, micro_last, issue_micro)
     # GradSync posts each gradient's all-reduce as backward writes it: their waits run beside
     # the last backward, what is left is exposed
     hidden = min(queued, BACKWARD_SHARE * last_stretch)
-    shared = m * contention.micro_seconds(setup, sp, world, attn, train, blocks, hd)
+    shared = m * contention.micro_seconds(setup, sp, world, attn, train, blocks, hd, linear_sp)
     seconds = ((m - 1) * host.stretch(c, micro, issue_micro) + last_stretch + shared
                + host.stretch(c, optimizer + first.update.seconds, issue_step) - hidden)
 
@@ -306,24 +307,22 @@ def step(setup: Setup, dp: int, sp: int, attn: Prediction, policy: Policy,
                 attention_kinds={k: p.attention_ms for k, p in kinds.items()},
                 ep_bytes={k: m * sum(b.count * b.ep_bytes[i] for b in blocks)
                           for i, k in enumerate(LINKS)} if policy.ep > 1 else {},
-                linear_sp=kinds["linear"].algorithm if "linear" in kinds else None)
+                linear_sp=linear_sp)
 
 
-def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp: int
-                ) -> tuple[float, float, float]:
+def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp: int,
+                linear_sp: str | None = None) -> tuple[float, float, float]:
     """(a micro-batch's, the step's own) host issue seconds on one rank (`planner.host`), a CPU
     host's cores shared out among its ranks, and the waits of the step's own that a backward
     hides (`host.queued_seconds`; memoised per configuration)."""
     c, world = setup.cluster, dp * sp
     key = ("host", sp, attn.algorithm, tuple(sorted(attn.options.items())), attn.layout,
-           train.checkpoint, train.fused_head, world)
+           train.checkpoint, train.fused_head, world, linear_sp)
     micro = setup.cache.get(key)
     if micro is None:
-        mask = "causal" if setup.causal or setup.mask is not None else "full"
         micro = setup.cache[key] = host.on_host(c, host.micro_seconds(
-            c, setup.cfg, algorithm=attn.algorithm, d=sp, layout=attn.layout,
-            options=attn.options, checkpoint=train.checkpoint, kernel=setup.kernel, mask=mask,
-            fused_head=train.fused_head, world=world), world)
+            c, setup.cfg, kernel=setup.kernel, world=world,
+            **host.step_keywords(setup, attn, train, sp, linear_sp)), world)
     return micro, *host_once(setup, train.states, world)
 
 
