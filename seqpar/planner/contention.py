@@ -15,7 +15,9 @@ calibrate` on the host (`sweeps.calibrate.host.step_waits`):
   waiting for the busiest (the slack above) they run there; where every rank computes, they
   take it from the compute: max(0, their CPU - the mean rank's slack) a micro-batch.
 
-A GPU cluster (no `cores`) has neither: 0. What was measured that this prices: `docs/planner.md`.
+Both are for ranks a core each: where ranks outnumber the cores they take turns on them, which
+the waits measured with as many ranks (`Cluster.waits_us`) already hold, and a GPU cluster (no
+`cores`) has neither: 0 there. What was measured and what it moved: `docs/planner.md`.
 """
 
 from __future__ import annotations
@@ -78,8 +80,8 @@ def micro_seconds(setup: Setup, sp: int, world: int, attn: Prediction, train: An
     ranks share its cores (the module docstring; `linear_sp`: the LASP mode of its linear
     layers); 0 on a GPU cluster or a single rank."""
     c = setup.cluster
-    if c.cores is None or world < 2 or not (c.spread or c.transport_cpu_us):
-        return 0.0
+    if c.cores is None or not 2 <= world <= c.cores or not (c.spread or c.transport_cpu_us):
+        return 0.0  # more ranks than cores: they take turns, `Cluster.waits_us` holds that
     s = spread(c, world) if sp > 1 else 0.0
     extra = slack = 0.0
     for cl, b in zip(setup.classes, blocks, strict=True):
@@ -94,7 +96,7 @@ def micro_seconds(setup: Setup, sp: int, world: int, attn: Prediction, train: An
 def _transport(setup: Setup, sp: int, world: int, attn: Prediction, train: Any,
                linear_sp: str | None = None) -> float:
     """The transport threads' CPU of a micro-batch's messages and collectives on one rank
-    (`host.micro_issue`'s counts), shared out where ranks outnumber cores; memoised."""
+    (`host.micro_issue`'s counts); memoised."""
     c = setup.cluster
     key = ("transport cpu", sp, world, attn.algorithm, tuple(sorted(attn.options.items())),
            attn.layout, train.checkpoint, train.fused_head, linear_sp)
@@ -105,5 +107,5 @@ def _transport(setup: Setup, sp: int, world: int, attn: Prediction, train: Any,
         message, collective = transport_cpu(c, world)
         cpu = sum(i.messages * message + (i.collectives + i.queued) * collective
                   for i, _ in parts)
-        got = setup.cache[key] = cpu * max(1.0, world / c.cores)
+        got = setup.cache[key] = cpu
     return got
