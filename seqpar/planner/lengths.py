@@ -140,17 +140,17 @@ def softmax_layers(cfg: ModelConfig) -> int:
 
 
 def mixer_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity: int,
-                world: int, nodes: int) -> tuple[float, float]:
+                world: int, nodes: int, linear_sp: str = "lasp2") -> tuple[float, float]:
     """A hybrid's linear layers on a group of d ranks, every one of them, forward + backward:
     (seconds a token of a rank, seconds a micro-batch whatever its tokens), from one full
     micro-batch of d x capacity tokens (`Setup.linear`: the chunked rule at the mixer's rate,
-    `compute.linear_at_rate`; LASP-2's all-gather of states and the halo, exposed); (0, 0)
-    without linear layers."""
+    `compute.linear_at_rate`; under `linear_sp` LASP-2's all-gather of states or LASP-1's chain,
+    and the halo, exposed); (0, 0) without linear layers."""
     count = cfg.layer_types.count("linear")
     if not count:
         return 0.0, 0.0
     setup = Setup(cluster, cfg, d * capacity, None, d, span(d, world, nodes), dtype)
-    q = linear_at_rate(cluster, cfg, dtype, setup.linear(d))
+    q = linear_at_rate(cluster, cfg, dtype, setup.linear(d, linear_sp))
     return (count * q.compute_ms / 1e3 / capacity,
             count * max(0.0, q.attention_ms - q.compute_ms) / 1e3)
 
@@ -211,10 +211,12 @@ class SizeRates:
 
 def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity: int,
                name: str, options: dict[str, Any], layout: str, *, world: int, nodes: int,
-               window: int | None = None, mla_pass: str | None = None) -> SizeRates:
+               window: int | None = None, mla_pass: str | None = None,
+               linear_sp: str = "lasp2") -> SizeRates:
     """`SizeRates` of (name, options, layout) on d of `world` ranks over `nodes` nodes, from the
     attention scope's prediction of one full micro-batch (the host's issue apart: `issue_s`); an
-    MLA model's ring with `mla_pass` (None: the faster of K,V and the latent, `Setup.latent`)."""
+    MLA model's ring with `mla_pass` (None: the faster of K,V and the latent, `Setup.latent`); a
+    hybrid's linear layers under `linear_sp`."""
     n = d * capacity
     shape = AttnShape.of_model(cfg, 1, n, DTYPE_BYTES[dtype])
     mask = masks.parse(f"window:{window}", n) if window is not None and window < n else None
@@ -235,7 +237,7 @@ def size_rates(cluster: Cluster, cfg: ModelConfig, dtype: str, d: int, capacity:
     hidden = 1.0 if exposed <= 1e-9 * total else min(1.0, max(0.0, (busy - exposed) / compute))
     return SizeRates(d, layers * compute / eff, layers * busy / n, hidden,
                      p.forward_ms / max(p.attention_ms, 1e-12), replace(p),
-                     *mixer_rates(cluster, cfg, dtype, d, capacity, world, nodes))
+                     *mixer_rates(cluster, cfg, dtype, d, capacity, world, nodes, linear_sp))
 
 
 @dataclass

@@ -45,6 +45,7 @@ class LengthCosts:
     kernel: str = DEFAULT_KERNEL
     kernel_source: str = ""
     mla_pass: str | None = None      # an MLA ring's pass (None: the faster at each group size)
+    linear_sp: str = "lasp2"          # a hybrid's linear layers' LASP (the runner's default)
     _tables: dict[Split, list[Table]] = field(default_factory=dict, repr=False)
     _rates: dict[tuple, SizeRates] = field(default_factory=dict, repr=False)
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
@@ -116,13 +117,13 @@ class LengthCosts:
         self._tables[split] = tables
 
     def rates(self, d: int, name: str, options: dict[str, Any], layout: str) -> SizeRates:
-        key = (d, name, tuple(sorted(options.items())), layout, self.mla_pass)
+        key = (d, name, tuple(sorted(options.items())), layout, self.mla_pass, self.linear_sp)
         got = self._rates.get(key)
         if got is None:
             got = self._rates[key] = size_rates(
                 self.cluster, self.cfg, self.dtype, d, self.work.capacity, name, options, layout,
                 world=self.world, nodes=self.nodes, window=self.work.window,
-                mla_pass=self.mla_pass)
+                mla_pass=self.mla_pass, linear_sp=self.linear_sp)
         return got
 
     def shape(self, d: int) -> AttnShape:

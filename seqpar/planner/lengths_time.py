@@ -141,6 +141,7 @@ def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
     plan = LengthCosts.make(cluster, case.config(), work, case.world, nodes, dtype=case.dtype,
                             kernel=cluster.kernel or DEFAULT_KERNEL)
     plan.mla_pass = getattr(case, "mla_pass", "kv")  # as it ran
+    plan.linear_sp = getattr(case, "linear_sp", None) or "lasp2"
     split = Split(case.sp_policy, case.sp if case.sp_policy == "static" else None, case.packing,
                   case.equal_counts, case.any_size, getattr(case, "degrees", DEGREES[0]))
     plan.dealt(split, [Table.of(b.deal, plan.cluster.kernel_half_tokens, case.window)

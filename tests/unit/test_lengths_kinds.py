@@ -58,3 +58,19 @@ def test_an_mla_ring_carries_the_cheaper_pass_or_the_one_asked(mla_pass):
     assert latent.bytes_intra + latent.bytes_inter < kv.bytes_intra + kv.bytes_inter
     ulysses = plan.rates(4, "ulysses", {}, "zigzag").prediction  # moves heads: K,V
     assert ulysses.mla_pass == "kv"
+
+
+@pytest.mark.parametrize("linear_sp", ("lasp2", "lasp1"))
+def test_a_hybrids_linear_layers_are_priced_under_the_lasp_its_trial_ran(linear_sp):
+    # `predict_case` sets the trial's mode (`plan.linear_sp`); a plan of lengths prices LASP-2
+    plan = plan_of("kinds-hybrid-8b")
+    assert plan.linear_sp == "lasp2"
+    plan.linear_sp = linear_sp
+    setup = Setup(plan.cluster, plan.cfg, 8192, None, 4, 1, plan.dtype)
+    want = linear_at_rate(plan.cluster, plan.cfg, plan.dtype, setup.linear(4, linear_sp))
+    got = plan.rates(4, "ring", {}, "contiguous")
+    assert got.mixer_fixed == pytest.approx(
+        24 * max(0.0, want.attention_ms - want.compute_ms) / 1e3, rel=1e-9)
+    plan.linear_sp = "lasp1" if linear_sp == "lasp2" else "lasp2"
+    other = plan.rates(4, "ring", {}, "contiguous")  # the other mode: its own rates, not memoised
+    assert (other.mixer, other.mixer_fixed) != pytest.approx((got.mixer, got.mixer_fixed))
