@@ -98,8 +98,16 @@ def _mesh(env: RankEnv, size: int, key: MeshKey):
 
 
 def _drop(env: RankEnv, mesh: Any) -> None:
-    """Destroy the process groups `mesh` made (not the world's, not the gang's own sub-groups)."""
+    """Destroy the process groups `mesh` made (not the world's, not the gang's own sub-groups), and
+    empty DTensor's caches of output shardings.
+
+    Those caches key an operation by its inputs' DeviceMeshes, which compare equal when their ranks
+    and dim names do, whatever their groups, and the result carries the cached mesh: left full, a
+    later `to_empty` of meta parameters FSDP2 shards over a new mesh of the same ranks would hand
+    them the dropped mesh, whose group name no longer resolves (torch 2.13: "Could not resolve the
+    process group registered under the name N")."""
     import torch.distributed as dist
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
     if mesh is None:  # this rank only took part in building it
         return
@@ -110,6 +118,7 @@ def _drop(env: RankEnv, mesh: Any) -> None:
     for key, group in made.items():
         if key not in kept:
             dist.destroy_process_group(group)
+    _clear_sharding_prop_cache()
 
 
 def _worker(rank: int, world: int, port: int, device: str, sizes: tuple[int, ...],
