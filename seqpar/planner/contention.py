@@ -31,29 +31,22 @@ from seqpar.planner.clusters import Cluster
 from seqpar.planner.setup import Setup
 from seqpar.rules.blocks import imbalance, rank_pairs
 
-# algorithms whose ranks each attend their own queries over every key (a ring's, a gather's):
-# their work per rank is the layout's; a head-parallel algorithm's is balanced at any layout
+# algorithms whose ranks' attention work is equal at any layout (head-parallel, or one rank); the
+# others' ranks each attend their own queries over every key (a ring's, a gather's): the layout's
 BALANCED = ("ulysses", "local")
 
 
 def spread(c: Cluster, world: int) -> float:
     """The spread of `world` ranks side by side (`Cluster.spread`: the entry of the most ranks up
     to `world`, else the fewest; 0 where none is measured)."""
-    return _entry(c.spread, world, 0.0)
+    return host.by_ranks(c.spread, world, 0.0)
 
 
 def transport_cpu(c: Cluster, world: int) -> tuple[float, float]:
     """(seconds, seconds) of the transport threads' CPU a message and a collective cost a rank
     (`Cluster.transport_cpu_us`, by ranks as `spread`)."""
-    message, collective = _entry(c.transport_cpu_us, world, (0.0, 0.0))
+    message, collective = host.by_ranks(c.transport_cpu_us, world, (0.0, 0.0))
     return message * 1e-6, collective * 1e-6
-
-
-def _entry(table: dict[int, Any], world: int, default: Any) -> Any:
-    if not table:
-        return default
-    keys = sorted(table)
-    return table[max((k for k in keys if k <= world), default=keys[0])]
 
 
 def attention_imbalance(setup: Setup, sp: int, attn: Prediction, kind: str) -> float:

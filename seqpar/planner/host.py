@@ -44,10 +44,17 @@ def waits(c: Cluster, world: int) -> tuple[float, float, float]:
     fewest); zeros where none is measured."""
     if not c.waits_us:
         return 0.0, 0.0, 0.0
-    keys = sorted(c.waits_us)
-    key = max((k for k in keys if k <= world), default=keys[0])
-    message, collective, *queued = c.waits_us[key]
+    message, collective, *queued = by_ranks(c.waits_us, world, ())
     return message * 1e-6, collective * 1e-6, (queued[0] if queued else collective) * 1e-6
+
+
+def by_ranks(table: dict[int, Any], world: int, default: Any) -> Any:
+    """A host measurement kept by ranks on the host (`waits_us`, `spread`, ...): the entry of the
+    most ranks up to `world`, else the fewest's; `default` where none is measured."""
+    if not table:
+        return default
+    keys = sorted(table)
+    return table[max((k for k in keys if k <= world), default=keys[0])]
 
 
 def issue_seconds(c: Cluster, issue: op_rules.Issue, kernel_ops: float) -> float:

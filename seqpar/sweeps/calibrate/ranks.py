@@ -199,10 +199,10 @@ def calibrate(name: str = "local",
         cluster = with_host_links(cluster, *host_links())
         waits, transport, spreads = {}, {}, {}
         for world in sorted({2, 2 * (cluster.cores or 1)}):  # ranks a core, and two a core
-            wait, cpu, spreads[world] = step_waits(cluster, world=world)
+            wait, cpu, spread = step_waits(cluster, world=world)
             waits[world] = tuple(round(s * 1e6, 1) for s in wait)
             transport[world] = tuple(round(s * 1e6, 1) for s in cpu)
-            spreads[world] = round(spreads[world], 4)
+            spreads[world] = round(spread, 4)
         cluster = cluster.model_copy(update={"waits_us": waits, "transport_cpu_us": transport,
                                              "spread": spreads})
     if torch.cuda.is_available():
