@@ -42,7 +42,7 @@ def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"cluster": cluster.name, "summary": s, "trials": [
             {"label": c.label, "measured_ms": c.measured_ms, "predicted_ms": c.predicted_ms,
-             "others_cpu_frac": c.others, "host_speed": c.speed,
+             "others_cpu_frac": c.others, "host_speed": c.speed, "probe_ms": c.probe_ms,
              **{k: {"predicted": v[0], "measured": v[1]} for k, v in c.memory.items()},
              **({"imbalance": {"predicted": c.imbalance[0], "measured": c.imbalance[1]}}
                 if c.imbalance is not None else {})}
@@ -60,10 +60,14 @@ def validate(sweep_id: str, cluster: Any, as_json: bool) -> None:
                           f"host over the timed loops: each prediction over (1 - that share), the "
                           f"ranks' fair share, is off by {100 * s['median_abs_error_host_share']:.1f}%"
                           " (median)")
-        speeds = [c.speed for c in checks if c.speed != 1.0]
-        if speeds:  # a CPU host probed (`noise_probe_ms`) against a calibration that was
-            console.print(f"the host's speed probe read {min(speeds):.2f}-{max(speeds):.2f}x the "
-                          "calibration's over the trials (ranks side by side slow it too)")
+        probes = [c.probe_ms for c in checks if c.probe_ms]
+        if probes:  # a CPU host (`noise_probe_ms`): how much of the error its speed accounts for
+            speeds = [c.speed for c in checks if c.speed != 1.0]
+            against = (f" ({min(speeds):.2f}-{max(speeds):.2f}x the calibration's "
+                       f"{cluster.probe_ms:.2f}; ranks side by side slow it too)" if speeds else "")
+            console.print(f"the host's speed probe read {min(probes):.2f}-{max(probes):.2f} ms over "
+                          f"the trials{against}; the median trial is exact where it reads "
+                          f"{s['probe_at_zero_error_ms']:.2f} ms (a step as slow as the probe)")
         if "imbalance_median_abs_error" in s:
             console.print(f"imbalance (max / mean attention FLOPs over ranks) against the measured "
                           f"load_imbalance: median |error| "

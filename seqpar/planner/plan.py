@@ -41,6 +41,7 @@ class Check:
     # reading of the host, shown beside the error, not applied to it (ranks side by side slow the
     # probe as they slow each other, which the calibration's waits already hold)
     speed: float = 1.0
+    probe_ms: float | None = None  # the trial's own probe reading (`noise_probe_ms`; None: none)
 
     @property
     def error(self) -> float:
@@ -89,7 +90,7 @@ def validate(trials: Iterable[tuple[Any, Mapping[str, float]]], cluster: Cluster
         out.append(Check(spec.label(), float(metrics["step_ms"]), predicted, group, memory,
                          others=float(metrics.get("noise_others_cpu_frac", 0.0)),
                          speed=float(probe) / cluster.probe_ms if probe and cluster.probe_ms
-                         else 1.0))
+                         else 1.0, probe_ms=float(probe) if probe else None))
     return out
 
 
@@ -120,11 +121,15 @@ def summary(checks: Sequence[Check]) -> dict[str, Any]:
         pick = min(members, key=lambda c: c.predicted_ms)
         regrets[name] = (pick.label, pick.measured_ms / min(c.measured_ms for c in members) - 1)
     paired = [c.imbalance for c in checks if c.imbalance is not None]
+    probed = [c.predicted_ms / c.measured_ms * c.probe_ms for c in checks if c.probe_ms]
     return {"trials": len(checks),
             "median_abs_error": statistics.median(abs(c.error) for c in checks),
             "median_abs_error_host_share": statistics.median(abs(c.shared_error) for c in checks),
             **({"imbalance_median_abs_error": statistics.median(
                 abs(p - m) / m for p, m in paired)} if paired else {}),
+            # the probe reading at which the median trial would be exact, were its step as slow
+            # as the probe (`docs/planner.md`: what the host's speed leaves of the error)
+            **({"probe_at_zero_error_ms": statistics.median(probed)} if probed else {}),
             "regret": {g: r for g, (_, r) in regrets.items()},
             "predicted_best": {g: label for g, (label, _) in regrets.items()},
             "max_regret": max(r for _, r in regrets.values())}

@@ -52,3 +52,37 @@ def test_validate_reads_the_hosts_speed_beside_each_trial():
     uncalibrated = clusters.load("local").model_copy(update={"probe_ms": None})
     (check,) = perf_plan.validate([(spec, {"step_ms": 1.0, "noise_probe_ms": 8.0})], uncalibrated)
     assert check.speed == 1.0
+
+
+def test_validate_says_where_the_probe_would_make_the_median_trial_exact():
+    """Each probed trial is exact where the probe reads its reading x predicted / measured (a
+    step as slow as the probe); the summary takes their median, and leaves it out unprobed."""
+    spec = next(p.spec for p in STUDIES["attention-kinds"].points("cpu") if p.spec is not None)
+    local = clusters.load("local")
+    (one,) = perf_plan.validate([(spec, {"step_ms": 100.0})], local)
+    runs = [(spec, {"step_ms": one.predicted_ms * f, "noise_probe_ms": probe})
+            for f, probe in ((1.0, 2.0), (1.25, 2.5), (0.8, 1.0))]
+    checks = perf_plan.validate(runs, local)
+    assert [c.probe_ms for c in checks] == [2.0, 2.5, 1.0]
+    assert perf_plan.summary(checks)["probe_at_zero_error_ms"] == pytest.approx(2.0)
+    assert "probe_at_zero_error_ms" not in perf_plan.summary([one])
+
+
+def test_validate_prints_the_probes_range_and_where_the_median_trial_is_exact(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from seqpar.cli import plan_validate
+
+    point = next(p for p in STUDIES["attention-kinds"].points("cpu") if p.spec is not None)
+    params = {k: str(v) for k, v in point.spec.flat().items()}  # as MLflow stores them
+    local = clusters.load("local")
+    (one,) = perf_plan.validate([(point.spec, {"step_ms": 1.0})], local)
+    runs = [SimpleNamespace(params=params, metrics={"step_ms": one.predicted_ms * f,
+                                                    "noise_probe_ms": probe})
+            for f, probe in ((1.0, 2.0), (1.25, 2.5), (0.8, 1.0))]
+    monkeypatch.setattr(plan_validate, "_reader", lambda sweep: SimpleNamespace(
+        trials=lambda sweep_id: runs))
+    plan_validate.validate("0123abcd", local, as_json=False)
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("probe read 1.00-2.50 ms over the trials; the median trial is exact where it reads "
+            "2.00 ms") in out
