@@ -12,6 +12,7 @@ from seqpar.planner import kernel
 from seqpar.planner.clusters import Cluster
 from seqpar.planner.net import Cost, Net
 from seqpar.rules import masks
+from seqpar.rules.flops import flop_width
 from seqpar.rules.shape import AttnShape
 
 
@@ -113,24 +114,27 @@ class Job:
             shard = self.shape.seq_len / self.world
             got = self._blocks[key] = kernel.block_seconds(
                 self.cluster, self.dtype, self.shape.batch, self.shape.seq_len, heads,
-                self.shape.head_dim, calls, len(q) * shard, len(k) * shard)
+                flop_width(self.shape.head_dim, self.shape.v_dim), calls, len(q) * shard,
+                len(k) * shard)
         return got
 
     def work(self, b: kernel.Block, heads: int, factor: float, accumulate: bool) -> float:
         """One rank's seconds for a block, on one core (device): the kernel calls (forward, or
         backward at `factor`) and, when their results go into accumulators, the work beside them:
         forward merges each call's partial output, backward adds the block's dq, dk, dv (in the
-        accumulation dtype)."""
+        accumulation dtype; an output row and dv at the value width, dq and dk at the query/key
+        width)."""
         seconds = b.seconds * factor
         if factor != 1.0:  # backward, at the backward kernel's own rate
             seconds *= self.cluster.backward_slowdown(self.dtype)
         if not accumulate:
             return seconds
-        row = self.shape.batch * heads * self.shape.head_dim * self.shape.acc_bytes
+        row = self.shape.batch * heads * self.shape.acc_bytes
+        d, v = self.shape.head_dim, self.shape.v_dim
         c = self.cluster
         if factor == 1.0:
-            return seconds + c.merge_seconds(b.q_rows * row, b.calls)
-        return seconds + c.copy_seconds((b.q_len + 2 * b.k_len) * row)
+            return seconds + c.merge_seconds(b.q_rows * v * row, b.calls)
+        return seconds + c.copy_seconds((b.q_len * d + b.k_len * (d + v)) * row)
 
     def ring_work(self, q: tuple[int, ...], k: tuple[int, ...], heads: int,
                   factor: float) -> tuple[float, float]:

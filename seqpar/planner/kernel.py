@@ -157,7 +157,7 @@ def dim_rate(cluster: Cluster, head_dim: float) -> float:
 
 
 def block_seconds(cluster: Cluster, dtype: str, batch: int, seq_len: int, heads: int,
-                  head_dim: int, calls: tuple[tuple[float, float, str], ...],
+                  head_dim: float, calls: tuple[tuple[float, float, str], ...],
                   q_len: float = 0.0, k_len: float = 0.0) -> Block:
     """The forward kernel calls on one core of the cluster (one device), for a block of q_len
     query and k_len key tokens."""

@@ -44,7 +44,13 @@ MODEL_BACKWARD_FLOPS = (BACKWARD_MATMULS - RECOMPUTED_MATMULS) / FORWARD_MATMULS
 CONVENTIONS = ("mfu", "mfu_unmasked_attention", "hfu")
 
 
-def attention_flops(batch: int, sq: int, sk: int, heads: int, head_dim: int, mask: str,
+def flop_width(head_dim: float, v_dim: float | None = None) -> float:
+    """The D that `attention_flops` counts a block at: QKᵀ runs at the query/key width and PV at
+    the value width, so with a V head dim of its own (MLA) D is their mean."""
+    return head_dim if v_dim is None or v_dim == head_dim else (head_dim + v_dim) / 2
+
+
+def attention_flops(batch: int, sq: int, sk: int, heads: int, head_dim: float, mask: str,
                     band: tuple[int, int] | None = None) -> float:
     """Forward FLOPs of one attention block: 4·B·Sq·Sk·H·D, halved for a causal or shifted block;
     a band block counts its visible pairs (backward: BACKWARD_FLOPS x this)."""

@@ -294,3 +294,29 @@ def test_a_plan_of_lengths_keeps_lasps_layout_for_linear_layers():
     lengths = LengthPlan.make(H100, _hf("Qwen3NextConfig"), work, 8, 1)  # priced, not refused
     with pytest.raises(ConfigError, match="layout='zigzag': must be contiguous"):
         lengths.search(Filters(layout="zigzag", sp=8), ("static",), ("best-fit",))
+
+
+def test_an_mla_block_is_priced_at_its_value_width_where_v_is_used():
+    """QKᵀ at the query/key width and PV at the value width: the kernel's FLOPs and time are the
+    mean width's (as the ledger books them), the forward merge moves output rows of the value
+    width, and backward adds dq and dk at the query/key width and dv at the value width."""
+    from seqpar.planner import clusters
+    from seqpar.planner.job import Job
+    from seqpar.rules.shape import AttnShape
+
+    local = clusters.load("local")
+
+    def job(d: int, v: int | None) -> Job:
+        return Job(local, AttnShape(1, 4096, 8, 8, d, 4, v), 2, 1, "zigzag", True, "float32")
+
+    mla, mean, narrow = job(24, 16), job(20, None), job(16, None)
+    q, k = (0,), (1,)
+    b = mla.block(q, k, 8)
+    assert (b.flops, b.seconds) == (mean.block(q, k, 8).flops, mean.block(q, k, 8).seconds)
+    merge = mla.work(b, 8, 1.0, True) - b.seconds
+    assert merge == pytest.approx(narrow.work(b, 8, 1.0, True) - b.seconds)
+    acc = 8 * 4  # heads x fp32 accumulators
+    added = (b.q_len * 24 + b.k_len * (24 + 16)) * acc
+    slow = local.backward_slowdown("float32")
+    assert mla.work(b, 8, 2.5, True) - 2.5 * b.seconds * slow == pytest.approx(
+        local.copy_seconds(added))
