@@ -139,9 +139,8 @@ def window_pairs(seq_len: int, window: int) -> float:
 
 
 def pair_width(cfg: ModelConfig) -> float:
-    """A visible pair's FLOPs over 4 a head: half of q.k's and p.v's widths (head_dim where they
-    agree; MLA's (192 + 128) / 2)."""
-    return (cfg.head_dim + (cfg.v_head_dim or cfg.head_dim)) / 2
+    """A visible pair's FLOPs over 4 a head (`flop_width`: MLA's (192 + 128) / 2)."""
+    return flop_width(cfg.head_dim, cfg.v_head_dim or None)
 
 
 def softmax_share(cfg: ModelConfig) -> float:
