@@ -25,6 +25,8 @@ attention harness's timing barrier) are that harness's, not a step's (`bare`).
 
 from __future__ import annotations
 
+from collections import Counter
+from functools import lru_cache
 from typing import Any
 
 from seqpar.planner.clusters import Cluster
@@ -114,6 +116,16 @@ def block_kinds(cfg: ModelConfig) -> tuple[str, int, int]:
     return soft, cfg.layers - linear, linear
 
 
+@lru_cache(maxsize=64)
+def feature_groups(cfg: ModelConfig) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """The model's softmax layers grouped by their features over LLaMA's block
+    (`rules.ops.layer_features`; an MLA model's none): (features, layers) pairs."""
+    if cfg.mla:
+        return (((), block_kinds(cfg)[1]),)
+    return tuple(Counter(op_rules.layer_features(cfg, i) for i, kind in enumerate(cfg.layer_types)
+                         if kind != "linear").items())
+
+
 def step_keywords(setup: Any, attn: Any, train: Any, sp: int, linear_sp: str | None
                   ) -> dict[str, Any]:
     """`micro_issue`'s keywords for a micro-batch of a fixed-length step (`planner.step`'s
@@ -131,18 +143,22 @@ def micro_issue(cfg: ModelConfig, *, algorithm: str, d: int, layout: str, option
                 ) -> list[tuple[op_rules.Issue, str]]:
     """What one rank issues for one micro-batch of `docs` documents on a group of d ranks, with
     the attention kernel's phase of each part (None: no kernel calls), forward and backward, each
-    layer by its kind (`block_kinds`): a softmax layer its block and the SP attention call (the
-    checkpoint's recompute, and the attention forwards it re-runs, in backward); a linear layer
-    its gated DeltaNet over the chunks of its rank's share of `seq_len` (0: one chunk; the rule's
-    operations torch's or, `linear_backend` 'fla', fla's launches) and LASP's exchange
-    (`linear_sp`: lasp2 or lasp1); and the micro-batch's own embedding, head and loss."""
+    layer by its kind (`block_kinds`): a softmax layer its block (LLaMA's with its family's
+    features, `feature_groups`) and the SP attention call (the checkpoint's recompute, and the
+    attention forwards it re-runs, in backward); a linear layer its gated DeltaNet over the chunks
+    of its rank's share of `seq_len` (0: one chunk; the rule's operations torch's or,
+    `linear_backend` 'fla', fla's launches) and LASP's exchange (`linear_sp`: lasp2 or lasp1); and
+    the micro-batch's own embedding, head and loss."""
     call = {"layout": layout, "mask": mask, "options": options, "docs": docs}
     soft, n_soft, n_linear = block_kinds(cfg)
+    groups = feature_groups(cfg)
     chunks = op_rules.chunks(-(-seq_len // d))
     out: list[tuple[op_rules.Issue, str]] = []
     for phase in op_rules.PHASES:
         if n_soft:
-            out.append((op_rules.block(checkpoint, phase, kind=soft) * n_soft, phase))
+            blocks = [op_rules.block(checkpoint, phase, kind=soft, features=features) * n
+                      for features, n in groups]
+            out.append((sum(blocks[1:], blocks[0]), phase))
             out.append((op_rules.attention(algorithm, d, phase=phase, **call) * n_soft, phase))
         if n_soft and phase == "backward":  # the forwards the checkpoint mode runs again
             again = op_rules.attention(algorithm, d, phase="forward", **call)

@@ -6,6 +6,7 @@ a sample and fails when the code and the table disagree). No torch.
     b = block("full", "backward")        # a layer outside its attention
     m = block("none", "forward", kind="mla")              # an MLA layer's
     g = block("none", "forward", kind="linear", chunks=8) + lasp("lasp2", 8)  # a linear layer's
+    q = block("none", "forward", features=layer_features(cfg, 0))  # Qwen3's: LLaMA's + QK-norm
     s = step(params=219, optimizer="foreach", states="replicated", world=8)
     host_ops = (a + b).total_ops(KERNEL_OPS["flash2"]["backward"]) * layers
 
@@ -32,14 +33,21 @@ How each count scales (the laws, all in the table):
   issue more); a linear layer's gated DeltaNet, whose chunked rule grows a + b * chunks (the rank's
   tokens over `rules.linear.CHUNK`; derived at 2 and 4 chunks, checked at 3 and 8; one chunk
   measured apart), its rule's own count kept apart so that fla's launches can replace it on a GPU
-  (`FLA_LAUNCHES`). A linear layer runs no softmax SP call: `lasp(mode, d)` is what its exchange
-  adds on the busiest rank (LASP-2: an all-gather forward, a reduce-scatter backward and a scan
-  over the earlier ranks' pairs, a + b * (d - 1) derived at 3 and 4, checked at 8; LASP-1: the
-  state's messages; both the short convolution's halo messages; measured at 2 apart). A full
-  checkpoint runs a linear layer's forward again, its exchange too (`linear_reruns`). MoE
-  feed-forwards are counted as dense ones.
+  (`FLA_LAUNCHES`). A LLaMA-kind layer of another family is LLaMA's block plus what each of its
+  `FEATURES` adds (`layer_features`: biases, QK-norm, the output gate, partial or no rotary,
+  sandwich norms, GeGLU or gpt-oss's SwiGLU, the sinks, whose ops every algorithm's call adds
+  once), each measured over LLaMA's block and over one with Gemma's (1 + w) norms (`norm_offset`
+  costs per norm, and QK-norm, sandwich norms and the gate add norms); the sums give each preset's
+  combination as measured whole (`feature_checks`). A linear layer runs no softmax SP call:
+  `lasp(mode, d)` is what its exchange adds on the busiest rank (LASP-2: an all-gather forward, a
+  reduce-scatter backward and a scan over the earlier ranks' pairs, a + b * (d - 1) derived at 3
+  and 4, checked at 8; LASP-1: the state's messages; both the short convolution's halo messages;
+  measured at 2 apart). A full checkpoint runs a linear layer's forward again, its exchange too
+  (`linear_reruns`). MoE feed-forwards are counted as dense ones (with the dense one's features):
+  their ops grow with the experts a batch reaches, not by a law.
 - micro: once a micro-batch outside its layers (embedding, rotary tables, final norm, LM head and
-  loss; the fused head at one tile).
+  loss; the fused head at one tile): LLaMA's for every family (an embedding scale, Gemma's final
+  norm, a second rotary table or YaRN's factor add a few ops a micro-batch, not counted).
 - step: once a step: AdamW a + b * tensors (foreach: constant on the CPU; on a GPU a foreach op
   launches one kernel per chunk of tensors, not counted here), the gradient reduction (replicated:
   one all-reduce per tensor, or per bucket; zero1: a broadcast per tensor after the step; fsdp: an
@@ -56,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from seqpar.rules.linear import CHUNK
+from seqpar.rules.model import ModelConfig
 
 TABLE_PATH = Path(__file__).with_name("ops_table.json")
 PHASES = ("forward", "backward")
@@ -73,6 +82,9 @@ FLASH_LAUNCHES = {"flash2": {"forward": 1.0, "backward": 4.0},
 # adds and the reverse cumsum
 FLA_LAUNCHES = {"forward": 6.0, "backward": 9.0}
 BLOCK_KINDS = ("llama", "mla", "mla_q", "linear")
+# what a family changes over LLaMA's block, each a measured delta (`layer_features`)
+FEATURES = ("qkv_bias", "o_bias", "mlp_bias", "qk_norm", "attn_gate", "partial_rotary", "nope",
+            "sandwich_norms", "norm_offset", "gelu_tanh", "swiglu_oai", "sinks")
 
 
 @dataclass(frozen=True)
@@ -187,14 +199,16 @@ def attention_kernel_ops(algorithm: str, d: int, *, layout: str = "zigzag",
 
 
 def block(checkpoint: str = "none", phase: str = "forward", *, kind: str = "llama",
-          chunks: int = 1, rule: str = "torch") -> Issue:
+          chunks: int = 1, rule: str = "torch", features: tuple[str, ...] = ()) -> Issue:
     """One decoder block outside its SP attention (norms, projections, RoPE, SwiGLU, residuals;
-    the recompute of the checkpoint mode counted in backward), of `kind` (BLOCK_KINDS): LLaMA's,
-    MLA's (its latent projections; mla_q with a query bottleneck) or a linear layer's whole
-    gated DeltaNet on `chunks` chunks of its rule (`chunks`), the rule's own operations the
-    torch backend's or, `rule` 'fla', fla's launches (FLA_LAUNCHES)."""
+    the recompute of the checkpoint mode counted in backward), of `kind` (BLOCK_KINDS): LLaMA's
+    with what its `features` add (`layer_features`), MLA's (its latent projections; mla_q with a
+    query bottleneck) or a linear layer's whole gated DeltaNet on `chunks` chunks of its rule
+    (`chunks`), the rule's own operations the torch backend's or, `rule` 'fla', fla's launches
+    (FLA_LAUNCHES)."""
     if kind == "llama":
-        return _issue(table()["blocks"][checkpoint][phase])
+        out = _issue(table()["blocks"][checkpoint][phase])
+        return out + feature_deltas(features, checkpoint, phase) if features else out
     rows = table()["kinds"]
     if kind != "linear":
         return _issue(rows[f"{kind}|{checkpoint}"][phase])
@@ -207,6 +221,34 @@ def block(checkpoint: str = "none", phase: str = "forward", *, kind: str = "llam
     for ph in runs:  # the torch rule's operations out, fla's launches in
         out = out + _issue(_at(rows["rule"], chunks, ph)) * -1.0 + Issue(ops=FLA_LAUNCHES[ph])
     return out
+
+
+def feature_deltas(names: tuple[str, ...], checkpoint: str = "none", phase: str = "forward",
+                   rows: dict | None = None) -> Issue:
+    """What `names` (FEATURES) add to LLaMA's block under `checkpoint`: each one's delta over a
+    block of the same norms, LLaMA's or, with norm_offset, Gemma's (whose cost is per norm);
+    `rows`: the table's `features` (default) or rows being measured."""
+    rows = table()["features"] if rows is None else rows
+    over = "norm_offset" if "norm_offset" in names else "llama"
+    out = Issue()
+    for name in names:
+        row = rows[f"{name}|{checkpoint}"]
+        out = out + _issue(row["llama" if name == "norm_offset" else over][phase])
+    return out
+
+
+def layer_features(cfg: ModelConfig, layer: int) -> tuple[str, ...]:
+    """The FEATURES of layer `layer` of `cfg` outside LLaMA's block (a softmax layer's; MoE
+    feed-forwards as dense ones). A layer without RoPE (`nope_layers`) rotates nothing, partly
+    or not."""
+    nope = layer in cfg.nope_layers
+    on = {"qkv_bias": cfg.qkv_bias, "o_bias": cfg.o_bias, "mlp_bias": cfg.mlp_bias,
+          "qk_norm": cfg.qk_norm, "attn_gate": cfg.attn_gate, "nope": nope,
+          "partial_rotary": not nope and cfg.rope.rotary_dim(cfg.head_dim) < cfg.head_dim,
+          "sandwich_norms": cfg.sandwich_norms, "norm_offset": cfg.norm_offset,
+          "gelu_tanh": cfg.act == "gelu_tanh", "swiglu_oai": cfg.act == "swiglu_oai",
+          "sinks": cfg.sinks}
+    return tuple(name for name in FEATURES if on[name])
 
 
 def chunks(tokens: int) -> int:

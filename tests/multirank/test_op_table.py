@@ -1,6 +1,7 @@
 """The operation table (`seqpar/rules/ops_table.json`) against a fresh count of the running code:
-every algorithm at two group sizes, a decoder layer (LLaMA's, MLA's and a linear one's), the delta
-rule, LASP-2's and LASP-1's exchange, a micro-batch's head and the optimizer. A red test means the
+every algorithm at two group sizes, a decoder layer (LLaMA's, MLA's and a linear one's; a family's
+features over LLaMA's), the delta rule, LASP-2's and LASP-1's exchange, a micro-batch's head and
+the optimizer. A red test means the
 code changed its operations: regenerate the table with `python -m seqpar.workers.measure.optable
 --write` (and read the diff)."""
 
@@ -84,6 +85,31 @@ def test_layer_kinds_and_lasp_counts_match_the_table(gang):
                 f"{mode} d={d} {phase}: {REGENERATE}")
     # the laws give the points they were not derived from
     assert kinds["linear|none"]["holds"] and ops.table()["lasp"]["lasp2"]["holds"]
+
+
+def test_family_features_match_the_table():
+    """Features' rows (QK-norm over LLaMA's norms and Gemma's, the norms, the sinks) and each
+    preset's combination measured whole (Qwen3-Next's gated layer, Gemma 3's, gpt-oss's; Gemma
+    3's under a full checkpoint too): fresh counts against `rules.ops.block`'s."""
+    gemma = ("qk_norm", "sandwich_norms", "norm_offset", "gelu_tanh")
+    combos = optable_kinds.preset_combinations()
+    assert gemma in combos and len(combos) >= 3
+    cases = [(("qk_norm",), "none"), (("sinks",), "none"), (("norm_offset", "qk_norm"), "none"),
+             *((names, "none") for names in combos), (gemma, "full")]
+    llama = {mode: optable_kinds.feature_block((), mode) for mode in ("none", "full")}
+    for names, mode in cases:
+        fresh = optable_kinds.feature_block(names, mode)
+        for phase in ops.PHASES:
+            want = ops.block(mode, phase, features=names) + ops.block(mode, phase) * -1.0
+            assert (want.ops, want.kernel_calls, want.syncs) == tuple(
+                fresh[phase][f] - llama[mode][phase][f] for f in ("ops", "kernel_calls", "syncs")
+            ), f"{'+'.join(names)} {mode} {phase}: {REGENERATE}"
+
+
+def test_each_feature_is_read_from_the_config_it_is_measured_on():
+    for name in ops.FEATURES:
+        assert ops.layer_features(optable_kinds.feature_config((name,), 2), 1) == (name,)
+    assert ops.layer_features(optable_kinds.feature_config((), 2), 1) == ()
 
 
 def test_optimizer_counts_match_the_table():

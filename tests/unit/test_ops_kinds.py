@@ -21,11 +21,14 @@ def _total(parts: list) -> ops.Issue:
 
 
 def _by_rule(cfg, **call) -> ops.Issue:
-    """The sum the rule gives: per phase each kind's block, its SP call, the micro-batch's own."""
+    """The sum the rule gives: per phase each kind's block (a softmax one's with its features),
+    its SP call, the micro-batch's own."""
     soft, n_soft, n_linear = host.block_kinds(cfg)
+    ((features, _),) = host.feature_groups(cfg)  # every softmax layer alike
     out = ops.Issue()
     for phase in ops.PHASES:
-        out = out + ops.micro(phase) + (ops.block("none", phase, kind=soft) + ops.attention(
+        block = ops.block("none", phase, kind=soft, features=features)
+        out = out + ops.micro(phase) + (block + ops.attention(
             "ring", 4, layout="contiguous", phase=phase)) * n_soft
         out = out + (ops.block("none", phase, kind="linear", **call)
                      + ops.lasp("lasp2", 4, phase)) * n_linear

@@ -11,9 +11,12 @@ What is counted, and where (`seqpar.rules.ops` reads it; docs in its docstring):
 - block: one decoder layer outside its attention, per checkpoint mode (the difference of a 2-layer
   and a 1-layer model), and what a micro-batch adds outside its layers (embedding, final norm,
   head and loss), unfused and fused head.
-- kinds and lasp (`optable_kinds`): an MLA layer's block and a linear layer's (its law in the
-  delta rule's chunks, the rule's own share apart), per checkpoint mode; what LASP-2 and LASP-1
-  add to a linear layer per group size (2, 3, 4, 8; a law in d).
+- kinds, lasp and features (`optable_kinds`): an MLA layer's block and a linear layer's (its law
+  in the delta rule's chunks, the rule's own share apart), per checkpoint mode; what LASP-2 and
+  LASP-1 add to a linear layer per group size (2, 3, 4, 8; a law in d); what each family feature
+  (`rules.ops.FEATURES`: QK-norm, biases, Gemma's norms, ...) adds to LLaMA's block per checkpoint
+  mode, over LLaMA's norms and Gemma's, and each preset's combination measured whole against the
+  sum (feature_checks).
 - optimizer: AdamW's step over a model's parameter tensors, foreach and per parameter (a law per
   tensor); ZeRO-1's; the gradient reduction of replicated states (one all-reduce per tensor) and
   FSDP2's gathers and reduce-scatters (per layer and the root); the loss's all-reduce.
