@@ -125,15 +125,15 @@ def _label(s: LengthStep) -> str:
 
 def _options(s: LengthStep) -> str:
     shown = [f"{k}={SHORT.get(str(v), v)}" for k, v in s.options.items()
-             if k != "dcp" and v is not None]
+             if k != "dcp" and v is not None] + ([s.linear_sp] if s.linear_sp else [])
     return " ".join(shown + ([f"(+{len(s.alternatives)} alike)"] if s.alternatives else []))
 
 
 def _table(steps: list[LengthStep], title: str, top: int) -> None:
     fitting = [s for s in steps if s.fits]
     best = fitting[0] if fitting else None
-    rows = []
-    for i, s in enumerate(steps[:top] if top else steps):
+    rows, shown = [], steps[:top] if top else steps
+    for i, s in enumerate(shown):
         where = "/".join(f"{100 * s.parts[k] / s.step_ms:.0f}" for k in PARTS)
         rows.append([i + 1 if s.fits else "-", _label(s), s.algorithm, _options(s),
                      SHORT.get(s.layout, s.layout), s.policy.label(), f"{s.step_ms:,.1f}",
@@ -153,7 +153,9 @@ def _table(steps: list[LengthStep], title: str, top: int) -> None:
                   "the rounds, the gradient all-reduce and zero1's broadcast, op optimizer, ho the "
                   "host's issue the device does not hide (vs #1 says host-bound where ho is the "
                   "step's largest part: the host sets the pace). "
-                  "imbal: max / mean attention FLOPs over ranks (the runner's load_imbalance)")
+                  "imbal: max / mean attention FLOPs over ranks (the runner's load_imbalance)"
+                  + (". Options: lasp2|lasp1 how the linear layers pass their states (the step's "
+                     "faster)" if any(s.linear_sp for s in shown) else ""))
 
 
 def _why(steps: list[LengthStep], c: Any) -> None:

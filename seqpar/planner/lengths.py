@@ -13,7 +13,8 @@ A micro-batch of sequences n_1..n_k (T tokens) on d ranks, one configuration, pe
   sum of L² over sequences; a short sequence's calls at the kernel's lower rate, `half` the
   cluster's `kernel_half_tokens`), the softmax layers' (MLA's with its ring's cheaper pass,
   `mla_pass`); a hybrid's linear layers M_d x T / d (their chunked rule, `Setup.linear` at the
-  mixer's rate) and LASP-2's exposed all-gather of states a micro-batch, whatever its lengths;
+  mixer's rate) and its LASP's exposed exchange a micro-batch, whatever its lengths (LASP-2's
+  all-gather of states or LASP-1's chain, the faster for the step: `LengthCosts.lasps`);
 - SP communication: max(0, K_d x T - rho_d x attention): the group's links busy K_d a token,
   hidden under rho_d of the attention's compute (1 for a ring that hides it, 0 for all-to-alls);
 - the rest: GEMMs, element-wise work, the head and the recompute, per token / d;
@@ -112,15 +113,15 @@ def span(d: int, world: int, nodes: int) -> int:
 
 def issue_s(c: Cluster, cfg: ModelConfig, d: int, name: str, options: dict[str, Any],
             layout: str, world: int, *, checkpoint: str = "none", kernel: str = "flash2",
-            docs: int = 1, fused_head: bool = False) -> float:
+            docs: int = 1, fused_head: bool = False, linear_sp: str = "lasp2") -> float:
     """Host seconds one rank spends issuing a micro-batch of `docs` documents on d ranks
-    (`planner.host`: the counted operations at the cluster's issue rates, a CPU host's cores
-    shared out among `world` ranks)."""
+    (`planner.host`: the counted operations at the cluster's issue rates, a hybrid's linear
+    layers' exchange under `linear_sp`, a CPU host's cores shared out among `world` ranks)."""
     algorithm = "local" if d == 1 else name
     got = host.micro_seconds(c, cfg, algorithm=algorithm, d=d, layout=layout, options=options,
                              checkpoint=checkpoint, kernel=kernel, docs=docs,
                              mask="documents" if docs > 1 else "causal", fused_head=fused_head,
-                             world=world)
+                             world=world, linear_sp=linear_sp)
     return host.on_host(c, got, world)
 
 

@@ -24,6 +24,7 @@ from seqpar.rules.cost_model import CostModel
 from seqpar.rules.counts import model_params
 from seqpar.rules.deal import deal
 from seqpar.rules.flops import block_params
+from seqpar.rules.linear import LASP_MODES
 from seqpar.rules.memory import TrainPolicy
 from seqpar.rules.micro_batches import in_rounds
 from seqpar.rules.model import ModelConfig, load
@@ -45,7 +46,8 @@ class LengthCosts:
     kernel: str = DEFAULT_KERNEL
     kernel_source: str = ""
     mla_pass: str | None = None      # an MLA ring's pass (None: the faster at each group size)
-    linear_sp: str = "lasp2"          # a hybrid's linear layers' LASP (the runner's default)
+    # a hybrid's linear layers' LASP (None: the faster of the two for each step, `lasps`)
+    linear_sp: str | None = None
     _tables: dict[Split, list[Table]] = field(default_factory=dict, repr=False)
     _rates: dict[tuple, SizeRates] = field(default_factory=dict, repr=False)
     _memo: dict[tuple, Any] = field(default_factory=dict, repr=False)
@@ -116,14 +118,31 @@ class LengthCosts:
         """Holds `tables` as the deals of `split` (a trial's own, as it ran)."""
         self._tables[split] = tables
 
-    def rates(self, d: int, name: str, options: dict[str, Any], layout: str) -> SizeRates:
-        key = (d, name, tuple(sorted(options.items())), layout, self.mla_pass, self.linear_sp)
+    def lasp(self, linear_sp: str | None = None) -> str:
+        """The LASP a step's linear layers run: `linear_sp`, else the plan's (a trial's), else
+        LASP-2 (the runner's default)."""
+        return linear_sp or self.linear_sp or LASP_MODES[0]
+
+    def lasps(self, by_size: dict[int, tuple[str, dict]]) -> tuple[str, ...]:
+        """The LASPs a step of `by_size` is priced under: both for a hybrid on groups of more than
+        one rank (the search keeps the faster: the runner runs one a step), else one (`lasp`: the
+        plan's own, a trial's, or LASP-2)."""
+        if self.linear_sp or max(by_size) == 1 or "linear" not in self.cfg.layer_types:
+            return (self.lasp(),)
+        return LASP_MODES
+
+    def rates(self, d: int, name: str, options: dict[str, Any], layout: str,
+              linear_sp: str | None = None) -> SizeRates:
+        """`lengths.size_rates` of a configuration on d ranks, a hybrid's linear layers under
+        `lasp(linear_sp)` (memoised)."""
+        mode = self.lasp(linear_sp)
+        key = (d, name, tuple(sorted(options.items())), layout, self.mla_pass, mode)
         got = self._rates.get(key)
         if got is None:
             got = self._rates[key] = size_rates(
                 self.cluster, self.cfg, self.dtype, d, self.work.capacity, name, options, layout,
                 world=self.world, nodes=self.nodes, window=self.work.window,
-                mla_pass=self.mla_pass, linear_sp=self.linear_sp)
+                mla_pass=self.mla_pass, linear_sp=mode)
         return got
 
     def shape(self, d: int) -> AttnShape:
@@ -131,15 +150,18 @@ class LengthCosts:
                          self.cfg.head_dim, DTYPE_BYTES[self.dtype])
 
     def issue(self, d: int, name: str, options: dict[str, Any], layout: str, checkpoint: str,
-              fused_head: bool = False) -> tuple[float, float]:
+              fused_head: bool = False, linear_sp: str | None = None) -> tuple[float, float]:
         """(host issue seconds of a micro-batch of one document on d ranks, each further
-        document's) under `checkpoint` (`lengths.issue_s`, memoised)."""
-        key = ("issue", d, name, tuple(sorted(options.items())), layout, checkpoint, fused_head)
+        document's) under `checkpoint`, a hybrid's linear layers under `lasp(linear_sp)`
+        (`lengths.issue_s`, memoised)."""
+        mode = self.lasp(linear_sp)
+        key = ("issue", d, name, tuple(sorted(options.items())), layout, checkpoint, fused_head,
+               mode)
         if key not in self._memo:
             def at(docs: int, lay: str) -> float:
                 return issue_s(self.cluster, self.cfg, d, name, options, lay, self.world,
                                checkpoint=checkpoint, kernel=self.kernel, docs=docs,
-                               fused_head=fused_head)
+                               fused_head=fused_head, linear_sp=mode)
 
             # each further document's calls: counted in zigzag, whose packs of equal documents
             # cross every rank (in contiguous and balanced layouts the table's documents each

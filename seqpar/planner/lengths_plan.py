@@ -8,8 +8,9 @@ timed on those micro-batches with its own rates (`lengths_time`), ranked by TGS.
 
 Training policies: states replicated, zero1 (AdamW's moments sharded over the pool) or FSDP over
 the pool (the dynamic policy with equal micro-batch counts), the checkpoint modes but seq-attn, the
-fused head, tiling; per states the fastest that fits (no offload). What the plan holds fixed and
-prices is `lengths_costs.LengthCosts`; `algorithm: auto` is `lengths_auto`.
+fused head, tiling; per states the fastest that fits (no offload). A hybrid's linear layers under
+the faster of LASP-2 and LASP-1 for the step (the runner runs one a step). What the plan holds
+fixed and prices is `lengths_costs.LengthCosts`; `algorithm: auto` is `lengths_auto`.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class LengthPlan(LengthCosts):
     def _split(self, split: Split, filters: Filters) -> list[LengthStep]:
         """The steps of one split: its attention configurations no other beats on every rate and
         memory (the equal ones as alternatives), each under the fastest policy that fits per
-        states choice."""
+        states choice and, a hybrid's, the faster LASP (`lasps`; neither changes the memory)."""
         layouts = ((filters.layout,) if filters.layout else
                    tuple(lay for lay in LAYOUTS if lay != "contiguous"))
         if "linear" in self.cfg.layer_types:  # LASP passes one state a rank: contiguous
@@ -151,7 +152,8 @@ class LengthPlan(LengthCosts):
                 mine = [p for p in chosen if p.states == states]
                 fit = next((p for p in mine if self.memory(by_size, p)["peak"] <= budget), None)
                 least = fit or min(mine, key=lambda p: self.memory(by_size, p)["peak"])
-                s = time_step(self, split, name, options, layout, by_size, least)
+                s = min((time_step(self, split, name, options, layout, by_size, least, lasp)
+                         for lasp in self.lasps(by_size)), key=lambda t: t.step_ms)
                 s.alternatives = [(configs[j][1], configs[j][2]) for j in same[i]]
                 out.append(s)
         return out

@@ -77,6 +77,7 @@ class LengthStep:
     alternatives: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     host_bound: bool = False  # the host's issuing sets the step's pace (`planner.host`)
     mla_pass: str | None = None  # an MLA ring carries kv or the latent (the largest group)
+    linear_sp: str | None = None  # a hybrid's linear layers pass their states: lasp2 | lasp1
 
     @property
     def sp_policy(self) -> str:
@@ -101,6 +102,7 @@ class LengthStep:
                                     for d, (n, o) in sorted(self.by_size.items())},
                 **self.policy.fields(), "kernel": self.kernel,
                 **({"mla_pass": self.mla_pass} if self.mla_pass else {}),
+                **({"linear_sp": self.linear_sp} if self.linear_sp else {}),
                 "micro_batches": round(self.micro_batches, 2),
                 "predicted": {"step_ms": round(self.step_ms, 3), "tgs": round(self.tgs, 2),
                               "mfu": round(self.mfu, 4),

@@ -35,12 +35,13 @@ from seqpar.rules.pool import LOCAL
 
 
 def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any], layout: str,
-              by_size: dict[int, tuple[str, dict]], policy: Policy) -> LengthStep:
+              by_size: dict[int, tuple[str, dict]], policy: Policy, linear_sp: str | None = None
+              ) -> LengthStep:
     """One configuration's step under `plan`'s deals of `split` (see the module docstring), the
-    mean over the batches."""
+    mean over the batches; a hybrid's linear layers under `plan.lasp(linear_sp)`."""
     cfg, layers, train = plan.cfg, plan.cfg.layers, policy.train(plan.dtype)
-    sizes = sorted(by_size)
-    rates = [plan.rates(d, *by_size[d], layout) for d in sizes]
+    sizes, lasp = sorted(by_size), plan.lasp(linear_sp)
+    rates = [plan.rates(d, *by_size[d], layout, lasp) for d in sizes]
     g, mlp, ew, hd = plan.token_rates
     rec_lin, full = plan.recompute(policy)
     fsdp = policy.states == "dp_sp"
@@ -50,7 +51,7 @@ def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any
     reduce = 0.0 if fsdp else layers * comm.reduce.seconds + comm.reduce_root + (
         comm.update.seconds)  # zero1's broadcast of the updated parameters
     optimizer = _optimizer_seconds(plan.setup, cfg, policy, train, plan.world, 1)
-    issue = [plan.issue(d, *by_size[d], layout, train.checkpoint, train.fused_head)
+    issue = [plan.issue(d, *by_size[d], layout, train.checkpoint, train.fused_head, lasp)
              for d in sizes]
     once = plan.issue_once(train.states)
     overlaps = host.overlaps(plan.cluster)
@@ -66,7 +67,7 @@ def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any
             return np.array([getattr(r, key) for r in rates])[at]
 
         per_rank = t.tokens / t.size
-        softmax = of("attention") * t.eff  # a hybrid's linear layers besides: LASP-2's exposed
+        softmax = of("attention") * t.eff  # a hybrid's linear layers besides: LASP's exposed
         attn = softmax + of("mixer") * per_rank
         exposed = np.maximum(0.0, of("link") * t.tokens - of("hidden") * softmax) + of("mixer_fixed")
         other = (3 * layers * (g + ew) + hd) * per_rank
@@ -130,7 +131,8 @@ def time_step(plan: LengthCosts, split: Split, name: str, options: dict[str, Any
         mem["peak"] <= plan.cluster.memory_gb * 1e9,
         {key: 1e3 * v / k for key, v in totals.items()}, mem,
         host_bound=host.bound(plan.cluster, device_total, host_total),
-        mla_pass=getattr(rates[-1].prediction, "mla_pass", None))
+        mla_pass=getattr(rates[-1].prediction, "mla_pass", None),
+        linear_sp=lasp if "linear" in cfg.layer_types else None)
 
 
 def predict_case(case: Any, cluster: Cluster, nodes: int = 1) -> LengthStep:
