@@ -89,16 +89,7 @@ def micro_seconds(setup: Setup, sp: int, world: int, attn: Prediction, train: An
 def _transport(setup: Setup, sp: int, world: int, attn: Prediction, train: Any,
                linear_sp: str | None = None) -> float:
     """The transport threads' CPU of a micro-batch's messages and collectives on one rank
-    (`host.micro_issue`'s counts); memoised."""
-    c = setup.cluster
-    key = ("transport cpu", sp, world, attn.algorithm, tuple(sorted(attn.options.items())),
-           attn.layout, train.checkpoint, train.fused_head, linear_sp)
-    got = setup.cache.get(key)
-    if got is None:
-        parts = host.micro_issue(setup.cfg, **host.step_keywords(setup, attn, train, sp,
-                                                                 linear_sp))
-        message, collective = transport_cpu(c, world)
-        cpu = sum(i.messages * message + (i.collectives + i.queued) * collective
-                  for i, _ in parts)
-        got = setup.cache[key] = cpu
-    return got
+    (`host.step_issue`'s counts, the step's issue's own)."""
+    message, collective = transport_cpu(setup.cluster, world)
+    return sum(i.messages * message + (i.collectives + i.queued) * collective
+               for i, _ in host.step_issue(setup, attn, train, sp, linear_sp))

@@ -126,15 +126,23 @@ def feature_groups(cfg: ModelConfig) -> tuple[tuple[tuple[str, ...], int], ...]:
                          if kind != "linear").items())
 
 
-def step_keywords(setup: Any, attn: Any, train: Any, sp: int, linear_sp: str | None
-                  ) -> dict[str, Any]:
-    """`micro_issue`'s keywords for a micro-batch of a fixed-length step (`planner.step`'s
-    `Setup`, attention `Prediction` and `TrainPolicy`; `linear_sp`: the LASP mode its linear
-    layers run, None without them)."""
-    return {"algorithm": attn.algorithm, "d": sp, "layout": attn.layout, "options": attn.options,
-            "checkpoint": train.checkpoint, "fused_head": train.fused_head,
-            "mask": "causal" if setup.causal or setup.mask is not None else "full",
-            "linear_sp": linear_sp or "lasp2", "seq_len": setup.seq_len}
+def step_issue(setup: Any, attn: Any, train: Any, sp: int, linear_sp: str | None
+               ) -> list[tuple[op_rules.Issue, str]]:
+    """`micro_issue` of a micro-batch of a fixed-length step (`planner.step`'s `Setup`, attention
+    `Prediction` and `TrainPolicy`; `linear_sp`: the LASP mode its linear layers run, None
+    without them), a linear layer's rule as the cluster runs it (`rule_backend`): what the step's
+    issue and its ranks' contention both count, memoised a configuration."""
+    key = ("micro issue", sp, attn.algorithm, tuple(sorted(attn.options.items())), attn.layout,
+           train.checkpoint, train.fused_head, linear_sp)
+    got = setup.cache.get(key)
+    if got is None:
+        got = setup.cache[key] = micro_issue(
+            setup.cfg, algorithm=attn.algorithm, d=sp, layout=attn.layout, options=attn.options,
+            checkpoint=train.checkpoint, fused_head=train.fused_head,
+            mask="causal" if setup.causal or setup.mask is not None else "full",
+            linear_sp=linear_sp or "lasp2", seq_len=setup.seq_len,
+            linear_backend=rule_backend(setup.cluster))
+    return got
 
 
 def micro_issue(cfg: ModelConfig, *, algorithm: str, d: int, layout: str, options: dict,
@@ -182,12 +190,24 @@ def micro_seconds(c: Cluster, cfg: ModelConfig, *, algorithm: str, d: int, layou
     """(host CPU seconds, waiting seconds) one of `world` ranks spends issuing one micro-batch
     (`micro_issue`) on a group of d ranks; a linear layer's rule by `linear_backend` ('auto':
     fla on a GPU, torch on a CPU host)."""
-    if not c.dispatch_us and not c.waits_us:
+    if not issues(c):
         return 0.0, 0.0
-    parts = micro_issue(cfg, algorithm=algorithm, d=d, layout=layout, options=options,
-                        checkpoint=checkpoint, docs=docs, mask=mask, fused_head=fused_head,
-                        linear_sp=linear_sp, seq_len=seq_len,
-                        linear_backend=rule_backend(c, linear_backend))
+    return issue_cost(c, micro_issue(cfg, algorithm=algorithm, d=d, layout=layout,
+                                     options=options, checkpoint=checkpoint, docs=docs, mask=mask,
+                                     fused_head=fused_head, linear_sp=linear_sp, seq_len=seq_len,
+                                     linear_backend=rule_backend(c, linear_backend)),
+                      kernel, world)
+
+
+def issues(c: Cluster) -> bool:
+    """Whether issuing costs the host anything on `c` (a dispatch cost or waits measured)."""
+    return bool(c.dispatch_us or c.waits_us)
+
+
+def issue_cost(c: Cluster, parts: list[tuple[op_rules.Issue, str]], kernel: str, world: int
+               ) -> tuple[float, float]:
+    """(host CPU seconds, waiting seconds) one of `world` ranks spends issuing `parts`
+    (`micro_issue`'s, each with its kernel's phase)."""
     cpu = sum(issue_seconds(c, issue, kernel_ops(c, kernel, phase)) for issue, phase in parts)
     return cpu, sum(wait_seconds(c, issue, world) for issue, _ in parts)
 

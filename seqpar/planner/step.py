@@ -320,9 +320,9 @@ def _host_issue(setup: Setup, attn: Prediction, train: TrainPolicy, dp: int, sp:
            train.checkpoint, train.fused_head, world, linear_sp)
     micro = setup.cache.get(key)
     if micro is None:
-        micro = setup.cache[key] = host.on_host(c, host.micro_seconds(
-            c, setup.cfg, kernel=setup.kernel, world=world,
-            **host.step_keywords(setup, attn, train, sp, linear_sp)), world)
+        cost = (host.issue_cost(c, host.step_issue(setup, attn, train, sp, linear_sp),
+                                setup.kernel, world) if host.issues(c) else (0.0, 0.0))
+        micro = setup.cache[key] = host.on_host(c, cost, world)
     return micro, *host_once(setup, train.states, world)
 
 
