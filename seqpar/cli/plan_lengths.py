@@ -182,7 +182,8 @@ def _why(steps: list[LengthStep], c: Any) -> None:
         diff = sorted(((s.parts[k] - best.parts[k], k) for k in PARTS), reverse=True)
         grew = ", ".join(f"{k} {d:+,.1f}" for d, k in diff if abs(d) >= 0.05)
         console.print(f"  vs best {_kind(s)} ({s.algorithm}): {s.step_ms / best.step_ms:.3f}x "
-                      f"the step ({grew} ms)", soft_wrap=False, overflow="fold")
+                      "the step" + (f" ({grew} ms)" if grew else ", part for part"),
+                      soft_wrap=False, overflow="fold")
 
 
 def _kind(s: LengthStep) -> str:
