@@ -221,8 +221,10 @@ def test_a_qwen3_next_checkpoint_computes_the_reference_loss(tmp_path, seed):
     err = abs(got - want) / abs(want)
     print(f"qwen3-next: seqpar {got!r} transformers {want!r} relative {err:.2e}")
     assert err < 1e-6, (got, want, err)
-    ours = dict(net.named_parameters())
-    for change in ({"attn_gate": False}, {"shared_gate": False}):  # the gates dropped: far off
+    ours, mine = dict(net.named_parameters()), net.hidden(tokens)[0].detach()
+    # the gates dropped: every token's hidden state far off (the mean loss alone can barely move:
+    # under 1e-4 in 3 of 40 draws for the attention's gate, while the states moved 18% or more)
+    for change in ({"attn_gate": False}, {"shared_gate": False}):
         other = Transformer(dataclasses.replace(cfg, **change), dtype=torch.float64, seed=1)
         with torch.no_grad():
             for name, p in other.named_parameters():
@@ -230,7 +232,8 @@ def test_a_qwen3_next_checkpoint_computes_the_reference_loss(tmp_path, seed):
                 if p.shape != q.shape:  # wq without the gate: each head's query rows
                     q = q.view(cfg.heads, 2, cfg.head_dim, -1)[:, 0].reshape(p.shape)
                 p.copy_(q)
-        assert abs(other.loss(tokens).item() - want) / want > 1e-4, change
+        moved = (other.hidden(tokens)[0].detach() - mine).abs().max() / mine.abs().max()
+        assert moved > 1e-2, (change, moved)
 
 
 def test_linear_sp_on_a_model_without_linear_layers_is_one_line():

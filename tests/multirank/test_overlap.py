@@ -17,7 +17,9 @@ from seqpar.workers.measure import measure
 from seqpar.workers.measure.check import mesh_key
 
 NODES = {4: (0, 0, 1, 1), 8: (0, 0, 1, 1, 2, 2, 3, 3)}
-OVERLAP_BOUND = 0.7  # step <= 0.7 x (compute + transfer)
+# step <= 0.85 x (compute + transfer): alone the ring reads 0.56-0.65 here, beside make test's other
+# worker up to 0.79 (2026-12-06); a schedule that waits for each transfer reads about 1
+OVERLAP_BOUND = 0.85
 
 
 def _measure(env, case: Case, link: comm.LinkModel | None):
